@@ -1,0 +1,135 @@
+"""Every metric on literal inputs with hand-computed expected values."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness import metrics as M
+
+
+def test_tokens_per_second_pools_turns():
+    # (100 + 50) / (2.0 + 0.5) = 60; a mean of per-turn rates would give (50 + 100) / 2 = 75
+    assert M.tokens_per_second([100, 50], [2.0, 0.5]) == pytest.approx(60.0)
+    assert M.tokens_per_second(30, 1.5) == pytest.approx(20.0)
+
+
+def test_tokens_per_second_missing_and_zero_time():
+    # an unmeasured turn is skipped, not read as zero time; no time at all gives NaN rather than a division error
+    assert M.tokens_per_second([100, 7], [2.0, None]) == pytest.approx(50.0)
+    assert math.isnan(M.tokens_per_second([5], [0.0]))
+    with pytest.raises(ValueError, match="wall_time_s has 1"):
+        M.tokens_per_second([1, 2], [1.0])
+
+
+def test_tau_pooled_per_step_and_vanilla_is_one():
+    # (1+3+2 + 1+4) / (3 + 2) = 11 / 5; a mean of per-turn ratios would be (2 + 2.5) / 2 = 2.25
+    assert M.tau([[1, 3, 2], [1, 4]]) == pytest.approx(2.2)
+    # vanilla appends one token per forward, prefill included: exactly 1
+    assert M.tau([[1, 1, 1, 1], [1, 1]]) == 1.0
+    assert math.isnan(M.tau([]))
+
+
+def test_tau_script_drops_one_step_per_turn():
+    # 11 / ((3-1) + (2-1)) = 11 / 3: larger than tau, which is why it lives in its own column
+    assert M.tau_script([[1, 3, 2], [1, 4]]) == pytest.approx(11 / 3)
+    assert M.tau_script([[1, 1, 1, 1]]) == pytest.approx(4 / 3)
+    # a prefill-only turn has no verification step: nothing to divide by
+    assert math.isnan(M.tau_script([[1]]))
+
+
+def test_speedup_ratio_of_means_pairs_questions():
+    # question "c" has no baseline and "d" has no method value: both dropped; (30+10)/2 / ((10+10)/2) = 2
+    method = {"a": 30.0, "b": 10.0, "c": 99.0}
+    base = {"a": 10.0, "b": 10.0, "d": 1.0}
+    assert M.speedup_ratio_of_means(method, base) == pytest.approx(2.0)
+    # a pandas Series keyed by question id works the same
+    assert M.speedup_ratio_of_means(pd.Series(method), pd.Series(base)) == pytest.approx(2.0)
+    assert math.isnan(M.speedup_ratio_of_means({"a": 1.0}, {"b": 1.0}))
+
+
+def test_speedup_geomean_point_estimate_and_ci():
+    # ratios 2 and 8 -> geometric mean 4 (the ratio of means would be (20+80)/(10+10) = 5)
+    method, base = {"a": 20.0, "b": 80.0, "x": 5.0}, {"a": 10.0, "b": 10.0}
+    g, lo, hi = M.speedup_geomean(method, base, n_boot=500, seed=0)
+    assert g == pytest.approx(4.0)
+    # resamples are {2,2}, {2,8}, {8,8}: gmeans 2, 4, 8; the CI must cover the estimate and stay in [2, 8]
+    assert 2.0 - 1e-9 <= lo <= g <= hi <= 8.0 + 1e-9
+    assert lo < hi
+    # seeded: the same call gives the same interval, bit for bit
+    assert M.speedup_geomean(method, base, n_boot=500, seed=0) == (g, lo, hi)
+
+
+def test_speedup_geomean_single_question_and_none():
+    # one question: every resample is that question, so the CI collapses onto it
+    assert M.speedup_geomean({"q": 3.0}, {"q": 1.5}) == pytest.approx((2.0, 2.0, 2.0))
+    assert all(math.isnan(x) for x in M.speedup_geomean({}, {"q": 1.0}))
+
+
+def test_acceptance_per_position():
+    # steps: (accepted, depth) = (2, 3), (0, 3) in turn 1 and (1, 1) in turn 2
+    # i=1: accepted>=1 in 2 of the 3 steps with depth>=1; i=2: 1 of the 2 steps with depth>=2; i=3: 0 of 2
+    rates = M.acceptance_per_position([[2, 0], [1]], [[3, 3], [1]])
+    assert rates == pytest.approx([2 / 3, 0.5, 0.0])
+    # max_pos pads with NaN where no step drafted that deep
+    padded = M.acceptance_per_position([[2, 0], [1]], [[3, 3], [1]], max_pos=4)
+    assert padded[:3] == pytest.approx([2 / 3, 0.5, 0.0]) and math.isnan(padded[3])
+
+
+def test_conditional_acceptance_per_position():
+    # i=2 conditions on accepted>=1 and depth>=2: only the (2, 3) step qualifies, and it accepted position 2
+    rates = M.conditional_acceptance_per_position([[2, 0], [1]], [[3, 3], [1]])
+    assert rates == pytest.approx([2 / 3, 1.0, 0.0])
+
+
+def test_acceptance_rejects_inconsistent_counters():
+    # more accepted than drafted is a bug in the method's counters, not a rate above 1
+    with pytest.raises(ValueError, match="between 0 and"):
+        M.acceptance_per_position([[4]], [[3]])
+    with pytest.raises(ValueError, match="turn 0"):
+        M.acceptance_per_position([[1, 1]], [[3]])
+
+
+def test_accept_length_histogram_excludes_prefill():
+    # the leading 1 of each list is the prefill and must not be counted
+    assert M.accept_length_histogram([[1, 3, 1], [1, 3]]) == {1: 1, 3: 2}
+    assert M.accept_length_histogram([[1]]) == {}
+
+
+def test_energy_per_token():
+    # the turn without a reading is dropped from both sums: 10 J / 100 tokens
+    assert M.energy_per_token([10.0, None], [100, 50]) == pytest.approx(0.1)
+    assert M.energy_per_token([None, None], [1, 2]) is None
+    assert M.energy_per_token(None, 5) is None
+
+
+def test_peak_memory_prefers_cuda_when_present():
+    # on CPU only RSS exists; on GPU the device's reserved memory is the limiting one
+    assert M.peak_memory([5, 7], [None, None]) == 7
+    assert M.peak_memory([5, 7], [3, None]) == 3
+    assert M.peak_memory([None], [None]) is None
+
+
+def test_quality_ignores_unscored():
+    assert M.quality([1.0, None, 0.0, 1.0, float("nan")]) == pytest.approx(2 / 3)
+    assert M.quality([None]) is None
+
+
+def test_lossless_share():
+    base = [
+        {"suite": "s", "question_id": 1, "turn": 0, "temperature": 0.0, "seed": 0, "output_ids": [5, 6, 7]},
+        {"suite": "s", "question_id": 2, "turn": 0, "temperature": 0.0, "seed": 0, "output_ids": [1, 2]},
+        {"suite": "s", "question_id": 3, "turn": 0, "temperature": 0.0, "seed": 0, "output_ids": [9]},
+    ]
+    method = [
+        # question id given as a string matches the baseline's integer id (ids are compared as strings)
+        {"suite": "s", "question_id": "1", "turn": 0, "temperature": 0, "seed": 0, "output_ids": [5, 6, 7]},
+        {"suite": "s", "question_id": "2", "turn": 0, "temperature": 0.0, "seed": 0, "output_ids": [1, 3]},
+        {"suite": "s", "question_id": "3", "turn": 0, "temperature": 0.0, "seed": 0, "output_ids": [9]},
+        # no baseline turn for this one (different seed): skipped, not counted as a mismatch
+        {"suite": "s", "question_id": "3", "turn": 0, "temperature": 0.0, "seed": 1, "output_ids": [8]},
+    ]
+    assert M.lossless_share(method, base) == pytest.approx(2 / 3)
+    assert math.isnan(M.lossless_share(method, []))
+    with pytest.raises(KeyError, match="seed"):
+        M.lossless_share([{"suite": "s", "question_id": 1, "turn": 0, "temperature": 0.0}], base)
