@@ -1,0 +1,375 @@
+"""EAGLE-1 and EAGLE-2: a one-layer draft head on the target's features, its published checkpoint format, and the
+methods ``eagle1`` (static tree) and ``eagle2`` (dynamic tree).
+
+The head (reference §1.3): ``fc(concat(embed(x_{t+1}), f_t))`` (embedding FIRST), one LLaMA decoder layer without
+the input RMSNorm, ``post_attention_layernorm`` + SwiGLU MLP with residuals, no final norm. Its output is the
+predicted next feature ``f̂_{t+1}``; logits come from the target's frozen ``lm_head``. ``f_t`` is the target's
+last hidden state AFTER the final norm.
+
+Draft KV (reference §1.2): the head keeps K/V for committed positions (the *stable* KV, a :class:`DraftKV`). Each
+cycle it first runs over the positions committed since the last cycle (one forward), then expands the tree on a
+temporary continuation of that KV which is simply dropped: :meth:`EagleHead.forward` never mutates its ``kv``
+argument, it returns a new one.
+
+Checkpoint format (reference §2.4), a folder with
+    config.json            LLaMA config, ``num_hidden_layers: 1``, optional ``bias`` (fc bias, default true),
+                           ``rope_theta``, ``num_key_value_heads``
+    model.safetensors      (or pytorch_model.bin) with keys
+                           embed_tokens.weight [V, H]       optional: EAGLE ships it; absent -> the target's
+                           fc.weight [H, 2H], fc.bias [H]   (no fc.bias when ``bias`` is false)
+                           layers.0.self_attn.{q,k,v,o}_proj.weight
+                           layers.0.mlp.{gate,up,down}_proj.weight
+                           layers.0.post_attention_layernorm.weight
+Loading is strict: a missing, unexpected or mis-shaped key is an error naming it (the original loads with
+``strict=False`` and silently keeps random weights for a mis-named key).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from harness.models import Target
+
+EAGLE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+EAGLE_REQUIRED_CONFIG = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+class CheckpointError(ValueError):
+    """A draft checkpoint that is missing, malformed or does not fit the target; the message names the file/key."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Draft KV
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftKV:
+    """Keys and values of the draft layer for ``length`` positions (keys already rotated by RoPE).
+
+    keys, values: [B, n_kv_heads, length, head_dim]. Immutable: extending returns a new object, so a tree expansion
+    built on the stable KV leaves the stable KV untouched.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
+
+    def extend(self, keys: torch.Tensor, values: torch.Tensor) -> "DraftKV":
+        """This KV followed by ``keys``/``values`` [B, n_kv, S, D] (new tensors; ``self`` is unchanged)."""
+        return DraftKV(torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2))
+
+    def crop(self, length: int) -> "DraftKV":
+        """The first ``length`` positions."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"DraftKV.crop: length must be in [0, {self.length}], got {length}")
+        return DraftKV(self.keys[:, :, :length], self.values[:, :, :length])
+
+
+def default_draft_mask(new_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """Bool mask [new_len, kv_len + new_len]: every new position sees the whole KV and is causal inside its block.
+
+    Example: new_len=2, kv_len=1 -> [[1, 1, 0], [1, 1, 1]].
+    """
+    return torch.ones(new_len, kv_len + new_len, dtype=torch.bool, device=device).tril(kv_len)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The head
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class EagleAttention(nn.Module):
+    """LLaMA self-attention (RoPE, GQA, no biases) over explicit K/V tensors, with a boolean mask."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        H = config.hidden_size
+        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DraftKV | None,
+                attn_mask: torch.Tensor) -> tuple[torch.Tensor, DraftKV]:
+        """x [B, S, H], cos/sin [B, S, D], attn_mask bool [S, kv_len + S] (True = may attend) -> ([B, S, H], kv + S)."""
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, h, S, D]
+        k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)     # [B, h_kv, S, D]
+        v = self.v_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)     # [B, h_kv, S, D]
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        new_kv = DraftKV(k, v) if kv is None else kv.extend(k, v)
+        out = F.scaled_dot_product_attention(q, new_kv.keys, new_kv.values, attn_mask=attn_mask,
+                                             enable_gqa=self.n_kv != self.n_heads)  # [B, h, S, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, -1)), new_kv
+
+
+class EagleDecoderLayer(nn.Module):
+    """The draft's single decoder layer: attention (no input norm), post-attention RMSNorm, SwiGLU ``mlp``.
+
+    ``mlp`` is a replaceable submodule; Jakiro replaces it with a mixture of experts (and overrides
+    :meth:`EagleHead.feed_forward`).
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = EagleAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+class EagleHead(nn.Module):
+    """The EAGLE-1/2 draft head (reference §1.3). Parameter names match the published checkpoints.
+
+    ``embed_tokens`` is frozen; it is usually the target's own module (``shares_target_embedding``), so the head
+    must be kept on the target's device and dtype. Logits are ``target lm_head(output)`` (see :meth:`logits`).
+    """
+
+    def __init__(self, config: LlamaConfig, embed_tokens: nn.Embedding, shares_target_embedding: bool = True):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.embed_tokens.weight.requires_grad_(False)
+        self.shares_target_embedding = shares_target_embedding
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=bool(getattr(config, "bias", True)))
+        self.layers = nn.ModuleList([EagleDecoderLayer(config)])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    @classmethod
+    def for_target(cls, target: Target, bias: bool = True, **overrides) -> "EagleHead":
+        """A randomly initialised head shaped for ``target`` that shares its embedding (for training and tests)."""
+        head = cls(eagle_config_for(target.config, bias=bias, **overrides), target.model.get_input_embeddings())
+        return head.to(device=target.device, dtype=target.dtype)
+
+    def fuse(self, features: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """``fc(concat(embed(x_{t+1}), f_t))``: features [B, S, H], token_ids [B, S] -> [B, S, H]."""
+        emb = self.embed_tokens(token_ids).to(features.dtype)  # [B, S, H]
+        return self.fc(torch.cat([emb, features], dim=-1))
+
+    def attend(self, x: torch.Tensor, position_ids: torch.Tensor, kv: DraftKV | None,
+               attn_mask: torch.Tensor | None) -> tuple[torch.Tensor, DraftKV]:
+        """Residual attention block: x [B, S, H] -> (x + Attn(x) [B, S, H], kv extended by S positions)."""
+        kv_len = 0 if kv is None else kv.length
+        if attn_mask is None:
+            attn_mask = default_draft_mask(x.shape[1], kv_len, x.device)
+        elif attn_mask.shape != (x.shape[1], kv_len + x.shape[1]):
+            raise ValueError(f"EagleHead: attn_mask must be [S, kv_len + S] = [{x.shape[1]}, {kv_len + x.shape[1]}], "
+                             f"got {list(attn_mask.shape)}")
+        cos, sin = self.rotary_emb(x, position_ids)  # [B, S, D]
+        out, new_kv = self.layers[0].self_attn(x, cos, sin, kv, attn_mask)
+        return x + out, new_kv
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Residual MLP block: h [B, S, H] -> h + MLP(RMSNorm(h)) [B, S, H]. Jakiro overrides this."""
+        layer = self.layers[0]
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor, position_ids: torch.Tensor,
+                kv: DraftKV | None = None, attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, DraftKV]:
+        """Predicted next features [B, S, H] for the pairs ``(features[:, s], token_ids[:, s])``, and the new KV.
+
+        features [B, S, H]: f_t (or, inside a tree, the parent's predicted feature); token_ids [B, S]: x_{t+1};
+        position_ids [B, S]; kv: K/V of earlier positions (not modified); attn_mask bool [S, kv_len + S] or None
+        (causal). The returned KV is ``kv`` followed by these S positions.
+        """
+        h, new_kv = self.attend(self.fuse(features, token_ids), position_ids, kv, attn_mask)
+        return self.feed_forward(h), new_kv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints (shared with methods/medusa.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def read_weights(folder: Path, names: tuple[str, ...], what: str) -> tuple[dict[str, torch.Tensor], Path]:
+    """The state dict in the first of ``names`` that exists in ``folder`` (safetensors, or a torch pickle)."""
+    for name in names:
+        path = folder / name
+        if path.is_file():
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                return load_file(str(path)), path
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(sd, Mapping):
+                raise CheckpointError(f"{path}: expected a state dict (name -> tensor), got {type(sd).__name__}")
+            return dict(sd), path
+    raise CheckpointError(f"{what} folder {folder} has no weights file; expected one of: {', '.join(names)}")
+
+
+def read_config(folder: Path, what: str) -> dict:
+    """``folder/config.json`` as a dict, with errors that name the file."""
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise CheckpointError(f"{what} checkpoint folder {folder} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"{what} checkpoint folder {folder} has no config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return raw
+
+
+def check_state_dict(got: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]], where: str,
+                     optional: frozenset[str] = frozenset()) -> None:
+    """Raise :class:`CheckpointError` naming every missing, unexpected and mis-shaped key of ``got``.
+
+    ``expected`` maps key -> shape; keys in ``optional`` may be absent. A missing key with a close unexpected key
+    is reported as a probable rename, e.g. ``missing: fc.weight (found fc_weight: renamed?)``.
+    """
+    missing = sorted(k for k in expected if k not in got and k not in optional)
+    unexpected = sorted(k for k in got if k not in expected)
+    problems = []
+    if missing:
+        described = []
+        for k in missing:
+            close = difflib.get_close_matches(k, unexpected, n=1, cutoff=0.6)
+            described.append(f"{k} (found {close[0]}: renamed?)" if close else k)
+        problems.append("missing keys: " + ", ".join(described))
+    if unexpected:
+        problems.append("unexpected keys: " + ", ".join(unexpected))
+    bad = [f"{k}: checkpoint {list(got[k].shape)} vs expected {list(shape)}"
+           for k, shape in expected.items() if k in got and tuple(got[k].shape) != tuple(shape)]
+    if bad:
+        problems.append("shape mismatches: " + "; ".join(bad))
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+
+
+def target_vocab_hidden(target: Target) -> tuple[int, int]:
+    """(V, H) of the target's lm_head, the space every draft head predicts in."""
+    w = target.model.get_output_embeddings().weight
+    return w.shape[0], w.shape[1]
+
+
+def eagle_config_for(target_config, bias: bool = True, **overrides) -> LlamaConfig:
+    """A one-layer EAGLE head config shaped like ``target_config`` (a LLaMA-style transformers config)."""
+    tc = target_config
+    fields = dict(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_attention_heads=tc.num_attention_heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), hidden_act=getattr(tc, "hidden_act", "silu"),
+        max_position_embeddings=tc.max_position_embeddings,
+        rope_theta=_rope_theta(tc),
+    )
+    fields.update(overrides)
+    return LlamaConfig(num_hidden_layers=1, bias=bias, **fields)
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def eagle_config_from_json(raw: dict, where: str) -> LlamaConfig:
+    """The head's LlamaConfig from a published EAGLE ``config.json`` dict; errors name the file and field."""
+    missing = [k for k in EAGLE_REQUIRED_CONFIG if k not in raw]
+    if missing:
+        raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)} (an EAGLE config.json is a LLaMA config)")
+    layers = raw.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise CheckpointError(f"{where}: num_hidden_layers must be 1 for an EAGLE-1/2 head, got {layers}")
+    bias = raw.get("bias", True)
+    if not isinstance(bias, bool):
+        raise CheckpointError(f"{where}: bias must be true or false, got {bias!r}")
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "rms_norm_eps", "hidden_act", "max_position_embeddings", "rope_theta", "rope_scaling")
+    fields = {k: raw[k] for k in keep if raw.get(k) is not None}
+    fields.setdefault("max_position_embeddings", 2048)
+    return LlamaConfig(num_hidden_layers=1, bias=bias, **fields)
+
+
+def expected_eagle_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Published key -> shape for a head with this config (``embed_tokens.weight`` included)."""
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    shapes = {
+        "embed_tokens.weight": (V, H),
+        "fc.weight": (H, 2 * H),
+        "layers.0.self_attn.q_proj.weight": (q, H),
+        "layers.0.self_attn.k_proj.weight": (kv, H),
+        "layers.0.self_attn.v_proj.weight": (kv, H),
+        "layers.0.self_attn.o_proj.weight": (H, q),
+        "layers.0.mlp.gate_proj.weight": (I, H),
+        "layers.0.mlp.up_proj.weight": (I, H),
+        "layers.0.mlp.down_proj.weight": (H, I),
+        "layers.0.post_attention_layernorm.weight": (H,),
+    }
+    if getattr(config, "bias", True):
+        shapes["fc.bias"] = (H,)
+    return shapes
+
+
+def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead] = EagleHead) -> EagleHead:
+    """Load a published-format EAGLE head for ``target`` (on the target's device and dtype).
+
+    The shipped ``embed_tokens.weight`` is used only when it differs from the target's embedding (cast to the
+    target dtype); otherwise, or when absent, the head shares the target's embedding module.
+    """
+    folder = Path(folder)
+    config = eagle_config_from_json(read_config(folder, "EAGLE head"), str(folder / "config.json"))
+    V, H = target_vocab_hidden(target)
+    if (config.hidden_size, config.vocab_size) != (H, V):
+        raise CheckpointError(
+            f"{folder / 'config.json'}: head hidden_size={config.hidden_size}, vocab_size={config.vocab_size} do not "
+            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); this head was trained for another model")
+    sd, path = read_weights(folder, EAGLE_WEIGHT_FILES, "EAGLE head")
+    check_state_dict(sd, expected_eagle_shapes(config), f"EAGLE head {path}", optional=frozenset({"embed_tokens.weight"}))
+    target_embed = target.model.get_input_embeddings()
+    shipped = sd.pop("embed_tokens.weight", None)
+    share = shipped is None or torch.equal(shipped.to(target_embed.weight), target_embed.weight)
+    embed = target_embed if share else nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True)
+    head = head_cls(config, embed, shares_target_embedding=share)
+    head.load_state_dict(sd, strict=False)  # strictness was checked above; embed_tokens is set separately
+    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+
+
+def eagle_config_json(config: LlamaConfig) -> dict:
+    """The published EAGLE ``config.json`` fields of ``config``."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+        "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim, "vocab_size": config.vocab_size, "rms_norm_eps": config.rms_norm_eps,
+        "hidden_act": config.hidden_act, "max_position_embeddings": config.max_position_embeddings,
+        "rope_theta": _rope_theta(config), "bias": bool(getattr(config, "bias", True)),
+    }
+
+
+def save_eagle_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+    """Write ``head`` in the published format (``config.json`` + ``model.safetensors`` in ``dtype``); return folder.
+
+    ``embed_tokens.weight`` is written only when the head does NOT share the target's embedding: a shipped head
+    stays small and the loader takes the embedding from the target (EAGLE's own checkpoints include it; both load).
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    skip = ("rotary_emb.",) + (("embed_tokens.",) if head.shares_target_embedding else ())
+    sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items() if not k.startswith(skip)}
+    (folder / "config.json").write_text(json.dumps(eagle_config_json(head.config), indent=2) + "\n")
+    save_file(sd, str(folder / "model.safetensors"))
+    return folder
