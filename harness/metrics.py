@@ -98,6 +98,27 @@ def _paired(method_tps: PerQuestion, baseline_tps: PerQuestion) -> tuple[np.ndar
     return both["m"].to_numpy(), both["b"].to_numpy()
 
 
+def mean_tokens_per_second(per_question_tps: PerQuestion | Sequence[float]) -> float:
+    """Mean over questions of each question's tokens/s (see :func:`tokens_per_second`), unmeasured ones skipped.
+
+    This is the "tokens/s" column of the summary and the numerator of the papers' speed-up. NaN when no question
+    was measured. Example: {a: 30.0, b: 10.0, c: NaN} -> 20.0.
+    """
+    values = per_question_tps.values() if isinstance(per_question_tps, Mapping) else per_question_tps
+    present = [float(v) for v in values if not _missing(v)]
+    return sum(present) / len(present) if present else math.nan
+
+
+def suite_mean(values: Iterable[float | None]) -> float:
+    """Equal-weight mean over suites (the "mean" column of the paper table), NaN / None skipped.
+
+    Every suite weighs the same whatever its number of questions, as the EAGLE/Jakiro scripts average their six
+    datasets. Example: speed-ups [2.0, 3.0, NaN] -> 2.5.
+    """
+    present = [float(v) for v in values if not _missing(v)]
+    return sum(present) / len(present) if present else math.nan
+
+
 def speedup_ratio_of_means(method_tps: PerQuestion, baseline_tps: PerQuestion) -> float:
     """Speed-up as the papers report it: mean tokens/s of the method ÷ mean tokens/s of the baseline.
 
@@ -106,7 +127,7 @@ def speedup_ratio_of_means(method_tps: PerQuestion, baseline_tps: PerQuestion) -
     Example: method {a: 30, b: 10, c: 99}, baseline {a: 10, b: 10} -> c dropped -> mean(30, 10) / mean(10, 10) = 2.0.
     """
     m, b = _paired(method_tps, baseline_tps)
-    return float(m.mean() / b.mean()) if len(m) else math.nan
+    return mean_tokens_per_second(list(m)) / mean_tokens_per_second(list(b)) if len(m) else math.nan
 
 
 def speedup_geomean(method_tps: PerQuestion, baseline_tps: PerQuestion, n_boot: int = 2000,

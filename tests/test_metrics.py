@@ -133,3 +133,14 @@ def test_lossless_share():
     assert math.isnan(M.lossless_share(method, []))
     with pytest.raises(KeyError, match="seed"):
         M.lossless_share([{"suite": "s", "question_id": 1, "turn": 0, "temperature": 0.0}], base)
+
+
+def test_mean_tokens_per_second_skips_unmeasured():
+    # a question that errored has NaN tokens/s and must not drag the mean towards zero
+    assert M.mean_tokens_per_second({"a": 30.0, "b": 10.0, "c": float("nan")}) == pytest.approx(20.0)
+    assert math.isnan(M.mean_tokens_per_second([]))
+
+
+def test_suite_mean_is_equal_weight():
+    assert M.suite_mean([2.0, 3.0, float("nan"), None]) == pytest.approx(2.5)
+    assert math.isnan(M.suite_mean([None]))
