@@ -1,13 +1,16 @@
 """Tables, Markdown pivot and plots from a literal run directory, checked against hand-computed numbers.
 
-The run: vanilla (lossless) and "medusa-typical" (a medusa entry declared NOT lossless) on suites s1 (questions
-q1, q2, one turn each) and s2 (q3, two turns), temperature 0. Medusa's q2 is an error record.
+The run: vanilla (lossless) and "medusa-typical" (a medusa entry declared NOT lossless) on suites s1 (q1 with one
+turn, q2 with two) and s2 (q3, two turns), temperature 0. Medusa's q2 has an ok first turn and an error second turn,
+so the whole question must be left out of medusa's measurements and of the pairing with vanilla.
 
 Hand-computed expectations:
-  vanilla s1: q1 4 tok / 2.0 s = 2.0 tok/s, q2 2 / 1.0 = 2.0 -> mean 2.0; tau 6/6 = 1; tau_script 6/(3+1) = 1.5
+  vanilla s1: q1 4 tok / 2.0 s = 2.0 tok/s, q2 (2+2) / (0.25+0.25) = 8.0 -> mean 5.0; tau 8/8 = 1;
+              tau_script 8 / (3+1+1) = 1.6
   vanilla s2: q3 (3+3) / (1.0+2.0) = 2.0 tok/s
-  medusa  s1: q1 4 / 0.5 = 8.0, q2 errored (dropped) -> speed-up on q1 only: 8 / 2 = 4.0;
-              tau 4 / 2 steps = 2.0; tau_script 4 / 1 = 4.0; acc@1..3 from (accepted 2, depth 3) = 1, 1, 0
+  medusa  s1: q1 4 / 0.5 = 8.0, q2 errored (dropped) -> speed-up on q1 only: 8 / 2 = 4.0 (unpaired: 8 / 5);
+              tau 4 / 2 steps = 2.0 (with q2's ok turn it would be 6 / 4); tau_script 4 / 1 = 4.0;
+              acc@1..3 from (accepted 2, depth 3) = 1, 1, 0
   medusa  s2: q3 6 / (0.5+0.5) = 6.0 -> speed-up 6 / 2 = 3.0; tau (3+3) / (2+3) = 1.2; tau_script 6 / (1+2) = 2;
               steps (1, 3), (0, 3), (0, 2): acc@1 = 1/3, acc@2 = 0/3, acc@3 = 0/2; lossless share: turn 0 differs,
               turn 1 equal -> 0.5
@@ -54,14 +57,16 @@ MEDUSA_OPTS = {"posterior_threshold": 0.09, "tree": {"depth": 3}}
 
 RECORDS = [
     rec(*V, "s1", "q1", 0, 4, 2.0, [1, 2, 3, 4], [1, 1, 1, 1], peak_rss_bytes=1200),
-    rec(*V, "s1", "q2", 0, 2, 1.0, [5, 6], [1, 1]),
+    rec(*V, "s1", "q2", 0, 2, 0.25, [5, 6], [1, 1]),
+    rec(*V, "s1", "q2", 1, 2, 0.25, [5, 7], [1, 1]),
     rec(*V, "s2", "q3", 0, 3, 1.0, [7, 8, 9], [1, 1, 1]),
     rec(*V, "s2", "q3", 1, 3, 2.0, [1, 1, 2], [1, 1, 1], score=1.0, score_name="exact"),
     rec(*MT, "s1", "q1", 0, 4, 0.5, [1, 2, 3, 4], [1, 3], [2], [3], method_options=MEDUSA_OPTS,
         energy_j=2.0, cuda_peak_reserved_bytes=5000, timings={"draft_s": 0.1}),
+    rec(*MT, "s1", "q2", 0, 2, 0.1, [5, 6], [1, 1], [0], [3], method_options=MEDUSA_OPTS),
     {"run_id": "run-1", "status": "error", "error": {"type": "RuntimeError", "message": "boom"},
      "method": "medusa", "label": "medusa-typical", "lossless": False, "method_options": MEDUSA_OPTS,
-     "suite": "s1", "suite_version": "1", "question_id": "q2", "turn": 0, "temperature": 0.0, "top_p": 1.0,
+     "suite": "s1", "suite_version": "1", "question_id": "q2", "turn": 1, "temperature": 0.0, "top_p": 1.0,
      "seed": 0, "repeat": 0},
     rec(*MT, "s2", "q3", 0, 3, 0.5, [7, 8, 0], [1, 2], [1], [3], method_options=MEDUSA_OPTS),
     rec(*MT, "s2", "q3", 1, 3, 0.5, [1, 1, 2], [1, 1, 1], [0, 0], [3, 2], method_options=MEDUSA_OPTS,
@@ -86,7 +91,7 @@ def row(summary, label, suite):
 def test_turns_table_flattens_options_and_adds_provenance():
     turns = R.turns_table(RECORDS, MANIFEST)
     assert len(turns) == len(RECORDS)  # one row per turn, error included
-    first = turns.iloc[4]
+    first = turns.iloc[5]
     # nested options become dotted columns; the method's own timings too
     assert first["opt.posterior_threshold"] == 0.09 and first["opt.tree.depth"] == 3
     assert first["timing.draft_s"] == 0.1
@@ -95,7 +100,7 @@ def test_turns_table_flattens_options_and_adds_provenance():
     assert first["torch_version"] == "2.13.0" and first["transformers_version"] == "5.24.0"
     # derived per-turn numbers: 4 tokens / 0.5 s; tau 4 tokens / 2 forwards
     assert first["tokens_per_s"] == pytest.approx(8.0) and first["tau_turn"] == pytest.approx(2.0)
-    err = turns.iloc[5]
+    err = turns.iloc[7]
     # the error record lacks measurements: NaN, not zero, and not an exception
     assert err["status"] == "error" and math.isnan(err["tokens_per_s"]) and math.isnan(err["tau_turn"])
 
@@ -103,9 +108,9 @@ def test_turns_table_flattens_options_and_adds_provenance():
 def test_summary_numbers_match_hand_computation():
     s = R.summary_table(R.turns_table(RECORDS, MANIFEST))
     v1, m1, m2 = row(s, "vanilla", "s1"), row(s, "medusa-typical", "s1"), row(s, "medusa-typical", "s2")
-    assert (v1["n_questions"], v1["n_turns"], v1["n_errors"]) == (2, 2, 0)
-    assert v1["tokens_per_s"] == pytest.approx(2.0) and v1["tau"] == pytest.approx(1.0)
-    assert v1["tau_script"] == pytest.approx(1.5) and v1["speedup"] == pytest.approx(1.0)
+    assert (v1["n_questions"], v1["n_turns"], v1["n_errors"]) == (2, 3, 0)
+    assert v1["tokens_per_s"] == pytest.approx(5.0) and v1["tau"] == pytest.approx(1.0)
+    assert v1["tau_script"] == pytest.approx(1.6) and v1["speedup"] == pytest.approx(1.0)
     # the errored question is dropped from medusa's measurements and from the pairing with vanilla
     assert (m1["n_questions"], m1["n_turns"], m1["n_errors"]) == (1, 1, 1)
     assert m1["tokens_per_s"] == pytest.approx(8.0) and m1["speedup"] == pytest.approx(4.0)
@@ -147,7 +152,7 @@ def test_write_report_writes_every_file(tmp_path):
     assert paths["plot_speedup"].parent == run / "plots"
     # CSV list columns are JSON text that round-trips
     csv = pd.read_csv(paths["turns_csv"])
-    assert json.loads(csv.loc[4, "accept_lengths"]) == [1, 3]
+    assert json.loads(csv.loc[5, "accept_lengths"]) == [1, 3]
     # parquet keeps one row per turn, including the error record
     assert len(pd.read_parquet(paths["turns_parquet"])) == len(RECORDS)
     md = paths["summary_md"].read_text()
