@@ -174,10 +174,12 @@ def _lists(col: pd.Series) -> list[list[int]]:
 
 
 def _max_depth(turns: pd.DataFrame) -> int:
+    """Deepest draft of any turn in the table (0 when no method drafts): how many acc@i columns the summary has."""
     return max((max(d) for d in _lists(turns["draft_depths"]) if d), default=0)
 
 
 def _lossless_flag(values: pd.Series) -> bool | None:
+    """A label's declared lossless flag from its records (False if any record says so; None if none says)."""
     present = [bool(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return all(present) if present else None
 
