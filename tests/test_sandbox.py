@@ -190,3 +190,31 @@ def test_seccomp_filter_alone_blocks_fork_socket_exec_and_foreign_signals():
     outcome = os.read(read_fd, 1000).decode()
     os.close(read_fd)
     assert outcome == repr([True, "EPERM", "EPERM", "EPERM", "EPERM", True])
+
+
+def test_socket_patch_fallback_refuses_connections():
+    """Where no network namespace can be made the bootstrap patches socket; the patched calls must raise
+    PermissionError (checked in a forked child so pytest's own socket module stays intact)."""
+    from harness.sandbox import _block_sockets
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        outcome = []
+        try:
+            _block_sockets()
+            for attempt in (socket.socket, lambda: socket.create_connection(("127.0.0.1", 1)),
+                            lambda: socket.getaddrinfo("localhost", 80)):
+                try:
+                    attempt()
+                    outcome.append("allowed")
+                except PermissionError:
+                    outcome.append("refused")
+        finally:
+            os.write(write_fd, repr(outcome).encode())
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    outcome = os.read(read_fd, 1000).decode()
+    os.close(read_fd)
+    assert outcome == repr(["refused", "refused", "refused"])
