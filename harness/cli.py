@@ -151,8 +151,12 @@ def cmd_data(args) -> int:
         if not data_dir:
             raise ConfigError("data fetch: set --data-dir or $DRAFTBENCH_DATA")
         for name in args.suites or suites.suite_names():
-            path = suites.fetch_suite(name, data_dir, if_missing=args.if_missing)
-            print(f"{name}: {path}")
+            info = suites.suite_info(name)
+            path = suites.suite_path(info, data_dir)
+            if info.get("bundled") or (args.if_missing and path.exists()):
+                print(f"{name}: {path} (present)")
+                continue
+            print(f"{name}: {suites.fetch_suite(name, data_dir)}")
         return 0
     return args.func(args)
 

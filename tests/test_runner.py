@@ -1,0 +1,148 @@
+"""The runner: multi-turn assembly, durable records, resume without loss or duplicates, error records."""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from harness.config import ConfigError, RunConfig, MethodSpec
+from harness.method import Generation, Method
+from harness.records import RecordStore, question_key, read_records
+from harness.registry import register_method
+from harness.runner import run
+from tests.tiny import tiny_target
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
+    {"question_id": 2, "category": "math", "turns": ["2+2?"]},
+    {"question_id": 3, "category": "math", "turns": ["3+3?", "and 4+4?"]},
+    {"question_id": 4, "category": "boom", "turns": ["explode", "never asked"]},
+]
+
+
+@dataclass
+class ScriptOptions:
+    fail_on: str = ""          # raise when a prompt contains this text
+    oom_on: str = ""           # raise torch.OutOfMemoryError when a prompt contains this text
+
+
+@register_method("scripted_test")
+class Scripted(Method):
+    """Test method: answers with the prompt length (as tokens), records every prompt it was given."""
+
+    Options = ScriptOptions
+    prompts: list = []
+
+    def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
+        text = self.target.tokenizer.decode(prompt_ids[0].tolist())
+        Scripted.prompts.append(text)
+        if self.options.fail_on and self.options.fail_on in text:
+            raise RuntimeError("scripted failure")
+        if self.options.oom_on and self.options.oom_on in text:
+            raise torch.OutOfMemoryError("CUDA out of memory (scripted)")
+        ids = self.target.tokenizer("ok!", add_special_tokens=False)["input_ids"][:max_new_tokens]
+        return Generation(token_ids=ids, accept_lengths=[1] * len(ids), stop_reason="max_new_tokens")
+
+
+@pytest.fixture()
+def suite_file(tmp_path):
+    p = tmp_path / "q.jsonl"
+    p.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return p
+
+
+@pytest.fixture()
+def target():
+    return tiny_target(eos=False)
+
+
+def _config(tmp_path, suite_file, **kw):
+    base = dict(methods=[MethodSpec("vanilla"), MethodSpec("scripted_test", options={"fail_on": "explode"})],
+                suites=[str(suite_file)], max_new_tokens=8, warmup=1, output_dir=str(tmp_path / "results"))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_records_manifest_and_second_turn_sees_first_answer(tmp_path, suite_file, target):
+    Scripted.prompts.clear()
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    recs = read_records(run_dir)
+    # 2 methods x (2 + 1 + 2 + 2) turns
+    assert len(recs) == 14
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["config"]["max_new_tokens"] == 8 and "git_hash" in manifest and manifest["versions"]["torch"]
+    assert set(manifest["methods"]) == {"vanilla", "scripted_test"}
+    # MT-bench assembly: the second user turn comes after the model's own first answer ("ok!")
+    second = [p for p in Scripted.prompts if "Now say bye." in p][-1]
+    assert second.index("Say hi.") < second.index("ok!") < second.index("Now say bye.")
+    van = [r for r in recs if r["label"] == "vanilla" and r["status"] == "ok"]
+    assert all(r["new_tokens"] == len(r["output_ids"]) == sum(r["accept_lengths"]) for r in van)
+    assert all(r["wall_time_s"] > 0 and r["rss_bytes"] for r in van)
+
+
+def test_failing_turn_becomes_error_record_and_run_goes_on(tmp_path, suite_file, target):
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    recs = [r for r in read_records(run_dir) if r["label"] == "scripted_test"]
+    boom = [r for r in recs if r["question_id"] == "4"]
+    assert boom[0]["status"] == "error" and "RuntimeError: scripted failure" in boom[0]["error"]
+    assert boom[1]["status"] == "error" and boom[1]["error"].startswith("skipped: an earlier turn failed")
+    assert sum(r["status"] == "ok" for r in recs) == 5  # every other turn still ran
+
+
+def test_out_of_memory_is_an_error_record(tmp_path, suite_file, target):
+    cfg = _config(tmp_path, suite_file, methods=[MethodSpec("scripted_test", options={"oom_on": "2+2"})])
+    recs = read_records(run(cfg, target=target, progress=False))
+    oom = [r for r in recs if r["question_id"] == "2"]
+    assert oom[0]["status"] == "error" and "OutOfMemoryError" in oom[0]["error"]
+    assert sum(r["status"] == "ok" for r in recs) == 6  # the 6 other turns still ran
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_kill_has_no_loss_and_no_duplicates(tmp_path, suite_file, target):
+    cfg = _config(tmp_path, suite_file)
+    stored = []
+
+    def kill_after_three(recs):
+        stored.append(recs)
+        if len(stored) == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(cfg, target=target, progress=False, on_question=kill_after_three)
+    run_dir = next((tmp_path / "results").iterdir())
+    first = read_records(run_dir)
+    assert len(first) == 5  # three questions of vanilla (2 + 1 + 2 turns) were durable before the kill
+    # a torn, half-written line (kill during a write) must not break the resume
+    with open(run_dir / "records.jsonl", "a") as f:
+        f.write('{"label": "vanilla", "suite"')
+    run(None, resume=run_dir, target=target, progress=False)
+    recs = read_records(run_dir)
+    keys = [(question_key(r), r["turn"]) for r in recs]
+    assert len(keys) == len(set(keys)) == 14
+    assert recs[:5] == first  # what was stored before the kill is untouched
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path, suite_file, target):
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    with pytest.raises(ConfigError, match="differs from the run's"):
+        run(_config(tmp_path, suite_file, max_new_tokens=9), resume=run_dir, target=target, progress=False)
+
+
+def test_runs_are_never_overwritten(tmp_path, suite_file, target):
+    cfg = _config(tmp_path, suite_file, methods=[MethodSpec("vanilla")], warmup=0)
+    a = run(cfg, target=target, progress=False)
+    b = run(cfg, target=target, progress=False)
+    assert a != b and read_records(a) and read_records(b)
+
+
+def test_record_store_repairs_torn_tail(tmp_path):
+    store = RecordStore(tmp_path)
+    store.append([{"a": 1}, {"a": 2}])
+    with open(store.path, "a") as f:
+        f.write('{"a": 3')
+    assert RecordStore(tmp_path).read() == [{"a": 1}, {"a": 2}]
+    assert store.path.read_text().endswith("}\n")
