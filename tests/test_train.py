@@ -1,0 +1,184 @@
+"""Draft-head training: schedule, unroll mask, EAGLE learning, resume, Medusa loss, a 2-process accelerate run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import traindata as td
+from harness import train as tr
+from tests.tiny import tiny_target
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pattern_conversations(n: int) -> list[dict]:
+    """Conversations whose answers repeat a short motif: learnable from the features in a few hundred steps."""
+    motifs = ["ab ", "xyz ", "hello ", "12 "]
+    return [{"id": f"p{i}", "conversations": [
+        {"from": "human", "value": f"repeat {motifs[i % 4].strip()} please {i}"},
+        {"from": "gpt", "value": motifs[i % 4] * (6 + i % 3)}]} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A tiny target and a 16-conversation feature dataset built with it (the last 3 held out at eval_fraction 0.2)."""
+    root = tmp_path_factory.mktemp("train")
+    src = root / "convs.json"
+    src.write_text(json.dumps(pattern_conversations(16)))
+    target = tiny_target()
+    td.build_dataset(target, [str(src)], root / "data", max_len=96, shard_size=8,
+                     eval_questions={"unrelated": ["x/1"]}, progress=False)
+    return target, root
+
+
+def small_config(**kw) -> tr.TrainConfig:
+    base = dict(lr=3e-3, warmup_steps=5, batch_size=4, eval_fraction=0.2, eval_every=1000, log_every=1,
+                save_every=1000, eval_positions=3, cpu=True, progress=False)
+    return tr.TrainConfig(**{**base, **kw})
+
+
+def test_lr_factor_warmup_then_cosine():
+    # warm-up reaches 1.0 at its last step, cosine halves at the midpoint of the rest and ends at 0
+    assert tr.lr_factor(0, 10, 110) == pytest.approx(0.1)
+    assert tr.lr_factor(9, 10, 110) == pytest.approx(1.0)
+    assert tr.lr_factor(60, 10, 110) == pytest.approx(0.5)
+    assert tr.lr_factor(110, 10, 110) == pytest.approx(0.0)
+    assert tr.lr_factor(110, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_unroll_mask_literal():
+    # step 1 is plain causal; at step 2 query p sees true keys <= p-1 and only its own step-2 key
+    assert tr.unroll_mask(3, 1).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert tr.unroll_mask(3, 2).int().tolist() == [[0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
+
+
+def test_unrolled_step1_equals_plain_forward(built):
+    # with k=1 the unrolled accuracy must be the plain causal forward's top-1 agreement (same mask, same inputs)
+    target, root = built
+    obj = tr.get_objective("eagle").create(target)
+    torch.manual_seed(0)
+    head = obj.build_head()
+    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    correct, total = obj.accuracy(head, batch, 1)
+    with torch.no_grad():
+        pred = obj.predict(head, batch)
+    want = target.model.lm_head(batch["target"]).argmax(-1)
+    hits = ((target.model.lm_head(pred).argmax(-1) == want) & (batch["loss_mask"] > 0)).sum()
+    assert total[0] == (batch["loss_mask"] > 0).sum() and correct[0] == hits
+
+
+def eval_acc(target, root, head_folder=None) -> list[float]:
+    """Held-out top-1 accuracy per draft position of a saved head (or of a fresh random head)."""
+    from accelerate import Accelerator
+
+    from methods.eagle import load_eagle_head
+
+    obj = tr.get_objective("eagle").create(target)
+    torch.manual_seed(1)
+    head = obj.build_head() if head_folder is None else load_eagle_head(head_folder, target).float()
+    held = td.FeatureDataset(root / "data", "eval", eval_fraction=0.2, noise="none")
+    return tr.evaluate(obj, head, held, small_config(), Accelerator(cpu=True))["acc"]
+
+
+def test_eagle_training_beats_a_random_head(built, tmp_path):
+    # 200 steps on pattern data: the held-out draft top-1 accuracy at positions 1..3 must rise far above a random
+    # head's (which agrees with the target's greedy token only by chance)
+    target, root = built
+    recipe = tr.train("eagle", target, root / "data", tmp_path / "run", small_config(max_steps=200, eval_every=100))
+    trained, random_ = eval_acc(target, root, tmp_path / "run" / "head"), eval_acc(target, root)
+    assert recipe["steps"] == 200 and recipe["final_eval"]["acc"][0] == pytest.approx(trained[0], abs=0.02)
+    assert trained[0] > 0.6 and trained[0] > random_[0] + 0.3, (trained, random_)
+    assert trained[2] > random_[2] + 0.2, (trained, random_)
+    for name in ("recipe.json", "loss.png", "train_log.jsonl", "head/config.json", "head/model.safetensors"):
+        assert (tmp_path / "run" / name).exists(), name
+    assert recipe["data_manifest_sha256"] and recipe["wall_time_s"] > 0 and recipe["command"]
+
+
+def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
+    # a run killed after its step-4 checkpoint resumes at step 5 and ends with the same head as an uninterrupted
+    # run: the step counter, schedule, optimizer, data order and RNG all come back
+    target, root = built
+    cfg = small_config(max_steps=6, save_every=2)
+    tr.train("eagle", target, root / "data", tmp_path / "straight", cfg)
+
+    real = tr.EagleObjective.loss
+    calls = {"n": 0}
+
+    def dies_at_step_5(self, head, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, head, batch)
+
+    monkeypatch.setattr(tr.EagleObjective, "loss", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train("eagle", target, root / "data", tmp_path / "resumed", cfg)
+    assert tr.latest_checkpoint(tmp_path / "resumed").name == "step-0000004"
+    monkeypatch.setattr(tr.EagleObjective, "loss", real)
+    recipe = tr.train("eagle", target, root / "data", tmp_path / "resumed", cfg)
+    assert recipe["steps"] == 6
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "resumed" / tr.LOG_FILE).read_text().splitlines())
+             if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # no step repeated or skipped
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "straight" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "head" / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], msg=key)
+    with pytest.raises(ValueError, match="total_steps"):  # the same folder with another schedule is refused
+        tr.train("eagle", target, root / "data", tmp_path / "resumed", small_config(max_steps=9))
+
+
+def test_medusa_loss_weights_and_learning(built, tmp_path):
+    # paper weighting is 0.8**i; a few steps must lower the weighted loss; the published-format heads are saved
+    target, root = built
+    obj = tr.get_objective("medusa").create(target, {"num_heads": 2})
+    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    torch.manual_seed(0)
+    head = obj.build_head()
+    loss, parts = obj.loss(head, batch)
+    assert loss.item() == pytest.approx(parts["ce0"] + 0.8 * parts["ce1"], rel=1e-5)
+    uniform = tr.get_objective("medusa").create(target, {"num_heads": 2, "weighting": "uniform"})
+    assert uniform.loss(head, batch)[0].item() == pytest.approx(parts["ce0"] + parts["ce1"], rel=1e-5)
+    recipe = tr.train("medusa", target, root / "data", tmp_path / "m",
+                      small_config(max_steps=30, lr=1e-2, options={"num_heads": 2}))
+    log = [json.loads(x) for x in (tmp_path / "m" / tr.LOG_FILE).read_text().splitlines()]
+    losses = [r["loss"] for r in log if r["kind"] == "train"]
+    assert min(losses[-5:]) < losses[0] - 0.2, losses
+    cfg = json.loads((tmp_path / "m" / "head" / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 2 and cfg["medusa_share_lm_head"] is True  # small target: shared lm_head
+    assert recipe["config"]["lr"] == 1e-2 and recipe["config"]["noise"] == "none"
+
+
+def test_objective_registry_rejects_non_objectives_and_names_close_matches():
+    with pytest.raises(TypeError, match="must subclass"):
+        tr.register_objective("bogus")(object)
+    with pytest.raises(KeyError, match="eagle"):
+        tr.get_objective("eagel")
+    assert {"eagle", "medusa"} <= set(tr.objective_names())
+
+
+def test_two_process_accelerate_launch(built, tmp_path):
+    # the distributed (DDP over gloo) path: 2 CPU processes train 3 steps from the CLI entry point. accelerate's
+    # `--cpu` launcher starts a single process unless mpirun is set up, so the processes come from its torchrun
+    # launcher (`--multi_gpu`) and the trainer's own `--cpu` keeps each on the CPU.
+    target, root = built
+    model_dir = tmp_path / "tiny-target"
+    target.model.save_pretrained(model_dir)
+    target.tokenizer.save_pretrained(model_dir)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "harness.train",
+           "eagle", "--target", str(model_dir), "--data", str(root / "data"), "--out", str(tmp_path / "ddp"),
+           "--max-steps", "3", "--batch-size", "2", "--warmup-steps", "1", "--cpu", "--no-progress"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recipe = json.loads((tmp_path / "ddp" / "recipe.json").read_text())
+    assert recipe["num_processes"] == 2 and recipe["steps"] == 3 and "MULTI_CPU" in recipe["distributed_type"]
+    assert (tmp_path / "ddp" / "head" / "model.safetensors").exists()
