@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def cmd_run(args) -> int:
 
     config = None if (args.resume and not args.preset and not args.methods) else config_from_args(args)
     run_dir = run(config, resume=args.resume, progress=not args.no_progress)
-    print(f"records:  {run_dir / 'records.jsonl'}")
+    if os.environ.get("RANK", "0") != "0":  # data-parallel run: rank 0 reports
+        return 0
+    print(f"run:  {run_dir}")
     if not args.no_report:
         _print_report(run_dir)
     return 0

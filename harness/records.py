@@ -2,7 +2,9 @@
 
 One JSON object per line, one line per (method label, suite, question, turn, temperature, seed, repeat).
 All turns of one question are written in a single ``write`` + ``fsync``, so a killed run leaves either every
-turn of a question or none of them (a torn last line is ignored and overwritten on resume).
+turn of a question or none of them (a torn last line is ignored and overwritten on resume). In a data-parallel run
+(``accelerate launch``) process ``r`` of ``w`` writes ``records.rank<r>.jsonl``; readers take every
+``records*.jsonl`` of the run directory.
 
 Fields (``None`` where not applicable or not measurable on this device):
 
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 RECORDS_FILE = "records.jsonl"
+RECORDS_GLOB = "records*.jsonl"
 
 # fields that identify one observation; a resumed run skips questions whose key is complete
 KEY_FIELDS = ("label", "suite", "question_id", "temperature", "seed", "repeat")
@@ -51,9 +54,9 @@ def question_key(rec: dict[str, Any]) -> tuple:
 class RecordStore:
     """Append-only JSONL store of turn records in ``run_dir``."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, rank: int | None = None):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / RECORDS_FILE
+        self.path = self.run_dir / (RECORDS_FILE if rank is None else f"records.rank{rank}.jsonl")
         self._repair_tail()
 
     def _repair_tail(self) -> None:
@@ -81,16 +84,28 @@ class RecordStore:
             os.fsync(f.fileno())
 
     def read(self) -> list[dict[str, Any]]:
-        return read_records(self.path)
+        """Records of the whole run (every process's file)."""
+        return read_records(self.run_dir)
 
     def done_keys(self) -> set[tuple]:
         return {question_key(r) for r in self.read()}
 
 
+def record_files(run_dir: str | Path) -> list[Path]:
+    return sorted(Path(run_dir).glob(RECORDS_GLOB))
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a run directory (every ``records*.jsonl``) or of one records file."""
     path = Path(path)
-    if path.is_dir():
-        path = path / RECORDS_FILE
+    files = record_files(path) if path.is_dir() else [path]
+    out: list[dict[str, Any]] = []
+    for file in files:
+        out.extend(_read_file(file))
+    return out
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     out = []

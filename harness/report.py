@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness import metrics as M
-from harness.records import RECORDS_FILE, read_records
+from harness.records import RECORDS_FILE, read_records, record_files
 
 MANIFEST_FILE = "manifest.json"
 GROUP = ["label", "method", "suite", "temperature"]
@@ -462,7 +462,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     nothing to show (a speed-up without a baseline, acceptance without a drafting method) are not written.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / RECORDS_FILE).exists():
+    if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
     manifest = read_manifest(run_dir)
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}

@@ -4,6 +4,10 @@ Warm-up goes through exactly the same ``run_question`` path, untimed and unrecor
 by device synchronisation (:class:`harness.trackers.Tracker`). A failing turn (exception or out-of-memory) becomes
 an error record and the run goes on. Records of a question are appended together, so a killed run can be resumed
 (``draftbench run --resume RUN_DIR``) with no lost and no duplicated records.
+
+Data parallel: under ``accelerate launch --num_processes W draftbench run ...`` every process loads the target on
+its own device, takes every W-th pending question and writes its own records file; rank 0 writes the manifest.
+accelerate does the process management (no scheduler of our own).
 """
 
 from __future__ import annotations
@@ -162,6 +166,36 @@ def load_manifest(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@dataclass
+class Distributed:
+    """This process's place in a data-parallel run (rank 0 of 1 when not launched by accelerate)."""
+
+    rank: int = 0
+    world: int = 1
+    state: Any = None
+
+    @classmethod
+    def detect(cls) -> "Distributed":
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls()
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not torch.cuda.is_available())
+        return cls(state.process_index, state.num_processes, state)
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every process."""
+        if self.world == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([value], from_process=0)[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.state.wait_for_everyone()
+
+
 def run(config: RunConfig | None = None, resume: str | Path | None = None,
         progress: bool = True, target: Target | None = None, on_question: Callable | None = None) -> Path:
     """Run ``config`` into a new run directory, or continue the run in ``resume``; return the run directory.
@@ -171,6 +205,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     """
     from suites import load_suite
 
+    dist = Distributed.detect()
     if resume is not None:
         run_dir = Path(resume)
         manifest = load_manifest(run_dir)
@@ -182,7 +217,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     else:
         if config is None:
             raise ConfigError("run: a configuration or --resume RUN_DIR is required")
-        run_dir = new_run_dir(config)
+        run_dir = Path(dist.share(str(new_run_dir(config)) if dist.rank == 0 else None))
         manifest = None
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -192,14 +227,17 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     # build every method before loading anything heavy fails late: unknown names and bad options fail here
     classes = {spec.label: get_method(spec.name) for spec in config.methods}
     if target is None:
-        target = load_target(config.target, config.dtype, config.device, config.device_map)
+        device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
+        target = load_target(config.target, config.dtype, device, config.device_map)
     methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    if manifest is None:
+    if manifest is None and dist.rank == 0:
         manifest = build_manifest(config, run_dir, target, suites, methods)
+        manifest["processes"] = dist.world
         (run_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, default=str))
-    store = RecordStore(run_dir)
+    dist.barrier()
+    store = RecordStore(run_dir, rank=dist.rank if dist.world > 1 else None)
     done = store.done_keys()
     tracker = Tracker(target.device)
 
@@ -212,7 +250,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                 for repeat in range(config.repeats):
                     for suite in suites:
                         ctx = TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
-                        todo = [q for q in suite.questions if _key(ctx, q) not in done]
+                        todo = [q for q in suite.questions if _key(ctx, q) not in done][dist.rank::dist.world]
                         bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", progress)
                         for q in bar:
                             recs = run_question(method, target, ctx, q, sampling,
@@ -222,6 +260,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                             _show_speed(bar, recs)
                             if on_question is not None:
                                 on_question(recs)
+    dist.barrier()
     return run_dir
 
 

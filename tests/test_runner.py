@@ -146,3 +146,32 @@ def test_record_store_repairs_torn_tail(tmp_path):
         f.write('{"a": 3')
     assert RecordStore(tmp_path).read() == [{"a": 1}, {"a": 2}]
     assert store.path.read_text().endswith("}\n")
+
+
+def test_data_parallel_run_splits_questions_across_processes(tmp_path):
+    """Two processes under `accelerate launch`: every question done once, each process wrote its own file.
+
+    accelerate's `--cpu` launcher starts one process unless mpirun is set up, so the two processes come from its
+    torchrun launcher (`--multi_gpu`); the runner keeps them on the CPU when no GPU is visible.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) + "\n"
+                                              for i in range(6)))
+    script = Path(__file__).with_name("dp_run.py")
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dirs = list((tmp_path / "results").iterdir())
+    assert len(run_dirs) == 1  # both processes wrote into the one run directory rank 0 chose
+    files = sorted(p.name for p in run_dirs[0].glob("records*.jsonl"))
+    assert files == ["records.rank0.jsonl", "records.rank1.jsonl"]
+    recs = read_records(run_dirs[0])
+    assert sorted(int(r["question_id"]) for r in recs) == list(range(6))
+    assert json.loads((run_dirs[0] / "manifest.json").read_text())["processes"] == 2
