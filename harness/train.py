@@ -33,6 +33,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -525,6 +526,9 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum)
     total = cfg.max_steps or cfg.epochs * steps_per_epoch
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(round((cfg.warmup_ratio or 0.0) * total))
+    if warmup >= total:
+        warnings.warn(f"warm-up ({warmup} steps) is not shorter than the run ({total} steps): the learning rate never "
+                      "reaches its peak; pass warmup_steps/--warmup-steps for short runs")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer,
                                                   lambda s: lr_factor(s, warmup, total, cfg.min_lr_ratio))
     state = TrainState()
@@ -589,7 +593,8 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
                 running, n_running = 0.0, 0
                 if accelerator.is_main_process:
                     _append_log(log_path, {"kind": "train", "step": state.step, "epoch": epoch, "loss": mean,
-                                           "lr": scheduler.get_last_lr()[0], **parts})
+                                           "lr": scheduler.get_last_lr()[0], **parts,
+                                           "elapsed_s": round(time.perf_counter() - t_start, 3)})
                 bar.set_postfix(loss=f"{mean:.4f}")
             if (state.step % cfg.eval_every == 0 or state.step == total) and len(eval_ds):
                 last_eval = evaluate(objective, accelerator.unwrap_model(head), eval_ds, cfg, accelerator)
