@@ -1,0 +1,328 @@
+"""The speculative engine on tiny in-process Llamas (fp32, CPU).
+
+Greedy: every method's output must equal vanilla's token for token, whatever it proposes (the target's own
+continuation, wrong branches, random trees, nothing), with EOS and budget cuts. Sampling: the joint distribution of
+the first three tokens must be the target's (chi-square against the exact distribution), for deterministic and for
+sampled proposals, and a deliberately lossy verifier must be caught by the same test.
+"""
+
+from collections import Counter
+from itertools import product
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from harness.engine import SpeculativeMethod, tree_mask_4d
+from harness.models import target_from_model
+from harness.sampling import SamplingParams, logits_to_probs
+from harness.tree import DraftTree, chain_tree
+from harness.verify import verify_typical
+from methods.pld import PromptLookup
+from methods.vanilla import Vanilla
+from tests.chisq import chi_square_pvalue
+
+GREEDY = SamplingParams()
+
+
+def tiny_target(vocab: int = 64, hidden: int = 32, layers: int = 2, init: float = 0.02, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=init)
+    model = LlamaForCausalLM(cfg).eval()
+    model.requires_grad_(False)
+    target = target_from_model(model, tokenizer=None)
+    target.eos_ids = frozenset()
+    return target
+
+
+class ContextMethod(SpeculativeMethod):
+    """Test helper: tracks the committed context like a real method (prompt + accepted + pending root)."""
+
+    def begin(self, prompt_ids, hidden):
+        self.context = prompt_ids[0].tolist()
+
+    def accept(self, tokens, hidden, next_root):
+        self.context.extend(tokens)
+
+    def next_logits(self, seq: list[int]) -> torch.Tensor:
+        """The target's logits after ``seq`` (no cache; memoised, the models are tiny)."""
+        memo = self.__dict__.setdefault("_memo", {})
+        key = tuple(seq)
+        if key not in memo:
+            with torch.inference_mode():
+                memo[key] = self.target.model(torch.tensor([seq])).logits[0, -1]
+        return memo[key]
+
+
+class OracleChain(ContextMethod):
+    """Proposes the target's own greedy continuation: everything must be accepted."""
+
+    depth = 4
+
+    def greedy_continuation(self, root: int, n: int) -> list[int]:
+        seq = self.context + [root]
+        for _ in range(n):
+            seq.append(int(self.next_logits(seq).argmax()))
+        return seq[-n:]
+
+    def propose(self, root, sampling, generator):
+        return chain_tree(self.greedy_continuation(root, self.depth))
+
+
+class OracleBranched(OracleChain):
+    """The greedy continuation with a wrong sibling at every level (ranked first on even levels) and a wrong
+    sub-branch below each wrong sibling: verification must find the right child whatever its rank."""
+
+    def propose(self, root, sampling, generator):
+        good = self.greedy_continuation(root, self.depth)
+        vocab = self.target.config.vocab_size
+        tokens, parents, prev = [], [], -1
+        for level, tok in enumerate(good):
+            wrong = (tok + 1) % vocab
+            pair = [wrong, tok] if level % 2 == 0 else [tok, wrong]
+            first = len(tokens)
+            tokens += pair
+            parents += [prev, prev]
+            wrong_idx = first + pair.index(wrong)
+            tokens.append((tok + 2) % vocab)
+            parents.append(wrong_idx)
+            prev = first + pair.index(tok)
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+
+class RandomTree(ContextMethod):
+    """Random tokens under random parents (own generator, independent of the sampling one): almost all rejected."""
+
+    size = 6
+
+    def propose(self, root, sampling, generator):
+        g = self.__dict__.setdefault("_g", torch.Generator().manual_seed(99))
+        tokens = torch.randint(0, self.target.config.vocab_size, (self.size,), generator=g)
+        parents = torch.tensor([int(torch.randint(-1, i, (), generator=g)) if i else -1 for i in range(self.size)])
+        return DraftTree(tokens, parents)
+
+
+class EmptyTree(ContextMethod):
+    def propose(self, root, sampling, generator):
+        return chain_tree([])
+
+
+PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]])
+METHODS = [PromptLookup, OracleChain, OracleBranched, RandomTree, EmptyTree]
+
+
+def check_invariants(gen, method, prompt_len: int, budget: int):
+    """What every Generation must satisfy, whatever was accepted."""
+    assert sum(gen.accept_lengths) == len(gen.token_ids) <= budget
+    assert len(gen.accept_lengths) == gen.counters["target_forwards"]
+    assert len(gen.accepted_drafts) == len(gen.draft_depths) == len(gen.accept_lengths) - 1
+    assert all(a <= d for a, d in zip(gen.accepted_drafts, gen.draft_depths))
+    # the cache holds the prompt and everything emitted except the pending last token
+    assert method.last_cache_length == prompt_len + len(gen.token_ids) - 1
+    assert set(gen.timings) == {"draft_s", "verify_s", "overhead_s"}
+
+
+@pytest.mark.parametrize("cls", METHODS, ids=lambda c: c.__name__)
+def test_greedy_equals_vanilla(cls):
+    # any verification, position, mask or cache-compaction error makes the continuation diverge from vanilla
+    target = tiny_target()
+    want = Vanilla(target).generate(PROMPT, 40, GREEDY)
+    method = cls(target)
+    got = method.generate(PROMPT, 40, GREEDY)
+    assert got.token_ids == want.token_ids
+    assert got.stop_reason == "max_new_tokens"
+    check_invariants(got, method, PROMPT.shape[1], 40)
+
+
+@pytest.mark.parametrize("cls", [OracleChain, OracleBranched])
+def test_oracle_trees_are_fully_accepted(cls):
+    # the target's own continuation: every step accepts the whole depth, so tau = depth + 1 (except the cut last
+    # step); a verifier that stops early or a mask that lets siblings see each other would lower it
+    target = tiny_target()
+    gen = cls(target).generate(PROMPT, 41, GREEDY)
+    assert gen.accepted_drafts == [4] * len(gen.accepted_drafts)
+    assert gen.accept_lengths == [1] + [5] * 8
+    assert gen.counters["tree_tokens"] == 8 * (4 if cls is OracleChain else 12)
+
+
+def test_random_trees_are_almost_never_accepted():
+    # with 64 tokens, a random tree is right by chance only rarely; mostly one token per target forward
+    gen = RandomTree(tiny_target()).generate(PROMPT, 40, GREEDY)
+    assert sum(gen.accepted_drafts) <= 4
+    assert len(gen.accept_lengths) >= 36
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 5, 7, 12])
+@pytest.mark.parametrize("cls", [OracleChain, OracleBranched, PromptLookup])
+def test_budget_cuts_are_exact(cls, budget):
+    # accepted drafts past max_new_tokens must be cut (never emitted) and the cache cropped to match
+    target = tiny_target()
+    want = Vanilla(target).generate(PROMPT, budget, GREEDY)
+    method = cls(target)
+    got = method.generate(PROMPT, budget, GREEDY)
+    assert got.token_ids == want.token_ids and len(got.token_ids) == budget
+    assert got.stop_reason == "max_new_tokens"
+    check_invariants(got, method, PROMPT.shape[1], budget)
+
+
+@pytest.mark.parametrize("eos_at", [0, 1, 2, 6, 9])
+@pytest.mark.parametrize("cls", [OracleChain, OracleBranched, PromptLookup, RandomTree])
+def test_eos_in_the_middle_of_an_accepted_path_stops_there(cls, eos_at):
+    # make vanilla's token number `eos_at` the EOS: the oracle accepts drafts past it in the same step, and the
+    # engine must emit exactly up to and including the EOS (the first occurrence of that token)
+    target = tiny_target()
+    reference = Vanilla(target).generate(PROMPT, 30, GREEDY).token_ids
+    target.eos_ids = frozenset({reference[eos_at]})
+    first = reference.index(reference[eos_at])
+    method = cls(target)
+    got = method.generate(PROMPT, 30, GREEDY)
+    assert got.token_ids == reference[: first + 1]
+    assert got.stop_reason == "eos"
+    check_invariants(got, method, PROMPT.shape[1], 30)
+
+
+def test_max_new_tokens_zero_emits_nothing():
+    gen = OracleChain(tiny_target()).generate(PROMPT, 0, GREEDY)
+    assert gen.token_ids == [] and gen.accept_lengths == []
+
+
+class HiddenRecorder(OracleBranched):
+    """Records the hidden states the engine hands over, to compare with a plain forward."""
+
+    needs_hidden_states = True
+
+    def begin(self, prompt_ids, hidden):
+        super().begin(prompt_ids, hidden)
+        self.features = [hidden]
+
+    def accept(self, tokens, hidden, next_root):
+        assert hidden.shape[0] == len(tokens)
+        super().accept(tokens, hidden, next_root)
+        self.features.append(hidden)
+
+
+def test_hidden_states_are_post_norm_features_of_committed_tokens():
+    # EAGLE/Medusa heads read the input of lm_head at every committed position: from the prefill, then for
+    # [root + accepted] of each step (never a rejected branch's)
+    target = tiny_target()
+    method = HiddenRecorder(target)
+    gen = method.generate(PROMPT, 21, GREEDY)
+    got = torch.cat(method.features)  # [P + committed - ..., H]
+    committed = torch.cat([PROMPT, torch.tensor([gen.token_ids[: got.shape[0] - PROMPT.shape[1]]])], dim=1)
+    with torch.inference_mode():
+        out = target.model(committed, output_hidden_states=True)
+    torch.testing.assert_close(got, out.hidden_states[-1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(target.model.lm_head(got), out.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_tree_mask_4d_literal():
+    # docstring example: 2 committed positions, two root children that must not see each other
+    m = torch.finfo(torch.float32).min
+    mask = tree_mask_4d(2, torch.tensor([-1, -1]), torch.float32, torch.device("cpu"))
+    assert mask.shape == (1, 1, 3, 5)
+    assert mask[0, 0].tolist() == [[0, 0, 0, m, m], [0, 0, 0, 0, m], [0, 0, 0, m, 0]]
+
+
+def test_bad_prompt_shape_is_refused():
+    with pytest.raises(ValueError, match=r"prompt_ids must be \[1, P\]"):
+        OracleChain(tiny_target()).generate(torch.tensor([1, 2, 3]), 5, GREEDY)
+
+
+# ---- sampling: the engine must preserve the target distribution ---------------------------------------------------
+SAMPLE_PROMPT = torch.tensor([[1, 2, 3]])
+N_SAMPLES = 1500
+
+
+def sampling_target():
+    """Vocab 8 with peaked, non-trivial distributions (initializer_range 0.3)."""
+    return tiny_target(vocab=8, hidden=16, layers=1, init=0.3, seed=0)
+
+
+def exact_joint(target, sampling: SamplingParams) -> dict:
+    """P(x0, x1, x2) of vanilla sampling, by enumerating all 1 + 8 + 64 contexts."""
+    v = target.config.vocab_size
+    model = target.model
+    with torch.inference_mode():
+        p0 = logits_to_probs(model(SAMPLE_PROMPT).logits[0, -1], sampling)  # [V]
+        ctx1 = torch.cat([SAMPLE_PROMPT.expand(v, -1), torch.arange(v)[:, None]], dim=1)  # [V, P+1]
+        p1 = logits_to_probs(model(ctx1).logits[:, -1], sampling)  # [V, V]
+        pairs = torch.tensor(list(product(range(v), repeat=2)))  # [V*V, 2]
+        ctx2 = torch.cat([SAMPLE_PROMPT.expand(v * v, -1), pairs], dim=1)
+        p2 = logits_to_probs(model(ctx2).logits[:, -1], sampling).view(v, v, v)  # [V, V, V]
+    return {(a, b, c): float(p0[a] * p1[a, b] * p2[a, b, c]) for a, b, c in product(range(v), repeat=3)}
+
+
+class OracleTopK(ContextMethod):
+    """Deterministic proposal: the target's own top-2 at the root and top-2 under each (depth 2)."""
+
+    def propose(self, root, sampling, generator):
+        seq = self.context + [root]
+        first = self.next_logits(seq).topk(2).indices.tolist()
+        tokens, parents = list(first), [-1, -1]
+        for i, t in enumerate(first):
+            for s in self.next_logits(seq + [t]).topk(2).indices.tolist():
+                tokens.append(s)
+                parents.append(i)
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+
+
+class SampledDraft(ContextMethod):
+    """Sampled proposal: 2 root children drawn without replacement from q = softmax(target logits / 2.5), one
+    child under each drawn from its own q; ``draft_probs`` carries the q rows."""
+
+    proposal = "sampled"
+
+    def q(self, seq):
+        return torch.softmax(self.next_logits(seq) / 2.5, dim=-1)
+
+    def propose(self, root, sampling, generator):
+        seq = self.context + [root]
+        q0 = self.q(seq)
+        first = torch.multinomial(q0, 2, replacement=False, generator=generator)
+        rows, second = [q0], []
+        for t in first.tolist():
+            q1 = self.q(seq + [t])
+            rows.append(q1)
+            second.append(int(torch.multinomial(q1, 1, generator=generator)))
+        rows += [torch.full_like(q0, 1 / q0.numel())] * 2  # leaves: never used
+        return DraftTree(torch.cat([first, torch.tensor(second)]), torch.tensor([-1, -1, 0, 1]), torch.stack(rows))
+
+
+class TypicalOracle(OracleTopK):
+    """A deliberately lossy verifier (Medusa's typical acceptance): the chi-square test must reject it."""
+
+    def verify(self, tree, logits, sampling, generator):
+        return verify_typical(tree, logits, sampling, generator=generator)
+
+
+class RandomSmallTree(RandomTree):
+    size = 5
+
+
+def sampled_pvalue(cls, sampling: SamplingParams) -> float:
+    target = sampling_target()
+    method = cls(target)
+    g = torch.Generator().manual_seed(2024)
+    counts = Counter()
+    for _ in range(N_SAMPLES):
+        gen = method.generate(SAMPLE_PROMPT, 3, sampling, g)
+        counts[tuple(gen.token_ids)] += 1
+    return chi_square_pvalue(counts, exact_joint(target, sampling))
+
+
+SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top_p0.9"])
+@pytest.mark.parametrize("cls", [OracleTopK, RandomSmallTree, SampledDraft], ids=lambda c: c.__name__)
+def test_sampling_matches_the_target_distribution(cls, sampling):
+    # the first three tokens come from prefill + tree verification (+ a second step when little is accepted);
+    # any bias in acceptance, residuals, bonus sampling, positions or cache shows up in their joint distribution
+    assert sampled_pvalue(cls, sampling) > 1e-3
+
+
+def test_sampling_test_detects_a_lossy_verifier():
+    # the same statistic on Medusa's typical acceptance must fail, or the test above could not fail either
+    assert sampled_pvalue(TypicalOracle, SamplingParams(temperature=1.0)) < 1e-6
