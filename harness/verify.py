@@ -51,6 +51,13 @@ def _normalise(p: torch.Tensor) -> torch.Tensor:
     return p / p.sum()
 
 
+def _draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from ``p [V]``, on the generator's device (a CPU generator may drive a CUDA target)."""
+    if generator is not None and generator.device != p.device:
+        p = p.to(generator.device)
+    return int(sample(p, generator))
+
+
 def rejection_step(p: torch.Tensor, candidates: list[int], q: torch.Tensor | None,
                    generator: torch.Generator | None) -> tuple[int | None, torch.Tensor]:
     """Try the sibling ``candidates`` (tokens, in rank order) against the target distribution ``p [V]``.
@@ -112,11 +119,11 @@ def verify_sampling(tree: DraftTree, logits: torch.Tensor, sampling: SamplingPar
     while True:
         p = logits_to_probs(logits[slot], sampling)  # [V]
         if not kids[slot]:
-            return path, int(sample(p, generator))
+            return path, _draw(p, generator)
         q = None if tree.draft_probs is None else tree.draft_probs[slot].to(p.device, torch.float32)
         j, residual = rejection_step(p, [tokens[c] for c in kids[slot]], q, generator)
         if j is None:
-            return path, int(sample(residual, generator))
+            return path, _draw(residual, generator)
         path.append(kids[slot][j])
         slot = kids[slot][j] + 1
 
@@ -178,4 +185,4 @@ def verify_typical(tree: DraftTree, logits: torch.Tensor, sampling: SamplingPara
     allowed = torch.where(row_p > row_t, row_p, torch.zeros_like(row_p))
     if float(allowed.sum()) <= 0:
         allowed = row_p
-    return path, int(sample(_normalise(allowed), generator))
+    return path, _draw(_normalise(allowed), generator)
