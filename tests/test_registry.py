@@ -50,3 +50,17 @@ def test_bad_method_option_names_the_field():
 def test_method_base_generate_is_abstract():
     with pytest.raises(NotImplementedError):
         Method(target=None).generate(None, 1, None)
+
+
+def test_entry_point_plugins_are_loaded(monkeypatch):
+    # a package that declares `[project.entry-points."draftbench.methods"] x = "pkg.module"` must be found
+    from importlib import metadata
+
+    import harness.registry as registry
+
+    ep = metadata.EntryPoint(name="plugin_test", value="tests.plugin_method", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry.metadata, "entry_points",
+                        lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_loaded", False)
+    assert "plugin_test" in registry.method_names()
+    assert registry.get_method("plugin_test").__name__ == "PluginMethod"
