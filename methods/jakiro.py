@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -750,9 +749,10 @@ def fold_joint(probs_2v: torch.Tensor, vocab: int) -> torch.Tensor:
 def joint_topk_distinct(joint_logits: torch.Tensor, vocab: int, count: int) -> torch.Tensor:
     """T = 0: the ``count`` best distinct tokens of the joint (expert, token) logits ``[R*V]``, ``[<=count]``.
     Example: V = 3, logits [5, 1, 0, 4, 6, 0] -> pairs by value: (e1, 1), (e0, 0), (e1, 0), ... -> [1, 0, 2]."""
-    order = torch.argsort(joint_logits, descending=True) % vocab  # [R*V]
+    # each token occurs at most R times, so the best count * R pairs hold at least count distinct tokens
+    best = torch.topk(joint_logits, min(count * (joint_logits.shape[0] // vocab), joint_logits.shape[0]))
     seen: list[int] = []
-    for t in order.tolist():
+    for t in (best.indices % vocab).tolist():
         if t not in seen:
             seen.append(t)
             if len(seen) == count:
