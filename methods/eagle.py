@@ -156,6 +156,18 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([EagleDecoderLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.float()``, ``.half()`` ... leave a shared embedding alone: it is the TARGET's module, and
+        converting it would change the target (e.g. ``head.float()`` on a bf16 target). :meth:`fuse` casts."""
+        if not self.shares_target_embedding:
+            return super()._apply(fn, recurse)
+        modules = self._modules
+        object.__setattr__(self, "_modules", {k: m for k, m in modules.items() if k != "embed_tokens"})
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            object.__setattr__(self, "_modules", modules)
+
     @classmethod
     def for_target(cls, target: Target, bias: bool = True, **overrides) -> "EagleHead":
         """A randomly initialised head shaped for ``target`` that shares its embedding (for training and tests)."""

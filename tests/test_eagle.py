@@ -15,6 +15,16 @@ from tests.tiny import tiny_target
 H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/tiny.py)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine the thread pool's spinning makes
+    each small matmul ~50x slower; restored afterwards so other test modules are unaffected."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def published_eagle_folder(folder: Path, bias: bool = True, n_kv: int = 2, rope_theta: float | None = None,
                            with_embedding: bool = True, seed: int = 1, fmt: str = "bin") -> dict[str, torch.Tensor]:
     """Write an EAGLE checkpoint exactly as the EAGLE repository ships one (key names and shapes spelled out)."""
@@ -218,3 +228,269 @@ def test_draft_kv_crop_and_extend():
     assert (kv.length, longer.length, longer.crop(1).length) == (3, 5, 1)
     with pytest.raises(ValueError, match=r"length must be in \[0, 3\]"):
         kv.crop(4)
+
+
+# ------------------------------------------------------------------------------------------------ methods
+
+from collections import Counter  # noqa: E402
+
+from harness.autotune import EAGLE_TREE_GAINS, bench_tree_parents, choose_tree_size, time_tree_sizes  # noqa: E402
+from harness.method import OptionsError  # noqa: E402
+from harness.models import target_from_model  # noqa: E402
+from harness.registry import get_method  # noqa: E402
+from harness.sampling import SamplingParams, logits_to_probs  # noqa: E402
+from harness.tree import depths  # noqa: E402
+from methods.eagle import Eagle1, Eagle1Options, Eagle2, Eagle2Options  # noqa: E402
+from methods.vanilla import Vanilla  # noqa: E402
+from tests.chisq import chi_square_pvalue  # noqa: E402
+from tests.test_engine import SAMPLE_PROMPT, exact_joint, sampling_target  # noqa: E402
+from tests.tiny import tiny_llama  # noqa: E402
+
+GREEDY = SamplingParams()
+PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
+
+
+def bigram_target(step: int = 5, shift: int = 3):
+    """An "oracle-friendly" target over V = H = 32: the next token is g(x) = (step*x + shift) mod 32 of the current
+    token only. Attention and MLP outputs are zeroed (o_proj = down_proj = 0), the embedding E is orthogonal and
+    lm_head = M_g E with M_g[y, x] = 1 iff g(x) = y, so the post-norm feature is f_t = sqrt(32) E[x_t] and the
+    logits are sqrt(32) * onehot(g(x_t)). Returns (target, E, g)."""
+    model = tiny_llama(vocab_size=32, hidden=32, seed=11)
+    E = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(12)))[0]  # orthogonal
+    g = [(step * x + shift) % 32 for x in range(32)]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(E)
+        model.lm_head.weight.copy_(E[torch.tensor([g.index(y) for y in range(32)])])  # row y = E[g^-1(y)]
+    target = target_from_model(model, None, name="bigram")
+    target.eos_ids = frozenset()
+    return target, E, g
+
+
+def oracle_eagle_head(target) -> EagleHead:
+    """fc = [10 I | 0] (keeps the EMBEDDING half), attention and MLP outputs zero: the head outputs 10 E[x_{t+1}],
+    whose lm_head logits are 10 * onehot(g(x_{t+1})): the target's next token x_{t+2} with probability 0.9986
+    (confident enough that EAGLE-2's re-ranking keeps the whole rank-0 chain)."""
+    head = EagleHead.for_target(target)
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([10 * torch.eye(32), torch.zeros(32, 32)], dim=1))
+        head.fc.bias.zero_()
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return head.eval().requires_grad_(False)
+
+
+def random_head(target, seed: int = 1) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead.for_target(target).eval().requires_grad_(False)
+
+
+def eagle1(target, head, **options) -> Eagle1:
+    return Eagle1(target, Eagle1Options(**options), head=head)
+
+
+def eagle2(target, head, **options) -> Eagle2:
+    return Eagle2(target, Eagle2Options(**options), head=head)
+
+
+@pytest.mark.parametrize("make", [eagle1, eagle2], ids=["eagle1", "eagle2"])
+def test_greedy_equals_vanilla_with_a_random_head(make):
+    """Whatever a random head proposes, greedy output must be vanilla's, token for token (lossless at T=0)."""
+    target = tiny_target(eos=False)
+    expected = Vanilla(target).generate(PROMPT, 40, GREEDY).token_ids
+    gen = make(target, random_head(target)).generate(PROMPT, 40, GREEDY)
+    assert gen.token_ids == expected
+
+
+@pytest.mark.parametrize("make,per_step", [(eagle1, 6), (eagle2, 7)], ids=["eagle1", "eagle2"])
+def test_oracle_head_is_fully_accepted(make, per_step):
+    """With a head that predicts the bigram target exactly, every step accepts the whole rank-0 path: 5 drafts + 1
+    bonus for eagle1's mc_sim_7b_63 (depth 5), 6 + 1 for eagle2 (depth 5 -> 6 levels). A wrong feature/token
+    pairing, a wrong position or a wrong tree mask in the draft would break the chain."""
+    target, _, g = bigram_target()
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    gen = make(target, oracle_eagle_head(target)).generate(prompt, 1 + 3 * per_step, GREEDY)
+    x = int(prompt[0, -1])
+    expected = []
+    for _ in range(1 + 3 * per_step):
+        x = g[x]
+        expected.append(x)
+    assert gen.token_ids == expected
+    assert gen.accept_lengths == [1] + [per_step] * 3
+
+
+def test_eagle2_runs_depth_plus_one_draft_forwards_per_cycle():
+    """EAGLE-2: one stable-KV forward plus one per depth level, every cycle (reference §2.2)."""
+    target = tiny_target(eos=False)
+    gen = eagle2(target, random_head(target), depth=3, top_k=4, total_tokens=20).generate(PROMPT, 12, GREEDY)
+    cycles = gen.counters["target_forwards"] - 1  # the prefill proposes nothing
+    assert gen.counters["draft_forwards"] == 4 * cycles
+
+
+def test_eagle1_runs_one_draft_forward_per_expanded_level():
+    """mc_sim_7b_63 has non-leaf nodes on levels 1-4, so a cycle is 1 stable forward + 4 tree forwards."""
+    target = tiny_target(eos=False)
+    gen = eagle1(target, random_head(target)).generate(PROMPT, 12, GREEDY)
+    assert gen.counters["draft_forwards"] == 5 * (gen.counters["target_forwards"] - 1)
+
+
+def scratch_log_probs(method, head, prompt_feats, prompt_ids, root, chain) -> torch.Tensor:
+    """Draft log-probs after ``root`` followed by the draft tokens ``chain``, computed from scratch without any KV:
+    the committed pairs (f_t, x_{t+1}) then, for each chain token, the pair (previous predicted feature, token)."""
+    feats, ids = prompt_feats, torch.cat([prompt_ids[0, 1:], torch.tensor([root])])
+    for tok in [None] + list(chain):
+        if tok is not None:
+            feats = torch.cat([feats, out[-1:]])
+            ids = torch.cat([ids, torch.tensor([tok])])
+        out, _ = head(feats[None], ids[None], torch.arange(ids.shape[0])[None])
+        out = out[0]
+    return method.log_probs(out[-1])
+
+
+def test_eagle2_candidates_equal_a_from_scratch_computation():
+    """Every candidate EAGLE-2 records (k + depth*k^2 of them) must carry the cumulative draft log-prob that a
+    from-scratch run of the head along its ancestor chain gives, and its parent must be the frontier node it was
+    expanded from. This pins the stable/temporary KV split, the draft-side tree mask, the position ids and the
+    rule that a node's input feature is its parent's output."""
+    target = tiny_target(eos=False)
+    head = random_head(target, seed=4)
+    method = eagle2(target, head, depth=2, top_k=3, total_tokens=8)
+    with torch.inference_mode():
+        hidden = target.model(PROMPT, output_hidden_states=True).hidden_states[-1][0]  # [P, H]
+        method.counters = {"draft_forwards": 0}
+        method.begin(PROMPT, hidden)
+        cands = method.expand(root=17)
+        assert cands.tokens.shape == (3 + 2 * 9,) and method.counters["draft_forwards"] == 3
+        for c in range(cands.tokens.shape[0]):
+            chain, node = [], int(cands.parents[c])
+            while node >= 0:
+                chain.insert(0, int(cands.tokens[node]))
+                node = int(cands.parents[node])
+            parent_score = float(cands.scores[int(cands.parents[c])]) if cands.parents[c] >= 0 else 0.0
+            lp = scratch_log_probs(method, head, hidden, PROMPT, 17, chain)
+            assert float(cands.scores[c]) == pytest.approx(parent_score + float(lp[cands.tokens[c]]), abs=1e-4)
+        # level-2 candidates hang below level-1 candidates, level-3 ones below level-2 candidates
+        assert cands.parents[:3].tolist() == [-1, -1, -1]
+        assert set(cands.parents[3:12].tolist()) == {0, 1, 2}
+        assert all(3 <= p < 12 for p in cands.parents[12:].tolist())
+
+
+def test_eagle1_sampled_children_and_draft_probs():
+    """At T>0 eagle1 draws each node's children without replacement from the draft distribution and reports that
+    distribution in draft_probs (row 0 = the root's); siblings are distinct. With top_k=1 sampling the draft
+    distribution has one token, so only the rank-0 path survives (a chain of depth 5)."""
+    target = tiny_target(eos=False)
+    head = random_head(target, seed=6)
+    method = eagle1(target, head)
+    sampling = SamplingParams(temperature=0.8)
+    with torch.inference_mode():
+        hidden = target.model(PROMPT, output_hidden_states=True).hidden_states[-1][0]
+        method.counters = {"draft_forwards": 0}
+        method.begin(PROMPT, hidden)
+        tree = method.propose(17, sampling, torch.Generator().manual_seed(0))
+        assert method.proposal == "sampled" and tree.draft_probs.shape == (26, V)
+        h0 = scratch_log_probs(method, head, hidden, PROMPT, 17, [])
+        torch.testing.assert_close(tree.draft_probs[0], logits_to_probs(h0, sampling), rtol=1e-4, atol=1e-6)
+        root_kids = tree.tokens[tree.parents == -1]
+        assert root_kids.unique().numel() == 4
+        assert (tree.draft_probs[0][root_kids] > 0).all()
+
+        method.begin(PROMPT, hidden)
+        chain = method.propose(17, SamplingParams(temperature=0.8, top_k=1), torch.Generator().manual_seed(0))
+        assert chain.parents.tolist() == [-1, 0, 1, 2, 3]
+        assert chain.tokens[0] == h0.argmax()
+
+        method.begin(PROMPT, hidden)
+        greedy = method.propose(17, GREEDY, None)
+        assert method.proposal == "deterministic" and greedy.draft_probs is None and len(greedy) == 25
+
+
+def test_options_are_validated():
+    """Bad options fail at construction naming the field."""
+    with pytest.raises(OptionsError, match="total_tokens must be >= 2"):
+        Eagle2.create(tiny_target(), {"total_tokens": 1})
+    with pytest.raises(OptionsError, match="top_k must be >= 1"):
+        Eagle2.create(tiny_target(), {"top_k": 0})
+    with pytest.raises(OptionsError, match=r"children of node 0 have ranks \[1\]; they must be 0..0"):
+        Eagle1.create(tiny_target(), {"tree": [[0], [0, 1]]})
+    with pytest.raises(OptionsError, match="unknown tree 'nope'"):
+        Eagle1.create(tiny_target(), {"tree": "nope"})
+
+
+def test_missing_shipped_head_says_how_to_train_one():
+    """No head option and no shipped head for this target: the error names the folder looked in and the command."""
+    with pytest.raises(CheckpointError, match=r"no eagle head is shipped for target 'tiny-llama'.*draftbench train eagle"):
+        get_method("eagle2").create(tiny_target())
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def sampled_counts(method, sampling: SamplingParams, n: int = 1500) -> Counter:
+    g = torch.Generator().manual_seed(2024)
+    return Counter(tuple(method.generate(SAMPLE_PROMPT, 3, sampling, g).token_ids) for _ in range(n))
+
+
+SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top_p0.9"])
+@pytest.mark.parametrize("name", ["eagle1", "eagle2"])
+def test_sampling_matches_the_target_distribution(name, sampling):
+    """The joint of the first three tokens (prefill + one or two verifications) must be the target's; a wrong
+    draft_probs row, a sibling drawn with replacement or a wrong pruning at top_p would bias it. The same
+    statistic rejects Medusa's typical acceptance (tests/test_medusa.py), so it can fail."""
+    target = sampling_target()
+    head = random_head(target, seed=8)
+    method = (eagle1(target, head, tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) if name == "eagle1"
+              else eagle2(target, head, depth=2, top_k=3, total_tokens=8))
+    assert chi_square_pvalue(sampled_counts(method, sampling), exact_joint(target, sampling)) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ autotune
+
+
+def test_choose_tree_size_is_eagles_rule():
+    """argmin time/gain with EAGLE's gains {40: 1, 48: 1.05, 50: 1.07, 56: 1.1, 60: 1.13}: 60 wins when its forward
+    costs less than 13% more than 40's, 40 wins otherwise; sizes without a gain are refused."""
+    assert EAGLE_TREE_GAINS == {40: 1.0, 48: 1.05, 50: 1.07, 56: 1.1, 60: 1.13}
+    assert choose_tree_size({40: 1.0, 48: 1.1, 50: 1.2, 56: 1.2, 60: 1.1}) == 60   # 1.1/1.13 = 0.973
+    assert choose_tree_size({40: 1.0, 48: 1.2, 50: 1.2, 56: 1.2, 60: 1.2}) == 40   # 1.2/1.13 = 1.062
+    assert choose_tree_size({8: 3.0, 16: 4.0}, gains={8: 1.0, 16: 1.5}) == 16
+    with pytest.raises(ValueError, match=r"no gain for tree size\(s\) \[64\]"):
+        choose_tree_size({40: 1.0, 64: 1.0})
+
+
+def test_bench_tree_parents_literal():
+    """Breadth-first tree with 10 children per node, like EAGLE's top_k=10 trees."""
+    assert bench_tree_parents(5, branching=2).tolist() == [-1, -1, 0, 0]
+    assert bench_tree_parents(13).tolist() == [-1] * 10 + [0, 0]
+
+
+def test_time_tree_sizes_times_every_size_once_per_process():
+    """Every requested size gets a positive time; a second call is served from the per-model cache (the model is
+    not run again), so eagle2 with total_tokens=-1 times the target only once per process."""
+    target = tiny_target(eos=False)
+    first = time_tree_sizes(target, sizes=(4, 9), repeats=1, context_len=8)
+    assert sorted(first) == [4, 9] and all(v > 0 for v in first.values())
+    calls = []
+    hook = target.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        assert time_tree_sizes(target, sizes=(4, 9), repeats=1, context_len=8) == first
+    finally:
+        hook.remove()
+    assert calls == []
+
+
+def test_eagle2_automatic_tree_size(monkeypatch):
+    """total_tokens=-1 takes the size chosen from the timings and records it in the turn's counters."""
+    import harness.autotune as autotune
+
+    monkeypatch.setattr(autotune, "time_tree_sizes", lambda target: {40: 1.0, 48: 1.0, 50: 1.0, 56: 1.0, 60: 1.02})
+    target = tiny_target(eos=False)
+    gen = eagle2(target, random_head(target), total_tokens=-1).generate(PROMPT, 4, GREEDY)
+    assert gen.counters["total_tokens"] == 60
+    assert gen.counters["tree_tokens"] <= 59 * (gen.counters["target_forwards"] - 1)

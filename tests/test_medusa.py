@@ -16,6 +16,16 @@ from tests.tiny import tiny_target
 H, V = 32, 128  # tiny target: hidden, vocab
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded machine the thread pool's spinning makes
+    each small matmul ~50x slower; restored afterwards so other test modules are unaffected."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def published_medusa_folder(folder: Path, num_heads: int = 3, num_layers: int = 1, shared: bool = False,
                             fmt: str = "pt", seed: int = 1) -> dict[str, torch.Tensor]:
     """Write Medusa heads as the Medusa repository ships them (legacy ``medusa_lm_head.pt`` + config.json)."""
@@ -140,3 +150,125 @@ def test_bad_config_field_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": "3", "medusa_num_layers": 1}))
     with pytest.raises(CheckpointError, match="medusa_num_heads must be an integer >= 1"):
         load_medusa_heads(tmp_path, target)
+
+
+# ------------------------------------------------------------------------------------------------ the method
+
+from collections import Counter  # noqa: E402
+
+from harness.method import OptionsError  # noqa: E402
+from harness.registry import get_method  # noqa: E402
+from harness.sampling import SamplingParams  # noqa: E402
+from methods.medusa import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
+from methods.vanilla import Vanilla  # noqa: E402
+from tests.chisq import chi_square_pvalue  # noqa: E402
+from tests.test_eagle import bigram_target  # noqa: E402
+from tests.test_engine import SAMPLE_PROMPT, exact_joint, sampling_target  # noqa: E402
+
+GREEDY = SamplingParams()
+PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
+SMALL_TREE = [[0], [1], [0, 0], [1, 0], [0, 1]]
+
+
+def random_heads(hidden: int, vocab: int, num_heads: int = 4, shared: bool = False, seed: int = 1) -> MedusaHeads:
+    torch.manual_seed(seed)
+    heads = MedusaHeads(hidden, vocab, num_heads, 1, shared)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return heads.eval().requires_grad_(False)
+
+
+def medusa(target, heads, **options) -> Medusa:
+    return Medusa(target, MedusaOptions(**options), heads=heads)
+
+
+def test_fill_medusa_tree_literal():
+    """A node at level L takes rank r of head L-1's top list, whatever its parent (Cartesian-product tree)."""
+    logits = torch.tensor([[0.0, 5.0, 1.0, 3.0], [2.0, 0.0, 9.0, 4.0]])  # head 0 top: [1, 3, 2, 0]; head 1: [2, 3, 0, 1]
+    levels, ranks = torch.tensor([1, 1, 2, 2]), torch.tensor([0, 1, 1, 0])
+    assert fill_medusa_tree(logits, levels, ranks).tolist() == [1, 3, 3, 2]
+
+
+@pytest.mark.parametrize("acceptance", ["rejection", "typical"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_greedy_equals_vanilla_with_random_heads(acceptance, shared):
+    """At T=0 both acceptance rules are exact greedy matching: output = vanilla's, token for token."""
+    target = tiny_target(eos=False)
+    expected = Vanilla(target).generate(PROMPT, 30, GREEDY).token_ids
+    gen = medusa(target, random_heads(H, V, shared=shared), acceptance=acceptance).generate(PROMPT, 30, GREEDY)
+    assert gen.token_ids == expected
+    assert gen.counters["draft_forwards"] == gen.counters["target_forwards"] - 1  # the heads run once per cycle
+
+
+def test_oracle_heads_are_fully_accepted():
+    """Heads that know the bigram target (head i -> g^(i+2)(x_t)) fill the rank-0 chain of mc_sim_7b_63 (depth 4)
+    with the right tokens: every step accepts 4 drafts + the bonus. Reading the wrong position's feature or
+    shifting heads by one level would accept nothing."""
+    target, E, g = bigram_target()
+    heads = MedusaHeads(32, 32, num_heads=4, num_layers=1)
+    with torch.no_grad():
+        for i, head in enumerate(heads.heads):
+            head[0].linear.bias.zero_()  # the ResBlock weight is zero-initialised: identity
+            ahead = list(range(32))
+            for _ in range(i + 2):
+                ahead = [g[x] for x in ahead]  # ahead[x] = g^(i+2)(x)
+            head[1].weight.copy_(E[torch.tensor([ahead.index(y) for y in range(32)])])
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    gen = medusa(target, heads).generate(prompt, 16, GREEDY)
+    x, expected = int(prompt[0, -1]), []
+    for _ in range(16):
+        x = g[x]
+        expected.append(x)
+    assert gen.token_ids == expected
+    assert gen.accept_lengths == [1, 5, 5, 5]
+
+
+def test_lossless_flag_follows_the_acceptance_rule():
+    """Typical acceptance is not lossless and must say so (the tables label it); rejection is."""
+    target = tiny_target()
+    heads = random_heads(H, V)
+    assert medusa(target, heads).lossless is True
+    typical = medusa(target, heads, acceptance="typical")
+    assert typical.lossless is False and typical.describe()["lossless"] is False
+
+
+def test_options_are_validated():
+    """Bad options fail naming the field; a tree deeper than the number of heads is refused."""
+    target = tiny_target()
+    with pytest.raises(OptionsError, match="acceptance must be one of rejection, typical, got 'greedy'"):
+        Medusa.create(target, {"acceptance": "greedy"})
+    with pytest.raises(OptionsError, match="unknown tree 'nope'"):
+        Medusa.create(target, {"tree": "nope"})
+    with pytest.raises(OptionsError, match="tree has depth 4 but the checkpoint has only 3 heads"):
+        medusa(target, random_heads(H, V, num_heads=3))
+
+
+def test_missing_shipped_head_says_how_to_train_one():
+    """No head option and nothing shipped for this target: the error says how to get heads."""
+    with pytest.raises(CheckpointError, match=r"no medusa head is shipped for target 'tiny-llama'.*draftbench train medusa"):
+        get_method("medusa").create(tiny_target())
+
+
+def sampled_counts(method, sampling: SamplingParams, n: int = 1500) -> Counter:
+    g = torch.Generator().manual_seed(2024)
+    return Counter(tuple(method.generate(SAMPLE_PROMPT, 3, sampling, g).token_ids) for _ in range(n))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
+                         ids=["T1", "T0.7-top_p0.9"])
+def test_rejection_sampling_matches_the_target_distribution(sampling):
+    """With acceptance="rejection" the joint of the first three tokens is the target's (chi-square, exact joint)."""
+    target = sampling_target()
+    method = medusa(target, random_heads(16, 8, num_heads=2), tree=SMALL_TREE)
+    assert chi_square_pvalue(sampled_counts(method, sampling), exact_joint(target, sampling)) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7)],
+                         ids=["T1", "T0.7"])
+def test_typical_acceptance_is_told_apart(sampling):
+    """The same statistic must reject typical acceptance, or the lossless tests could not fail."""
+    target = sampling_target()
+    method = medusa(target, random_heads(16, 8, num_heads=2), tree=SMALL_TREE, acceptance="typical")
+    assert chi_square_pvalue(sampled_counts(method, sampling), exact_joint(target, sampling)) < 1e-6
