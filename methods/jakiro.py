@@ -212,7 +212,12 @@ class JakiroHead(EagleHead):
                  kind: str = "jakiro"):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        super().__init__(config, embed_tokens, shares_target_embedding)
+        # EagleHead builds a dense MLP of config.intermediate_size that is deleted below; build it 1 wide instead
+        # (for a 7B config it would be 0.5 GB of fp32 initialised for nothing)
+        narrow = copy.copy(config)
+        narrow.intermediate_size = 1
+        super().__init__(narrow, embed_tokens, shares_target_embedding)
+        self.config = config
         self.kind = kind
         H = config.hidden_size
         if kind == "jakiro":
@@ -835,7 +840,7 @@ class JakiroStar(_MoEDraft, Eagle1):
         spec.tree = JAKIRO_STAR_TREE if options.tree == "jakiro_star" else options.tree
         super().__init__(target, spec, head)
         self.options = options
-        self._published: dict[int, tuple[list[float], torch.Tensor]] = {}
+        self._q_tilde: list[float] = []  # as_published: q~ of every node of the last proposed tree
 
     @property
     def lossless(self) -> bool:
