@@ -482,15 +482,15 @@ def _on_off(value, field: str) -> str:
 
 
 def _check_experts(options, head: JakiroHead) -> None:
-    """Options num_experts / experts_per_tok against the checkpoint: N must match; K may be lowered or raised."""
+    """Options num_experts / experts_per_tok against the checkpoint: N must match; K may be lowered or raised
+    (None restores the checkpoint's K, so a head shared by several methods never keeps another's setting)."""
     N = head.moe.num_experts
     if options.num_experts is not None and options.num_experts != N:
         raise CheckpointError(f"option num_experts={options.num_experts} but the checkpoint has num_local_experts={N}")
-    if options.experts_per_tok is not None:
-        if not 1 <= options.experts_per_tok <= N:
-            raise ValueError(f"option experts_per_tok must be in [1, {N}] (num_local_experts of the checkpoint), "
-                             f"got {options.experts_per_tok}")
-        head.moe.experts_per_tok = options.experts_per_tok
+    if options.experts_per_tok is not None and not 1 <= options.experts_per_tok <= N:
+        raise ValueError(f"option experts_per_tok must be in [1, {N}] (num_local_experts of the checkpoint), "
+                         f"got {options.experts_per_tok}")
+    head.moe.experts_per_tok = options.experts_per_tok or head.config.num_experts_per_tok
 
 
 # ----------------------------------------------------------------------------------------------------------------
