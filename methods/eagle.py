@@ -21,7 +21,15 @@ Checkpoint format (reference §2.4), a folder with
                            layers.0.mlp.{gate,up,down}_proj.weight
                            layers.0.post_attention_layernorm.weight
 Loading is strict: a missing, unexpected or mis-shaped key is an error naming it (the original loads with
-``strict=False`` and silently keeps random weights for a mis-named key).
+``strict=False`` and silently keeps random weights for a mis-named key). :func:`save_eagle_head` writes the same
+format without ``embed_tokens.weight`` when the head shares the target's embedding (shipped heads stay small).
+
+Methods (both need the target's post-norm features, ``needs_hidden_states``; option ``head`` = checkpoint folder,
+default ``methods/heads/<target>/eagle``):
+    eagle1   static tree (``harness.tree`` ``eagle_mc_sim_7b_63`` by default); T=0 top-k children, T>0 children
+             sampled without replacement with ``draft_probs`` (``proposal`` is then "sampled")
+    eagle2   dynamic tree: ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10;
+             deterministic top-k drafts at every temperature, as published
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from harness.engine import SpeculativeMethod
+from harness.method import OptionsError
 from harness.models import Target
 from harness.registry import register_method
 from harness.sampling import SamplingParams, logits_to_probs
@@ -363,8 +372,8 @@ def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead
 
 
 def eagle_config_json(config: LlamaConfig) -> dict:
-    """The published EAGLE ``config.json`` fields of ``config``."""
-    return {
+    """The published EAGLE ``config.json`` fields of ``config`` (plus ``rope_scaling`` for non-default RoPE)."""
+    out = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
         "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
         "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
@@ -372,6 +381,10 @@ def eagle_config_json(config: LlamaConfig) -> dict:
         "hidden_act": config.hidden_act, "max_position_embeddings": config.max_position_embeddings,
         "rope_theta": _rope_theta(config), "bias": bool(getattr(config, "bias", True)),
     }
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
 
 
 def save_eagle_head(head: EagleHead, folder: str | Path, dtype: torch.dtype = torch.float16) -> Path:
@@ -464,7 +477,7 @@ def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
     if isinstance(tree, str):
         if tree not in STATIC_TREES:
             raise ValueError(f"{field}: unknown tree {tree!r}; known: {', '.join(sorted(STATIC_TREES))}")
-        return STATIC_TREES[tree]
+        tree = STATIC_TREES[tree]
     if not isinstance(tree, list) or not tree or not all(isinstance(c, list) for c in tree):
         raise ValueError(f"{field}: expected a tree name or a non-empty list of rank paths, got {tree!r}")
     parents, ranks = tree_from_choices(tree)
@@ -551,6 +564,11 @@ class Eagle1(EagleMethodBase):
         self.parents, self.ranks = tree_from_choices(static_tree_choices(self.options.tree, "tree"))
         self.children = children_lists(self.parents)
         self.node_depths = depths(self.parents).tolist()
+        widest = max(len(kids) for kids in self.children)
+        vocab = self.lm_head.weight.shape[0]
+        if widest > vocab:
+            raise OptionsError(f"method {self.name!r}: option tree has a node with {widest} children, more than the "
+                               f"vocabulary ({vocab})")
         self._proposal = "deterministic"
 
     @property
@@ -565,7 +583,9 @@ class Eagle1(EagleMethodBase):
             return torch.topk(logits, count).indices, None
         q = logits_to_probs(logits, sampling)  # [V]
         count = min(count, int(torch.count_nonzero(q)))
-        return torch.multinomial(q, count, replacement=False, generator=generator), q
+        on = generator.device if generator is not None else q.device  # draw where the generator lives
+        drawn = torch.multinomial(q.to(on), count, replacement=False, generator=generator)
+        return drawn.to(q.device), q
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         self._proposal = "deterministic" if sampling.greedy else "sampled"
@@ -653,6 +673,9 @@ class Eagle2(EagleMethodBase):
 
     def __init__(self, target: Target, options=None, head: EagleHead | None = None):
         super().__init__(target, options, head)
+        vocab = self.lm_head.weight.shape[0]
+        if self.options.top_k > vocab:
+            raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the vocabulary ({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:

@@ -140,6 +140,33 @@ def test_save_round_trip_without_embedding(tmp_path):
     torch.testing.assert_close(loaded(f, ids, pos)[0], head(f, ids, pos)[0], rtol=0, atol=2e-2)
 
 
+def test_moving_a_head_leaves_the_shared_target_embedding_alone():
+    """The default head shares the TARGET's embedding module; head.double() (or .half()) must not convert the
+    target's embedding, or the target itself would break (a bf16 target fed fp32 embeddings)."""
+    target = tiny_target()
+    head = EagleHead.for_target(target).double()
+    assert target.model.get_input_embeddings().weight.dtype == torch.float32
+    assert head.fc.weight.dtype == torch.float64
+    out, _ = head(torch.zeros(1, 2, H, dtype=torch.float64), torch.tensor([[1, 2]]), torch.tensor([[0, 1]]))
+    assert out.dtype == torch.float64
+
+
+def test_llama3_rope_scaling_round_trip(tmp_path):
+    """A LLaMA-3.1-style head (rope_scaling llama3, rope_theta 500000) saves and loads with the same RoPE."""
+    from methods.eagle import eagle_config_for
+
+    target = tiny_target()
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    config = eagle_config_for(target.config, rope_theta=500000.0, rope_scaling=scaling)
+    head = EagleHead(config, target.model.get_input_embeddings())
+    save_eagle_head(head, tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_theta"] == 500000.0 and saved["rope_scaling"]["rope_type"] == "llama3"
+    loaded = load_eagle_head(tmp_path, target)
+    torch.testing.assert_close(loaded.rotary_emb.inv_freq, head.rotary_emb.inv_freq)
+
+
 def test_renamed_key_is_named(tmp_path):
     """A renamed key must fail naming both the missing and the unexpected name (strict=False would keep random
     weights silently)."""
