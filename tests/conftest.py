@@ -2,8 +2,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# One intra-op thread: the tests are dominated by tiny matmuls, where a second thread only adds synchronisation
+# (and, on a loaded 2-core machine, oversubscription makes them orders of magnitude slower).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
