@@ -330,6 +330,7 @@ class TrainConfig:
     noise: str | float | None = None
     max_len: int = 2048
     eval_fraction: float = 0.05
+    max_shards: int | None = None     # train on the first N shards only (a build may still be running)
     eval_every: int = 500
     eval_positions: int = 4
     save_every: int = 1000
@@ -503,7 +504,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     objective = cls.create(target, (config or TrainConfig()).options)
     cfg = (config or TrainConfig()).resolved(cls.defaults)
     out_dir, data_dir = Path(out_dir), Path(data_dir)
-    manifest = read_manifest(data_dir)
+    manifest = read_manifest(data_dir, cfg.max_shards)
     hidden = target.model.get_output_embeddings().weight.shape[1]
     if manifest["hidden_size"] != hidden:
         raise ValueError(f"{data_dir}: features have hidden size {manifest['hidden_size']}, the target {target.name!r} "
@@ -512,8 +513,8 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
                               gradient_accumulation_steps=cfg.grad_accum, project_dir=str(out_dir),
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     set_seed(cfg.seed)
-    train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len)
-    eval_ds = FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len)
+    train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len, cfg.max_shards)
+    eval_ds = FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
     if len(train_ds) == 0:
         raise ValueError(f"{data_dir}: no training conversations after holding out {len(eval_ds)} for evaluation")
 
@@ -654,7 +655,7 @@ def add_cli(subparsers) -> None:
     for flag, kind in (("lr", float), ("weight-decay", float), ("epochs", int), ("max-steps", int),
                        ("batch-size", int), ("grad-accum", int), ("warmup-steps", int), ("warmup-ratio", float),
                        ("eval-every", int), ("save-every", int), ("eval-positions", int), ("max-len", int),
-                       ("seed", int), ("log-every", int)):
+                       ("seed", int), ("log-every", int), ("max-shards", int)):
         p.add_argument("--" + flag, type=kind)
     p.add_argument("--noise", help="eagle (published), none, or a fixed scale")
     p.add_argument("--mixed-precision", choices=["auto", "no", "bf16", "fp16"])
@@ -668,7 +669,7 @@ def add_cli(subparsers) -> None:
 def config_from_args(args) -> TrainConfig:
     values: dict[str, Any] = {}
     for name in ("lr", "weight_decay", "epochs", "max_steps", "batch_size", "grad_accum", "warmup_steps",
-                 "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every",
+                 "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every", "max_shards",
                  "mixed_precision"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)

@@ -507,13 +507,20 @@ def _with_totals(manifest: dict) -> dict:
     return {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards), "skipped_no_assistant_tokens": done - count}
 
 
-def read_manifest(data_dir: str | Path) -> dict:
+def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
+    """The dataset manifest. With ``max_shards`` only the first that many shards are used (they must be written),
+    so training can start on a prefix while a long build goes on; otherwise the build must be complete."""
     path = Path(data_dir) / MANIFEST
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: {data_dir} is not a feature dataset (build one with `draftbench data build`)")
     manifest = json.loads(path.read_text(encoding="utf-8"))
+    if max_shards is not None:
+        if max_shards < 1 or len(manifest["shards"]) < max_shards:
+            raise ValueError(f"{path}: {len(manifest['shards'])} shards are written, {max_shards} requested")
+        return {**manifest, "shards": manifest["shards"][:max_shards]}
     if not manifest.get("complete"):
-        raise ValueError(f"{path}: the build is incomplete; rerun the same `data build` command to finish it")
+        raise ValueError(f"{path}: the build is incomplete; rerun the same `data build` command to finish it "
+                         "(or train on its written shards with --max-shards)")
     return manifest
 
 
@@ -569,7 +576,7 @@ class FeatureDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
-                 noise: str | float = "eagle", max_len: int | None = None):
+                 noise: str | float = "eagle", max_len: int | None = None, max_shards: int | None = None):
         from safetensors import safe_open
 
         if split not in (None, "train", "eval"):
@@ -577,7 +584,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         if not (isinstance(noise, (int, float)) or noise in ("eagle", "none")):
             raise ValueError(f"noise must be 'eagle', 'none' or a number (fixed scale), got {noise!r}")
         self.data_dir = Path(data_dir)
-        self.manifest = read_manifest(self.data_dir)
+        self.manifest = read_manifest(self.data_dir, max_shards)
         self.noise, self.max_len = noise, max_len
         index: list[tuple[str, int, int]] = []
         for s in self.manifest["shards"]:

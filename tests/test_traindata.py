@@ -162,3 +162,17 @@ def test_feature_dataset_split_and_collate(tmp_path, convs_file):
     assert batch["loss_mask"][short, n:].sum() == 0  # padding never carries loss
     with pytest.raises(ValueError, match="noise"):
         td.FeatureDataset(tmp_path / "d", noise="gaussian")
+
+
+def test_max_shards_trains_on_a_written_prefix_of_an_unfinished_build(tmp_path):
+    """An incomplete build is refused, unless a prefix of written shards is asked for explicitly."""
+    import json
+
+    from harness.traindata import read_manifest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"complete": False, "shards": [{"file": "a"}, {"file": "b"}]}))
+    with pytest.raises(ValueError, match="incomplete.*--max-shards"):
+        read_manifest(tmp_path)
+    assert [s["file"] for s in read_manifest(tmp_path, max_shards=1)["shards"]] == ["a"]
+    with pytest.raises(ValueError, match="2 shards are written, 3 requested"):
+        read_manifest(tmp_path, max_shards=3)
