@@ -112,7 +112,20 @@ def verify_sampling(tree: DraftTree, logits: torch.Tensor, sampling: SamplingPar
     at a leaf it is drawn from the leaf's own p (with temperature and top-p applied; the published EAGLE code
     forgets the processor there). At temperature 0, p is one-hot and this equals :func:`verify_greedy`.
     """
+
+    def step(slot: int, p: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor]:
+        q = None if tree.draft_probs is None else tree.draft_probs[slot].to(p.device, torch.float32)
+        return rejection_step(p, [tokens[c] for c in children], q, generator)
+
     tokens = tree.tokens.tolist()
+    return walk_tree(tree, logits, sampling, generator, step)
+
+
+def walk_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+              step) -> tuple[list[int], int]:
+    """The descent shared by sampling verifiers: from the root, ``step(slot, p [V], children) -> (j | None,
+    residual [V])`` picks the accepted child (position j in ``children``) or none; the bonus is drawn from the
+    residual when nothing is accepted and from the leaf's p at a leaf. A verifier is a choice of ``step``."""
     kids = children_lists(tree.parents)
     path: list[int] = []
     slot = 0
@@ -120,8 +133,7 @@ def verify_sampling(tree: DraftTree, logits: torch.Tensor, sampling: SamplingPar
         p = logits_to_probs(logits[slot], sampling)  # [V]
         if not kids[slot]:
             return path, _draw(p, generator)
-        q = None if tree.draft_probs is None else tree.draft_probs[slot].to(p.device, torch.float32)
-        j, residual = rejection_step(p, [tokens[c] for c in kids[slot]], q, generator)
+        j, residual = step(slot, p, kids[slot])
         if j is None:
             return path, _draw(residual, generator)
         path.append(kids[slot][j])

@@ -587,6 +587,25 @@ class Eagle1(EagleMethodBase):
         drawn = torch.multinomial(q.to(on), count, replacement=False, generator=generator)
         return drawn.to(q.device), q
 
+    def level_batch(self, level: int, alive: list[bool]) -> list[int]:
+        """Nodes at ``level`` that were filled and have children: the rows of that level's draft forward."""
+        return [i for i, d in enumerate(self.node_depths) if d == level and alive[i] and self.children[i + 1]]
+
+    def level_mask(self, batch: list[int], col_of: dict[int, int], device: torch.device) -> torch.Tensor:
+        """Draft-side mask over the temporary KV continuation, bool ``[b, len(col_of) + b]``: row r sees the columns
+        of ``batch[r]``'s ancestors (``col_of``: node -> column) and its own new column.
+
+        Example: parents [-1, 0, 0], col_of {0: 0}, batch [1, 2] -> [[T, T, F], [T, F, T]].
+        """
+        cols = torch.zeros(len(batch), len(col_of) + len(batch), dtype=torch.bool, device=device)
+        for r, i in enumerate(batch):
+            a = int(self.parents[i])
+            while a >= 0:
+                cols[r, col_of[a]] = True
+                a = int(self.parents[a])
+            cols[r, len(col_of) + r] = True
+        return cols
+
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         self._proposal = "deterministic" if sampling.greedy else "sampled"
         n = len(self.node_depths)
@@ -613,16 +632,10 @@ class Eagle1(EagleMethodBase):
         col_of: dict[int, int] = {}                  # node -> its column in the temporary KV continuation
         kv = self.kv
         for level in range(1, max(self.node_depths, default=0)):
-            batch = [i for i in range(n) if self.node_depths[i] == level and alive[i] and self.children[i + 1]]
+            batch = self.level_batch(level, alive)
             if not batch:
                 break
-            cols = torch.zeros(len(batch), len(col_of) + len(batch), dtype=torch.bool, device=device)
-            for r, i in enumerate(batch):
-                a = int(self.parents[i])
-                while a >= 0:
-                    cols[r, col_of[a]] = True
-                    a = int(self.parents[a])
-                cols[r, len(col_of) + r] = True
+            cols = self.level_mask(batch, col_of, device)
             feats = torch.stack([out_of[int(self.parents[i])] for i in batch])  # [b, H]
             pos = torch.full((len(batch),), stable_len + level - 1, dtype=torch.long, device=device)
             out, kv = self.tree_forward(feats, tokens[batch], pos, kv, cols)

@@ -46,9 +46,10 @@ from transformers.activations import ACT2FN
 
 from harness.models import Target
 from harness.registry import register_method
-from harness.sampling import SamplingParams, logits_to_probs, sample
+from harness.sampling import SamplingParams, logits_to_probs
 from harness.train import Objective, eagle_losses, eagle_unrolled_hits, register_objective
-from harness.tree import EAGLE_MC_SIM_7B_63, DraftTree, children_lists
+from harness.tree import EAGLE_MC_SIM_7B_63, DraftTree
+from harness.verify import walk_tree
 from methods.eagle import (
     EAGLE_WEIGHT_FILES, CheckpointError, DraftKV, DynamicCandidates, Eagle1, Eagle2, EagleHead, _check_head_option, check_state_dict,
     eagle_config_for, eagle_config_from_json, eagle_config_json, read_config, read_weights, resolve_head_folder,
@@ -896,16 +897,10 @@ class JakiroStar(_MoEDraft, Eagle1):
         col_of: dict[int, int] = {}
         kv = self.kv
         for level in range(1, max(self.node_depths, default=0)):
-            batch = [i for i in range(n) if self.node_depths[i] == level and alive[i] and self.children[i + 1]]
+            batch = self.level_batch(level, alive)
             if not batch:
                 break
-            cols = torch.zeros(len(batch), len(col_of) + len(batch), dtype=torch.bool, device=device)
-            for r, i in enumerate(batch):
-                a = int(self.parents[i])
-                while a >= 0:
-                    cols[r, col_of[a]] = True
-                    a = int(self.parents[a])
-                cols[r, len(col_of) + r] = True
+            cols = self.level_mask(batch, col_of, device)
             feats = torch.stack([out_of[int(self.parents[i])] for i in batch])  # [b, H]
             pos = torch.full((len(batch),), stable_len + level - 1, dtype=torch.long, device=device)
             out, kv = self.tree_outputs(feats, tokens[batch], pos, kv, cols, experts=True)
@@ -924,19 +919,12 @@ class JakiroStar(_MoEDraft, Eagle1):
         if sampling.greedy or self.options.variant == "corrected":
             return super().verify(tree, logits, sampling, generator)
         toks = tree.tokens.tolist()
-        kids = children_lists(tree.parents)
-        path: list[int] = []
-        slot = 0
-        while True:
-            p = logits_to_probs(logits[slot], sampling)  # [V]
-            if not kids[slot]:
-                return path, int(sample(p, generator))
-            j, residual = published_star_step(p, [toks[c] for c in kids[slot]], [self._q_tilde[c] for c in kids[slot]],
-                                              tree.draft_probs[slot].float(), generator)
-            if j is None:
-                return path, int(sample(residual, generator))
-            path.append(kids[slot][j])
-            slot = kids[slot][j] + 1
+
+        def step(slot, p, children):
+            return published_star_step(p, [toks[c] for c in children], [self._q_tilde[c] for c in children],
+                                       tree.draft_probs[slot].float(), generator)
+
+        return walk_tree(tree, logits, sampling, generator, step)
 
 
 # ----------------------------------------------------------------------------------------------------------------
