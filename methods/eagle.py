@@ -326,25 +326,44 @@ def eagle_config_from_json(raw: dict, where: str) -> LlamaConfig:
     return LlamaConfig(num_hidden_layers=1, bias=bias, **fields)
 
 
-def expected_eagle_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Published key -> shape for a head with this config (``embed_tokens.weight`` included)."""
-    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+def expected_eagle_shapes(config: LlamaConfig, mlp: bool = True) -> dict[str, tuple[int, ...]]:
+    """Published key -> shape for a head with this config (``embed_tokens.weight`` included). ``mlp=False`` leaves
+    out the dense MLP, for heads that replace it (Jakiro's experts)."""
+    H, I = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     shapes = {
-        "embed_tokens.weight": (V, H),
+        "embed_tokens.weight": (config.vocab_size, H),
         "fc.weight": (H, 2 * H),
         "layers.0.self_attn.q_proj.weight": (q, H),
         "layers.0.self_attn.k_proj.weight": (kv, H),
         "layers.0.self_attn.v_proj.weight": (kv, H),
         "layers.0.self_attn.o_proj.weight": (H, q),
-        "layers.0.mlp.gate_proj.weight": (I, H),
-        "layers.0.mlp.up_proj.weight": (I, H),
-        "layers.0.mlp.down_proj.weight": (H, I),
         "layers.0.post_attention_layernorm.weight": (H,),
     }
+    if mlp:
+        shapes.update({"layers.0.mlp.gate_proj.weight": (I, H), "layers.0.mlp.up_proj.weight": (I, H),
+                       "layers.0.mlp.down_proj.weight": (H, I)})
     if getattr(config, "bias", True):
         shapes["fc.bias"] = (H,)
     return shapes
+
+
+def check_head_fits_target(config: LlamaConfig, target: Target, folder: Path) -> None:
+    """A head's hidden size and vocabulary must be the target's."""
+    V, H = target_vocab_hidden(target)
+    if (config.hidden_size, config.vocab_size) != (H, V):
+        raise CheckpointError(
+            f"{folder / 'config.json'}: head hidden_size={config.hidden_size}, vocab_size={config.vocab_size} do not "
+            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); this head was trained for another model")
+
+
+def head_embedding(sd: dict[str, torch.Tensor], target: Target) -> tuple[nn.Embedding, bool]:
+    """Pop ``embed_tokens.weight`` from ``sd``: ``(embedding, shares_target)``. A shipped embedding is used only when
+    it differs from the target's (cast to the target dtype); otherwise, or when absent, the target's is shared."""
+    target_embed = target.model.get_input_embeddings()
+    shipped = sd.pop("embed_tokens.weight", None)
+    share = shipped is None or torch.equal(shipped.to(target_embed.weight), target_embed.weight)
+    return (target_embed if share else nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True)), share
 
 
 def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead] = EagleHead) -> EagleHead:
@@ -355,17 +374,10 @@ def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead
     """
     folder = Path(folder)
     config = eagle_config_from_json(read_config(folder, "EAGLE head"), str(folder / "config.json"))
-    V, H = target_vocab_hidden(target)
-    if (config.hidden_size, config.vocab_size) != (H, V):
-        raise CheckpointError(
-            f"{folder / 'config.json'}: head hidden_size={config.hidden_size}, vocab_size={config.vocab_size} do not "
-            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); this head was trained for another model")
+    check_head_fits_target(config, target, folder)
     sd, path = read_weights(folder, EAGLE_WEIGHT_FILES, "EAGLE head")
     check_state_dict(sd, expected_eagle_shapes(config), f"EAGLE head {path}", optional=frozenset({"embed_tokens.weight"}))
-    target_embed = target.model.get_input_embeddings()
-    shipped = sd.pop("embed_tokens.weight", None)
-    share = shipped is None or torch.equal(shipped.to(target_embed.weight), target_embed.weight)
-    embed = target_embed if share else nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True)
+    embed, share = head_embedding(sd, target)
     head = head_cls(config, embed, shares_target_embedding=share)
     head.load_state_dict(sd, strict=False)  # strictness was checked above; embed_tokens is set separately
     return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

@@ -51,9 +51,9 @@ from harness.train import Objective, eagle_losses, eagle_unrolled_hits, register
 from harness.tree import EAGLE_MC_SIM_7B_63, DraftTree
 from harness.verify import walk_tree
 from methods.eagle import (
-    EAGLE_WEIGHT_FILES, CheckpointError, DraftKV, DynamicCandidates, Eagle1, Eagle2, EagleHead, _check_head_option, check_state_dict,
-    eagle_config_for, eagle_config_from_json, eagle_config_json, read_config, read_weights, resolve_head_folder,
-    static_tree_choices, target_vocab_hidden,
+    EAGLE_WEIGHT_FILES, CheckpointError, DraftKV, DynamicCandidates, Eagle1, Eagle2, EagleHead, _check_head_option,
+    check_head_fits_target, check_state_dict, eagle_config_for, eagle_config_from_json, eagle_config_json,
+    expected_eagle_shapes, head_embedding, read_config, read_weights, resolve_head_folder, static_tree_choices,
 )
 
 KINDS = ("jakiro", "jakiro_star")
@@ -298,21 +298,11 @@ def jakiro_config_from_json(raw: dict, where: str) -> LlamaConfig:
 
 
 def expected_jakiro_shapes(config: LlamaConfig, kind: str = "jakiro") -> dict[str, tuple[int, ...]]:
-    """Published key -> shape (``embed_tokens.weight`` included; loaders treat it as optional)."""
-    H, V, N = config.hidden_size, config.vocab_size, config.num_local_experts
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    shapes = {
-        "embed_tokens.weight": (V, H),
-        "fc.weight": (H, 2 * H),
-        "layers.0.self_attn.q_proj.weight": (q, H),
-        "layers.0.self_attn.k_proj.weight": (kv, H),
-        "layers.0.self_attn.v_proj.weight": (kv, H),
-        "layers.0.self_attn.o_proj.weight": (H, q),
-        "layers.0.post_attention_layernorm.weight": (H,),
-        "layers.0.mlp_moe.gate.weight": (N + 2 if kind == "jakiro" else N, H),
-    }
-    if getattr(config, "bias", True):
-        shapes["fc.bias"] = (H,)
+    """Published key -> shape (``embed_tokens.weight`` included; loaders treat it as optional): the EAGLE layer
+    without its dense MLP, plus the router and the experts."""
+    H, N = config.hidden_size, config.num_local_experts
+    shapes = expected_eagle_shapes(config, mlp=False)
+    shapes["layers.0.mlp_moe.gate.weight"] = (N + 2 if kind == "jakiro" else N, H)
     for i in range(N):
         e = f"layers.0.mlp_moe.experts.{i}."
         if kind == "jakiro":
@@ -340,19 +330,12 @@ def load_jakiro_head(folder: str | Path, target: Target, kind: str = "jakiro") -
     folder = Path(folder)
     what = "Jakiro head" if kind == "jakiro" else "Jakiro* head"
     config = jakiro_config_from_json(read_config(folder, what), str(folder / "config.json"))
-    V, H = target_vocab_hidden(target)
-    if (config.hidden_size, config.vocab_size) != (H, V):
-        raise CheckpointError(
-            f"{folder / 'config.json'}: head hidden_size={config.hidden_size}, vocab_size={config.vocab_size} do not "
-            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); this head was trained for another model")
+    check_head_fits_target(config, target, folder)
     sd, path = read_weights(folder, EAGLE_WEIGHT_FILES, what)
     sd = strip_module_prefix(sd)
     check_state_dict(sd, expected_jakiro_shapes(config, kind), f"{what} {path}",
                      optional=frozenset({"embed_tokens.weight"}))
-    target_embed = target.model.get_input_embeddings()
-    shipped = sd.pop("embed_tokens.weight", None)
-    share = shipped is None or torch.equal(shipped.to(target_embed.weight), target_embed.weight)
-    embed = target_embed if share else nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True)
+    embed, share = head_embedding(sd, target)
     head = JakiroHead(config, embed, shares_target_embedding=share, kind=kind)
     missing, unexpected = head.load_state_dict(sd, strict=False)
     leftover = sorted(set(missing) - {"embed_tokens.weight"}) + sorted(unexpected)
