@@ -58,11 +58,17 @@ CASES = [
     ("medusa", {"head": "medusa"}),
     ("jakiro", {"head": "jakiro", "mode": "hybrid"}),
     ("jakiro", {"head": "jakiro", "mode": "ar"}),
+    ("jakiro", {"head": "jakiro", "mode": "parallel", "alignment": "fixed", "candidates": "decoupled"}),
+    ("jakiro", {"head": "jakiro", "mode": "hybrid", "contrastive": "off"}),
     ("jakiro_star", {"head": "jakiro_star"}),
 ]
 
 
-@pytest.mark.parametrize("name, options", CASES, ids=[f"{n}-{o.get('mode', '')}" for n, o in CASES])
+def _case_id(name: str, options: dict) -> str:
+    return "-".join([name] + [str(v) for k, v in options.items() if k != "head"])
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=[_case_id(n, o) for n, o in CASES])
 def test_greedy_equals_vanilla_with_random_heads(real_target, prompts, vanilla_outputs, random_heads, name, options):
     if "head" in options:
         options = {**options, "head": str(random_heads / options["head"])}
