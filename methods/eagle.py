@@ -640,8 +640,25 @@ class Eagle1(EagleMethodBase):
                     alive[node] = True
 
         fill(0, self.lm_head(h0).float())
-        out_of: dict[int, torch.Tensor] = {-1: h0}  # node -> its predicted feature (root = -1)
-        col_of: dict[int, int] = {}                  # node -> its column in the temporary KV continuation
+
+        def draft_level(feats, toks, pos, kv, cols):
+            out, kv = self.tree_forward(feats, toks, pos, kv, cols)
+            return out, self.lm_head(out).float(), kv  # [b, H], [b, V]
+
+        self.expand_levels(h0, tokens, alive, fill, stable_len, draft_level)
+        return self._compact(tokens, alive, rows)
+
+    def expand_levels(self, root_feature: torch.Tensor, tokens: torch.Tensor, alive: list[bool], fill,
+                      stable_len: int, draft_level) -> None:
+        """Grow the static tree level by level: one draft forward per level over its filled nodes that have
+        children, each fed its parent's predicted feature, on a temporary KV continuation of the stable cache.
+
+        ``draft_level(feats [b, H], tokens [b], positions [b], kv, mask) -> (features [b, H], logits [b, ...], kv)``
+        is the head-specific forward; ``fill(slot, logits)`` chooses the children of the node in ``slot``.
+        """
+        device = tokens.device
+        out_of: dict[int, torch.Tensor] = {-1: root_feature}  # node -> its predicted feature (root = -1)
+        col_of: dict[int, int] = {}                            # node -> its column in the temporary KV continuation
         kv = self.kv
         for level in range(1, max(self.node_depths, default=0)):
             batch = self.level_batch(level, alive)
@@ -650,13 +667,11 @@ class Eagle1(EagleMethodBase):
             cols = self.level_mask(batch, col_of, device)
             feats = torch.stack([out_of[int(self.parents[i])] for i in batch])  # [b, H]
             pos = torch.full((len(batch),), stable_len + level - 1, dtype=torch.long, device=device)
-            out, kv = self.tree_forward(feats, tokens[batch], pos, kv, cols)
-            logits = self.lm_head(out).float()  # [b, V]
+            out, logits, kv = draft_level(feats, tokens[batch], pos, kv, cols)
             for r, i in enumerate(batch):
                 col_of[i] = len(col_of)
                 out_of[i] = out[r]
                 fill(i + 1, logits[r])
-        return self._compact(tokens, alive, rows)
 
     def _compact(self, tokens: torch.Tensor, alive: list[bool], rows: list[torch.Tensor | None]) -> DraftTree:
         """The tree restricted to the nodes that got a token, with ``draft_probs`` rows (zero for leaves) if sampled."""

@@ -876,22 +876,12 @@ class JakiroStar(_MoEDraft, Eagle1):
                         q_tilde[node] = qt[rank_pos]
 
         fill(0, self._expert_logits(out0)[0])
-        out_of: dict[int, torch.Tensor] = {-1: out0.experts[0, 0]}  # node -> the top expert's feature
-        col_of: dict[int, int] = {}
-        kv = self.kv
-        for level in range(1, max(self.node_depths, default=0)):
-            batch = self.level_batch(level, alive)
-            if not batch:
-                break
-            cols = self.level_mask(batch, col_of, device)
-            feats = torch.stack([out_of[int(self.parents[i])] for i in batch])  # [b, H]
-            pos = torch.full((len(batch),), stable_len + level - 1, dtype=torch.long, device=device)
-            out, kv = self.tree_outputs(feats, tokens[batch], pos, kv, cols, experts=True)
-            logits = self._expert_logits(out)  # [b, K, V]
-            for r, i in enumerate(batch):
-                col_of[i] = len(col_of)
-                out_of[i] = out.experts[r, 0]
-                fill(i + 1, logits[r])
+
+        def draft_level(feats, toks, pos, kv, cols):
+            out, kv = self.tree_outputs(feats, toks, pos, kv, cols, experts=True)
+            return out.experts[:, 0], self._expert_logits(out), kv  # the top expert's feature, [b, K, V]
+
+        self.expand_levels(out0.experts[0, 0], tokens, alive, fill, stable_len, draft_level)
         tree = self._compact(tokens, alive, rows)
         ordered = [i for i, a in enumerate(alive) if a]
         self._q_tilde = [q_tilde.get(i, 0.0) for i in ordered]  # per node of the returned tree (as_published)
