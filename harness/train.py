@@ -127,12 +127,16 @@ def eagle_losses(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
     """(vloss, ploss) of reference §1.4: SmoothL1 (beta 1) averaged over H, and the soft cross-entropy
     ``-sum_v softmax(lm_head(f_{t+1}))_v log_softmax(lm_head(f̂))_v``, both masked per position.
 
-    pred, target [B, S, H]; mask [B, S].
+    pred, target [B, S, H]; mask [B, S]. The V-wide lm_head passes run only on the n positions with mask > 0 (the
+    masked-out ones would be multiplied by 0): the same value as masking all B*S positions, at n/(B*S) of the cost.
     """
+    on = mask > 0                                                              # [B, S]
+    weight = mask[on].float()                                                  # [n]
     with torch.no_grad():
-        target_p = torch.softmax(lm_head(target).float(), dim=-1)  # [B, S, V]
-    out_logp = torch.log_softmax(lm_head(pred).float(), dim=-1)   # [B, S, V]
-    ploss = masked_mean(-(target_p * out_logp).sum(-1), mask)
+        target_p = torch.softmax(lm_head(target[on]).float(), dim=-1)         # [n, V]
+    out_logp = torch.log_softmax(lm_head(pred[on]).float(), dim=-1)           # [n, V]
+    denom = mask.sum() + 1e-5
+    ploss = (-(target_p * out_logp).sum(-1) * weight).sum() / denom
     vloss = masked_mean(F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1), mask)
     return vloss, ploss
 
@@ -276,13 +280,24 @@ class MedusaObjective(Objective):
         return head(batch["features"], self.lm_head)  # [n_heads, B, S, V]
 
     def loss(self, head, batch):
-        logits = self.logits(head, batch)
+        """Per head, masked cross-entropy averaged over its labelled positions. The heads (and the V-wide lm_head)
+        run only on positions where some head has a label; the others would be multiplied by 0."""
+        token_mask = batch["token_mask"] * batch["attention_mask"]
+        B, S = token_mask.shape
+        n = self.options.num_heads
+        labels, masks = [], []
+        for i in range(n):  # head i reads positions 0..S-3-i; pad its labels/mask back to S positions
+            lab, m = medusa_targets(batch["token_ids"], token_mask, i)
+            labels.append(F.pad(lab, (0, S - lab.shape[1])))
+            masks.append(F.pad(m, (0, S - m.shape[1])))
+        labels_all, masks_all = torch.stack(labels), torch.stack(masks).float()  # [n, B, S]
+        on = masks_all.sum(0) > 0                                                # [B, S]
+        logits = head(batch["features"][on], self.lm_head)                       # [n, m, V]
         total = logits.new_zeros(())
         parts = {}
-        for i in range(logits.shape[0]):
-            labels, mask = medusa_targets(batch["token_ids"], batch["token_mask"] * batch["attention_mask"], i)
-            ce = F.cross_entropy(logits[i, :, : labels.shape[1]].float().transpose(1, 2), labels, reduction="none")
-            li = masked_mean(ce, mask)
+        for i in range(n):
+            ce = F.cross_entropy(logits[i].float(), labels_all[i][on], reduction="none")  # [m]
+            li = (ce * masks_all[i][on]).sum() / (masks_all[i].sum() + 1e-5)
             weight = self.options.decay ** i if self.options.weighting == "paper" else 1.0
             total = total + weight * li
             parts[f"ce{i}"] = li.item()
@@ -497,7 +512,8 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     from accelerate.utils import set_seed
     from tqdm import tqdm
 
-    from harness.traindata import FeatureDataset, collate, read_manifest
+    from harness.draftvocab import save_counts
+    from harness.traindata import FeatureDataset, collate, dataset_token_counts, read_manifest
 
     t_start = time.perf_counter()
     cls = get_objective(objective_name)
@@ -621,6 +637,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     }
     if accelerator.is_main_process:
         objective.save(accelerator.unwrap_model(head), out_dir / "head")
+        save_counts(dataset_token_counts(data_dir, objective.lm_head.weight.shape[0], cfg.max_shards), out_dir / "head")
         (out_dir / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
         plot_log(log_path, out_dir / "loss.png")
     accelerator.wait_for_everyone()

@@ -326,28 +326,72 @@ def render_with_mask(tokenizer, messages: list[dict[str, str]], max_len: int) ->
     return ids, mask
 
 
-def self_distilled(target: Target, messages: list[dict[str, str]], max_len: int, max_new_tokens: int) -> list[dict[str, str]]:
-    """``messages`` with every assistant turn replaced by the target's greedy answer to the (regenerated) history.
+def self_distilled(target: Target, conversations: list[list[dict[str, str]]], max_len: int, max_new_tokens: int,
+                   batch_size: int = 16) -> list[list[dict[str, str]]]:
+    """Each conversation's ``messages`` with every assistant turn replaced by the target's greedy answer to the
+    (regenerated) history.
 
     Turns whose prompt already reaches ``max_len`` tokens are dropped with everything after them (they would be
-    truncated away anyway); each answer is capped so that prompt + answer fit in ``max_len``.
+    truncated away anyway); each answer is capped so that prompt + answer fit in ``max_len``. Work is batched
+    across conversations: round r regenerates the r-th assistant turn of every conversation still going, in
+    batches of ``batch_size`` prompts of similar length (left-padded, :func:`greedy_batch`), so a shard costs about
+    (its turns / batch_size) batched generations instead of one generation per turn. On a CPU a batch of 16 short
+    prompts costs little more than one (weights are read once per step), which makes self-distillation affordable.
     """
-    from harness.sampling import SamplingParams
-    from methods.vanilla import Vanilla
+    outs: list[list[dict[str, str]]] = [[] for _ in conversations]
+    cursor = [0] * len(conversations)
+    going = list(range(len(conversations)))
+    while going:
+        pending: list[tuple[int, list[int], int]] = []  # (conversation, prompt ids, room)
+        for i in going:
+            msgs = conversations[i]
+            while cursor[i] < len(msgs) and msgs[cursor[i]]["role"] != "assistant":
+                outs[i].append(dict(msgs[cursor[i]]))
+                cursor[i] += 1
+            if cursor[i] >= len(msgs):
+                continue
+            prompt = target.render_chat(outs[i])[0].tolist()
+            room = min(max_new_tokens, max_len - len(prompt))
+            if room <= 0:
+                outs[i] = outs[i][:-1]  # drop the unanswered user turn and stop this conversation
+                continue
+            pending.append((i, prompt, room))
+        pending.sort(key=lambda t: len(t[1]))
+        for b in range(0, len(pending), batch_size):
+            chunk = pending[b:b + batch_size]
+            answers = greedy_batch(target, [p for _, p, _ in chunk], [r for _, _, r in chunk])
+            for (i, _, _), answer in zip(chunk, answers):
+                outs[i].append({"role": "assistant", "content": target.decode(answer)})
+                cursor[i] += 1
+        going = [i for i, _, _ in pending]
+    return outs
 
-    method = Vanilla(target)
-    out: list[dict[str, str]] = []
-    for m in messages:
-        if m["role"] != "assistant":
-            out.append(dict(m))
-            continue
-        prompt = target.render_chat(out)  # [1, P]
-        room = min(max_new_tokens, max_len - prompt.shape[1])
-        if room <= 0:
-            return out[:-1]  # drop the unanswered user turn
-        gen = method.generate(prompt, room, SamplingParams())
-        out.append({"role": "assistant", "content": target.decode(gen.token_ids)})
-    return out
+
+def greedy_batch(target: Target, prompts: list[list[int]], rooms: list[int]) -> list[list[int]]:
+    """Greedy continuations of several prompts at once: ``model.generate`` on left-padded ids with an attention
+    mask (position ids follow the mask, so padding does not shift positions). Prompt i gets at most ``rooms[i]``
+    new tokens and stops at its first EOS (excluded). Batched fp32 arithmetic may break a near-tie differently
+    from a one-prompt run; for training data that is immaterial (the test checks agreement on a tiny model).
+    """
+    pad = target.tokenizer.pad_token_id
+    pad = pad if pad is not None else (min(target.eos_ids) if target.eos_ids else 0)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)     # [B, P]
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)        # [B, P]
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        mask[row, width - len(p):] = 1
+    eos = sorted(target.eos_ids)
+    with torch.inference_mode():
+        out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                    max_new_tokens=max(rooms), do_sample=False, num_beams=1, pad_token_id=pad,
+                                    eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+    answers = []
+    for row, room in enumerate(rooms):
+        new = out[row, width:width + room].tolist()
+        cut = next((j for j, t in enumerate(new) if t in target.eos_ids), len(new))
+        answers.append(new[:cut])
+    return answers
 
 
 def target_features(target: Target, input_ids: list[int]) -> torch.Tensor:
@@ -436,10 +480,11 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
                   limit: int | None = None, self_distill: bool = False, max_new_tokens: int = 512,
                   shard_size: int = 256, drop_contaminated: bool = True,
                   eval_questions: dict[str, list[str]] | None = None, data_dir: str | Path | None = None,
-                  command: str | None = None, progress: bool = True) -> dict[str, Any]:
+                  command: str | None = None, progress: bool = True, distill_batch: int = 16) -> dict[str, Any]:
     """Build (or resume) a feature dataset in ``out_dir`` and return its manifest (see the module docstring).
 
-    ``limit``: at most this many conversations per source. ``eval_questions``: prompt -> evaluation ids for the
+    ``limit``: at most this many conversations per source. ``distill_batch``: prompts per batched generation with
+    ``self_distill`` (a speed knob only; not part of the settings a resume must match). ``eval_questions``: prompt -> evaluation ids for the
     contamination check (default :func:`evaluation_questions` of ``data_dir``).
     """
     from tqdm import tqdm
@@ -481,8 +526,11 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
                desc="features", disable=not progress)
     for k in range(len(shards), n_shards):
         items = []
-        for conv in selection[k * shard_size:(k + 1) * shard_size]:
-            messages = self_distilled(target, conv.messages, max_len, max_new_tokens) if self_distill else conv.messages
+        convs = selection[k * shard_size:(k + 1) * shard_size]
+        all_messages = [c.messages for c in convs]
+        if self_distill:
+            all_messages = self_distilled(target, all_messages, max_len, max_new_tokens, distill_batch)
+        for conv, messages in zip(convs, all_messages):
             ids, mask = render_with_mask(target.tokenizer, messages, max_len)
             if any(mask):
                 items.append((conv.id, ids, mask, target_features(target, ids)))
@@ -522,6 +570,21 @@ def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
         raise ValueError(f"{path}: the build is incomplete; rerun the same `data build` command to finish it "
                          "(or train on its written shards with --max-shards)")
     return manifest
+
+
+def dataset_token_counts(data_dir: str | Path, vocab_size: int, max_shards: int | None = None) -> torch.Tensor:
+    """Token frequencies at loss positions over a feature dataset's shards, int64 ``[vocab_size]``
+    (:func:`harness.draftvocab.token_counts` summed; reads only ``input_ids`` and ``loss_mask``)."""
+    from safetensors import safe_open
+
+    from harness.draftvocab import token_counts
+
+    data_dir = Path(data_dir)
+    total = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in read_manifest(data_dir, max_shards)["shards"]:
+        with safe_open(str(data_dir / s["file"]), framework="pt") as f:
+            total += token_counts(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), vocab_size)
+    return total
 
 
 def verify_shards(data_dir: str | Path) -> None:
@@ -656,6 +719,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--limit", type=int, help="at most this many conversations per source")
     p.add_argument("--self-distill", action="store_true", help="regenerate assistant turns with the target (greedy)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per regenerated turn (with --self-distill)")
+    p.add_argument("--distill-batch", type=int, default=16, help="prompts generated together (with --self-distill)")
     p.add_argument("--shard-size", type=int, default=256, help="conversations per shard file")
     p.add_argument("--fail-on-contamination", action="store_true",
                    help="fail listing overlaps with evaluation questions instead of dropping them")
@@ -665,6 +729,27 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_build)
 
+    v = subparsers.add_parser("vocab", help="write a head's token frequencies (for the methods' draft_vocab option)")
+    v.add_argument("--data", required=True, help="feature dataset the head was trained on")
+    v.add_argument("--out", required=True, help="head folder; token_counts.safetensors is written there")
+    v.add_argument("--max-shards", type=int, help="count the first N shards only")
+    v.set_defaults(func=cmd_vocab)
+
+
+def cmd_vocab(args) -> int:
+    from harness.draftvocab import save_counts
+
+    manifest = read_manifest(args.data, args.max_shards)
+    config = Path(args.out, "config.json")
+    vocab = json.loads(config.read_text()).get("vocab_size") if config.is_file() else None
+    if not isinstance(vocab, int):
+        raise ValueError(f"{args.out}: no config.json with vocab_size (an EAGLE or Jakiro head folder)")
+    counts = dataset_token_counts(args.data, vocab, args.max_shards)
+    path = save_counts(counts, args.out)
+    print(f"{path}: {int(counts.sum())} loss tokens of {manifest['count']} conversations, "
+          f"{int((counts > 0).sum())} distinct ids")
+    return 0
+
 
 def cmd_build(args) -> int:
     from harness.models import load_target
@@ -673,7 +758,7 @@ def cmd_build(args) -> int:
     m = build_dataset(target, args.sources or ["sharegpt"], args.out, max_len=args.max_len, limit=args.limit,
                       self_distill=args.self_distill, max_new_tokens=args.max_new_tokens, shard_size=args.shard_size,
                       drop_contaminated=not args.fail_on_contamination, data_dir=args.data_dir,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, distill_batch=args.distill_batch)
     print(f"{args.out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shard(s); "
           f"{m['contaminated_dropped']} dropped as contaminated")
     return 0

@@ -46,6 +46,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from harness.draftvocab import draft_lm_head
 from harness.engine import SpeculativeMethod
 from harness.method import OptionsError
 from harness.models import Target
@@ -453,34 +454,45 @@ def _check_head_option(head) -> None:
 class Eagle1Options:
     """``tree``: a name in ``harness.tree.STATIC_TREES`` or explicit rank paths (``[[0], [1], [0, 0], ...]``); every
     node's children must have ranks 0..c-1 (sampled children are the first c draws). ``head``: checkpoint folder
-    (default: the head shipped for the target)."""
+    (default: the head shipped for the target). ``draft_vocab``: 0 = the draft scores the full vocabulary (as
+    published); N > 0 = only the N most frequent tokens of the head's training data (:mod:`harness.draftvocab`)."""
 
     head: str | None = None
     tree: str | list = "eagle_mc_sim_7b_63"
+    draft_vocab: int = 0
 
     def __post_init__(self):
         _check_head_option(self.head)
         static_tree_choices(self.tree, "tree")
+        check_draft_vocab(self.draft_vocab)
 
 
 @dataclass
 class Eagle2Options:
     """EAGLE-2's dynamic tree. ``total_tokens`` counts the root, as EAGLE's ``total_token`` (60 in its evaluation
-    scripts); -1 chooses it from timed target forwards (:mod:`harness.autotune`)."""
+    scripts); -1 chooses it from timed target forwards (:mod:`harness.autotune`). ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60
     depth: int = 5
     top_k: int = 10
+    draft_vocab: int = 0
 
     def __post_init__(self):
         _check_head_option(self.head)
+        check_draft_vocab(self.draft_vocab, self.top_k)
         if self.total_tokens != -1 and self.total_tokens < 2:
             raise ValueError(f"total_tokens must be >= 2 (root included) or -1 (automatic), got {self.total_tokens}")
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+
+def check_draft_vocab(size, top_k: int = 1) -> None:
+    """Option ``draft_vocab``: 0 (full vocabulary) or at least ``top_k`` tokens."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or 0 < size < top_k:
+        raise ValueError(f"draft_vocab must be 0 (the full vocabulary) or an integer >= top_k ({top_k}), got {size!r}")
 
 
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
@@ -509,11 +521,17 @@ class EagleMethodBase(SpeculativeMethod):
 
     needs_hidden_states = True
 
-    def __init__(self, target: Target, options=None, head: EagleHead | None = None):
+    def __init__(self, target: Target, options=None, head: EagleHead | None = None, folder: Path | None = None):
         super().__init__(target, options)
-        self.head = head if head is not None else load_eagle_head(
-            resolve_head_folder(self.options.head, target, "eagle"), target)
-        self.lm_head = target.model.get_output_embeddings()
+        if head is None:
+            folder = resolve_head_folder(self.options.head, target, "eagle")
+            head = load_eagle_head(folder, target)
+        self.head = head
+        try:  # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
+            self.lm_head = draft_lm_head(target.model.get_output_embeddings(), getattr(self.options, "draft_vocab", 0),
+                                         folder)
+        except (FileNotFoundError, ValueError) as e:
+            raise OptionsError(f"method {self.name!r}: {e}") from None
         self.kv: DraftKV | None = None
         self.pending_features: torch.Tensor | None = None  # [n, H] target features not yet run through the head
         self.pending_tokens: torch.Tensor | None = None    # [n - 1] the tokens that follow them (root excluded)
@@ -571,16 +589,16 @@ class Eagle1(EagleMethodBase):
 
     Options = Eagle1Options
 
-    def __init__(self, target: Target, options=None, head: EagleHead | None = None):
-        super().__init__(target, options, head)
+    def __init__(self, target: Target, options=None, head: EagleHead | None = None, folder: Path | None = None):
+        super().__init__(target, options, head, folder)
         self.parents, self.ranks = tree_from_choices(static_tree_choices(self.options.tree, "tree"))
         self.children = children_lists(self.parents)
         self.node_depths = depths(self.parents).tolist()
         widest = max(len(kids) for kids in self.children)
-        vocab = self.lm_head.weight.shape[0]
+        vocab = self.lm_head.size
         if widest > vocab:
             raise OptionsError(f"method {self.name!r}: option tree has a node with {widest} children, more than the "
-                               f"vocabulary ({vocab})")
+                               f"draft vocabulary ({vocab})")
         self._proposal = "deterministic"
 
     @property
@@ -711,11 +729,12 @@ class Eagle2(EagleMethodBase):
 
     Options = Eagle2Options
 
-    def __init__(self, target: Target, options=None, head: EagleHead | None = None):
-        super().__init__(target, options, head)
-        vocab = self.lm_head.weight.shape[0]
+    def __init__(self, target: Target, options=None, head: EagleHead | None = None, folder: Path | None = None):
+        super().__init__(target, options, head, folder)
+        vocab = self.lm_head.size
         if self.options.top_k > vocab:
-            raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the vocabulary ({vocab})")
+            raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the draft vocabulary "
+                               f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:

@@ -53,7 +53,7 @@ from harness.verify import walk_tree
 from methods.eagle import (
     EAGLE_WEIGHT_FILES, CheckpointError, DraftKV, DynamicCandidates, Eagle1, Eagle2, EagleHead, _check_head_option,
     check_head_fits_target, check_state_dict, eagle_config_for, eagle_config_from_json, eagle_config_json,
-    expected_eagle_shapes, head_embedding, read_config, read_weights, resolve_head_folder, static_tree_choices,
+    check_draft_vocab, expected_eagle_shapes, head_embedding, read_config, read_weights, resolve_head_folder, static_tree_choices,
 )
 
 KINDS = ("jakiro", "jakiro_star")
@@ -491,7 +491,7 @@ class JakiroOptions:
     ``total_tokens`` counts the root (Jakiro's evaluation uses 60); ``depth`` d: the tree has d + 1 levels;
     ``top_k``: candidates per node and frontier width. ``num_experts`` / ``experts_per_tok``: None = the
     checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must match the checkpoint, K may be
-    changed at inference (1 <= K <= N).
+    changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary).
     """
 
     head: str | None = None
@@ -504,9 +504,11 @@ class JakiroOptions:
     top_k: int = 10
     num_experts: int | None = None
     experts_per_tok: int | None = None
+    draft_vocab: int = 0
 
     def __post_init__(self):
         _check_head_option(self.head)
+        check_draft_vocab(self.draft_vocab, self.top_k)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.contrastive = _on_off(self.contrastive, "contrastive")
@@ -613,10 +615,12 @@ class Jakiro(_MoEDraft, Eagle2):
 
     def __init__(self, target: Target, options=None, head: JakiroHead | None = None):
         options = options if options is not None else self.Options()
+        folder = None
         if head is None:
-            head = load_jakiro_head(resolve_head_folder(options.head, target, "jakiro"), target)
+            folder = resolve_head_folder(options.head, target, "jakiro")
+            head = load_jakiro_head(folder, target)
         _check_experts(options, head)
-        super().__init__(target, options, head)
+        super().__init__(target, options, head, folder)
 
     # ---- what each forward must compute ---------------------------------------------------------------------------
     def _wants_second(self, level: int) -> bool:

@@ -33,8 +33,9 @@ from harness.registry import register_method
 from harness.sampling import SamplingParams
 from harness.tree import STATIC_TREES, DraftTree, depths, tree_from_choices
 from harness.verify import verify_typical
-from methods.eagle import (CheckpointError, check_state_dict, read_config, read_weights, resolve_head_folder,
-                           target_vocab_hidden)
+from harness.draftvocab import draft_lm_head
+from methods.eagle import (CheckpointError, check_draft_vocab, check_state_dict, read_config, read_weights,
+                           resolve_head_folder, target_vocab_hidden)
 
 MEDUSA_WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -164,15 +165,19 @@ ACCEPTANCE_RULES = ("rejection", "typical")
 class MedusaOptions:
     """``tree``: a name in ``harness.tree.STATIC_TREES`` or explicit rank paths; its depth must not exceed the number
     of heads. ``acceptance``: "rejection" = the engine's lossless verification; "typical" = Medusa-1's typical
-    acceptance with ``posterior_threshold`` (epsilon) and ``posterior_alpha`` (delta), NOT lossless at T>0."""
+    acceptance with ``posterior_threshold`` (epsilon) and ``posterior_alpha`` (delta), NOT lossless at T>0.
+    ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only the N most frequent tokens of the training
+    data (:mod:`harness.draftvocab`; heads that share the target's lm_head only)."""
 
     head: str | None = None
     tree: str | list = "medusa_mc_sim_7b_63"
     acceptance: str = "rejection"
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    draft_vocab: int = 0
 
     def __post_init__(self):
+        check_draft_vocab(self.draft_vocab)
         if self.head is not None and not isinstance(self.head, str):
             raise ValueError(f"head must be a checkpoint folder path (string), got {type(self.head).__name__}")
         if self.acceptance not in ACCEPTANCE_RULES:
@@ -221,15 +226,24 @@ class Medusa(SpeculativeMethod):
 
     def __init__(self, target: Target, options=None, heads: MedusaHeads | None = None):
         super().__init__(target, options)
-        self.heads = heads if heads is not None else load_medusa_heads(
-            resolve_head_folder(self.options.head, target, "medusa"), target)
+        folder = None
+        if heads is None:
+            folder = resolve_head_folder(self.options.head, target, "medusa")
+            heads = load_medusa_heads(folder, target)
+        self.heads = heads
         self.parents, self.ranks = medusa_tree(self.options.tree, "tree")
         self.levels = depths(self.parents)  # [N]
         depth = int(self.levels.max())
         if depth > self.heads.num_heads:
             raise OptionsError(f"method 'medusa': option tree has depth {depth} but the checkpoint has only "
                                f"{self.heads.num_heads} heads (one head per tree level)")
-        self.lm_head = target.model.get_output_embeddings()
+        if self.options.draft_vocab and not self.heads.share_lm_head:
+            raise OptionsError("method 'medusa': option draft_vocab needs heads that share the target's lm_head "
+                               "(these have their own lm_heads)")
+        try:
+            self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.options.draft_vocab, folder)
+        except (FileNotFoundError, ValueError) as e:
+            raise OptionsError(f"method 'medusa': {e}") from None
         self.feature: torch.Tensor | None = None
 
     @property

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from harness import traindata as td
 from harness import train as tr
@@ -182,3 +183,32 @@ def test_two_process_accelerate_launch(built, tmp_path):
     recipe = json.loads((tmp_path / "ddp" / "recipe.json").read_text())
     assert recipe["num_processes"] == 2 and recipe["steps"] == 3 and "MULTI_CPU" in recipe["distributed_type"]
     assert (tmp_path / "ddp" / "head" / "model.safetensors").exists()
+
+
+def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
+    # The objectives run the V-wide lm_head only where the loss mask is on. The value must equal the published
+    # all-position formulas (EAGLE: masked mean of the soft CE; Medusa: masked mean CE per head, weighted 0.8**i);
+    # a gather/label misalignment would change it.
+    target, root = built
+    lm_head = target.model.lm_head
+    torch.manual_seed(0)
+    pred, feat = torch.randn(2, 6, 32), torch.randn(2, 6, 32)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 1]], dtype=torch.float)
+    vloss, ploss = tr.eagle_losses(pred, feat, mask, lm_head)
+    ref = -(torch.softmax(lm_head(feat), -1) * torch.log_softmax(lm_head(pred), -1)).sum(-1)  # [B, S]
+    assert ploss.item() == pytest.approx(((ref * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
+    assert vloss.item() == pytest.approx(tr.masked_mean(F.smooth_l1_loss(pred, feat, reduction="none").mean(-1),
+                                                        mask).item(), rel=1e-5)
+    obj = tr.get_objective("medusa").create(target, {"num_heads": 2})
+    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    head = obj.build_head()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(std=0.1)
+    loss, parts = obj.loss(head, batch)
+    logits = head(batch["features"], lm_head)  # [2, B, S, V], all positions
+    token_mask = batch["token_mask"] * batch["attention_mask"]
+    for i in range(2):
+        labels, m = tr.medusa_targets(batch["token_ids"], token_mask, i)
+        ce = F.cross_entropy(logits[i, :, : labels.shape[1]].transpose(1, 2), labels, reduction="none")
+        assert parts[f"ce{i}"] == pytest.approx(tr.masked_mean(ce, m).item(), rel=1e-4)

@@ -176,3 +176,36 @@ def test_max_shards_trains_on_a_written_prefix_of_an_unfinished_build(tmp_path):
     assert [s["file"] for s in read_manifest(tmp_path, max_shards=1)["shards"]] == ["a"]
     with pytest.raises(ValueError, match="2 shards are written, 3 requested"):
         read_manifest(tmp_path, max_shards=3)
+
+
+def test_batched_self_distillation_equals_one_conversation_at_a_time():
+    # Each assistant turn must be the target's greedy answer to the regenerated history (what vanilla decoding
+    # gives for that prompt), whatever the batch: a padding or position bug in the left-padded batch would change
+    # the answers of the shorter prompts; a turn-order bug would answer turn 2 without the new turn 1.
+    from harness.sampling import SamplingParams
+    from methods.vanilla import Vanilla
+
+    target = tiny_target(seed=3)
+    convs = [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+              {"role": "user", "content": "cc"}, {"role": "assistant", "content": "d"}],
+             [{"role": "user", "content": "a much longer question"}, {"role": "assistant", "content": "x"}],
+             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+    batched = td.self_distilled(target, convs, max_len=120, max_new_tokens=12, batch_size=3)
+    vanilla = Vanilla(target)
+    for conv, got in zip(convs, batched):
+        assert [m["role"] for m in got] == [m["role"] for m in conv]
+        history = []
+        for m, g in zip(conv, got):
+            if m["role"] == "assistant":
+                gen = vanilla.generate(target.render_chat(history), 12, SamplingParams())
+                ids = [t for t in gen.token_ids if t not in target.eos_ids]
+                assert g["content"] == target.decode(ids)
+            else:
+                assert g == m
+            history.append(g)
+    # a prompt that already fills max_len drops its user turn and everything after it
+    first_prompt = target.render_chat(convs[0][:1]).shape[1]
+    assert td.self_distilled(target, convs[:1], max_len=first_prompt, max_new_tokens=12) == [[]]
+    second_prompt = target.render_chat(batched[0][:3]).shape[1]
+    short = td.self_distilled(target, convs[:1], max_len=second_prompt, max_new_tokens=12)
+    assert short == [batched[0][:2]]
