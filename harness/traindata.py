@@ -531,8 +531,8 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         if self_distill:
             all_messages = self_distilled(target, all_messages, max_len, max_new_tokens, distill_batch)
         for conv, messages in zip(convs, all_messages):
-            ids, mask = render_with_mask(target.tokenizer, messages, max_len)
-            if any(mask):
+            ids, mask = render_with_mask(target.tokenizer, messages, max_len) if messages else ([], [])
+            if any(mask):  # a first prompt longer than max_len leaves nothing to learn from
                 items.append((conv.id, ids, mask, target_features(target, ids)))
             bar.update(1)
         path = out_dir / shard_name(k)

@@ -209,3 +209,15 @@ def test_batched_self_distillation_equals_one_conversation_at_a_time():
     second_prompt = target.render_chat(batched[0][:3]).shape[1]
     short = td.self_distilled(target, convs[:1], max_len=second_prompt, max_new_tokens=12)
     assert short == [batched[0][:2]]
+
+
+def test_self_distilled_build_skips_a_conversation_whose_first_prompt_fills_max_len(tmp_path):
+    # c_long's first prompt alone exceeds max_len: self-distillation leaves it empty, and the build must skip it
+    # (counted in skipped_no_assistant_tokens) instead of failing on an empty chat template
+    convs = [{"id": "c_long", "conversations": [{"from": "human", "value": "x" * 80}, {"from": "gpt", "value": "y"}]},
+             {"id": "c_ok", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]
+    path = tmp_path / "convs.json"
+    path.write_text(json.dumps(convs))
+    m = td.build_dataset(tiny_target(), [str(path)], tmp_path / "d", max_len=40, self_distill=True, max_new_tokens=4,
+                         eval_questions=NO_EVAL, progress=False, command="test")
+    assert m["count"] == 1 and m["skipped_no_assistant_tokens"] == 1
