@@ -100,6 +100,27 @@ class DraftLMHead(nn.Module):
         """Number of tokens the draft can propose."""
         return self.full.weight.shape[0] if self.token_ids is None else int(self.token_ids.shape[0])
 
+    def compact(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits of the kept tokens only, ``[..., N]`` (column j = token ``token_ids[j]``; all V without a
+        restriction). Softmax over them is the distribution renormalised to the draft vocabulary (training)."""
+        if self.token_ids is None:
+            return self.full(features)
+        return F.linear(features, self.sub_weight, self.sub_bias)
+
+    def argmax(self, features: torch.Tensor) -> torch.Tensor:
+        """The draft's top-1 token id (in the full vocabulary) of every row: ``[..., H] -> [...]``."""
+        best = self.compact(features).argmax(-1)
+        return best if self.token_ids is None else self.token_ids[best]
+
+    def columns(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Column of each token in :meth:`compact`'s output, -1 for a token outside the draft vocabulary.
+        Example: kept [1, 3] -> tokens [3, 2, 1] -> [1, -1, 0]."""
+        if self.token_ids is None:
+            return token_ids
+        where = torch.full((self.full.weight.shape[0],), -1, dtype=torch.long, device=token_ids.device)
+        where[self.token_ids.to(token_ids.device)] = torch.arange(self.token_ids.shape[0], device=token_ids.device)
+        return where[token_ids]
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if self.token_ids is None:
             return self.full(features)

@@ -65,9 +65,23 @@ class Objective:
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, target: Target, options=None):
+        from harness.draftvocab import DraftLMHead
+
         self.target = target
         self.options = options if options is not None else self.Options()
         self.lm_head = target.model.get_output_embeddings()  # frozen, never trained
+        self.draft_lm_head = DraftLMHead(self.lm_head)         # the draft's view; see set_token_counts
+
+    def set_token_counts(self, counts: torch.Tensor) -> None:
+        """Called by :func:`train` with the data's token frequencies (:mod:`harness.draftvocab`). With option
+        ``train_vocab`` N > 0 the draft side of the losses and of the accuracy uses only the N most frequent tokens
+        (EAGLE-3's reduced draft vocabulary: the target distribution is renormalised over them), which makes the
+        V-wide lm_head passes V/N times cheaper; run the head with ``draft_vocab`` = N to match."""
+        from harness.draftvocab import DraftLMHead, top_tokens
+
+        n = getattr(self.options, "train_vocab", 0)
+        if n and n < counts.shape[0]:
+            self.draft_lm_head = DraftLMHead(self.lm_head, top_tokens(counts, n))
 
     @classmethod
     def create(cls, target: Target, options: dict[str, Any] | None = None) -> "Objective":
@@ -156,15 +170,19 @@ def unroll_mask(S: int, step: int, device: torch.device | None = None) -> torch.
 
 
 def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor,
-                        target: torch.Tensor, mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        target: torch.Tensor, mask: torch.Tensor, k: int,
+                        draft_argmax=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-1 hits of the EAGLE draft after 1..k unrolled steps against the target's greedy token.
 
     Step 1 reads the true (f_t, x_{t+1}); step j reads the draft's own feature from step j-1 with the true token
     (EAGLE's "n-alpha": n estimated features, correct tokens), attending to true features up to t and to its own
     chain (:func:`unroll_mask`), i.e. exactly what drafting sees after committing t. The token to hit at query p is
     argmax lm_head(f_{p+1}) (``target[p]``), what greedy verification accepts.
+    ``draft_argmax`` (features -> token ids; default argmax of ``lm_head``) is the draft's pick, e.g. over a reduced
+    draft vocabulary (:meth:`harness.draftvocab.DraftLMHead.argmax`); the target's token always uses the full head.
     features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
     """
+    draft_argmax = draft_argmax or (lambda x: lm_head(x).argmax(-1))
     B, S, _ = features.shape
     pos = torch.arange(S, device=features.device).expand(B, S)  # [B, S]
     want = lm_head(target).argmax(-1)                             # [B, S]
@@ -174,7 +192,7 @@ def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Ten
         attn = unroll_mask(S, step, features.device)
         pred, kv_all = head(x, input_ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
         valid = (mask > 0) & (pos >= step - 1)                          # [B, S]
-        hit = (lm_head(pred).argmax(-1) == want) & valid
+        hit = (draft_argmax(pred) == want) & valid
         correct[step - 1], total[step - 1] = hit.sum().item(), valid.sum().item()
         kv = kv_all
         x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
@@ -197,6 +215,11 @@ class EagleOptions:
     p_weight: float = 0.1    # weight of the soft cross-entropy (published 0.1)
     v_weight: float = 1.0    # weight of the SmoothL1 feature regression (published 1.0)
     bias: bool = True        # fc bias (false for the published LLaMA-3 heads)
+    train_vocab: int = 0     # 0: soft CE over the full vocabulary (published); N: over the N most frequent tokens
+
+    def __post_init__(self):
+        if not isinstance(self.train_vocab, int) or self.train_vocab < 0:
+            raise ValueError(f"train_vocab must be 0 (full vocabulary) or a positive integer, got {self.train_vocab!r}")
 
 
 @register_objective("eagle")
@@ -220,13 +243,13 @@ class EagleObjective(Objective):
 
     def loss(self, head, batch):
         pred = self.predict(head, batch)
-        vloss, ploss = eagle_losses(pred, batch["target"], batch["loss_mask"], self.lm_head)
+        vloss, ploss = eagle_losses(pred, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
         loss = self.options.v_weight * vloss + self.options.p_weight * ploss
         return loss, {"vloss": vloss.item(), "ploss": ploss.item()}
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k)
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
 
     def save(self, head, folder):
         from methods.eagle import save_eagle_head
@@ -241,6 +264,7 @@ class MedusaOptions:
     weighting: str = "paper"          # "paper": head i weighted 0.8**i (Medusa-1 Eq. 1); "uniform": the repo's sum
     decay: float = 0.8
     share_lm_head: str = "auto"       # "auto": share the target's lm_head for targets under 1B parameters
+    train_vocab: int = 0              # N > 0: CE over the N most frequent tokens (shared lm_head only)
 
     def __post_init__(self):
         if self.weighting not in ("paper", "uniform"):
@@ -276,8 +300,15 @@ class MedusaObjective(Objective):
                 h[-1].weight.data.copy_(self.lm_head.weight.data)
         return heads.to(self.lm_head.weight.device).float()
 
+    def _head_lm(self):
+        """What the heads end in: the target's lm_head, restricted to the draft vocabulary when ``train_vocab`` is set
+        (then logits have N columns, :meth:`harness.draftvocab.DraftLMHead.compact`)."""
+        if self.options.train_vocab and not self.shares_lm_head():
+            raise ValueError("medusa option train_vocab needs share_lm_head (heads ending in the target's lm_head)")
+        return self.draft_lm_head.compact if self.shares_lm_head() else self.lm_head
+
     def logits(self, head, batch) -> torch.Tensor:
-        return head(batch["features"], self.lm_head)  # [n_heads, B, S, V]
+        return head(batch["features"], self._head_lm())  # [n_heads, B, S, V or N]
 
     def loss(self, head, batch):
         """Per head, masked cross-entropy averaged over its labelled positions. The heads (and the V-wide lm_head)
@@ -291,12 +322,14 @@ class MedusaObjective(Objective):
             labels.append(F.pad(lab, (0, S - lab.shape[1])))
             masks.append(F.pad(m, (0, S - m.shape[1])))
         labels_all, masks_all = torch.stack(labels), torch.stack(masks).float()  # [n, B, S]
+        cols = self.draft_lm_head.columns(labels_all)                             # [n, B, S] label -> logit column
+        masks_all = masks_all * (cols >= 0)       # a label outside a reduced draft vocabulary cannot be predicted
         on = masks_all.sum(0) > 0                                                # [B, S]
-        logits = head(batch["features"][on], self.lm_head)                       # [n, m, V]
+        logits = head(batch["features"][on], self._head_lm())                    # [n, m, V or N]
         total = logits.new_zeros(())
         parts = {}
         for i in range(n):
-            ce = F.cross_entropy(logits[i].float(), labels_all[i][on], reduction="none")  # [m]
+            ce = F.cross_entropy(logits[i].float(), cols[i][on].clamp(min=0), reduction="none")  # [m]
             li = (ce * masks_all[i][on]).sum() / (masks_all[i].sum() + 1e-5)
             weight = self.options.decay ** i if self.options.weighting == "paper" else 1.0
             total = total + weight * li
@@ -312,7 +345,10 @@ class MedusaObjective(Objective):
         for i in range(n):
             labels, mask = want[:, i:], (batch["token_mask"] * batch["attention_mask"])[:, 2 + i:]
             labels = labels[:, : mask.shape[1]]
-            hit = (logits[i, :, : mask.shape[1]].argmax(-1) == labels) & (mask > 0)
+            best = logits[i, :, : mask.shape[1]].argmax(-1)
+            if self.draft_lm_head.token_ids is not None:  # column -> token id
+                best = self.draft_lm_head.token_ids[best]
+            hit = (best == labels) & (mask > 0)
             correct[i], total[i] = hit.sum().item(), (mask > 0).sum().item()
         return correct, total
 
@@ -521,6 +557,8 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     cfg = (config or TrainConfig()).resolved(cls.defaults)
     out_dir, data_dir = Path(out_dir), Path(data_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
+    counts = dataset_token_counts(data_dir, objective.lm_head.weight.shape[0], cfg.max_shards)
+    objective.set_token_counts(counts)
     hidden = target.model.get_output_embeddings().weight.shape[1]
     if manifest["hidden_size"] != hidden:
         raise ValueError(f"{data_dir}: features have hidden size {manifest['hidden_size']}, the target {target.name!r} "
@@ -637,7 +675,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     }
     if accelerator.is_main_process:
         objective.save(accelerator.unwrap_model(head), out_dir / "head")
-        save_counts(dataset_token_counts(data_dir, objective.lm_head.weight.shape[0], cfg.max_shards), out_dir / "head")
+        save_counts(counts, out_dir / "head")
         (out_dir / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
         plot_log(log_path, out_dir / "loss.png")
     accelerator.wait_for_everyone()

@@ -572,6 +572,54 @@ def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
     return manifest
 
 
+def merge_datasets(sources: list[str | Path], out_dir: str | Path, command: str | None = None) -> dict[str, Any]:
+    """One dataset from the written shards of several (e.g. reference answers + self-distilled ones).
+
+    The sources must hold features of the same target (config, chat template, vocabulary and hidden size are
+    compared); an interrupted build contributes the shards it finished. ``out_dir`` gets relative symbolic links
+    ``shard-NNNNN.safetensors`` (sources in the order given) and a manifest listing each shard's origin; nothing is
+    copied. The held-out split of training is the end of the last source.
+    """
+    out_dir = Path(out_dir)
+    if len(sources) < 2:
+        raise ValueError("data merge: give at least two source datasets")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and is not empty; merge into a new folder")
+    manifests = []
+    for src in map(Path, sources):
+        path = src / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: {src} is not a feature dataset")
+        manifests.append((src, json.loads(path.read_text(encoding="utf-8"))))
+    keys = ("target_config_sha256", "chat_template_sha256", "vocab_sha256")
+    src0, m0 = manifests[0]
+    for src, m in manifests[1:]:
+        diff = [k for k in keys if m["settings"].get(k) != m0["settings"].get(k)]
+        if m["hidden_size"] != m0["hidden_size"]:
+            diff.append("hidden_size")
+        if diff:
+            raise ValueError(f"data merge: {src} and {src0} were built differently ({', '.join(diff)} differ); "
+                             "merge only features of the same target")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards, origins = [], []
+    for src, m in manifests:
+        for s in m["shards"]:
+            name = shard_name(len(shards))
+            os.symlink(os.path.relpath((src / s["file"]).resolve(), out_dir.resolve()), out_dir / name)
+            shards.append({**s, "file": name, "source": str(src), "source_file": s["file"]})
+        origins.append({"dir": str(src), "shards": len(m["shards"]), "complete": bool(m.get("complete")),
+                        "settings": m["settings"], "command": m.get("command")})
+    manifest = {
+        "settings": {"format": FORMAT_VERSION, "merged": True, **{k: m0["settings"].get(k) for k in keys}},
+        "target": m0["target"], "hidden_size": m0["hidden_size"], "hidden_dtype": m0["hidden_dtype"],
+        "feature": m0["feature"], "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "sources": origins, "contaminated_dropped": sum(m.get("contaminated_dropped", 0) for _, m in manifests),
+        "shards": shards, "complete": True,
+    }
+    _write_json(out_dir / MANIFEST, _with_totals(manifest))
+    return _with_totals(manifest)
+
+
 def dataset_token_counts(data_dir: str | Path, vocab_size: int, max_shards: int | None = None) -> torch.Tensor:
     """Token frequencies at loss positions over a feature dataset's shards, int64 ``[vocab_size]``
     (:func:`harness.draftvocab.token_counts` summed; reads only ``input_ids`` and ``loss_mask``)."""
@@ -729,11 +777,22 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_build)
 
+    mg = subparsers.add_parser("merge", help="combine feature datasets of the same target (links, no copies)")
+    mg.add_argument("sources", nargs="+", help="dataset folders (an interrupted build gives its finished shards)")
+    mg.add_argument("--out", required=True, help="new folder")
+    mg.set_defaults(func=lambda args: _print_merge(merge_datasets(args.sources, args.out), args.out))
+
     v = subparsers.add_parser("vocab", help="write a head's token frequencies (for the methods' draft_vocab option)")
     v.add_argument("--data", required=True, help="feature dataset the head was trained on")
     v.add_argument("--out", required=True, help="head folder; token_counts.safetensors is written there")
     v.add_argument("--max-shards", type=int, help="count the first N shards only")
     v.set_defaults(func=cmd_vocab)
+
+
+def _print_merge(m: dict, out: str) -> int:
+    print(f"{out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shards from "
+          f"{len(m['sources'])} datasets")
+    return 0
 
 
 def cmd_vocab(args) -> int:

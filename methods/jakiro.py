@@ -922,6 +922,7 @@ class JakiroObjectiveOptions:
     v_weight: float = 1.0
     contrast_weight: float = 0.5
     bias: bool = True
+    train_vocab: int = 0  # as the eagle objective's: 0 = full vocabulary (published)
 
     def __post_init__(self):
         if self.num_experts < 1 or not 1 <= self.experts_per_tok <= self.num_experts:
@@ -963,7 +964,7 @@ class JakiroObjective(Objective):
         B, S = batch["input_ids"].shape
         pos = torch.arange(S, device=batch["input_ids"].device).expand(B, S)
         out, _ = head.forward_outputs(batch["features"], batch["input_ids"], pos, contrast=True)
-        parts = jakiro_losses(out.mixture, out.contrast, batch["target"], batch["loss_mask"], self.lm_head)
+        parts = jakiro_losses(out.mixture, out.contrast, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
         o = self.options
         loss = (o.v_weight * (parts["vloss1"] + o.contrast_weight * parts["vloss2"])
                 + o.p_weight * (parts["ploss1"] + o.contrast_weight * parts["ploss2"]))
@@ -971,7 +972,7 @@ class JakiroObjective(Objective):
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k)
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
 
     def save(self, head, folder):
         return save_jakiro_head(head, folder)

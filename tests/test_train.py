@@ -212,3 +212,35 @@ def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
         labels, m = tr.medusa_targets(batch["token_ids"], token_mask, i)
         ce = F.cross_entropy(logits[i, :, : labels.shape[1]].transpose(1, 2), labels, reduction="none")
         assert parts[f"ce{i}"] == pytest.approx(tr.masked_mean(ce, m).item(), rel=1e-4)
+
+
+def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_tokens(built, tmp_path):
+    # train_vocab=N: the soft CE compares the draft's and the target's distributions renormalised over the N most
+    # frequent tokens (EAGLE-3's reduced vocabulary); the accuracy counts a hit only if the draft's pick among them
+    # is the target's full-vocabulary greedy token; Medusa's CE drops labels outside the kept tokens.
+    target, root = built
+    counts = td.dataset_token_counts(root / "data", 128)
+    obj = tr.get_objective("eagle").create(target, {"train_vocab": 8})
+    obj.set_token_counts(counts)
+    kept = obj.draft_lm_head.token_ids
+    assert kept.tolist() == sorted(torch.topk(counts, 8).indices.tolist()) and counts[kept].min() > 0
+    torch.manual_seed(0)
+    pred, feat = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    _, ploss = tr.eagle_losses(pred, feat, mask, obj.draft_lm_head.compact)
+    lm = target.model.lm_head
+    p = torch.softmax(lm(feat)[..., kept], -1)
+    q = torch.log_softmax(lm(pred)[..., kept], -1)
+    assert ploss.item() == pytest.approx((((-(p * q).sum(-1)) * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
+    assert obj.draft_lm_head.argmax(pred).tolist() == kept[lm(pred)[..., kept].argmax(-1)].tolist()
+    # training end to end with a reduced vocabulary writes the counts the method's draft_vocab option reads
+    recipe = tr.train("eagle", target, root / "data", tmp_path / "v", small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
+    assert recipe["options"]["train_vocab"] == 8
+    assert (tmp_path / "v" / "head" / "token_counts.safetensors").exists()
+    med = tr.get_objective("medusa").create(target, {"num_heads": 2, "train_vocab": 8})
+    med.set_token_counts(counts)
+    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    loss, parts = med.loss(med.build_head(), batch)
+    assert torch.isfinite(loss) and set(parts) == {"ce0", "ce1"}
+    with pytest.raises(ValueError, match="train_vocab must be 0"):
+        tr.get_objective("eagle").create(target, {"train_vocab": -1})

@@ -221,3 +221,28 @@ def test_self_distilled_build_skips_a_conversation_whose_first_prompt_fills_max_
     m = td.build_dataset(tiny_target(), [str(path)], tmp_path / "d", max_len=40, self_distill=True, max_new_tokens=4,
                          eval_questions=NO_EVAL, progress=False, command="test")
     assert m["count"] == 1 and m["skipped_no_assistant_tokens"] == 1
+
+
+def test_merge_links_the_shards_of_two_builds_and_refuses_another_target(tmp_path, convs_file):
+    # the merged dataset must serve every conversation of both sources (in order), verify its sha256s, and refuse
+    # features of a different target (mixing hidden spaces would train on garbage)
+    a = td.build_dataset(tiny_target(), [convs_file], tmp_path / "a", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+                         progress=False, command="a")
+    b = td.build_dataset(tiny_target(), [convs_file], tmp_path / "b", max_len=32, shard_size=2, eval_questions=NO_EVAL,
+                         progress=False, command="b")
+    m = td.merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", command="merge")
+    assert m["count"] == a["count"] + b["count"] and len(m["shards"]) == 4
+    td.verify_shards(tmp_path / "ab")
+    merged = td.FeatureDataset(tmp_path / "ab", noise="none")
+    firsts = td.FeatureDataset(tmp_path / "a", noise="none")
+    assert len(merged) == 8 and torch.equal(merged.raw(0)[0], firsts.raw(0)[0])
+    assert torch.equal(merged.raw(7)[0], td.FeatureDataset(tmp_path / "b", noise="none").raw(3)[0])
+    with pytest.raises(FileExistsError):
+        td.merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    td.build_dataset(tiny_target(seed=5), [convs_file], tmp_path / "c", max_len=64, eval_questions=NO_EVAL,
+                     progress=False, command="c")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    manifest["settings"]["target_config_sha256"] = "another"
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="target_config_sha256"):
+        td.merge_datasets([tmp_path / "a", tmp_path / "c"], tmp_path / "ac")
