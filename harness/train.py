@@ -216,10 +216,14 @@ class EagleOptions:
     v_weight: float = 1.0    # weight of the SmoothL1 feature regression (published 1.0)
     bias: bool = True        # fc bias (false for the published LLaMA-3 heads)
     train_vocab: int = 0     # 0: soft CE over the full vocabulary (published); N: over the N most frequent tokens
+    unroll: int = 1          # 1: published (one step from true features); U: also steps 2..U on the head's own output
+    unroll_decay: float = 0.8  # weight of step j is unroll_decay**(j-1) (EAGLE-3's training-time test weights)
 
     def __post_init__(self):
         if not isinstance(self.train_vocab, int) or self.train_vocab < 0:
             raise ValueError(f"train_vocab must be 0 (full vocabulary) or a positive integer, got {self.train_vocab!r}")
+        if not isinstance(self.unroll, int) or self.unroll < 1:
+            raise ValueError(f"unroll must be an integer >= 1, got {self.unroll!r}")
 
 
 @register_objective("eagle")
@@ -242,10 +246,28 @@ class EagleObjective(Objective):
         return head(batch["features"], batch["input_ids"], pos)[0]  # [B, S, H]
 
     def loss(self, head, batch):
-        pred = self.predict(head, batch)
-        vloss, ploss = eagle_losses(pred, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
-        loss = self.options.v_weight * vloss + self.options.p_weight * ploss
-        return loss, {"vloss": vloss.item(), "ploss": ploss.item()}
+        """Step 1 is the published loss. With ``unroll`` U > 1, steps 2..U feed the head its own predicted feature
+        (with the true token) exactly as drafting does after a commit (:func:`eagle_unrolled_hits` shows the
+        layout) and add ``unroll_decay**(j-1)`` x the same loss; gradients flow through the chain (EAGLE-3's
+        "training-time test", applied to the EAGLE-1 head)."""
+        o = self.options
+        if o.unroll == 1:
+            pred = self.predict(head, batch)
+            vloss, ploss = eagle_losses(pred, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
+            return o.v_weight * vloss + o.p_weight * ploss, {"vloss": vloss.item(), "ploss": ploss.item()}
+        features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
+        B, S, _ = features.shape
+        pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
+        total, parts, kv, x = features.new_zeros(()), {}, None, features
+        for step in range(1, o.unroll + 1):
+            attn = None if step == 1 else unroll_mask(S, step, ids.device)
+            pred, kv = head(x, ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
+            valid = mask * (pos >= step - 1)                      # the chain needs step - 1 earlier positions
+            vloss, ploss = eagle_losses(pred, batch["target"], valid, self.draft_lm_head.compact)
+            total = total + o.unroll_decay ** (step - 1) * (o.v_weight * vloss + o.p_weight * ploss)
+            parts[f"vloss{step}"], parts[f"ploss{step}"] = vloss.item(), ploss.item()
+            x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
+        return total, parts
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],

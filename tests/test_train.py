@@ -177,11 +177,14 @@ def test_two_process_accelerate_launch(built, tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "harness.train",
            "eagle", "--target", str(model_dir), "--data", str(root / "data"), "--out", str(tmp_path / "ddp"),
-           "--max-steps", "3", "--batch-size", "2", "--warmup-steps", "1", "--cpu", "--no-progress"]
+           "--max-steps", "3", "--batch-size", "2", "--warmup-steps", "1", "--cpu", "--no-progress",
+           # two head forwards per step (unroll) under DDP, and the reduced-vocabulary loss
+           "--option", "unroll=2", "--option", "train_vocab=16"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     recipe = json.loads((tmp_path / "ddp" / "recipe.json").read_text())
     assert recipe["num_processes"] == 2 and recipe["steps"] == 3 and "MULTI_CPU" in recipe["distributed_type"]
+    assert recipe["options"]["unroll"] == 2 and recipe["options"]["train_vocab"] == 16
     assert (tmp_path / "ddp" / "head" / "model.safetensors").exists()
 
 
@@ -244,3 +247,26 @@ def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_token
     assert torch.isfinite(loss) and set(parts) == {"ce0", "ce1"}
     with pytest.raises(ValueError, match="train_vocab must be 0"):
         tr.get_objective("eagle").create(target, {"train_vocab": -1})
+
+
+def test_unrolled_loss_adds_the_second_draft_step(built):
+    # unroll=2 must be the published step-1 loss plus 0.8 x the loss of a second step that reads the head's own
+    # step-1 output (moved one position on) with the true token, under unroll_mask(S, 2); anything else (no shift,
+    # true features at step 2, a causal mask that lets the chain see later true positions) changes the value
+    target, root = built
+    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    one = tr.get_objective("eagle").create(target)
+    two = tr.get_objective("eagle").create(target, {"unroll": 2})
+    torch.manual_seed(3)
+    head = one.build_head()
+    l1, _ = one.loss(head, batch)
+    l2, parts = two.loss(head, batch)
+    B, S = batch["input_ids"].shape
+    pos = torch.arange(S).expand(B, S)
+    pred1, kv = head(batch["features"], batch["input_ids"], pos)
+    x = torch.cat([torch.zeros_like(pred1[:, :1]), pred1[:, :-1]], dim=1)
+    pred2, _ = head(x, batch["input_ids"], pos, kv=kv, attn_mask=tr.unroll_mask(S, 2))
+    valid = batch["loss_mask"] * (pos >= 1)
+    v2, p2 = tr.eagle_losses(pred2, batch["target"], valid, target.model.lm_head)
+    assert l2.item() == pytest.approx(l1.item() + 0.8 * (v2 + 0.1 * p2).item(), rel=1e-5)
+    assert set(parts) == {"vloss1", "ploss1", "vloss2", "ploss2"}
