@@ -104,3 +104,25 @@ def test_oracle_draft_is_fully_accepted(real_target, prompts, vanilla_outputs):
     assert gen.accepted_drafts[:-1] == [GreedyOracle.depth] * (len(gen.accepted_drafts) - 1)
     tau = len(gen.token_ids) / gen.steps
     assert tau > 4.5
+
+
+SHIPPED = [
+    ("eagle1", {"draft_vocab": 4096}),
+    ("eagle2", {"total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
+    ("jakiro", {"mode": "hybrid", "total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
+    ("medusa", {"draft_vocab": 4096, "tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]}),
+]
+
+
+@pytest.mark.parametrize("name, options", SHIPPED, ids=[n for n, _ in SHIPPED])
+def test_shipped_heads_are_lossless_and_accept_drafts(real_target, prompts, vanilla_outputs, name, options):
+    # The heads committed in methods/heads/smollm2-135m with the CPU presets' options (reduced draft vocabulary):
+    # output identical to vanilla, and more than one token per target forward on average. A head that accepted
+    # (almost) nothing would be a broken or mismatched checkpoint, not a trained one.
+    method = get_method(name).create(real_target, options)
+    accepted, steps = 0, 0
+    for prompt, expected in zip(prompts, vanilla_outputs):
+        gen = method.generate(prompt, N_NEW, SamplingParams())
+        assert gen.token_ids == expected
+        accepted, steps = accepted + len(gen.token_ids), steps + len(gen.accept_lengths)
+    assert accepted / steps > 1.3, (accepted, steps)
