@@ -439,11 +439,16 @@ def _json_cell(v: Any) -> Any:
 
 
 def _for_parquet(df: pd.DataFrame) -> pd.DataFrame:
-    """Dict cells (e.g. an ``error`` object) as JSON text: Arrow cannot store a column mixing dicts and None."""
+    """Cells Arrow cannot type as JSON text: dicts (e.g. an ``error`` object; Arrow cannot mix dicts and None) and
+    lists in a column that also holds scalars (e.g. ``opt.tree``: a tree name for one method, rank paths for
+    another)."""
     out = df.copy()
     for col in out.columns:
-        if out[col].dtype == object and out[col].map(lambda v: isinstance(v, dict)).any():
-            out[col] = out[col].map(lambda v: json.dumps(v) if isinstance(v, dict) else v)
+        if out[col].dtype != object:
+            continue
+        kinds = {type(v) for v in out[col] if v is not None and not (isinstance(v, float) and v != v)}
+        if dict in kinds or (list in kinds and len(kinds) > 1):
+            out[col] = out[col].map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else v)
     return out
 
 

@@ -173,3 +173,17 @@ def test_write_report_without_baseline_single_method(tmp_path):
 def test_write_report_names_missing_records(tmp_path):
     with pytest.raises(FileNotFoundError, match="records.jsonl"):
         R.write_report(tmp_path)
+
+
+def test_parquet_accepts_a_column_mixing_names_and_rank_paths(tmp_path):
+    # option "tree" is a name for one method and explicit rank paths for another: the tables must still be written
+    # (Arrow refuses such a column; the 80-question MT-bench run lost its report to this) and keep both values
+    from harness.report import _write_table
+
+    df = pd.DataFrame({"label": ["eagle1", "medusa", "vanilla"],
+                       "opt.tree": ["eagle_mc_sim_7b_63", [[0], [0, 0], [1]], None],
+                       "accept_lengths": [[1, 2], [3], [1]]})
+    files = _write_table(df, tmp_path / "turns")
+    back = pd.read_parquet(files["turns_parquet"])
+    assert back["opt.tree"].tolist()[:2] == ["eagle_mc_sim_7b_63", "[[0], [0, 0], [1]]"]
+    assert list(back["accept_lengths"][0]) == [1, 2]
