@@ -107,10 +107,14 @@ class DraftLMHead(nn.Module):
             return self.full(features)
         return F.linear(features, self.sub_weight, self.sub_bias)
 
+    def token_of(self, columns: torch.Tensor) -> torch.Tensor:
+        """Token id of each column of :meth:`compact`'s output (the inverse of :meth:`columns`).
+        Example: kept [1, 3] -> columns [1, 0] -> [3, 1]."""
+        return columns if self.token_ids is None else self.token_ids[columns]
+
     def argmax(self, features: torch.Tensor) -> torch.Tensor:
         """The draft's top-1 token id (in the full vocabulary) of every row: ``[..., H] -> [...]``."""
-        best = self.compact(features).argmax(-1)
-        return best if self.token_ids is None else self.token_ids[best]
+        return self.token_of(self.compact(features).argmax(-1))
 
     def columns(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Column of each token in :meth:`compact`'s output, -1 for a token outside the draft vocabulary.
@@ -124,16 +128,28 @@ class DraftLMHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if self.token_ids is None:
             return self.full(features)
-        sub = F.linear(features, self.sub_weight, self.sub_bias)  # [..., N]
+        sub = self.compact(features)  # [..., N]
         out = sub.new_full((*sub.shape[:-1], self.full.weight.shape[0]), float("-inf"))  # [..., V]
         return out.index_copy_(-1, self.token_ids, sub)
 
 
-def draft_lm_head(lm_head: nn.Module, size: int, folder: str | Path | None) -> DraftLMHead:
-    """``DraftLMHead`` for option ``draft_vocab=size`` (0 = the full vocabulary) of the head in ``folder``."""
+def check_draft_vocab(size, top_k: int = 1) -> None:
+    """Option ``draft_vocab``: 0 (full vocabulary) or at least ``top_k`` tokens."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or 0 < size < top_k:
+        raise ValueError(f"draft_vocab must be 0 (the full vocabulary) or an integer >= top_k ({top_k}), got {size!r}")
+
+
+def draft_lm_head(lm_head: nn.Module, size: int, folder: str | Path | None, method: str) -> DraftLMHead:
+    """``DraftLMHead`` for option ``draft_vocab=size`` (0 = the full vocabulary) of ``method``'s head in
+    ``folder``; a missing or mismatched counts file is an :class:`harness.method.OptionsError` naming the method."""
+    from harness.method import OptionsError
+
     V = lm_head.weight.shape[0]
     if size == 0 or size >= V:
         return DraftLMHead(lm_head)
-    if folder is None:
-        raise ValueError("option draft_vocab needs a head loaded from a folder (its token_counts.safetensors)")
-    return DraftLMHead(lm_head, top_tokens(load_counts(folder, V), size))
+    try:
+        if folder is None:
+            raise ValueError("option draft_vocab needs a head loaded from a folder (its token_counts.safetensors)")
+        return DraftLMHead(lm_head, top_tokens(load_counts(folder, V), size))
+    except (FileNotFoundError, ValueError) as e:
+        raise OptionsError(f"method {method!r}: {e}") from None

@@ -240,21 +240,12 @@ class EagleObjective(Objective):
 
         return EagleHead.for_target(self.target, bias=self.options.bias).float()
 
-    def predict(self, head: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        B, S = batch["input_ids"].shape
-        pos = torch.arange(S, device=batch["input_ids"].device).expand(B, S)
-        return head(batch["features"], batch["input_ids"], pos)[0]  # [B, S, H]
-
     def loss(self, head, batch):
-        """Step 1 is the published loss. With ``unroll`` U > 1, steps 2..U feed the head its own predicted feature
+        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` U > 1, steps 2..U feed the head its own predicted feature
         (with the true token) exactly as drafting does after a commit (:func:`eagle_unrolled_hits` shows the
         layout) and add ``unroll_decay**(j-1)`` x the same loss; gradients flow through the chain (EAGLE-3's
         "training-time test", applied to the EAGLE-1 head)."""
         o = self.options
-        if o.unroll == 1:
-            pred = self.predict(head, batch)
-            vloss, ploss = eagle_losses(pred, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
-            return o.v_weight * vloss + o.p_weight * ploss, {"vloss": vloss.item(), "ploss": ploss.item()}
         features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
         B, S, _ = features.shape
         pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
@@ -265,7 +256,8 @@ class EagleObjective(Objective):
             valid = mask * (pos >= step - 1)                      # the chain needs step - 1 earlier positions
             vloss, ploss = eagle_losses(pred, batch["target"], valid, self.draft_lm_head.compact)
             total = total + o.unroll_decay ** (step - 1) * (o.v_weight * vloss + o.p_weight * ploss)
-            parts[f"vloss{step}"], parts[f"ploss{step}"] = vloss.item(), ploss.item()
+            tag = str(step) if o.unroll > 1 else ""  # published run: parts "vloss", "ploss"
+            parts[f"vloss{tag}"], parts[f"ploss{tag}"] = vloss.item(), ploss.item()
             x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
         return total, parts
 
@@ -367,9 +359,7 @@ class MedusaObjective(Objective):
         for i in range(n):
             labels, mask = want[:, i:], (batch["token_mask"] * batch["attention_mask"])[:, 2 + i:]
             labels = labels[:, : mask.shape[1]]
-            best = logits[i, :, : mask.shape[1]].argmax(-1)
-            if self.draft_lm_head.token_ids is not None:  # column -> token id
-                best = self.draft_lm_head.token_ids[best]
+            best = self.draft_lm_head.token_of(logits[i, :, : mask.shape[1]].argmax(-1))  # column -> token id
             hit = (best == labels) & (mask > 0)
             correct[i], total[i] = hit.sum().item(), (mask > 0).sum().item()
         return correct, total

@@ -46,7 +46,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from harness.draftvocab import draft_lm_head
+from harness.draftvocab import check_draft_vocab, draft_lm_head
 from harness.engine import SpeculativeMethod
 from harness.method import OptionsError
 from harness.models import Target
@@ -489,12 +489,6 @@ class Eagle2Options:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
 
 
-def check_draft_vocab(size, top_k: int = 1) -> None:
-    """Option ``draft_vocab``: 0 (full vocabulary) or at least ``top_k`` tokens."""
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or 0 < size < top_k:
-        raise ValueError(f"draft_vocab must be 0 (the full vocabulary) or an integer >= top_k ({top_k}), got {size!r}")
-
-
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
     """The rank paths of option ``tree`` (a ``STATIC_TREES`` name or explicit paths), validated: children of every
     node have ranks 0..c-1. Example: [[0], [1], [0, 0]] is fine; [[0], [2]] is not (rank 1 is missing)."""
@@ -527,11 +521,9 @@ class EagleMethodBase(SpeculativeMethod):
             folder = resolve_head_folder(self.options.head, target, "eagle")
             head = load_eagle_head(folder, target)
         self.head = head
-        try:  # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
-            self.lm_head = draft_lm_head(target.model.get_output_embeddings(), getattr(self.options, "draft_vocab", 0),
-                                         folder)
-        except (FileNotFoundError, ValueError) as e:
-            raise OptionsError(f"method {self.name!r}: {e}") from None
+        # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
+        self.lm_head = draft_lm_head(target.model.get_output_embeddings(), getattr(self.options, "draft_vocab", 0),
+                                     folder, self.name)
         self.kv: DraftKV | None = None
         self.pending_features: torch.Tensor | None = None  # [n, H] target features not yet run through the head
         self.pending_tokens: torch.Tensor | None = None    # [n - 1] the tokens that follow them (root excluded)

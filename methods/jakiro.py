@@ -50,10 +50,11 @@ from harness.sampling import SamplingParams, logits_to_probs
 from harness.train import Objective, eagle_losses, eagle_unrolled_hits, register_objective
 from harness.tree import EAGLE_MC_SIM_7B_63, DraftTree
 from harness.verify import walk_tree
+from harness.draftvocab import check_draft_vocab
 from methods.eagle import (
     EAGLE_WEIGHT_FILES, CheckpointError, DraftKV, DynamicCandidates, Eagle1, Eagle2, EagleHead, _check_head_option,
     check_head_fits_target, check_state_dict, eagle_config_for, eagle_config_from_json, eagle_config_json,
-    check_draft_vocab, expected_eagle_shapes, head_embedding, read_config, read_weights, resolve_head_folder, static_tree_choices,
+    expected_eagle_shapes, head_embedding, read_config, read_weights, resolve_head_folder, static_tree_choices,
 )
 
 KINDS = ("jakiro", "jakiro_star")

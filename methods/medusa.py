@@ -33,9 +33,9 @@ from harness.registry import register_method
 from harness.sampling import SamplingParams
 from harness.tree import STATIC_TREES, DraftTree, depths, tree_from_choices
 from harness.verify import verify_typical
-from harness.draftvocab import draft_lm_head
-from methods.eagle import (CheckpointError, check_draft_vocab, check_state_dict, read_config, read_weights,
-                           resolve_head_folder, target_vocab_hidden)
+from harness.draftvocab import check_draft_vocab, draft_lm_head
+from methods.eagle import (CheckpointError, check_state_dict, read_config, read_weights, resolve_head_folder,
+                           target_vocab_hidden)
 
 MEDUSA_WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -240,10 +240,7 @@ class Medusa(SpeculativeMethod):
         if self.options.draft_vocab and not self.heads.share_lm_head:
             raise OptionsError("method 'medusa': option draft_vocab needs heads that share the target's lm_head "
                                "(these have their own lm_heads)")
-        try:
-            self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.options.draft_vocab, folder)
-        except (FileNotFoundError, ValueError) as e:
-            raise OptionsError(f"method 'medusa': {e}") from None
+        self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.options.draft_vocab, folder, "medusa")
         self.feature: torch.Tensor | None = None
 
     @property

@@ -43,6 +43,11 @@ def test_restricted_lm_head_scores_only_kept_rows():
     assert out[0, 1].item() == 5.0 and out[0, 3].item() == 1.0
     assert torch.isinf(out[0, 0]) and torch.isinf(out[0, 2]) and out.shape == (1, 4)
     assert torch.equal(DraftLMHead(lm)(x), lm(x)) and DraftLMHead(lm, torch.tensor([1, 3])).size == 2
+    # columns <-> token ids: a token outside the vocabulary has no column
+    restricted = DraftLMHead(lm, torch.tensor([1, 3]))
+    assert restricted.columns(torch.tensor([3, 2, 1])).tolist() == [1, -1, 0]
+    assert restricted.token_of(torch.tensor([1, 0])).tolist() == [3, 1]
+    assert restricted.argmax(x).tolist() == [1]  # l1 = 5 beats l3 = 1
 
 
 def counted_folder(tmp_path, target, head, save, kept: list[int], **kw):
