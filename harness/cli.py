@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
 
-from harness.config import ConfigError, config_from_dict, load_preset_dict, parse_assignment, preset_names
+from harness.run import suites
+from harness.run.config import (
+    ConfigError,
+    config_from_dict,
+    load_preset_dict,
+    parse_assignment,
+    preset_names,
+)
+from harness.train.cli import add_data_cli, add_train_cli
 
 RUN_FLAGS = {  # flag -> (config field, how to parse the text)
     "target": ("target", str), "dtype": ("dtype", str), "device": ("device", str),
@@ -52,22 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("suites", nargs="*", help="suite names (default: all)")
     f.add_argument("--data-dir", help="default: $DRAFTBENCH_DATA")
     f.add_argument("--if-missing", action="store_true", help="only fetch suites whose file is absent")
-    for module in ("harness.traindata",):
-        _optional_cli(module, dsub)
-    _optional_cli("harness.train", sub)
+    add_data_cli(dsub)
+    add_train_cli(sub)
     return p
 
 
-def _optional_cli(module: str, subparsers) -> None:
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return
-    if hasattr(mod, "add_cli"):
-        mod.add_cli(subparsers)
-
-
-def config_from_args(args) -> "RunConfig":  # noqa: F821
+def config_from_args(args) -> RunConfig:  # noqa: F821
     data = load_preset_dict(args.preset) if args.preset else {}
     for flag, (field, _) in RUN_FLAGS.items():
         if getattr(args, flag) is not None:
@@ -93,7 +90,7 @@ def config_from_args(args) -> "RunConfig":  # noqa: F821
 
 
 def cmd_run(args) -> int:
-    from harness.runner import run
+    from harness.run.runner import run
 
     config = None if (args.resume and not args.preset and not args.methods) else config_from_args(args)
     run_dir = run(config, resume=args.resume, progress=not args.no_progress)
@@ -106,7 +103,7 @@ def cmd_run(args) -> int:
 
 
 def _print_report(run_dir: Path) -> None:
-    from harness.report import write_report
+    from harness.measure.report import write_report
 
     paths = write_report(run_dir)
     summary_md = paths.get("summary_md")
@@ -119,7 +116,6 @@ def _print_report(run_dir: Path) -> None:
 def cmd_list(args) -> int:
     import dataclasses
 
-    import suites
     from harness.registry import get_method, method_names
 
     print("methods:")
@@ -146,10 +142,6 @@ def cmd_list(args) -> int:
 
 def cmd_data(args) -> int:
     if args.data_command == "fetch":
-        import os
-
-        import suites
-
         data_dir = args.data_dir or os.environ.get("DRAFTBENCH_DATA")
         if not data_dir:
             raise ConfigError("data fetch: set --data-dir or $DRAFTBENCH_DATA")

@@ -1,24 +1,37 @@
-"""Name -> class registries for decoding methods and suites.
+"""Name -> object registries for the plugins: decoding methods, quality scorers and the folders that hold suite
+definitions (training objectives have theirs in :mod:`harness.train.objectives`, built on :class:`Registry`).
 
-A method module registers itself::
+A plugin module registers itself when it is imported::
 
     @register_method("eagle2")
     class Eagle2(SpeculativeMethod): ...
 
-Built-in methods live in ``methods/`` (imported by :func:`load_builtin_methods`); third-party packages declare a
-module in the ``draftbench.methods`` entry-point group and that module registers its classes the same way.
+    @register_scorer("gsm8k_exact_match")
+    def gsm8k_exact_match(question, answer_text) -> float: ...
+
+    register_suite_dir(Path(__file__).parent)     # a folder of suite YAML files
+
+The core never imports a plugin by name: :func:`load_plugins` imports the built-in plugin packages (``methods``,
+``suites``) and every module declared in the ``draftbench.methods`` / ``draftbench.suites`` entry-point groups of
+installed packages, once, the first time a registry is read.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Callable
 from importlib import metadata
-from typing import Callable, Generic, TypeVar
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from harness.engine.method import Method
 
 T = TypeVar("T")
 
-ENTRY_POINT_GROUP = "draftbench.methods"
+BUILTIN_PLUGINS = ("methods", "suites")
+ENTRY_POINT_GROUPS = ("draftbench.methods", "draftbench.suites")
+ENTRY_POINT_GROUP = ENTRY_POINT_GROUPS[0]
 
 
 class UnknownNameError(KeyError):
@@ -29,7 +42,10 @@ class UnknownNameError(KeyError):
 
 
 class Registry(Generic[T]):
-    """A dict of registered classes with duplicate checks and "did you mean" errors."""
+    """A dict of registered objects with duplicate checks and "did you mean" errors.
+
+    Reading it (:meth:`get`, :meth:`names`, ``in``) first loads the plugins (:func:`load_plugins`).
+    """
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -54,6 +70,7 @@ class Registry(Generic[T]):
         return decorate
 
     def get(self, name: str) -> T:
+        load_plugins()
         if name not in self._entries:
             known = sorted(self._entries)
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
@@ -62,9 +79,11 @@ class Registry(Generic[T]):
         return self._entries[name]
 
     def names(self) -> list[str]:
+        load_plugins()
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
+        load_plugins()
         return name in self._entries
 
 
@@ -73,39 +92,63 @@ def _qualname(obj: object) -> str:
 
 
 METHODS: Registry = Registry("method")
+SCORERS: Registry = Registry("scorer")
+_SUITE_DIRS: list[Path] = []
 
 
 def register_method(name: str):
-    """Class decorator: make a :class:`harness.method.Method` subclass available under ``name``."""
-    from harness.method import Method
+    """Class decorator: make a :class:`harness.engine.method.Method` subclass available under ``name``."""
 
     def decorate(cls):
         if not (isinstance(cls, type) and issubclass(cls, Method)):
-            raise TypeError(f"method {name!r} ({cls!r}) must subclass harness.method.Method")
+            raise TypeError(f"method {name!r} ({cls!r}) must subclass harness.engine.method.Method")
         return METHODS.register(name)(cls)
 
     return decorate
 
 
+def register_scorer(name: str):
+    """Function decorator: ``fn(question, answer_text) -> float in [0, 1]`` becomes the scorer ``name`` that a
+    suite definition can name in its ``scorer`` field."""
+    return SCORERS.register(name)
+
+
+def register_suite_dir(folder: str | Path) -> None:
+    """Add a folder of suite definitions (``<name>.yaml``, see :mod:`harness.run.suites`)."""
+    folder = Path(folder).resolve()
+    if folder not in _SUITE_DIRS:
+        _SUITE_DIRS.append(folder)
+
+
+def suite_dirs() -> list[Path]:
+    """The registered folders of suite definitions, in registration order (built-in first)."""
+    load_plugins()
+    return list(_SUITE_DIRS)
+
+
 _loaded = False
 
 
-def load_builtin_methods() -> None:
-    """Import ``methods/*`` and every ``draftbench.methods`` entry point once, so that they register."""
+def load_plugins() -> None:
+    """Import the built-in plugin packages and every entry-point plugin module once, so that they register."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    importlib.import_module("methods")
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        importlib.import_module(ep.value.split(":")[0])
+    _loaded = True  # set first: plugin modules read the registries while they are being imported
+    try:
+        for package in BUILTIN_PLUGINS:
+            importlib.import_module(package)
+        for group in ENTRY_POINT_GROUPS:
+            for ep in metadata.entry_points(group=group):
+                importlib.import_module(ep.value.split(":")[0])
+    except BaseException:
+        _loaded = False  # a broken plugin fails again, with its own error, on the next read
+        raise
 
 
 def get_method(name: str):
-    load_builtin_methods()
     return METHODS.get(name)
 
 
 def method_names() -> list[str]:
-    load_builtin_methods()
     return METHODS.names()

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine import SpeculativeMethod
+from harness.engine.sampling import SamplingParams
+from harness.engine.speculative import SpeculativeMethod
+from harness.engine.tree import DraftTree, chain_tree
 from harness.registry import register_method
-from harness.sampling import SamplingParams
-from harness.tree import DraftTree, chain_tree
 
 
 @dataclass

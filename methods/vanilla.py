@@ -11,10 +11,10 @@ import time
 import torch
 from transformers import DynamicCache
 
-from harness.method import Generation, Method
+from harness.engine.method import Generation, Method
+from harness.engine.sampling import SamplingParams, next_token
+from harness.measure.trackers import device_sync
 from harness.registry import register_method
-from harness.sampling import SamplingParams, next_token
-from harness.trackers import device_sync
 
 
 @register_method("vanilla")

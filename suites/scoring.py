@@ -1,25 +1,24 @@
-"""Quality scorers: turn a model's answer to a question into a score in [0, 1].
+"""Quality scorers: turn a model's answer to a question into a score in [0, 1]; each registers itself by name
+(:func:`harness.registry.register_scorer`) and a suite definition names it in its ``scorer`` field.
 
 Speculative decoding is lossless, so at temperature 0 every method should score exactly what vanilla scores;
 the scores are a cheap end-to-end check of that, and the quality column of sampled runs.
 
-    score("gsm8k_exact_match", question, "... so she has 18 apples. #### 18")  -> 1.0
-    score(None, question, "anything")                                           -> None (suite has no scorer)
+    gsm8k_exact_match(question, "... so she has 18 apples. #### 18")  -> 1.0
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import gzip
 import json
 import re
 from decimal import Decimal, InvalidOperation
 from importlib import resources
-from typing import Callable
 
+from harness.registry import register_scorer
+from harness.run.suites import DataError, Question
 from harness.sandbox import run_untrusted
-from suites import DataError, Question
 
 HUMANEVAL_INSTRUCTION = "Complete the code I provided."
 HUMANEVAL_TIMEOUT_S = 10.0
@@ -29,17 +28,6 @@ HUMANEVAL_TIMEOUT_S = 10.0
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)[^\d\n-]{0,20}?(-?[\d,]*\d(?:\.\d+)?)", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
-
-
-def score(scorer_name: str | None, question: Question, answer_text: str) -> float | None:
-    """Score ``answer_text`` (the model's final turn) for ``question``; None when the suite has no scorer."""
-    if scorer_name is None:
-        return None
-    if scorer_name not in SCORERS:
-        close = difflib.get_close_matches(scorer_name, list(SCORERS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise DataError(f"unknown scorer {scorer_name!r}.{hint} Known: {', '.join(sorted(SCORERS))}")
-    return SCORERS[scorer_name](question, answer_text)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -96,6 +84,7 @@ def gsm8k_reference(question: Question) -> Decimal:
     return found
 
 
+@register_scorer("gsm8k_exact_match")
 def gsm8k_exact_match(question: Question, answer_text: str) -> float:
     """1.0 if the answer's final number equals the reference number (numerically: "18.00" == "18"), else 0.0."""
     answer = extract_gsm8k_answer(answer_text)
@@ -183,15 +172,10 @@ def build_humaneval_program(problem: dict, completion: str) -> str:
     return f"{code}\n\n\n{problem['test']}\n\ncheck({entry_point})\n"
 
 
+@register_scorer("humaneval_pass_at_1")
 def humaneval_pass_at_1(question: Question, answer_text: str) -> float:
     """1.0 if the completion passes the problem's unit tests in the sandbox (exit status 0), else 0.0."""
     problem = find_humaneval_problem(question)
     completion = extract_code(answer_text, problem["entry_point"])
     result = run_untrusted(build_humaneval_program(problem, completion), timeout_s=HUMANEVAL_TIMEOUT_S)
     return 1.0 if result.ok else 0.0
-
-
-SCORERS: dict[str, Callable[[Question, str], float]] = {
-    "gsm8k_exact_match": gsm8k_exact_match,
-    "humaneval_pass_at_1": humaneval_pass_at_1,
-}

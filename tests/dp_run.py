@@ -5,9 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.config import MethodSpec, RunConfig  # noqa: E402
-from harness.runner import run  # noqa: E402
-from tests.tiny import tiny_target  # noqa: E402
+from harness.run.config import MethodSpec, RunConfig
+from harness.run.runner import run
+from tests.tiny import tiny_target
 
 out = Path(sys.argv[1])
 questions = out / "q.jsonl"

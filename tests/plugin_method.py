@@ -1,6 +1,6 @@
 """A third-party method module for tests/test_registry.py: registering on import is all a plugin does."""
 
-from harness.method import Method
+from harness.engine.method import Method
 from harness.registry import register_method
 
 

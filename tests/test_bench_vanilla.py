@@ -7,8 +7,8 @@ inflate every speedup in the tables. In the normal test run (benchmarks disabled
 
 import pytest
 
+from harness.engine.sampling import SamplingParams
 from harness.registry import get_method
-from harness.sampling import SamplingParams
 
 N_NEW = 64
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]

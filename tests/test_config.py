@@ -2,8 +2,13 @@
 
 import pytest
 
-from harness.config import ConfigError, config_from_dict, load_preset_dict, preset_names
 from harness.cli import build_parser, config_from_args
+from harness.run.config import (
+    ConfigError,
+    config_from_dict,
+    load_preset_dict,
+    preset_names,
+)
 
 
 def test_builtin_presets_validate():

@@ -6,10 +6,10 @@ something specific to a real model: GQA shapes, RoPE settings, the chat template
 import pytest
 import torch
 
-from harness.engine import SpeculativeMethod
+from harness.engine.sampling import SamplingParams
+from harness.engine.speculative import SpeculativeMethod
+from harness.engine.tree import chain_tree
 from harness.registry import get_method
-from harness.sampling import SamplingParams
-from harness.tree import chain_tree
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +34,11 @@ def vanilla_outputs(real_target, prompts):
 @pytest.fixture(scope="module")
 def random_heads(real_target, tmp_path_factory):
     """Untrained heads for the default model, written with the published-format savers."""
-    from methods.eagle import EagleHead, save_eagle_head
-    from methods.jakiro import JakiroHead, save_jakiro_head
-    from methods.medusa import MedusaHeads, save_medusa_heads
+    from methods.eagle.checkpoint import save_eagle_head
+    from methods.eagle.head import EagleHead
+    from methods.jakiro.checkpoint import save_jakiro_head
+    from methods.jakiro.head import JakiroHead
+    from methods.medusa.heads import MedusaHeads, save_medusa_heads
 
     root = tmp_path_factory.mktemp("heads")
     torch.manual_seed(0)

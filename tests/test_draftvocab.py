@@ -1,4 +1,4 @@
-"""Reduced draft vocabulary (harness/draftvocab.py): counts, top tokens, the restricted lm_head, and the methods'
+"""Reduced draft vocabulary (harness/engine/draftvocab.py): counts, top tokens, the restricted lm_head, and the methods'
 ``draft_vocab`` option (lossless, proposes only kept tokens, clear errors)."""
 
 from __future__ import annotations
@@ -6,12 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.draftvocab import DraftLMHead, load_counts, save_counts, token_counts, top_tokens
-from harness.method import OptionsError
-from harness.sampling import SamplingParams
-from methods.eagle import Eagle1, Eagle1Options, Eagle2, Eagle2Options, save_eagle_head
-from methods.jakiro import Jakiro, JakiroOptions, save_jakiro_head
-from methods.medusa import Medusa, MedusaOptions, save_medusa_heads
+from harness.engine.draftvocab import (
+    DraftLMHead,
+    load_counts,
+    save_counts,
+    token_counts,
+    top_tokens,
+)
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams
+from methods.eagle.checkpoint import save_eagle_head
+from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options
+from methods.jakiro.checkpoint import save_jakiro_head
+from methods.jakiro.dynamic import Jakiro, JakiroOptions
+from methods.medusa.drafting import Medusa, MedusaOptions
+from methods.medusa.heads import save_medusa_heads
 from methods.vanilla import Vanilla
 from tests.test_eagle import PROMPT, random_head
 from tests.test_jakiro import random_head as random_jakiro_head

@@ -9,7 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.eagle import CheckpointError, DraftKV, EagleHead, load_eagle_head, save_eagle_head
+from harness.engine.checkpoints import CheckpointError
+from harness.engine.draftcache import DraftKV
+from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
+from methods.eagle.head import EagleHead
 from tests.tiny import tiny_target
 
 H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/tiny.py)
@@ -153,7 +156,7 @@ def test_moving_a_head_leaves_the_shared_target_embedding_alone():
 
 def test_llama3_rope_scaling_round_trip(tmp_path):
     """A LLaMA-3.1-style head (rope_scaling llama3, rope_theta 500000) saves and loads with the same RoPE."""
-    from methods.eagle import eagle_config_for
+    from methods.eagle.head import eagle_config_for
 
     target = tiny_target()
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -261,13 +264,17 @@ def test_draft_kv_crop_and_extend():
 
 from collections import Counter  # noqa: E402
 
-from harness.autotune import EAGLE_TREE_GAINS, bench_tree_parents, choose_tree_size, time_tree_sizes  # noqa: E402
-from harness.method import OptionsError  # noqa: E402
+from harness.engine.autotune import (  # noqa: E402
+    EAGLE_TREE_GAINS,
+    bench_tree_parents,
+    choose_tree_size,
+    time_tree_sizes,
+)
+from harness.engine.method import OptionsError  # noqa: E402
+from harness.engine.sampling import SamplingParams, logits_to_probs  # noqa: E402
 from harness.models import target_from_model  # noqa: E402
 from harness.registry import get_method  # noqa: E402
-from harness.sampling import SamplingParams, logits_to_probs  # noqa: E402
-from harness.tree import depths  # noqa: E402
-from methods.eagle import Eagle1, Eagle1Options, Eagle2, Eagle2Options  # noqa: E402
+from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
 from tests.chisq import chi_square_pvalue  # noqa: E402
 from tests.test_engine import SAMPLE_PROMPT, exact_joint, sampling_target  # noqa: E402
@@ -349,7 +356,7 @@ def test_oracle_head_is_fully_accepted(make, per_step):
 
 
 def test_eagle2_runs_depth_plus_one_draft_forwards_per_cycle():
-    """EAGLE-2: one stable-KV forward plus one per depth level, every cycle (reference §2.2)."""
+    """EAGLE-2: one stable-KV forward plus one per depth level, every cycle (arXiv:2406.16858 Sec. 4)."""
     target = tiny_target(eos=False)
     gen = eagle2(target, random_head(target), depth=3, top_k=4, total_tokens=20).generate(PROMPT, 12, GREEDY)
     cycles = gen.counters["target_forwards"] - 1  # the prefill proposes nothing
@@ -514,7 +521,7 @@ def test_time_tree_sizes_times_every_size_once_per_process():
 
 def test_eagle2_automatic_tree_size(monkeypatch):
     """total_tokens=-1 takes the size chosen from the timings and records it in the turn's counters."""
-    import harness.autotune as autotune
+    import harness.engine.autotune as autotune
 
     monkeypatch.setattr(autotune, "time_tree_sizes", lambda target: {40: 1.0, 48: 1.0, 50: 1.0, 56: 1.0, 60: 1.02})
     target = tiny_target(eos=False)

@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from harness.engine import SpeculativeMethod, tree_mask_4d
+from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.speculative import SpeculativeMethod, tree_mask_4d
+from harness.engine.tree import DraftTree, chain_tree
+from harness.engine.verify import verify_typical
 from harness.models import target_from_model
-from harness.sampling import SamplingParams, logits_to_probs
-from harness.tree import DraftTree, chain_tree
-from harness.verify import verify_typical
 from methods.pld import PromptLookup
 from methods.vanilla import Vanilla
 from tests.chisq import chi_square_pvalue

@@ -12,16 +12,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.config import config_from_dict, load_preset_dict
-from harness.method import OptionsError
+from harness.engine.checkpoints import CheckpointError
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams
 from harness.registry import get_method
-from harness.sampling import SamplingParams
-from harness.train import eagle_losses, get_objective
-from methods.eagle import CheckpointError
-from methods.jakiro import (
-    Jakiro, JakiroHead, JakiroOptions, JakiroStar, JakiroStarOptions, contrast_coefficients, contrast_pair,
-    fold_joint, gather_experts, joint_topk_distinct, load_jakiro_head, published_star_bookkeeping,
-    round_robin_children, save_jakiro_head, second_rows, select_experts,
+from harness.run.config import config_from_dict, load_preset_dict
+from harness.train.objectives import get_objective
+from methods.eagle.objective import eagle_losses
+from methods.jakiro.checkpoint import load_jakiro_head, save_jakiro_head
+from methods.jakiro.dynamic import (
+    Jakiro,
+    JakiroOptions,
+    round_robin_children,
+    second_rows,
+)
+from methods.jakiro.head import JakiroHead
+from methods.jakiro.moe import (
+    contrast_coefficients,
+    contrast_pair,
+    gather_experts,
+    select_experts,
+)
+from methods.jakiro.star import (
+    JakiroStar,
+    JakiroStarOptions,
+    fold_joint,
+    joint_topk_distinct,
+    published_star_bookkeeping,
 )
 from methods.vanilla import Vanilla
 from tests.chisq import chi_square_pvalue
@@ -88,7 +105,7 @@ def random_head(target, seed: int = 0, std: float = 0.2, **kw) -> JakiroHead:
 
 def test_head_outputs_match_the_published_formulas():
     """M = h + softmax(r0, r1) . (e0, e1) and C = h + sign(r2 - r3) (v0 e0 - v1 e1), written out for N = K = 2 with
-    the residual h added to BOTH (reference §3.3). A wrong sign, a missing residual, weights from the contrast pair
+    the residual h added to BOTH (released ``cnets.py`` ``mlp_moe``). A wrong sign, a missing residual, weights from the contrast pair
     or a contrast with the wrong expert would differ."""
     target = tiny_target()
     head = random_head(target)
@@ -186,7 +203,7 @@ def test_hybrid_last_level_is_attached_by_alignment(alignment):
 
 def published_jakiro_folder(folder: Path, bias: bool = True, n_experts: int = 2, seed: int = 1,
                             kind: str = "jakiro") -> dict[str, torch.Tensor]:
-    """A Jakiro checkpoint as the Jakiro repository ships one (reference §3.9): no embedding, gate [N+2, H],
+    """A Jakiro checkpoint as the Jakiro repository ships one (``jakiro/model/ea_model.py``): no embedding, gate [N+2, H],
     experts H x H SwiGLU; Jakiro* (kind jakiro_star): gate [N, H], GeLU experts fc/proj of intermediate_size."""
     g = torch.Generator().manual_seed(seed)
 
@@ -244,7 +261,7 @@ def hand_written_single_position(sd, emb, feature):
 @pytest.mark.parametrize("bias", [True, False])
 def test_published_checkpoint_loads_and_matches_hand_written_head(tmp_path, bias):
     """The published format loads with only the embedding missing (it then shares the target's) and computes the
-    architecture of reference §3.2 (embedding first in fc, no input norm, MoE after post-attention norm)."""
+    architecture of the released ``cnets.py`` (embedding first in fc, no input norm, MoE after post-attention norm)."""
     target = tiny_target()
     sd = published_jakiro_folder(tmp_path, bias=bias)
     head = load_jakiro_head(tmp_path, target)

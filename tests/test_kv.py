@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from harness.engine import tree_mask_4d
-from harness.kv import compact_cache
-from harness.tree import tree_position_ids
+from harness.engine.kv import compact_cache
+from harness.engine.speculative import tree_mask_4d
+from harness.engine.tree import tree_position_ids
 
 
 def tiny_model() -> LlamaForCausalLM:

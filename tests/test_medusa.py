@@ -9,8 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.eagle import CheckpointError
-from methods.medusa import MedusaHeads, ResBlock, load_medusa_heads, save_medusa_heads
+from harness.engine.checkpoints import CheckpointError
+from methods.medusa.heads import (
+    MedusaHeads,
+    ResBlock,
+    load_medusa_heads,
+    save_medusa_heads,
+)
 from tests.tiny import tiny_target
 
 H, V = 32, 128  # tiny target: hidden, vocab
@@ -156,10 +161,10 @@ def test_bad_config_field_is_named(tmp_path):
 
 from collections import Counter  # noqa: E402
 
-from harness.method import OptionsError  # noqa: E402
+from harness.engine.method import OptionsError  # noqa: E402
+from harness.engine.sampling import SamplingParams  # noqa: E402
 from harness.registry import get_method  # noqa: E402
-from harness.sampling import SamplingParams  # noqa: E402
-from methods.medusa import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
+from methods.medusa.drafting import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
 from tests.chisq import chi_square_pvalue  # noqa: E402
 from tests.test_eagle import bigram_target  # noqa: E402

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from harness import metrics as M
+from harness.measure import metrics as M
 
 
 def test_tokens_per_second_pools_turns():

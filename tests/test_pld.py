@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from harness.method import OptionsError
-from harness.sampling import SamplingParams
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams
 from methods.pld import PromptLookup, lookup_draft
 
 

@@ -2,8 +2,15 @@
 
 import pytest
 
-from harness.method import Method, OptionsError
-from harness.registry import METHODS, Registry, UnknownNameError, get_method, method_names, register_method
+from harness.engine.method import Method, OptionsError
+from harness.registry import (
+    METHODS,
+    Registry,
+    UnknownNameError,
+    get_method,
+    method_names,
+    register_method,
+)
 
 
 def test_builtin_methods_register_themselves():
@@ -36,7 +43,7 @@ def test_duplicate_name_is_refused():
 
 
 def test_register_method_requires_method_subclass():
-    with pytest.raises(TypeError, match="must subclass harness.method.Method"):
+    with pytest.raises(TypeError, match="must subclass harness.engine.method.Method"):
         register_method("not_a_method")(object)
     assert "not_a_method" not in METHODS
 

@@ -23,7 +23,7 @@ import math
 import pandas as pd
 import pytest
 
-from harness import report as R
+from harness.measure import report as R
 
 MANIFEST = {
     "run_id": "run-1",
@@ -178,7 +178,7 @@ def test_write_report_names_missing_records(tmp_path):
 def test_parquet_accepts_a_column_mixing_names_and_rank_paths(tmp_path):
     # option "tree" is a name for one method and explicit rank paths for another: the tables must still be written
     # (Arrow refuses such a column; the 80-question MT-bench run lost its report to this) and keep both values
-    from harness.report import _write_table
+    from harness.measure.report import _write_table
 
     df = pd.DataFrame({"label": ["eagle1", "medusa", "vanilla"],
                        "opt.tree": ["eagle_mc_sim_7b_63", [[0], [0, 0], [1]], None],

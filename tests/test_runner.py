@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from harness.config import ConfigError, RunConfig, MethodSpec
-from harness.method import Generation, Method
-from harness.records import RecordStore, question_key, read_records
+from harness.engine.method import Generation, Method
+from harness.measure.records import RecordStore, question_key, read_records
 from harness.registry import register_method
-from harness.runner import run
+from harness.run.config import ConfigError, MethodSpec, RunConfig
+from harness.run.runner import run
 from tests.tiny import tiny_target
 
 QUESTIONS = [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from suites import DataError, Question, load_suite
+from harness.run.suites import DataError, Question, load_suite, score
 from suites.scoring import (
     build_humaneval_program,
     extract_code,
@@ -15,7 +15,6 @@ from suites.scoring import (
     gsm8k_reference,
     humaneval_problems,
     parse_number,
-    score,
 )
 
 REPO = Path(__file__).resolve().parents[1]

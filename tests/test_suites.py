@@ -6,10 +6,21 @@ from pathlib import Path
 
 import pytest
 
-import suites
-from suites import DataError, Question, Suite, fetch_suite, load_suite, parse_record, suite_info, suite_names
+from harness import registry
+from harness.run import suites
+from harness.run.suites import (
+    DataError,
+    Question,
+    Suite,
+    fetch_suite,
+    load_suite,
+    parse_record,
+    suite_info,
+    suite_names,
+)
 
 REPO = Path(__file__).resolve().parents[1]
+BUILTIN = REPO / "suites"  # the built-in suite definitions
 SHARED_DATA = Path(os.environ.get("DRAFTBENCH_DATA") or REPO.parent / "shared" / "data")
 needs_data = pytest.mark.skipif(not (SHARED_DATA / "eagle").is_dir(),
                                 reason=f"shared evaluation data not found at {SHARED_DATA} (set DRAFTBENCH_DATA)")
@@ -74,7 +85,7 @@ def test_tiny_is_bundled_and_needs_no_data_dir(monkeypatch):
     suite = load_suite("tiny")
     assert [q.question_id for q in suite.questions] == ["1", "2", "3", "4"]
     assert [len(q.turns) for q in suite.questions] == [1, 1, 1, 2]
-    assert suite.sha256 == hashlib.sha256((suites.SUITES_DIR / "data" / "tiny.jsonl").read_bytes()).hexdigest()
+    assert suite.sha256 == hashlib.sha256((BUILTIN / "data" / "tiny.jsonl").read_bytes()).hexdigest()
 
 
 def test_select_limit_and_ids_keep_file_order():
@@ -188,9 +199,9 @@ def test_parse_record_converts_ids_and_empty_category():
 def test_suite_yaml_validation(tmp_path, monkeypatch):
     """A typo in a YAML field must be reported rather than silently ignored."""
     bad = tmp_path / "broken.yaml"
-    bad.write_text((suites.SUITES_DIR / "tiny.yaml").read_text().replace("name: tiny", "name: broken")
+    bad.write_text((BUILTIN / "tiny.yaml").read_text().replace("name: tiny", "name: broken")
                    .replace("licence:", "license:"))
-    monkeypatch.setattr(suites, "SUITES_DIR", tmp_path)
+    monkeypatch.setattr(registry, "_SUITE_DIRS", [tmp_path])
     with pytest.raises(DataError, match=r"broken\.yaml: missing field\(s\) licence"):
         suite_info("broken")
 

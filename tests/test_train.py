@@ -10,8 +10,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import traindata as td
-from harness import train as tr
+from harness.train.dataset import FeatureDataset, collate
+from harness.train.features import build_dataset, dataset_token_counts
+from harness.train.loop import (
+    LOG_FILE,
+    TrainConfig,
+    evaluate,
+    latest_checkpoint,
+    lr_factor,
+    train,
+)
+from harness.train.objectives import (
+    get_objective,
+    masked_mean,
+    objective_names,
+    register_objective,
+)
+from methods.eagle.objective import EagleObjective, eagle_losses, unroll_mask
+from methods.medusa.objective import medusa_targets
 from tests.tiny import tiny_target
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,39 +48,39 @@ def built(tmp_path_factory):
     src = root / "convs.json"
     src.write_text(json.dumps(pattern_conversations(16)))
     target = tiny_target()
-    td.build_dataset(target, [str(src)], root / "data", max_len=96, shard_size=8,
+    build_dataset(target, [str(src)], root / "data", max_len=96, shard_size=8,
                      eval_questions={"unrelated": ["x/1"]}, progress=False)
     return target, root
 
 
-def small_config(**kw) -> tr.TrainConfig:
+def small_config(**kw) -> TrainConfig:
     base = dict(lr=3e-3, warmup_steps=5, batch_size=4, eval_fraction=0.2, eval_every=1000, log_every=1,
                 save_every=1000, eval_positions=3, cpu=True, progress=False)
-    return tr.TrainConfig(**{**base, **kw})
+    return TrainConfig(**{**base, **kw})
 
 
 def test_lr_factor_warmup_then_cosine():
     # warm-up reaches 1.0 at its last step, cosine halves at the midpoint of the rest and ends at 0
-    assert tr.lr_factor(0, 10, 110) == pytest.approx(0.1)
-    assert tr.lr_factor(9, 10, 110) == pytest.approx(1.0)
-    assert tr.lr_factor(60, 10, 110) == pytest.approx(0.5)
-    assert tr.lr_factor(110, 10, 110) == pytest.approx(0.0)
-    assert tr.lr_factor(110, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(0, 10, 110) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 110) == pytest.approx(1.0)
+    assert lr_factor(60, 10, 110) == pytest.approx(0.5)
+    assert lr_factor(110, 10, 110) == pytest.approx(0.0)
+    assert lr_factor(110, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
 
 
 def test_unroll_mask_literal():
     # step 1 is plain causal; at step 2 query p sees true keys <= p-1 and only its own step-2 key
-    assert tr.unroll_mask(3, 1).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    assert tr.unroll_mask(3, 2).int().tolist() == [[0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
+    assert unroll_mask(3, 1).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert unroll_mask(3, 2).int().tolist() == [[0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
 
 
 def test_unrolled_step1_equals_plain_forward(built):
     # with k=1 the unrolled accuracy must be the plain causal forward's top-1 agreement (same mask, same inputs)
     target, root = built
-    obj = tr.get_objective("eagle").create(target)
+    obj = get_objective("eagle").create(target)
     torch.manual_seed(0)
     head = obj.build_head()
-    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
     correct, total = obj.accuracy(head, batch, 1)
     B, S = batch["input_ids"].shape
     with torch.no_grad():
@@ -78,20 +94,20 @@ def eval_acc(target, root, head_folder=None) -> list[float]:
     """Held-out top-1 accuracy per draft position of a saved head (or of a fresh random head)."""
     from accelerate import Accelerator
 
-    from methods.eagle import load_eagle_head
+    from methods.eagle.checkpoint import load_eagle_head
 
-    obj = tr.get_objective("eagle").create(target)
+    obj = get_objective("eagle").create(target)
     torch.manual_seed(1)
     head = obj.build_head() if head_folder is None else load_eagle_head(head_folder, target).float()
-    held = td.FeatureDataset(root / "data", "eval", eval_fraction=0.2, noise="none")
-    return tr.evaluate(obj, head, held, small_config(), Accelerator(cpu=True))["acc"]
+    held = FeatureDataset(root / "data", "eval", eval_fraction=0.2, noise="none")
+    return evaluate(obj, head, held, small_config(), Accelerator(cpu=True))["acc"]
 
 
 def test_eagle_training_beats_a_random_head(built, tmp_path):
     # 200 steps on pattern data: the held-out draft top-1 accuracy at positions 1..3 must rise far above a random
     # head's (which agrees with the target's greedy token only by chance)
     target, root = built
-    recipe = tr.train("eagle", target, root / "data", tmp_path / "run", small_config(max_steps=200, eval_every=100))
+    recipe = train("eagle", target, root / "data", tmp_path / "run", small_config(max_steps=200, eval_every=100))
     trained, random_ = eval_acc(target, root, tmp_path / "run" / "head"), eval_acc(target, root)
     assert recipe["steps"] == 200 and recipe["final_eval"]["acc"][0] == pytest.approx(trained[0], abs=0.02)
     assert trained[0] > 0.6 and trained[0] > random_[0] + 0.3, (trained, random_)
@@ -106,9 +122,9 @@ def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
     # run: the step counter, schedule, optimizer, data order and RNG all come back
     target, root = built
     cfg = small_config(max_steps=6, save_every=2)
-    tr.train("eagle", target, root / "data", tmp_path / "straight", cfg)
+    train("eagle", target, root / "data", tmp_path / "straight", cfg)
 
-    real = tr.EagleObjective.loss
+    real = EagleObjective.loss
     calls = {"n": 0}
 
     def dies_at_step_5(self, head, batch):
@@ -117,14 +133,14 @@ def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
             raise KeyboardInterrupt("simulated kill")
         return real(self, head, batch)
 
-    monkeypatch.setattr(tr.EagleObjective, "loss", dies_at_step_5)
+    monkeypatch.setattr(EagleObjective, "loss", dies_at_step_5)
     with pytest.raises(KeyboardInterrupt):
-        tr.train("eagle", target, root / "data", tmp_path / "resumed", cfg)
-    assert tr.latest_checkpoint(tmp_path / "resumed").name == "step-0000004"
-    monkeypatch.setattr(tr.EagleObjective, "loss", real)
-    recipe = tr.train("eagle", target, root / "data", tmp_path / "resumed", cfg)
+        train("eagle", target, root / "data", tmp_path / "resumed", cfg)
+    assert latest_checkpoint(tmp_path / "resumed").name == "step-0000004"
+    monkeypatch.setattr(EagleObjective, "loss", real)
+    recipe = train("eagle", target, root / "data", tmp_path / "resumed", cfg)
     assert recipe["steps"] == 6
-    steps = [r["step"] for r in map(json.loads, (tmp_path / "resumed" / tr.LOG_FILE).read_text().splitlines())
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "resumed" / LOG_FILE).read_text().splitlines())
              if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]  # no step repeated or skipped
     from safetensors.torch import load_file
@@ -134,23 +150,23 @@ def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
     for key in a:
         torch.testing.assert_close(a[key], b[key], msg=key)
     with pytest.raises(ValueError, match="total_steps"):  # the same folder with another schedule is refused
-        tr.train("eagle", target, root / "data", tmp_path / "resumed", small_config(max_steps=9))
+        train("eagle", target, root / "data", tmp_path / "resumed", small_config(max_steps=9))
 
 
 def test_medusa_loss_weights_and_learning(built, tmp_path):
     # paper weighting is 0.8**i; a few steps must lower the weighted loss; the published-format heads are saved
     target, root = built
-    obj = tr.get_objective("medusa").create(target, {"num_heads": 2})
-    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    obj = get_objective("medusa").create(target, {"num_heads": 2})
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
     torch.manual_seed(0)
     head = obj.build_head()
     loss, parts = obj.loss(head, batch)
     assert loss.item() == pytest.approx(parts["ce0"] + 0.8 * parts["ce1"], rel=1e-5)
-    uniform = tr.get_objective("medusa").create(target, {"num_heads": 2, "weighting": "uniform"})
+    uniform = get_objective("medusa").create(target, {"num_heads": 2, "weighting": "uniform"})
     assert uniform.loss(head, batch)[0].item() == pytest.approx(parts["ce0"] + parts["ce1"], rel=1e-5)
-    recipe = tr.train("medusa", target, root / "data", tmp_path / "m",
+    recipe = train("medusa", target, root / "data", tmp_path / "m",
                       small_config(max_steps=30, lr=1e-2, options={"num_heads": 2}))
-    log = [json.loads(x) for x in (tmp_path / "m" / tr.LOG_FILE).read_text().splitlines()]
+    log = [json.loads(x) for x in (tmp_path / "m" / LOG_FILE).read_text().splitlines()]
     losses = [r["loss"] for r in log if r["kind"] == "train"]
     assert min(losses[-5:]) < losses[0] - 0.2, losses
     cfg = json.loads((tmp_path / "m" / "head" / "config.json").read_text())
@@ -160,10 +176,10 @@ def test_medusa_loss_weights_and_learning(built, tmp_path):
 
 def test_objective_registry_rejects_non_objectives_and_names_close_matches():
     with pytest.raises(TypeError, match="must subclass"):
-        tr.register_objective("bogus")(object)
+        register_objective("bogus")(object)
     with pytest.raises(KeyError, match="eagle"):
-        tr.get_objective("eagel")
-    assert {"eagle", "medusa"} <= set(tr.objective_names())
+        get_objective("eagel")
+    assert {"eagle", "medusa"} <= set(objective_names())
 
 
 def test_two_process_accelerate_launch(built, tmp_path):
@@ -198,13 +214,13 @@ def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
     torch.manual_seed(0)
     pred, feat = torch.randn(2, 6, 32), torch.randn(2, 6, 32)
     mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 1]], dtype=torch.float)
-    vloss, ploss = tr.eagle_losses(pred, feat, mask, lm_head)
+    vloss, ploss = eagle_losses(pred, feat, mask, lm_head)
     ref = -(torch.softmax(lm_head(feat), -1) * torch.log_softmax(lm_head(pred), -1)).sum(-1)  # [B, S]
     assert ploss.item() == pytest.approx(((ref * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
-    assert vloss.item() == pytest.approx(tr.masked_mean(F.smooth_l1_loss(pred, feat, reduction="none").mean(-1),
+    assert vloss.item() == pytest.approx(masked_mean(F.smooth_l1_loss(pred, feat, reduction="none").mean(-1),
                                                         mask).item(), rel=1e-5)
-    obj = tr.get_objective("medusa").create(target, {"num_heads": 2})
-    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    obj = get_objective("medusa").create(target, {"num_heads": 2})
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
     head = obj.build_head()
     with torch.no_grad():
         for p in head.parameters():
@@ -213,9 +229,9 @@ def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
     logits = head(batch["features"], lm_head)  # [2, B, S, V], all positions
     token_mask = batch["token_mask"] * batch["attention_mask"]
     for i in range(2):
-        labels, m = tr.medusa_targets(batch["token_ids"], token_mask, i)
+        labels, m = medusa_targets(batch["token_ids"], token_mask, i)
         ce = F.cross_entropy(logits[i, :, : labels.shape[1]].transpose(1, 2), labels, reduction="none")
-        assert parts[f"ce{i}"] == pytest.approx(tr.masked_mean(ce, m).item(), rel=1e-4)
+        assert parts[f"ce{i}"] == pytest.approx(masked_mean(ce, m).item(), rel=1e-4)
 
 
 def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_tokens(built, tmp_path):
@@ -223,31 +239,31 @@ def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_token
     # frequent tokens (EAGLE-3's reduced vocabulary); the accuracy counts a hit only if the draft's pick among them
     # is the target's full-vocabulary greedy token; Medusa's CE drops labels outside the kept tokens.
     target, root = built
-    counts = td.dataset_token_counts(root / "data", 128)
-    obj = tr.get_objective("eagle").create(target, {"train_vocab": 8})
+    counts = dataset_token_counts(root / "data", 128)
+    obj = get_objective("eagle").create(target, {"train_vocab": 8})
     obj.set_token_counts(counts)
     kept = obj.draft_lm_head.token_ids
     assert kept.tolist() == sorted(torch.topk(counts, 8).indices.tolist()) and counts[kept].min() > 0
     torch.manual_seed(0)
     pred, feat = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
     mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
-    _, ploss = tr.eagle_losses(pred, feat, mask, obj.draft_lm_head.compact)
+    _, ploss = eagle_losses(pred, feat, mask, obj.draft_lm_head.compact)
     lm = target.model.lm_head
     p = torch.softmax(lm(feat)[..., kept], -1)
     q = torch.log_softmax(lm(pred)[..., kept], -1)
     assert ploss.item() == pytest.approx((((-(p * q).sum(-1)) * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
     assert obj.draft_lm_head.argmax(pred).tolist() == kept[lm(pred)[..., kept].argmax(-1)].tolist()
     # training end to end with a reduced vocabulary writes the counts the method's draft_vocab option reads
-    recipe = tr.train("eagle", target, root / "data", tmp_path / "v", small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
+    recipe = train("eagle", target, root / "data", tmp_path / "v", small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
     assert recipe["options"]["train_vocab"] == 8
     assert (tmp_path / "v" / "head" / "token_counts.safetensors").exists()
-    med = tr.get_objective("medusa").create(target, {"num_heads": 2, "train_vocab": 8})
+    med = get_objective("medusa").create(target, {"num_heads": 2, "train_vocab": 8})
     med.set_token_counts(counts)
-    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
     loss, parts = med.loss(med.build_head(), batch)
     assert torch.isfinite(loss) and set(parts) == {"ce0", "ce1"}
     with pytest.raises(ValueError, match="train_vocab must be 0"):
-        tr.get_objective("eagle").create(target, {"train_vocab": -1})
+        get_objective("eagle").create(target, {"train_vocab": -1})
 
 
 def test_unrolled_loss_adds_the_second_draft_step(built):
@@ -255,9 +271,9 @@ def test_unrolled_loss_adds_the_second_draft_step(built):
     # step-1 output (moved one position on) with the true token, under unroll_mask(S, 2); anything else (no shift,
     # true features at step 2, a causal mask that lets the chain see later true positions) changes the value
     target, root = built
-    batch = td.collate([td.FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
-    one = tr.get_objective("eagle").create(target)
-    two = tr.get_objective("eagle").create(target, {"unroll": 2})
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    one = get_objective("eagle").create(target)
+    two = get_objective("eagle").create(target, {"unroll": 2})
     torch.manual_seed(3)
     head = one.build_head()
     l1, _ = one.loss(head, batch)
@@ -266,8 +282,8 @@ def test_unrolled_loss_adds_the_second_draft_step(built):
     pos = torch.arange(S).expand(B, S)
     pred1, kv = head(batch["features"], batch["input_ids"], pos)
     x = torch.cat([torch.zeros_like(pred1[:, :1]), pred1[:, :-1]], dim=1)
-    pred2, _ = head(x, batch["input_ids"], pos, kv=kv, attn_mask=tr.unroll_mask(S, 2))
+    pred2, _ = head(x, batch["input_ids"], pos, kv=kv, attn_mask=unroll_mask(S, 2))
     valid = batch["loss_mask"] * (pos >= 1)
-    v2, p2 = tr.eagle_losses(pred2, batch["target"], valid, target.model.lm_head)
+    v2, p2 = eagle_losses(pred2, batch["target"], valid, target.model.lm_head)
     assert l2.item() == pytest.approx(l1.item() + 0.8 * (v2 + 0.1 * p2).item(), rel=1e-5)
     assert set(parts) == {"vloss1", "ploss1", "vloss2", "ploss2"}

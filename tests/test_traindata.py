@@ -6,7 +6,23 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from harness import traindata as td
+import harness.train.features as features_module
+from harness.train.dataset import FeatureDataset, collate, eagle_noise, shift_for_eagle
+from harness.train.features import (
+    build_dataset,
+    merge_datasets,
+    render_with_mask,
+    self_distilled,
+    target_features,
+    verify_shards,
+)
+from harness.train.sources import (
+    ContaminationError,
+    clean_turns,
+    evaluation_questions,
+    json_array_prefix,
+    normalise,
+)
 from tests.tiny import tiny_target
 
 CONVS = [  # ShareGPT format; c0 has two exchanges
@@ -31,7 +47,7 @@ def test_loss_mask_is_exactly_the_assistant_tokens():
     # "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n", one token per character/special:
     # y=21, o=22, <|im_end|>=23. A wrong span would include the template ("assistant\n") or the trailing "\n".
     tok = tiny_target().tokenizer
-    ids, mask = td.render_with_mask(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], 100)
+    ids, mask = render_with_mask(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], 100)
     assert len(ids) == 25
     assert [i for i, m in enumerate(mask) if m] == [21, 22, 23]
 
@@ -41,9 +57,9 @@ def test_loss_mask_two_turns_and_truncation():
     tok = tiny_target().tokenizer
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
-    ids, mask = td.render_with_mask(tok, msgs, 100)
+    ids, mask = render_with_mask(tok, msgs, 100)
     assert [i for i, m in enumerate(mask) if m] == [20, 21, 43, 44]
-    ids, mask = td.render_with_mask(tok, msgs, 22)  # truncation keeps the first 22 tokens only
+    ids, mask = render_with_mask(tok, msgs, 22)  # truncation keeps the first 22 tokens only
     assert len(ids) == 22 and [i for i, m in enumerate(mask) if m] == [20, 21]
 
 
@@ -51,22 +67,22 @@ def test_clean_turns_and_normalise():
     # a leading gpt turn and a trailing human turn are dropped; a non-alternating conversation is rejected
     raw = [{"from": "gpt", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"},
            {"from": "human", "value": "d"}]
-    assert td.clean_turns(raw) == [{"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
-    assert td.clean_turns([{"from": "human", "value": "b"}, {"from": "human", "value": "c"}]) is None
-    assert td.normalise("  What is 2+2?\n") == "what is 2 2"
-    assert td.json_array_prefix('[{"a": 1}, {"b": 2}, {"c": ') == ([{"a": 1}, {"b": 2}], True)
+    assert clean_turns(raw) == [{"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    assert clean_turns([{"from": "human", "value": "b"}, {"from": "human", "value": "c"}]) is None
+    assert normalise("  What is 2+2?\n") == "what is 2 2"
+    assert json_array_prefix('[{"a": 1}, {"b": 2}, {"c": ') == ([{"a": 1}, {"b": 2}], True)
 
 
 def test_build_writes_shards_manifest_and_post_norm_features(tmp_path, convs_file):
     target = tiny_target()
-    m = td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+    m = build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=3, eval_questions=NO_EVAL,
                          progress=False, command="test")
     assert m["complete"] and m["count"] == 4 and len(m["shards"]) == 2  # 3 + 1 conversations
     assert m["settings"]["max_len"] == 64 and m["settings"]["self_distill"] is False
     assert m["settings"]["chat_template_sha256"] and m["settings"]["target_config_sha256"]
     on_disk = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert on_disk["shards"] == m["shards"] and on_disk["command"] == "test"
-    td.verify_shards(tmp_path / "d")  # every sha256 in the manifest matches its file
+    verify_shards(tmp_path / "d")  # every sha256 in the manifest matches its file
     with safe_open(str(tmp_path / "d" / m["shards"][0]["file"]), framework="pt") as f:
         ids, hidden, off = f.get_tensor("input_ids").long(), f.get_tensor("hidden"), f.get_tensor("offsets")
     assert hidden.dtype == torch.float16 and hidden.shape == (ids.shape[0], 32) and off[-1] == ids.shape[0]
@@ -81,7 +97,7 @@ def test_build_writes_shards_manifest_and_post_norm_features(tmp_path, convs_fil
 def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
     target = tiny_target()
     calls = {"n": 0}
-    real = td.target_features
+    real = target_features
 
     def dies_on_third(t, ids):
         calls["n"] += 1
@@ -89,14 +105,14 @@ def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
             raise KeyboardInterrupt("simulated kill")
         return real(t, ids)
 
-    monkeypatch.setattr(td, "target_features", dies_on_third)
+    monkeypatch.setattr(features_module, "target_features", dies_on_third)
     with pytest.raises(KeyboardInterrupt):  # shard 0 (conversations 0-1) is complete, shard 1 is not
-        td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
+        build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
                          progress=False)
     first = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert not first["complete"] and len(first["shards"]) == 1
-    monkeypatch.setattr(td, "target_features", real)
-    m = td.build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
+    monkeypatch.setattr(features_module, "target_features", real)
+    m = build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
                          progress=False)
     assert m["complete"] and m["shards"][0] == first["shards"][0]  # shard 0 was not rebuilt
     ids = []
@@ -106,7 +122,7 @@ def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
     assert sorted(ids) == ["sharegpt/c0", "sharegpt/c1", "sharegpt/c2", "sharegpt/c3"]  # each exactly once
     # resuming with other settings is refused rather than mixing two builds
     with pytest.raises(ValueError, match="max_len"):
-        td.build_dataset(target, [convs_file], tmp_path / "d", max_len=32, shard_size=2, eval_questions=NO_EVAL,
+        build_dataset(target, [convs_file], tmp_path / "d", max_len=32, shard_size=2, eval_questions=NO_EVAL,
                          progress=False)
 
 
@@ -117,11 +133,11 @@ def test_contamination_check_catches_a_planted_question(tmp_path, convs_file, mo
     (data / "eagle" / "mt_bench" / "question.jsonl").write_text(
         json.dumps({"question_id": 81, "category": "x", "turns": ["what is 2 + 2 ?", "and 3+3?"]}) + "\n")
     monkeypatch.setenv("DRAFTBENCH_DATA", str(data))
-    assert td.evaluation_questions()["what is 2 + 2 ?"] == ["mt_bench/81"]
-    with pytest.raises(td.ContaminationError, match=r"sharegpt/c2 = mt_bench/81"):
-        td.build_dataset(tiny_target(), [convs_file], tmp_path / "d1", max_len=64, drop_contaminated=False,
+    assert evaluation_questions()["what is 2 + 2 ?"] == ["mt_bench/81"]
+    with pytest.raises(ContaminationError, match=r"sharegpt/c2 = mt_bench/81"):
+        build_dataset(tiny_target(), [convs_file], tmp_path / "d1", max_len=64, drop_contaminated=False,
                          progress=False)
-    m = td.build_dataset(tiny_target(), [convs_file], tmp_path / "d2", max_len=64, progress=False)
+    m = build_dataset(tiny_target(), [convs_file], tmp_path / "d2", max_len=64, progress=False)
     assert m["contaminated_dropped"] == 1 and m["contaminated_ids"] == {"sharegpt/c2": ["mt_bench/81"]}
     assert m["count"] == 3
 
@@ -130,7 +146,7 @@ def test_shift_for_eagle_literal():
     # position t reads (f_t, x_{t+1}) and regresses f_{t+1}; the last position has no target and no loss
     ids = torch.tensor([5, 6, 7])
     hidden = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
-    out = td.shift_for_eagle(ids, hidden, torch.tensor([0.0, 1.0, 1.0]))
+    out = shift_for_eagle(ids, hidden, torch.tensor([0.0, 1.0, 1.0]))
     assert out["input_ids"].tolist() == [6, 7, 0]
     assert out["target"].tolist() == [[2.0, 2.0], [3.0, 3.0], [0.0, 0.0]]
     assert out["loss_mask"].tolist() == [0.0, 1.0, 0.0]
@@ -140,20 +156,20 @@ def test_shift_for_eagle_literal():
 def test_noise_amplitude_follows_sequence_length():
     # published: U(-0.5,0.5) * 0.2 * 512 / S, so S=1024 stays within ±0.05 and S=64 reaches ±0.8; fixed scale ignores S
     g = torch.Generator().manual_seed(0)
-    long_ = td.eagle_noise((4000,), 1024, generator=g)
-    short = td.eagle_noise((4000,), 64, generator=g)
-    fixed = td.eagle_noise((4000,), 64, scale=0.1, generator=g)
+    long_ = eagle_noise((4000,), 1024, generator=g)
+    short = eagle_noise((4000,), 64, generator=g)
+    fixed = eagle_noise((4000,), 64, scale=0.1, generator=g)
     assert long_.abs().max() <= 0.05 and long_.abs().max() > 0.045
     assert short.abs().max() <= 0.8 and short.abs().max() > 0.7
     assert fixed.abs().max() <= 0.05
 
 
 def test_feature_dataset_split_and_collate(tmp_path, convs_file):
-    td.build_dataset(tiny_target(), [convs_file], tmp_path / "d", max_len=64, eval_questions=NO_EVAL, progress=False)
-    train, held = td.FeatureDataset(tmp_path / "d", "train", noise="none"), td.FeatureDataset(tmp_path / "d", "eval")
+    build_dataset(tiny_target(), [convs_file], tmp_path / "d", max_len=64, eval_questions=NO_EVAL, progress=False)
+    train, held = FeatureDataset(tmp_path / "d", "train", noise="none"), FeatureDataset(tmp_path / "d", "eval")
     assert (len(train), len(held)) == (3, 1)  # 5% of 4 rounds to 0, but at least one is held out
     a, b = train[0], train[1]
-    batch = td.collate([a, b])
+    batch = collate([a, b])
     S = max(a["input_ids"].shape[0], b["input_ids"].shape[0])
     assert batch["features"].shape == (2, S, 32) and batch["attention_mask"].sum().item() == (
         a["input_ids"].shape[0] + b["input_ids"].shape[0])
@@ -161,14 +177,14 @@ def test_feature_dataset_split_and_collate(tmp_path, convs_file):
     n = batch["attention_mask"][short].sum()
     assert batch["loss_mask"][short, n:].sum() == 0  # padding never carries loss
     with pytest.raises(ValueError, match="noise"):
-        td.FeatureDataset(tmp_path / "d", noise="gaussian")
+        FeatureDataset(tmp_path / "d", noise="gaussian")
 
 
 def test_max_shards_trains_on_a_written_prefix_of_an_unfinished_build(tmp_path):
     """An incomplete build is refused, unless a prefix of written shards is asked for explicitly."""
     import json
 
-    from harness.traindata import read_manifest
+    from harness.train.features import read_manifest
 
     (tmp_path / "manifest.json").write_text(json.dumps({"complete": False, "shards": [{"file": "a"}, {"file": "b"}]}))
     with pytest.raises(ValueError, match="incomplete.*--max-shards"):
@@ -182,7 +198,7 @@ def test_batched_self_distillation_equals_one_conversation_at_a_time():
     # Each assistant turn must be the target's greedy answer to the regenerated history (what vanilla decoding
     # gives for that prompt), whatever the batch: a padding or position bug in the left-padded batch would change
     # the answers of the shorter prompts; a turn-order bug would answer turn 2 without the new turn 1.
-    from harness.sampling import SamplingParams
+    from harness.engine.sampling import SamplingParams
     from methods.vanilla import Vanilla
 
     target = tiny_target(seed=3)
@@ -190,7 +206,7 @@ def test_batched_self_distillation_equals_one_conversation_at_a_time():
               {"role": "user", "content": "cc"}, {"role": "assistant", "content": "d"}],
              [{"role": "user", "content": "a much longer question"}, {"role": "assistant", "content": "x"}],
              [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
-    batched = td.self_distilled(target, convs, max_len=120, max_new_tokens=12, batch_size=3)
+    batched = self_distilled(target, convs, max_len=120, max_new_tokens=12, batch_size=3)
     vanilla = Vanilla(target)
     for conv, got in zip(convs, batched):
         assert [m["role"] for m in got] == [m["role"] for m in conv]
@@ -205,9 +221,9 @@ def test_batched_self_distillation_equals_one_conversation_at_a_time():
             history.append(g)
     # a prompt that already fills max_len drops its user turn and everything after it
     first_prompt = target.render_chat(convs[0][:1]).shape[1]
-    assert td.self_distilled(target, convs[:1], max_len=first_prompt, max_new_tokens=12) == [[]]
+    assert self_distilled(target, convs[:1], max_len=first_prompt, max_new_tokens=12) == [[]]
     second_prompt = target.render_chat(batched[0][:3]).shape[1]
-    short = td.self_distilled(target, convs[:1], max_len=second_prompt, max_new_tokens=12)
+    short = self_distilled(target, convs[:1], max_len=second_prompt, max_new_tokens=12)
     assert short == [batched[0][:2]]
 
 
@@ -218,7 +234,7 @@ def test_self_distilled_build_skips_a_conversation_whose_first_prompt_fills_max_
              {"id": "c_ok", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]
     path = tmp_path / "convs.json"
     path.write_text(json.dumps(convs))
-    m = td.build_dataset(tiny_target(), [str(path)], tmp_path / "d", max_len=40, self_distill=True, max_new_tokens=4,
+    m = build_dataset(tiny_target(), [str(path)], tmp_path / "d", max_len=40, self_distill=True, max_new_tokens=4,
                          eval_questions=NO_EVAL, progress=False, command="test")
     assert m["count"] == 1 and m["skipped_no_assistant_tokens"] == 1
 
@@ -226,23 +242,23 @@ def test_self_distilled_build_skips_a_conversation_whose_first_prompt_fills_max_
 def test_merge_links_the_shards_of_two_builds_and_refuses_another_target(tmp_path, convs_file):
     # the merged dataset must serve every conversation of both sources (in order), verify its sha256s, and refuse
     # features of a different target (mixing hidden spaces would train on garbage)
-    a = td.build_dataset(tiny_target(), [convs_file], tmp_path / "a", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+    a = build_dataset(tiny_target(), [convs_file], tmp_path / "a", max_len=64, shard_size=3, eval_questions=NO_EVAL,
                          progress=False, command="a")
-    b = td.build_dataset(tiny_target(), [convs_file], tmp_path / "b", max_len=32, shard_size=2, eval_questions=NO_EVAL,
+    b = build_dataset(tiny_target(), [convs_file], tmp_path / "b", max_len=32, shard_size=2, eval_questions=NO_EVAL,
                          progress=False, command="b")
-    m = td.merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", command="merge")
+    m = merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab", command="merge")
     assert m["count"] == a["count"] + b["count"] and len(m["shards"]) == 4
-    td.verify_shards(tmp_path / "ab")
-    merged = td.FeatureDataset(tmp_path / "ab", noise="none")
-    firsts = td.FeatureDataset(tmp_path / "a", noise="none")
+    verify_shards(tmp_path / "ab")
+    merged = FeatureDataset(tmp_path / "ab", noise="none")
+    firsts = FeatureDataset(tmp_path / "a", noise="none")
     assert len(merged) == 8 and torch.equal(merged.raw(0)[0], firsts.raw(0)[0])
-    assert torch.equal(merged.raw(7)[0], td.FeatureDataset(tmp_path / "b", noise="none").raw(3)[0])
+    assert torch.equal(merged.raw(7)[0], FeatureDataset(tmp_path / "b", noise="none").raw(3)[0])
     with pytest.raises(FileExistsError):
-        td.merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
-    td.build_dataset(tiny_target(seed=5), [convs_file], tmp_path / "c", max_len=64, eval_questions=NO_EVAL,
+        merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    build_dataset(tiny_target(seed=5), [convs_file], tmp_path / "c", max_len=64, eval_questions=NO_EVAL,
                      progress=False, command="c")
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     manifest["settings"]["target_config_sha256"] = "another"
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="target_config_sha256"):
-        td.merge_datasets([tmp_path / "a", tmp_path / "c"], tmp_path / "ac")
+        merge_datasets([tmp_path / "a", tmp_path / "c"], tmp_path / "ac")

@@ -1,4 +1,4 @@
-"""Tree maths on literal trees. The running example (see harness/tree.py):
+"""Tree maths on literal trees. The running example (see harness/engine/tree.py):
 
     root -- a(0) -- c(2) -- d(3)        parents = [-1, -1, 0, 2, 0]
         |       `-- e(4)
@@ -8,9 +8,19 @@
 import pytest
 import torch
 
-from harness.tree import (
-    EAGLE_MC_SIM_7B_63, MEDUSA_MC_SIM_7B_63, MEDUSA_VICUNA_7B_STAGE2, DraftTree, check_tree, children_lists,
-    depths, level_sizes, retrieve_indices, select_dynamic_tree, tree_attention_mask, tree_from_choices,
+from harness.engine.tree import (
+    EAGLE_MC_SIM_7B_63,
+    MEDUSA_MC_SIM_7B_63,
+    MEDUSA_VICUNA_7B_STAGE2,
+    DraftTree,
+    check_tree,
+    children_lists,
+    depths,
+    level_sizes,
+    retrieve_indices,
+    select_dynamic_tree,
+    tree_attention_mask,
+    tree_from_choices,
     tree_position_ids,
 )
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from harness.engine.sampling import SamplingParams
 from harness.registry import get_method
-from harness.sampling import SamplingParams
 from tests.tiny import tiny_target
 
 

@@ -12,9 +12,15 @@ from itertools import product
 import pytest
 import torch
 
-from harness.sampling import SamplingParams, logits_to_probs
-from harness.tree import DraftTree
-from harness.verify import rejection_step, typical_threshold, verify_greedy, verify_sampling, verify_typical
+from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.tree import DraftTree
+from harness.engine.verify import (
+    rejection_step,
+    typical_threshold,
+    verify_greedy,
+    verify_sampling,
+    verify_typical,
+)
 from tests.chisq import chi_square_pvalue
 
 V = 5

@@ -1,0 +1,76 @@
+"""Turning logits into the distribution a method samples from: one implementation for vanilla and every method.
+
+All functions are pure tensor functions. ``logits`` is ``[..., V]``; the result keeps the leading shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's next-token distribution is shaped.
+
+    temperature == 0 means greedy (argmax); otherwise logits are divided by ``temperature`` and, if
+    ``top_p < 1``, restricted to the smallest set of tokens whose probability reaches ``top_p`` (nucleus), and
+    if ``top_k > 0`` to the ``top_k`` most likely tokens. The speculative engine preserves exactly this
+    distribution (see :mod:`harness.engine.verify`).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities ``[..., V]`` (fp32) of the shaped target distribution. Greedy gives a one-hot at the argmax.
+
+    Example: logits [2, 1, 0], T=1, top_p=0.7 -> softmax = [.665, .245, .090]; the nucleus keeps tokens until the
+    mass reaches 0.7, i.e. tokens 0 and 1, renormalised to [.731, .269, 0].
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # mass strictly before each token; a token is kept while the mass before it is < top_p (the top one always)
+        before = sorted_p.cumsum(-1) - sorted_p
+        drop_sorted = before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of ``probs [..., V]`` -> ``[...]`` (long)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.reshape(probs.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Greedy argmax or a sample from :func:`logits_to_probs`; ``logits [..., V]`` -> ids ``[...]``."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return sample(logits_to_probs(logits, params), generator)

@@ -1,0 +1,244 @@
+"""Draft trees: the one data structure every speculative method hands to the engine, and the pure maths on it.
+
+A draft tree hangs below the *root*, the pending token that has been emitted but not yet run through the target.
+Nodes are numbered ``0..N-1`` in ``DraftTree.tokens``; the target forward runs over ``N + 1`` *slots*: slot 0 is the
+root and slot ``i + 1`` is node ``i``. ``parents[i]`` is the node index of node i's parent, ``-1`` for the root.
+Parents come before children (``parents[i] < i``) and siblings are listed in preference order (rank 0 first), which
+is the order verification tries them in.
+
+Example (used in the tests)::
+
+    root ── a(0) ── c(2) ── d(3)        tokens  = [a, b, c, d, e]
+        │       └── e(4)                parents = [-1, -1, 0, 2, 0]
+        └── b(1)                        depths  = [1, 1, 2, 3, 2]
+
+Static trees are written as *choices*, the rank path of every node (Medusa/EAGLE-1 style): ``[0]`` is the best
+level-1 candidate, ``[0, 1]`` the second-best child of ``[0]``. :func:`tree_from_choices` turns them into
+``parents`` and ``ranks``. EAGLE-2's dynamic trees come from :func:`select_dynamic_tree`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """A proposal: ``tokens [N]`` (long) below the root, ``parents [N]`` (long, -1 = root, topological order).
+
+    ``draft_probs [N+1, V]`` is set for proposals drawn at random (``proposal = "sampled"``): row 0 is the
+    distribution the root's children were drawn from *without replacement* (in rank order), row ``i + 1`` that of
+    node i's children. Deterministic proposals (top-k, lookups, static trees) leave it ``None``. The sampled
+    children of a node must be the first draws of that sequence: pruning a middle sibling breaks losslessness.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def chain_tree(tokens: torch.Tensor | list[int], draft_probs: torch.Tensor | None = None) -> DraftTree:
+    """A linear draft ``t0 -> t1 -> ...`` below the root: parents ``[-1, 0, 1, ...]``."""
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    parents = torch.arange(tokens.shape[0], dtype=torch.long, device=tokens.device) - 1  # [N]
+    return DraftTree(tokens=tokens, parents=parents, draft_probs=draft_probs)
+
+
+def check_tree(tree: DraftTree, vocab_size: int | None = None) -> None:
+    """Raise ``ValueError`` naming the field when ``tree`` breaks the :class:`DraftTree` contract."""
+    tokens, parents = tree.tokens, tree.parents
+    if tokens.dim() != 1 or parents.dim() != 1 or tokens.shape != parents.shape:
+        raise ValueError(f"DraftTree.tokens and .parents must both be 1-D of the same length, got shapes "
+                         f"{tuple(tokens.shape)} and {tuple(parents.shape)}")
+    if tokens.dtype != torch.long or parents.dtype != torch.long:
+        raise ValueError(f"DraftTree.tokens/.parents must be torch.long, got {tokens.dtype}/{parents.dtype}")
+    n = tokens.shape[0]
+    par = parents.tolist()
+    bad = [i for i, p in enumerate(par) if not -1 <= p < i]
+    if bad:
+        raise ValueError(f"DraftTree.parents must satisfy -1 <= parents[i] < i (topological order); "
+                         f"node {bad[0]} has parent {par[bad[0]]}")
+    if vocab_size is not None and n and not (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
+        raise ValueError(f"DraftTree.tokens must be ids in [0, {vocab_size}), got min {int(tokens.min())} "
+                         f"max {int(tokens.max())}")
+    if tree.draft_probs is not None:
+        shape = tuple(tree.draft_probs.shape)
+        if len(shape) != 2 or shape[0] != n + 1 or (vocab_size is not None and shape[1] != vocab_size):
+            raise ValueError(f"DraftTree.draft_probs must be [N+1, V] = [{n + 1}, {vocab_size or 'V'}], got {shape}")
+
+
+def children_lists(parents: torch.Tensor | list[int]) -> list[list[int]]:
+    """For every slot (0 = root, i + 1 = node i), the node indices of its children in rank order.
+
+    Example: parents [-1, -1, 0, 2, 0] -> [[0, 1], [2, 4], [], [3], [], []].
+    """
+    par = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    out: list[list[int]] = [[] for _ in range(len(par) + 1)]
+    for i, p in enumerate(par):
+        out[p + 1].append(i)
+    return out
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every node, ``[N]`` long; the root's children have depth 1.
+
+    Example: parents [-1, -1, 0, 2, 0] -> [1, 1, 2, 3, 2].
+    """
+    par = parents.tolist()
+    d: list[int] = []
+    for p in par:
+        d.append(1 if p < 0 else d[p] + 1)
+    return torch.tensor(d, dtype=torch.long, device=parents.device)
+
+
+def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
+    """``[N+1, N+1]`` bool over slots: ``mask[r, c]`` is True when slot c is slot r itself or one of its ancestors.
+
+    Example: parents [-1, 0] (a chain) -> [[1,0,0],[1,1,0],[1,1,1]]; parents [-1, -1] -> [[1,0,0],[1,1,0],[1,0,1]].
+    """
+    par = parents.tolist()
+    n = len(par)
+    mask = torch.eye(n + 1, dtype=torch.bool)  # [N+1, N+1]
+    mask[:, 0] = True
+    for i, p in enumerate(par):  # parents come first, so the parent's row is complete
+        mask[i + 1] |= mask[p + 1]
+    return mask.to(parents.device)
+
+
+def tree_position_ids(parents: torch.Tensor, offset: int) -> torch.Tensor:
+    """Position id of every slot, ``[N+1]``: ``offset`` for the root, ``offset + depth`` for node i (slot i+1)."""
+    root = torch.zeros(1, dtype=torch.long, device=parents.device)
+    return torch.cat([root, depths(parents)]) + offset
+
+
+def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
+    """Root-to-leaf paths over slots, ``[L, D+1]`` long, one row per leaf in node order, padded with -1.
+
+    Example: parents [-1, -1, 0, 2, 0] (leaves 1, 3, 4; depth 3) ->
+    [[0, 2, -1, -1], [0, 1, 3, 4], [0, 1, 5, -1]]. An empty tree gives [[0]].
+    """
+    par = parents.tolist()
+    kids = children_lists(par)
+    leaves = [i for i in range(len(par)) if not kids[i + 1]]
+    paths = []
+    for leaf in leaves:
+        path = []
+        node = leaf
+        while node >= 0:
+            path.append(node + 1)
+            node = par[node]
+        paths.append([0] + path[::-1])
+    if not paths:
+        paths = [[0]]
+    width = max(len(p) for p in paths)
+    return torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long, device=parents.device)
+
+
+def tree_from_choices(choices: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static tree from rank paths: ``(parents [N], ranks [N])`` with nodes sorted by ``(len(path), path)``.
+
+    The sort is the one Medusa and EAGLE-1 use, so node i here is their tree slot i + 1, and siblings come out in
+    rank order. Every proper prefix of a path must itself be a path.
+
+    Example: [[1], [0], [0, 0]] -> sorted [[0], [1], [0, 0]] -> parents [-1, -1, 0], ranks [0, 1, 0].
+    """
+    paths = [tuple(int(r) for r in c) for c in choices]
+    if any(len(p) == 0 or min(p) < 0 for p in paths):
+        raise ValueError("tree choices must be non-empty lists of non-negative ranks")
+    if len(set(paths)) != len(paths):
+        raise ValueError("tree choices contain a duplicate path")
+    ordered = sorted(paths, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(ordered)}
+    parents, ranks = [], []
+    for p in ordered:
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"tree choice {list(p)} has no parent {list(p[:-1])} in the choices")
+        parents.append(index[p[:-1]] if len(p) > 1 else -1)
+        ranks.append(p[-1])
+    return torch.tensor(parents, dtype=torch.long), torch.tensor(ranks, dtype=torch.long)
+
+
+def level_sizes(parents: torch.Tensor) -> list[int]:
+    """Number of nodes at depth 1, 2, ...; e.g. EAGLE-1's ``mc_sim_7b_63`` -> [4, 8, 8, 3, 2]."""
+    d = depths(parents)
+    return torch.bincount(d)[1:].tolist() if d.numel() else []
+
+
+def select_dynamic_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_parents: torch.Tensor,
+                        total_tokens: int) -> DraftTree:
+    """EAGLE-2's re-ranking: keep the ``total_tokens`` best candidates by cumulative log-prob, in candidate order.
+
+    ``cand_tokens [M]``, ``cand_scores [M]`` (cumulative log-probs), ``cand_parents [M]`` (-1 = root, else an
+    earlier candidate index). The result is always ancestor-closed: a candidate's effective score is the minimum
+    score on its path (equal to its own score whenever scores do not increase down the tree, as cumulative
+    log-probs never do), and ties are broken by candidate index, so a parent always ranks before its children.
+
+    Example: tokens [7, 8, 9, 5], scores [-1, -2, -1, -0.5], parents [-1, -1, 0, 1], total 3: effective scores
+    [-1, -2, -1, -2] -> keep candidates {0, 2, 1} -> tokens [7, 8, 9], parents [-1, -1, 0] (candidate 3, whose
+    own score is the best, is dropped because its parent ranks last).
+    """
+    m = cand_tokens.shape[0]
+    if not (cand_scores.shape == cand_parents.shape == (m,)):
+        raise ValueError(f"cand_tokens, cand_scores and cand_parents must all be [M]; got {tuple(cand_tokens.shape)}, "
+                         f"{tuple(cand_scores.shape)}, {tuple(cand_parents.shape)}")
+    if total_tokens < 0:
+        raise ValueError(f"total_tokens must be >= 0, got {total_tokens}")
+    k = min(total_tokens, m)
+    device = cand_tokens.device
+    # effective score = min over the path, by pointer jumping: after j rounds `anc` is the 2^j-th ancestor
+    eff = cand_scores.float().clone()  # [M]
+    anc = cand_parents.clone()  # [M]
+    for _ in range(max(1, math.ceil(math.log2(m + 1)))):
+        has = anc >= 0
+        safe = anc.clamp(min=0)
+        eff = torch.where(has, torch.minimum(eff, eff[safe]), eff)
+        anc = torch.where(has, anc[safe], anc)
+    order = torch.sort(-eff, stable=True).indices  # best first, ties by candidate index
+    keep = torch.sort(order[:k]).values  # [k] back into candidate order
+    new_index = torch.full((m,), -1, dtype=torch.long, device=device)
+    new_index[keep] = torch.arange(k, device=device)
+    par = cand_parents[keep]
+    parents = torch.where(par >= 0, new_index[par.clamp(min=0)], par)  # [k]
+    return DraftTree(tokens=cand_tokens[keep], parents=parents)
+
+
+# ---- published static trees -------------------------------------------------------------------------------------
+# EAGLE-1 `eagle/model/choices.py` (SafeAILab/EAGLE, branch v1): 25 nodes, levels [4, 8, 8, 3, 2].
+EAGLE_MC_SIM_7B_63 = [
+    [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
+    [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+]
+
+# Medusa `medusa/model/medusa_choices.py` (FasterDecoding/Medusa): 63 nodes, levels [10, 28, 23, 2].
+MEDUSA_MC_SIM_7B_63 = [
+    [0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5], [0, 0, 1],
+    [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0],
+    [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6],
+    [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2],
+    [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1],
+    [1, 6], [0, 7, 0],
+]
+
+# Medusa `medusa_choices.py` `vicuna_7b_stage2` (same list in xformers' tree-attention tests and lmdeploy's Medusa):
+# 63 nodes, levels [10, 23, 23, 7].
+MEDUSA_VICUNA_7B_STAGE2 = [
+    [0], [0, 0], [1], [0, 1], [0, 0, 0], [1, 0], [2], [0, 2], [0, 0, 1], [0, 3], [3], [0, 1, 0], [2, 0], [4],
+    [0, 0, 2], [0, 4], [1, 1], [1, 0, 0], [0, 0, 0, 0], [5], [0, 0, 3], [0, 5], [0, 2, 0], [3, 0], [0, 1, 1],
+    [0, 6], [6], [0, 7], [0, 0, 4], [4, 0], [1, 2], [0, 8], [7], [0, 3, 0], [0, 0, 0, 1], [0, 0, 5], [2, 1],
+    [0, 0, 6], [1, 0, 1], [0, 0, 1, 0], [2, 0, 0], [5, 0], [0, 9], [0, 1, 2], [8], [0, 4, 0], [0, 2, 1], [1, 3],
+    [0, 0, 7], [0, 0, 0, 2], [0, 0, 8], [1, 1, 0], [0, 1, 0, 0], [6, 0], [9], [0, 1, 3], [0, 0, 0, 3], [1, 0, 2],
+    [0, 5, 0], [3, 1], [0, 0, 2, 0], [7, 0], [1, 4],
+]
+
+STATIC_TREES: dict[str, list[list[int]]] = {
+    "eagle_mc_sim_7b_63": EAGLE_MC_SIM_7B_63,
+    "medusa_mc_sim_7b_63": MEDUSA_MC_SIM_7B_63,
+    "medusa_vicuna_7b_stage2": MEDUSA_VICUNA_7B_STAGE2,
+}

@@ -1,0 +1,3 @@
+"""Measurement: ``metrics`` (every metric defined once, formulas in docstrings), ``trackers`` (synchronised wall
+time, memory, energy), ``env`` (provenance), ``records`` (one measured turn: schema and durable store) and ``report``
+(tidy tables, the paper table and plots, rebuilt from records)."""

@@ -1,0 +1,505 @@
+"""From a run directory's records to tidy tables, a Markdown paper table and plots.
+
+``write_report(run_dir)`` reads ``manifest.json`` and ``records.jsonl`` and writes::
+
+    tables/turns.parquet, turns.csv          one row per turn (turns_table)
+    tables/questions.parquet, questions.csv  one row per (label, method, suite, temperature, question)
+    tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
+    tables/summary.md                        provenance header + paper_table
+    plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; per-position acceptance
+
+Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
+
+Which turns are measured: a question with any error turn is left out of every measurement (its other turns
+would give a partial question), and is counted in ``n_errors``. A question's tokens/s pools all its turns over
+seeds and repeats. Speed-ups compare a label with the baseline label on the same suite, temperature and questions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from harness.measure import metrics as M
+from harness.measure.records import RECORDS_FILE, read_records, record_files
+
+MANIFEST_FILE = "manifest.json"
+GROUP = ["label", "method", "suite", "temperature"]
+QUESTION = [*GROUP, "question_id"]
+
+# record fields every turns table has, even when no record carries them (error records may lack measurements)
+BASE_COLUMNS = (
+    "run_id", "status", "error", "method", "label", "lossless", "suite", "suite_version", "question_id",
+    "category", "turn", "target", "dtype", "device", "temperature", "top_p", "seed", "repeat", "prompt_tokens",
+    "new_tokens", "steps", "accept_lengths", "accepted_drafts", "draft_depths", "wall_time_s", "prefill_time_s",
+    "stop_reason", "output_text", "output_ids", "rss_bytes", "peak_rss_bytes", "cuda_peak_allocated_bytes",
+    "cuda_peak_reserved_bytes", "nvml_used_bytes", "energy_j", "mean_power_w", "score", "score_name", "timestamp",
+)
+LIST_COLUMNS = ("accept_lengths", "accepted_drafts", "draft_depths", "output_ids")
+# nested dict fields of a record -> prefix of their dotted columns
+FLATTENED = {"method_options": "opt", "timings": "timing", "counters": "counter"}
+
+# provenance column -> dotted manifest paths to try, first match wins (a path also matches under any parent key,
+# e.g. "versions.torch" matches "env.versions.torch")
+PROVENANCE: dict[str, tuple[str, ...]] = {
+    "run_id": ("run_id",),
+    "created": ("created", "date", "started", "timestamp"),
+    "git_hash": ("git_hash", "git.hash"),
+    "git_dirty": ("git_dirty", "git.dirty"),
+    "draftbench_version": ("versions.draftbench",),
+    "python_version": ("versions.python", "python_version"),
+    "torch_version": ("versions.torch", "torch_version"),
+    "transformers_version": ("versions.transformers", "transformers_version"),
+    "device_name": ("device.device_name", "device_name"),
+    "device_type": ("device.device_type", "device_type"),
+    "gpu_driver": ("device.driver", "driver"),
+    "cuda_version": ("device.cuda_version", "cuda_version"),
+}
+
+
+def flatten(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Nested dict -> one level with dotted keys. Example: flatten({"a": 1, "b": {"c": 2}}, "opt") ->
+    {"opt.a": 1, "opt.b.c": 2}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """The run's ``manifest.json`` as a dict ({} when the file does not exist)."""
+    path = Path(run_dir) / MANIFEST_FILE
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance columns (:data:`PROVENANCE`) found in a manifest; absent ones are None. The run config
+    (``config.*``) is never searched, so an option named like a provenance field cannot shadow it."""
+    flat = {k: v for k, v in flatten(manifest, "").items() if not k.startswith("config.")}
+    out: dict[str, Any] = {}
+    for column, paths in PROVENANCE.items():
+        out[column] = next((v for p in paths for k, v in flat.items() if k == p or k.endswith("." + p)), None)
+    return out
+
+
+def _turn_row(rec: Mapping[str, Any], prov: Mapping[str, Any]) -> dict[str, Any]:
+    """One record -> one flat row: provenance, record fields, nested dicts as dotted columns, derived columns."""
+    row: dict[str, Any] = {k: v for k, v in prov.items() if v is not None}
+    for key, value in rec.items():
+        if key in FLATTENED and isinstance(value, Mapping):
+            row.update(flatten(value, FLATTENED[key]))
+        else:
+            row[key] = value
+    if row.get("question_id") is not None:
+        row["question_id"] = str(row["question_id"])
+    ok = row.get("status") == "ok"
+    row["tokens_per_s"] = (M.tokens_per_second(row.get("new_tokens"), row.get("wall_time_s"))
+                           if ok else math.nan)
+    lengths = row.get("accept_lengths")
+    row["tau_turn"] = M.tau([lengths]) if ok and lengths is not None else math.nan
+    return row
+
+
+def turns_table(records: Iterable[Mapping[str, Any]], manifest: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """One tidy row per turn record: the record's fields, ``method_options`` / ``timings`` / ``counters``
+    flattened to ``opt.*`` / ``timing.*`` / ``counter.*``, run provenance from the manifest (``run_id``,
+    ``git_hash``, ``device_name``, ``torch_version``, ...), and derived ``tokens_per_s`` and ``tau_turn``
+    (NaN on error rows). Provenance and derived columns come first, then the record fields."""
+    prov = provenance(manifest or {})
+    rows = [_turn_row(r, prov) for r in records]
+    df = pd.DataFrame(rows)
+    for col in (*PROVENANCE, *BASE_COLUMNS, "tokens_per_s", "tau_turn"):
+        if col not in df.columns:
+            df[col] = None
+    for col in ("tokens_per_s", "tau_turn"):
+        df[col] = df[col].astype(float)
+    first = [*PROVENANCE, *BASE_COLUMNS[1:], "tokens_per_s", "tau_turn"]
+    return df[[*first, *[c for c in df.columns if c not in first]]]
+
+
+def _measured(turns: pd.DataFrame) -> pd.Series:
+    """Boolean mask [rows]: ok turns of questions (per label/suite/temperature) that have no error turn."""
+    errored = (turns["status"] != "ok").groupby([turns[c] for c in QUESTION], dropna=False).transform("any")
+    return (turns["status"] == "ok") & ~errored.astype(bool)
+
+
+def questions_table(turns: pd.DataFrame) -> pd.DataFrame:
+    """One row per (label, method, suite, temperature, question_id): turns, errors, Σ new tokens, Σ wall time,
+    the question's tokens/s and tau (NaN when the question has an error turn) and its quality score."""
+    measured = _measured(turns)
+    rows = []
+    for key, q in turns.groupby(QUESTION, dropna=False, sort=False):
+        ok = q[measured.loc[q.index]]
+        rows.append({
+            **dict(zip(QUESTION, key)),
+            "n_turns": len(ok),
+            "n_errors": int((q["status"] != "ok").sum()),
+            "new_tokens": int(ok["new_tokens"].sum()) if len(ok) else 0,
+            "wall_time_s": float(ok["wall_time_s"].sum()) if len(ok) else 0.0,
+            "tokens_per_s": M.tokens_per_second(ok["new_tokens"], ok["wall_time_s"]) if len(ok) else math.nan,
+            "tau": M.tau(ok["accept_lengths"]) if len(ok) else math.nan,
+            "score": M.quality(ok["score"]),
+        })
+    return pd.DataFrame(rows, columns=[*QUESTION, "n_turns", "n_errors", "new_tokens", "wall_time_s",
+                                       "tokens_per_s", "tau", "score"])
+
+
+def _per_question_tps(questions: pd.DataFrame) -> pd.Series:
+    """question_id -> tokens/s [Q] of one group's questions."""
+    return pd.Series(questions["tokens_per_s"].to_numpy(dtype=float), index=questions["question_id"].to_numpy())
+
+
+def _lists(col: pd.Series) -> list[list[int]]:
+    """A list column as plain lists, None (not recorded) as []."""
+    return [list(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else [] for v in col]
+
+
+def _max_depth(turns: pd.DataFrame) -> int:
+    """Deepest draft of any turn in the table (0 when no method drafts): how many acc@i columns the summary has."""
+    return max((max(d) for d in _lists(turns["draft_depths"]) if d), default=0)
+
+
+def _lossless_flag(values: pd.Series) -> bool | None:
+    """A label's declared lossless flag from its records (False if any record says so; None if none says)."""
+    present = [bool(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return all(present) if present else None
+
+
+def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
+                  seed: int = 0) -> pd.DataFrame:
+    """One row per (label, method, suite, temperature) with every headline number, all from :mod:`harness.measure.metrics`.
+
+    Columns: n_questions (measured), n_turns (measured), n_errors (error records); tokens_per_s (mean over
+    questions), tau, tau_script; speedup (ratio of means) and speedup_gmean with its bootstrap CI
+    (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
+    baseline); quality; lossless_share (temperature 0 only, vs the baseline's output ids); energy_per_token_j;
+    peak_memory_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
+    draft); lossless (the method's declared flag).
+    """
+    questions = questions_table(turns)
+    measured = _measured(turns)
+    depth = _max_depth(turns)
+    rows = []
+    for key, g in turns.groupby(GROUP, dropna=False, sort=False):
+        label, _, suite, temp = key
+        ok = g[measured.loc[g.index]]
+        q = questions[(questions["label"] == label) & (questions["suite"] == suite)
+                      & (questions["temperature"] == temp)]
+        base_q = questions[(questions["label"] == baseline_label) & (questions["suite"] == suite)
+                           & (questions["temperature"] == temp)]
+        base_ok = turns[measured & (turns["label"] == baseline_label) & (turns["suite"] == suite)
+                        & (turns["temperature"] == temp)]
+        tps, base_tps = _per_question_tps(q), _per_question_tps(base_q)
+        gmean, lo, hi = M.speedup_geomean(tps, base_tps, n_boot=n_boot, seed=seed)
+        accepted, depths = _lists(ok["accepted_drafts"]), _lists(ok["draft_depths"])
+        rss = ok["peak_rss_bytes"] if ok["peak_rss_bytes"].notna().any() else ok["rss_bytes"]
+        row = {
+            **dict(zip(GROUP, key)),
+            "n_questions": int(q["tokens_per_s"].notna().sum()),
+            "n_turns": len(ok),
+            "n_errors": int((g["status"] != "ok").sum()),
+            "tokens_per_s": M.mean_tokens_per_second(tps),
+            "tau": M.tau(_lists(ok["accept_lengths"])),
+            "tau_script": M.tau_script(_lists(ok["accept_lengths"])),
+            "speedup": M.speedup_ratio_of_means(tps, base_tps),
+            "speedup_gmean": gmean,
+            "speedup_ci_lo": lo,
+            "speedup_ci_hi": hi,
+            "quality": M.quality(ok["score"]),
+            "lossless_share": (M.lossless_share(ok.to_dict("records"), base_ok.to_dict("records"))
+                               if float(temp) == 0.0 else math.nan),
+            "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
+            "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_reserved_bytes"])),
+            "lossless": _lossless_flag(g["lossless"]),
+        }
+        acc = M.acceptance_per_position(accepted, depths, max_pos=depth)
+        cond = M.conditional_acceptance_per_position(accepted, depths, max_pos=depth)
+        row.update({f"acc@{i + 1}": v for i, v in enumerate(acc)})
+        row.update({f"acc_cond@{i + 1}": v for i, v in enumerate(cond)})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in ("quality", "energy_per_token_j", "peak_memory_bytes"):
+        if col in df.columns:
+            df[col] = df[col].astype(float)
+    return df
+
+
+def histogram_table(turns: pd.DataFrame) -> pd.DataFrame:
+    """Tidy accepted-length histogram: (label, method, suite, temperature, accept_length, steps), verification
+    steps of measured turns only (:func:`harness.measure.metrics.accept_length_histogram`)."""
+    measured = _measured(turns)
+    rows = []
+    for key, g in turns[measured].groupby(GROUP, dropna=False, sort=False):
+        for length, count in M.accept_length_histogram(_lists(g["accept_lengths"])).items():
+            rows.append({**dict(zip(GROUP, key)), "accept_length": length, "steps": count})
+    return pd.DataFrame(rows, columns=[*GROUP, "accept_length", "steps"])
+
+
+def _fmt(x: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec) + unit
+
+
+def _cell(speedup: float | None, tau: float | None) -> str:
+    """A paper-table cell. Example: _cell(2.413, 3.517) -> "2.41× / 3.52"; _cell(nan, 3.5) -> "n/a / 3.50"."""
+    return f"{_fmt(speedup, '.2f', '×')} / {_fmt(tau, '.2f')}"
+
+
+def _row_order(summary: pd.DataFrame, baseline_label: str) -> list[str]:
+    labels = list(dict.fromkeys(summary["label"]))
+    return sorted(labels, key=lambda lab: lab != baseline_label)
+
+
+def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """Markdown pivot: labels (rows) × suites (columns), cells "speed-up× / tau", plus an equal-weight mean
+    column (:func:`harness.measure.metrics.suite_mean`); one table per temperature. Labels whose method is not lossless
+    carry "†" and a footnote. Example cell: "2.41× / 3.52"; "n/a / 3.52" when there is no baseline."""
+    if summary.empty:
+        return "_No measured turns._\n"
+    suites = list(dict.fromkeys(summary["suite"]))
+    lossy = False
+    parts = []
+    for temp in sorted(summary["temperature"].dropna().unique()):
+        at = summary[summary["temperature"] == temp]
+        lines = [f"**Temperature {temp:g}** — cells: speed-up vs `{baseline_label}` (ratio of mean tokens/s on "
+                 "the same questions) × / τ (mean accepted length per target forward, bonus token included)", "",
+                 "| method | " + " | ".join(suites) + " | mean |",
+                 "|---|" + "---:|" * (len(suites) + 1)]
+        for label in _row_order(at, baseline_label):
+            rows = at[at["label"] == label]
+            mark = ""
+            if rows["lossless"].eq(False).any():
+                mark, lossy = " †", True
+            cells = []
+            for suite in suites:
+                r = rows[rows["suite"] == suite]
+                cells.append(_cell(r["speedup"].iloc[0], r["tau"].iloc[0]) if len(r) else "")
+            mean = _cell(M.suite_mean(rows["speedup"]), M.suite_mean(rows["tau"]))
+            lines.append(f"| {label}{mark} | " + " | ".join(cells) + f" | {mean} |")
+        parts.append("\n".join(lines))
+    text = "\n\n".join(parts) + "\n"
+    if lossy:
+        text += ("\n† not lossless: its output is not guaranteed to equal the target's greedy output (T = 0) or "
+                 "to follow the target's distribution (T > 0).\n")
+    return text
+
+
+def provenance_header(manifest: Mapping[str, Any], turns: pd.DataFrame) -> str:
+    """A few Markdown lines saying which code, libraries, device and model produced the numbers."""
+    prov = provenance(manifest)
+    if not manifest:
+        return f"_No {MANIFEST_FILE} in the run directory: provenance unknown._\n"
+
+    def one(col: str) -> str:
+        vals = [str(v) for v in dict.fromkeys(turns[col].dropna())] if col in turns else []
+        return ", ".join(vals) or "?"
+
+    dirty = " (dirty)" if prov["git_dirty"] else ""
+    return "\n".join([
+        f"- run `{prov['run_id'] or one('run_id')}`, {prov['created'] or '?'}; git `{prov['git_hash'] or '?'}`{dirty}",
+        f"- target {one('target')}, dtype {one('dtype')}, device {prov['device_name'] or one('device')}",
+        f"- python {prov['python_version'] or '?'}, torch {prov['torch_version'] or '?'}, "
+        f"transformers {prov['transformers_version'] or '?'}",
+    ]) + "\n"
+
+
+def _series_name(label: str, temperature: float, temperatures: Sequence[float]) -> str:
+    return label if len(temperatures) <= 1 else f"{label} (T={temperature:g})"
+
+
+def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, path: Path,
+                  hline: float | None = None) -> Path | None:
+    """Bars of ``summary[value]``: suites on the x axis, one bar per (label, temperature). None if no value."""
+    data = summary[summary[value].notna()]
+    if data.empty:
+        return None
+    suites = list(dict.fromkeys(data["suite"]))
+    temps = sorted(data["temperature"].unique())
+    series = list(dict.fromkeys(zip(data["label"], data["temperature"])))
+    fig = Figure(figsize=(max(6.0, 1.2 * len(suites) * max(len(series), 2) / 2), 4.0))
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    x = np.arange(len(suites))                                             # [S]
+    for i, (label, temp) in enumerate(series):
+        rows = data[(data["label"] == label) & (data["temperature"] == temp)].set_index("suite")
+        heights = [rows[value].get(s, np.nan) for s in suites]              # [S]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, heights, width, label=_series_name(label, temp, temps))
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, suites)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_speedup(summary: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
+    """Grouped bars of the speed-up (ratio of means) per suite; None when there is no baseline."""
+    return _grouped_bars(summary, "speedup", f"speed-up vs {baseline_label} (×)", "Speed-up per suite", path, 1.0)
+
+
+def plot_tau(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Grouped bars of tau per suite."""
+    return _grouped_bars(summary, "tau", "τ (tokens per target forward)", "Mean accepted length per suite", path,
+                         1.0)
+
+
+def plot_tokens_per_s(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Grouped bars of mean tokens/s per suite."""
+    return _grouped_bars(summary, "tokens_per_s", "tokens / s (mean over questions)", "Throughput per suite", path)
+
+
+def _drafting_labels(turns: pd.DataFrame) -> list[tuple[str, float]]:
+    """(label, temperature) pairs of measured turns that drafted at least once (vanilla-like methods excluded)."""
+    ok = turns[_measured(turns)]
+    out = []
+    for (label, temp), g in ok.groupby(["label", "temperature"], sort=False):
+        if any(_lists(g["draft_depths"])):
+            out.append((label, temp))
+    return out
+
+
+def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
+    """Share of verification steps by tokens appended (accepted + bonus), per drafting method, all suites pooled."""
+    series = _drafting_labels(turns)
+    if not series:
+        return None
+    ok = turns[_measured(turns)]
+    temps = sorted({t for _, t in series})
+    hists = {s: M.accept_length_histogram(_lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]
+                                                 ["accept_lengths"])) for s in series}
+    lengths = sorted({n for h in hists.values() for n in h})
+    fig = Figure(figsize=(max(6.0, 0.6 * len(lengths) * len(series)), 4.0))
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    x = np.arange(len(lengths))                                            # [L]
+    for i, s in enumerate(series):
+        total = sum(hists[s].values())
+        shares = [hists[s].get(n, 0) / total if total else 0.0 for n in lengths]  # [L]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, shares, width, label=_series_name(*s, temps))
+    ax.set_xticks(x, [str(n) for n in lengths])
+    ax.set_xlabel("tokens appended per verification step (accepted drafts + 1)")
+    ax.set_ylabel("share of steps")
+    ax.set_title("Accepted-length histogram (all suites)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None:
+    """Per-position acceptance rate (harness.measure.metrics.acceptance_per_position), one line per drafting method."""
+    series = _drafting_labels(turns)
+    if not series:
+        return None
+    ok = turns[_measured(turns)]
+    temps = sorted({t for _, t in series})
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.subplots()
+    for label, temp in series:
+        g = ok[(ok["label"] == label) & (ok["temperature"] == temp)]
+        rates = M.acceptance_per_position(_lists(g["accepted_drafts"]), _lists(g["draft_depths"]))
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=_series_name(label, temp, temps))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance per draft position (all suites)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _json_cell(v: Any) -> Any:
+    """Lists / arrays / dicts as JSON text, so a CSV cell round-trips; everything else unchanged."""
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (list, tuple, dict)) else v
+
+
+def _for_parquet(df: pd.DataFrame) -> pd.DataFrame:
+    """Cells Arrow cannot type as JSON text: dicts (e.g. an ``error`` object; Arrow cannot mix dicts and None) and
+    lists in a column that also holds scalars (e.g. ``opt.tree``: a tree name for one method, rank paths for
+    another)."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype != object:
+            continue
+        kinds = {type(v) for v in out[col] if v is not None and not (isinstance(v, float) and v != v)}
+        if dict in kinds or (list in kinds and len(kinds) > 1):
+            out[col] = out[col].map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else v)
+    return out
+
+
+def _write_table(df: pd.DataFrame, stem: Path) -> dict[str, Path]:
+    """``stem.parquet`` and ``stem.csv`` (list columns JSON-encoded in the CSV)."""
+    parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
+    _for_parquet(df).to_parquet(parquet, index=False)
+    df.map(_json_cell).to_csv(csv, index=False)
+    return {f"{stem.name}_parquet": parquet, f"{stem.name}_csv": csv}
+
+
+def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict[str, Path]:
+    """Rebuild ``tables/`` and ``plots/`` of a run directory from its records; returns name -> path written.
+
+    The baseline is ``baseline_label``, else the manifest's ``config.baseline``, else "vanilla". Plots that have
+    nothing to show (a speed-up without a baseline, acceptance without a drafting method) are not written.
+    """
+    run_dir = Path(run_dir)
+    if not record_files(run_dir):
+        raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
+    manifest = read_manifest(run_dir)
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    baseline = baseline_label or config.get("baseline") or "vanilla"
+    records = read_records(run_dir)
+    if not records:
+        raise ValueError(f"{run_dir / RECORDS_FILE}: contains no complete record")
+
+    turns = turns_table(records, manifest)
+    questions = questions_table(turns)
+    summary = summary_table(turns, baseline_label=baseline)
+    tables, plots = run_dir / "tables", run_dir / "plots"
+    tables.mkdir(exist_ok=True)
+    plots.mkdir(exist_ok=True)
+    paths: dict[str, Path] = {}
+    paths |= _write_table(turns, tables / "turns")
+    paths |= _write_table(questions, tables / "questions")
+    paths |= _write_table(summary, tables / "summary")
+    histogram_table(turns).to_csv(tables / "accept_hist.csv", index=False)
+    paths["accept_hist_csv"] = tables / "accept_hist.csv"
+    md = tables / "summary.md"
+    md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}\n"
+                  f"{paper_table(summary, baseline)}", encoding="utf-8")
+    paths["summary_md"] = md
+    for name, written in (
+        ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),
+        ("tau", plot_tau(summary, plots / "tau.png")),
+        ("tokens_per_s", plot_tokens_per_s(summary, plots / "tokens_per_s.png")),
+        ("accept_hist", plot_accept_histogram(turns, plots / "accept_hist.png")),
+        ("acceptance", plot_acceptance_per_position(turns, plots / "acceptance.png")),
+    ):
+        if written is not None:
+            paths[f"plot_{name}"] = written
+    return paths
+

@@ -1,0 +1,217 @@
+"""Run configuration: typed dataclasses, loaded from YAML presets and overridden from the command line.
+
+A preset is a short YAML file; ``include: other.yaml`` (or a list) composes presets, later keys win. Every value is
+validated and a bad one raises :class:`ConfigError` naming the field, e.g. ``run.temperatures[1]: must be >= 0``.
+Built-in presets live in ``harness/run/presets/`` and are named without the extension (``--preset demo``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A configuration value that is missing, unknown or out of range; the message names the field."""
+
+
+@dataclass
+class MethodSpec:
+    """One method in a run. ``label`` tells apart two entries of the same method (an ablation); default = name."""
+
+    name: str
+    label: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.label is None:
+            self.label = self.name
+
+
+@dataclass
+class RunConfig:
+    target: str = "smollm2-135m"          # embedded alias, Hugging Face id or local folder
+    dtype: str = "auto"                   # auto = float32 on CPU, bfloat16 on GPU
+    device: str = "auto"                  # auto, cpu, cuda, cuda:1
+    device_map: str | None = None         # e.g. "auto": spread a large target over GPUs with accelerate
+    methods: list[MethodSpec] = field(default_factory=lambda: [MethodSpec("vanilla")])
+    suites: list[str] = field(default_factory=lambda: ["mt_bench"])
+    limit: int | None = None              # first N questions of each suite
+    questions: list[str] | None = None    # or these question ids
+    max_new_tokens: int = 512             # unless a suite sets its own
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    top_p: float = 1.0
+    top_k: int = 0
+    seeds: list[int] = field(default_factory=lambda: [0])
+    repeats: int = 1                      # timed repetitions of every question
+    warmup: int = 1                       # untimed warm-up questions per method, through the same code path
+    baseline: str = "vanilla"             # label that speedups are measured against
+    score: bool = True                    # run quality scorers where a suite has one
+    threads: int | None = None            # torch CPU threads (None = torch's default)
+    data_dir: str | None = None           # default: $DRAFTBENCH_DATA
+    output_dir: str = "results"
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond, where, msg):
+            if not cond:
+                raise ConfigError(f"run.{where}: {msg}")
+
+        need(bool(self.methods), "methods", "at least one method is required")
+        labels = [m.label for m in self.methods]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
+        need(bool(self.suites), "suites", "at least one suite is required")
+        need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
+        need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+        for i, t in enumerate(self.temperatures):
+            need(isinstance(t, (int, float)) and t >= 0, f"temperatures[{i}]", f"must be >= 0, got {t!r}")
+        need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
+        need(self.repeats >= 1, "repeats", f"must be >= 1, got {self.repeats}")
+        need(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}")
+        need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
+        need(self.dtype in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "dtype",
+             f"unknown dtype {self.dtype!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        """Short hash of everything that changes the measurement (not where results are written)."""
+        d = self.to_dict()
+        d.pop("output_dir", None)
+        d.pop("data_dir", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _check_type(value: Any, typ: Any, where: str) -> Any:
+    """Coerce/validate a YAML value against a dataclass field type (the small set used in RunConfig)."""
+    origin = getattr(typ, "__origin__", None)
+    text = str(typ)
+    if value is None:
+        if "None" in text:
+            return None
+        raise ConfigError(f"{where}: may not be null")
+    if typ in (int, "int") or text in ("int", "int | None"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if text in ("float",):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if text in ("bool",):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if text in ("str", "str | None"):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is list or text.startswith("list["):
+        if not isinstance(value, list):
+            value = [value]
+        inner = text[text.index("[") + 1: text.rindex("]")].split(" | ")[0]
+        conv = {"float": float, "int": int, "str": str}.get(inner)
+        out = []
+        for i, v in enumerate(value):
+            if conv is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ConfigError(f"{where}[{i}]: expected a number, got {v!r}")
+            if conv is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"{where}[{i}]: expected an integer, got {v!r}")
+            out.append(conv(v) if conv else v)
+        return out
+    return value
+
+
+def _method_spec(raw: Any, where: str) -> MethodSpec:
+    if isinstance(raw, str):
+        return MethodSpec(raw)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a method name or a mapping with name/label/options, got {raw!r}")
+    unknown = set(raw) - {"name", "label", "options"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options")
+    if "name" not in raw or not isinstance(raw["name"], str):
+        raise ConfigError(f"{where}.name: a method name is required")
+    opts = raw.get("options") or {}
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{where}.options: expected a mapping, got {opts!r}")
+    return MethodSpec(raw["name"], raw.get("label"), dict(opts))
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, fields, 1)) else "")
+                 for u in unknown]
+        raise ConfigError(f"run: unknown field {', '.join(hints)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "methods":
+            if not isinstance(value, list):
+                value = [value]
+            kwargs[name] = [_method_spec(m, f"run.methods[{i}]") for i, m in enumerate(value)]
+        else:
+            kwargs[name] = _check_type(value, fields[name].type, f"run.{name}")
+    if isinstance(kwargs.get("questions"), list):
+        kwargs["questions"] = [str(q) for q in kwargs["questions"]]
+    return RunConfig(**kwargs)
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    cand = PRESET_DIR / f"{name_or_path}.yaml"
+    if cand.exists():
+        return cand
+    names = preset_names()
+    close = difflib.get_close_matches(name_or_path, names, 3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"unknown preset {name_or_path!r} (not a YAML file either).{hint} Built-in: {', '.join(names)}")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset_dict(name_or_path: str, _seen: tuple = ()) -> dict[str, Any]:
+    """The merged mapping of a preset and its ``include``s (included first, this file's keys win)."""
+    path = resolve_preset(name_or_path).resolve()
+    if path in _seen:
+        raise ConfigError(f"preset include cycle: {' -> '.join(map(str, (*_seen, path)))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a preset must be a mapping of run fields")
+    includes = data.pop("include", [])
+    merged: dict[str, Any] = {}
+    for inc in [includes] if isinstance(includes, str) else includes:
+        inc_path = (path.parent / inc) if not Path(inc).is_absolute() else Path(inc)
+        merged.update(load_preset_dict(str(inc_path) if inc_path.exists() else inc, (*_seen, path)))
+    merged.update(data)
+    return merged
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"key=value"`` with the value parsed as YAML (``limit=3`` -> 3, ``temperatures=[0,1]`` -> [0, 1])."""
+    if "=" not in text:
+        raise ConfigError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)

@@ -1,0 +1,298 @@
+"""Benchmark suites as data: one YAML definition per suite in a registered folder (the built-in ones in ``suites/``,
+:func:`harness.registry.register_suite_dir`), questions in JSON lines, and the quality scorers they name.
+
+A suite YAML has these fields (``SUITE_FIELDS``): ``name`` (= the file stem), ``version`` (a string; bump it on
+any change that makes old results incomparable), ``description``, ``file`` (relative to ``$DRAFTBENCH_DATA``, or
+to the definition's folder when ``bundled: true``), ``sha256``, ``records`` (expected count), ``source_url`` (raw download URL),
+``licence``, ``scorer`` (null or a registered scorer, :data:`harness.registry.SCORERS`), and optional ``system_prompt`` (null: the chat
+template's default), ``max_new_tokens`` (null: the run's default) and ``bundled``.
+
+A questions file has one JSON object per line: ``{"question_id", "category", "turns": [...], "reference"?: [...]}``.
+
+    suite = load_suite("mt_bench")                 # needs $DRAFTBENCH_DATA
+    suite = load_suite("my_prompts.jsonl")         # a user file in the same format
+    suite.select(limit=5).questions
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.registry import SCORERS, UnknownNameError, suite_dirs
+
+DATA_ENV = "DRAFTBENCH_DATA"
+
+REQUIRED_FIELDS = ("name", "version", "description", "file", "sha256", "records", "source_url", "licence", "scorer")
+OPTIONAL_FIELDS = {"system_prompt": None, "max_new_tokens": None, "bundled": False}
+SUITE_FIELDS = REQUIRED_FIELDS + tuple(OPTIONAL_FIELDS)
+
+
+class DataError(ValueError):
+    """A suite or data file problem: unknown suite, missing/corrupt/malformed file. The message is one clear line."""
+
+
+@dataclass
+class Question:
+    """One prompt of a suite; ``turns`` are the user messages in order (MT-bench has two)."""
+
+    question_id: str
+    category: str | None
+    turns: list[str]
+    reference: list[str] | None = None
+
+
+@dataclass
+class Suite:
+    """A loaded suite: its questions in file order plus how to run and score them."""
+
+    name: str
+    version: str
+    questions: list[Question]
+    scorer: str | None = None
+    system_prompt: str | None = None
+    max_new_tokens: int | None = None
+    source: str = ""
+    sha256: str | None = None
+
+    def select(self, limit: int | None = None, question_ids: list[str] | None = None) -> Suite:
+        """A copy with only ``question_ids`` (kept in file order), then only the first ``limit`` of those.
+
+        Example: questions q1, q2, q3; select(question_ids=["q3", "q1"]) -> [q1, q3]; select(limit=2) -> [q1, q2].
+        """
+        questions = self.questions
+        if question_ids is not None:
+            wanted = [str(q) for q in question_ids]
+            known = {q.question_id for q in questions}
+            unknown = [q for q in wanted if q not in known]
+            if unknown:
+                examples = ", ".join(q.question_id for q in questions[:5])
+                raise DataError(f"suite {self.name!r} has no question_id {', '.join(map(repr, unknown))}; "
+                                f"valid ids look like: {examples} ({len(questions)} in all)")
+            keep = set(wanted)
+            questions = [q for q in questions if q.question_id in keep]
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise DataError(f"limit must be a positive integer or None, got {limit!r}")
+            questions = questions[:limit]
+        return dataclasses.replace(self, questions=list(questions))
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+
+def suite_definitions() -> dict[str, Path]:
+    """Suite name -> its YAML definition, over every registered folder (the first folder naming a suite wins)."""
+    found: dict[str, Path] = {}
+    for folder in suite_dirs():
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def suite_names() -> list[str]:
+    """The names of the registered suites, sorted."""
+    return sorted(suite_definitions())
+
+
+def suite_info(name: str) -> dict[str, Any]:
+    """The validated fields of suite ``name`` (optional ones filled with their defaults) plus ``config_path``."""
+    definitions = suite_definitions()
+    names = sorted(definitions)
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise DataError(f"unknown suite {name!r}.{hint} Known: {', '.join(names)} (or pass a path to a .jsonl file)")
+    path = definitions[name]
+    with open(path, encoding="utf-8") as f:
+        info = yaml.safe_load(f)
+    return _validate_info(info, path)
+
+
+def _validate_info(info: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        raise DataError(f"{path}: expected a mapping of suite fields, got {type(info).__name__}")
+    missing = [k for k in REQUIRED_FIELDS if k not in info]
+    if missing:
+        raise DataError(f"{path}: missing field(s) {', '.join(missing)}")
+    unknown = sorted(set(info) - set(SUITE_FIELDS))
+    if unknown:
+        raise DataError(f"{path}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(SUITE_FIELDS)}")
+    info = {**OPTIONAL_FIELDS, **info, "config_path": str(path)}
+    if info["name"] != path.stem:
+        raise DataError(f"{path}: name {info['name']!r} must equal the file name {path.stem!r}")
+    if not isinstance(info["version"], str):
+        raise DataError(f"{path}: version must be a string (quote it: version: \"{info['version']}\")")
+    if not isinstance(info["records"], int) or info["records"] < 1:
+        raise DataError(f"{path}: records must be a positive integer, got {info['records']!r}")
+    if info["max_new_tokens"] is not None and (not isinstance(info["max_new_tokens"], int)
+                                               or info["max_new_tokens"] < 1):
+        raise DataError(f"{path}: max_new_tokens must be null or a positive integer, got {info['max_new_tokens']!r}")
+    if info["scorer"] is not None and info["scorer"] not in SCORERS:
+        raise DataError(f"{path}: scorer {info['scorer']!r} is not one of {', '.join(SCORERS.names())} (or null)")
+    return info
+
+
+def data_dir_from_env(data_dir: str | Path | None = None) -> Path:
+    """``data_dir`` if given, else ``$DRAFTBENCH_DATA``; a clear error if neither is set."""
+    if data_dir is None:
+        value = os.environ.get(DATA_ENV)
+        if not value:
+            raise DataError(f"{DATA_ENV} is not set: point it at the folder holding the suite data "
+                            f"(e.g. export {DATA_ENV}=/path/to/data), or pass data_dir")
+        data_dir = value
+    return Path(data_dir).expanduser()
+
+
+def suite_path(info: dict[str, Any], data_dir: str | Path | None = None) -> Path:
+    """Where the questions file of a suite lives (inside the package for bundled suites)."""
+    if info["bundled"]:
+        return Path(info["config_path"]).parent / info["file"]
+    return data_dir_from_env(data_dir) / info["file"]
+
+
+def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> Suite:
+    """Load a built-in suite by name (checksum and record count verified) or a user ``.jsonl`` file by path.
+
+    A user file becomes a suite named after its stem, version "user", no scorer, with its sha256 computed.
+    """
+    text = str(name_or_path)
+    if text.endswith(".jsonl") or os.sep in text or "/" in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise DataError(f"questions file {path} does not exist")
+        digest = sha256_file(path)
+        return Suite(name=path.stem, version="user", questions=read_questions(path), source=str(path.resolve()),
+                     sha256=digest)
+    info = suite_info(text)
+    path = suite_path(info, data_dir)
+    if not path.is_file():
+        fetch = "" if info["bundled"] else f"; when online, `draftbench data fetch {info['name']}` downloads it"
+        raise DataError(f"suite {info['name']!r}: data file {path} is missing; it comes from {info['source_url']}"
+                        f"{fetch}")
+    digest = sha256_file(path)
+    if digest != info["sha256"]:
+        raise DataError(f"suite {info['name']!r}: checksum mismatch for {path}: expected sha256 {info['sha256']}, "
+                        f"got {digest} (corrupt or a different version; re-download from {info['source_url']})")
+    questions = read_questions(path)
+    if len(questions) != info["records"]:
+        raise DataError(f"suite {info['name']!r}: {path} has {len(questions)} records, expected {info['records']}")
+    return Suite(name=info["name"], version=info["version"], questions=questions, scorer=info["scorer"],
+                 system_prompt=info["system_prompt"], max_new_tokens=info["max_new_tokens"], source=str(path),
+                 sha256=digest)
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_questions(path: str | Path) -> list[Question]:
+    """Parse a questions file; blank lines (and a missing final newline) are fine, anything else malformed is not."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 ({e})") from e
+    questions: list[Question] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+        question = parse_record(record, f"{path}:{lineno}")
+        if question.question_id in seen:
+            raise DataError(f"{path}:{lineno}: duplicate question_id {question.question_id!r}")
+        seen.add(question.question_id)
+        questions.append(question)
+    if not questions:
+        raise DataError(f"{path}: no records")
+    return questions
+
+
+def parse_record(record: Any, where: str) -> Question:
+    """One JSON record -> :class:`Question`; ``where`` ("file:line") prefixes every error.
+
+    Example: {"question_id": 81, "category": "writing", "turns": ["Hi"]} -> Question("81", "writing", ["Hi"], None).
+    An empty category ("") becomes None.
+    """
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "question_id" not in record:
+        raise DataError(f"{where}: record has no 'question_id'")
+    if "turns" not in record:
+        raise DataError(f"{where}: record {record['question_id']!r} has no 'turns' (a list of user messages)")
+    turns = record["turns"]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        raise DataError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r:.80}")
+    reference = record.get("reference")
+    if reference is not None and (not isinstance(reference, list) or not all(isinstance(r, str) for r in reference)):
+        raise DataError(f"{where}: 'reference' must be a list of strings or absent, got {reference!r:.80}")
+    category = record.get("category")
+    if category is not None and not isinstance(category, str):
+        raise DataError(f"{where}: 'category' must be a string, got {category!r}")
+    return Question(question_id=str(record["question_id"]), category=category or None, turns=list(turns),
+                    reference=list(reference) if reference is not None else None)
+
+
+def fetch_suite(name: str, data_dir: str | Path | None = None, url: str | None = None,
+                timeout_s: float = 60) -> Path:
+    """Download suite ``name`` from its ``source_url`` (or ``url``) into the data dir, verify it, return the path.
+
+    A file already present with the right checksum is kept; a download with the wrong checksum is discarded and
+    raises :class:`DataError`, leaving any existing file untouched. Bundled suites need no download.
+    """
+    info = suite_info(name)
+    if info["bundled"]:
+        return suite_path(info)
+    dest = suite_path(info, data_dir)
+    if dest.is_file() and sha256_file(dest) == info["sha256"]:
+        return dest
+    source = url or info["source_url"]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(source, timeout=timeout_s) as response, open(part, "wb") as out:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                h.update(block)
+                out.write(block)
+    except (urllib.error.URLError, OSError) as e:
+        part.unlink(missing_ok=True)
+        raise DataError(f"suite {name!r}: download from {source} failed: {e}") from e
+    if h.hexdigest() != info["sha256"]:
+        part.unlink(missing_ok=True)
+        raise DataError(f"suite {name!r}: download from {source} has sha256 {h.hexdigest()}, expected "
+                        f"{info['sha256']}; not saved")
+    os.replace(part, dest)
+    return dest
+
+
+def score(scorer_name: str | None, question: Question, answer_text: str) -> float | None:
+    """Score ``answer_text`` (the model's final turn) for ``question`` with a registered scorer; None when the suite
+    has no scorer.
+
+    Example: score("gsm8k_exact_match", question, "... so she has 18 apples. #### 18") -> 1.0 (reference 18).
+    """
+    if scorer_name is None:
+        return None
+    try:
+        scorer = SCORERS.get(scorer_name)
+    except UnknownNameError as e:
+        raise DataError(str(e)) from e
+    return scorer(question, answer_text)

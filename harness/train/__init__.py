@@ -1,0 +1,3 @@
+"""Training draft heads: conversations and the contamination check (``sources``), the target's features in
+resumable shards (``features``), the training view (``dataset``), pluggable objectives (``objectives``; each head's
+objective lives beside the head in ``methods/``), one accelerate loop (``loop``) and the commands (``cli``)."""

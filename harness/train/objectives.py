@@ -1,0 +1,104 @@
+"""Training objectives: how one kind of draft head is built, what its loss and its per-position draft accuracy are,
+which noise its inputs get, its published hyper-parameters and how it is saved in its method's published format.
+
+An objective lives beside its head, in the method's package, and registers itself::
+
+    from harness.train.objectives import Objective, register_objective
+
+    @register_objective("jakiro")
+    class JakiroObjective(Objective):
+        defaults = {"lr": 9e-5, "weight_decay": 1e-3, "warmup_steps": 2000, "epochs": 20, "noise": "eagle"}
+        def build_head(self): ...
+        def loss(self, head, batch): ...           # -> (scalar loss, {"part": float})
+        def accuracy(self, head, batch, k): ...    # -> (correct [k], total [k])
+        def save(self, head, folder): ...
+
+The loop (:mod:`harness.train.loop`) finds it by name through :data:`OBJECTIVES`, which loads the plugins
+(:func:`harness.registry.load_plugins`) when it is first read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from harness.engine.draftvocab import DraftLMHead, top_tokens
+from harness.engine.method import NoOptions, build_options
+from harness.models import Target
+from harness.registry import Registry
+
+
+class Objective:
+    """How one kind of head is trained. Subclasses set ``defaults`` (TrainConfig fields) and ``Options``.
+
+    ``defaults`` keys: lr, weight_decay, warmup_steps or warmup_ratio, epochs, noise ("eagle", "none" or a fixed
+    scale; see :class:`harness.train.features.FeatureDataset`). Batches are :func:`harness.train.features.collate` dicts:
+    features [B, S, H] (noised), input_ids [B, S] (x_{t+1}), target [B, S, H] (f_{t+1}), loss_mask [B, S],
+    token_ids [B, S] (x_t), token_mask [B, S], attention_mask [B, S].
+    """
+
+    name: ClassVar[str] = "?"
+    defaults: ClassVar[dict[str, Any]] = {}
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, target: Target, options=None):
+        self.target = target
+        self.options = options if options is not None else self.Options()
+        self.lm_head = target.model.get_output_embeddings()  # frozen, never trained
+        self.draft_lm_head = DraftLMHead(self.lm_head)         # the draft's view; see set_token_counts
+
+    def set_token_counts(self, counts: torch.Tensor) -> None:
+        """Called by :func:`train` with the data's token frequencies (:mod:`harness.engine.draftvocab`). With option
+        ``train_vocab`` N > 0 the draft side of the losses and of the accuracy uses only the N most frequent tokens
+        (EAGLE-3's reduced draft vocabulary: the target distribution is renormalised over them), which makes the
+        V-wide lm_head passes V/N times cheaper; run the head with ``draft_vocab`` = N to match."""
+        n = getattr(self.options, "train_vocab", 0)
+        if n and n < counts.shape[0]:
+            self.draft_lm_head = DraftLMHead(self.lm_head, top_tokens(counts, n))
+
+    @classmethod
+    def create(cls, target: Target, options: dict[str, Any] | None = None) -> Objective:
+        return cls(target, build_options(cls.Options, options, f"objective {cls.name!r}"))
+
+    def build_head(self) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, head: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def accuracy(self, head: nn.Module, batch: dict[str, torch.Tensor], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(correct [k], total [k]) counts of top-1 draft hits at draft positions 1..k."""
+        raise NotImplementedError
+
+    def save(self, head: nn.Module, folder: Path) -> Path:
+        raise NotImplementedError
+
+
+OBJECTIVES: Registry = Registry("objective")
+
+
+def register_objective(name: str):
+    """Class decorator: make an :class:`Objective` subclass trainable as ``draftbench train <name>``."""
+
+    def decorate(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Objective)):
+            raise TypeError(f"objective {name!r} ({cls!r}) must subclass harness.train.objectives.Objective")
+        return OBJECTIVES.register(name)(cls)
+
+    return decorate
+
+
+def get_objective(name: str) -> type[Objective]:
+    return OBJECTIVES.get(name)
+
+
+def objective_names() -> list[str]:
+    return OBJECTIVES.names()
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(values * mask) / (sum(mask) + 1e-5), EAGLE's masked average; values, mask [B, S] -> scalar."""
+    return (values * mask).sum() / (mask.sum() + 1e-5)

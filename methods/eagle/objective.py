@@ -1,0 +1,137 @@
+"""The ``eagle`` training objective (EAGLE-1, arXiv:2401.15077 Sec. 3.2; released trainer ``eagle/train/main.py``):
+feature regression plus a soft cross-entropy through the frozen lm_head, on noised target features, and the
+optional training-time test of EAGLE-3 (arXiv:2503.01840 Sec. 3: later draft steps on the head's own outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.train.objectives import Objective, masked_mean, register_objective
+from methods.eagle.checkpoint import save_eagle_head
+from methods.eagle.head import EagleHead
+
+
+def eagle_losses(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
+                 lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vloss, ploss) of EAGLE's trainer: SmoothL1 (beta 1) averaged over H, and the soft cross-entropy
+    ``-sum_v softmax(lm_head(f_{t+1}))_v log_softmax(lm_head(f̂))_v``, both masked per position.
+
+    pred, target [B, S, H]; mask [B, S]. The V-wide lm_head passes run only on the n positions with mask > 0 (the
+    masked-out ones would be multiplied by 0): the same value as masking all B*S positions, at n/(B*S) of the cost.
+    """
+    on = mask > 0                                                              # [B, S]
+    weight = mask[on].float()                                                  # [n]
+    with torch.no_grad():
+        target_p = torch.softmax(lm_head(target[on]).float(), dim=-1)         # [n, V]
+    out_logp = torch.log_softmax(lm_head(pred[on]).float(), dim=-1)           # [n, V]
+    denom = mask.sum() + 1e-5
+    ploss = (-(target_p * out_logp).sum(-1) * weight).sum() / denom
+    vloss = masked_mean(F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1), mask)
+    return vloss, ploss
+
+
+def unroll_mask(S: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Attention mask [S, step * S] for draft step ``step`` (1-based) of every chain at once.
+
+    Keys are laid out as [step-1 block | step-2 block | ... | step-``step`` block], S positions each. The chain that
+    starts after true position t sits at query position p = t + step - 1; it may see true-feature keys (step 1) at
+    positions <= t and, for each later step i, only its own key at position p - (step - i).
+    Example: S=3, step=2 -> [[0,0,0, 1,0,0], [1,0,0, 0,1,0], [1,1,0, 0,0,1]].
+    """
+    p = torch.arange(S, device=device)[:, None]  # [S, 1]
+    q = torch.arange(S, device=device)[None, :]  # [1, S]
+    blocks = [q <= p - step + 1] + [q == p - (step - i) for i in range(2, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor,
+                        target: torch.Tensor, mask: torch.Tensor, k: int,
+                        draft_argmax=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 hits of the EAGLE draft after 1..k unrolled steps against the target's greedy token.
+
+    Step 1 reads the true (f_t, x_{t+1}); step j reads the draft's own feature from step j-1 with the true token
+    (EAGLE's "n-alpha": n estimated features, correct tokens), attending to true features up to t and to its own
+    chain (:func:`unroll_mask`), i.e. exactly what drafting sees after committing t. The token to hit at query p is
+    argmax lm_head(f_{p+1}) (``target[p]``), what greedy verification accepts.
+    ``draft_argmax`` (features -> token ids; default argmax of ``lm_head``) is the draft's pick, e.g. over a reduced
+    draft vocabulary (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`); the target's token always uses the full head.
+    features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
+    """
+    draft_argmax = draft_argmax or (lambda x: lm_head(x).argmax(-1))
+    B, S, _ = features.shape
+    pos = torch.arange(S, device=features.device).expand(B, S)  # [B, S]
+    want = lm_head(target).argmax(-1)                             # [B, S]
+    correct, total = torch.zeros(k), torch.zeros(k)
+    kv, x = None, features
+    for step in range(1, k + 1):
+        attn = unroll_mask(S, step, features.device)
+        pred, kv_all = head(x, input_ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
+        valid = (mask > 0) & (pos >= step - 1)                          # [B, S]
+        hit = (draft_argmax(pred) == want) & valid
+        correct[step - 1], total[step - 1] = hit.sum().item(), valid.sum().item()
+        kv = kv_all
+        x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
+    return correct, total
+
+
+
+@dataclass
+class EagleObjectiveOptions:
+    p_weight: float = 0.1    # weight of the soft cross-entropy (published 0.1)
+    v_weight: float = 1.0    # weight of the SmoothL1 feature regression (published 1.0)
+    bias: bool = True        # fc bias (false for the published LLaMA-3 heads)
+    train_vocab: int = 0     # 0: soft CE over the full vocabulary (published); N: over the N most frequent tokens
+    unroll: int = 1          # 1: published (one step from true features); U: also steps 2..U on the head's own output
+    unroll_decay: float = 0.8  # weight of step j is unroll_decay**(j-1) (EAGLE-3's training-time test weights)
+
+    def __post_init__(self):
+        if not isinstance(self.train_vocab, int) or self.train_vocab < 0:
+            raise ValueError(f"train_vocab must be 0 (full vocabulary) or a positive integer, got {self.train_vocab!r}")
+        if not isinstance(self.unroll, int) or self.unroll < 1:
+            raise ValueError(f"unroll must be an integer >= 1, got {self.unroll!r}")
+
+
+@register_objective("eagle")
+class EagleObjective(Objective):
+    """EAGLE-1/2 (arXiv:2401.15077 Sec. 3.2): ``v_weight * SmoothL1(f̂, f_{t+1}) + p_weight * soft CE`` through the frozen
+    lm_head; AdamW lr 3e-5, weight decay 0.01, 2000 warm-up steps, 20 epochs, input noise U(±0.5)·0.2·512/S.
+    The schedule is warm-up + cosine (Jakiro's; EAGLE decays linearly toward a step count it never reaches)."""
+
+    Options = EagleObjectiveOptions
+    defaults = {"lr": 3e-5, "weight_decay": 0.01, "warmup_steps": 2000, "epochs": 20, "noise": "eagle"}
+
+    def build_head(self) -> nn.Module:
+        return EagleHead.for_target(self.target, bias=self.options.bias).float()
+
+    def loss(self, head, batch):
+        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` U > 1, steps 2..U feed the head its own predicted feature
+        (with the true token) exactly as drafting does after a commit (:func:`eagle_unrolled_hits` shows the
+        layout) and add ``unroll_decay**(j-1)`` x the same loss; gradients flow through the chain (EAGLE-3's
+        "training-time test", applied to the EAGLE-1 head)."""
+        o = self.options
+        features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
+        B, S, _ = features.shape
+        pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
+        total, parts, kv, x = features.new_zeros(()), {}, None, features
+        for step in range(1, o.unroll + 1):
+            attn = None if step == 1 else unroll_mask(S, step, ids.device)
+            pred, kv = head(x, ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
+            valid = mask * (pos >= step - 1)                      # the chain needs step - 1 earlier positions
+            vloss, ploss = eagle_losses(pred, batch["target"], valid, self.draft_lm_head.compact)
+            total = total + o.unroll_decay ** (step - 1) * (o.v_weight * vloss + o.p_weight * ploss)
+            tag = str(step) if o.unroll > 1 else ""  # published run: parts "vloss", "ploss"
+            parts[f"vloss{tag}"], parts[f"ploss{tag}"] = vloss.item(), ploss.item()
+            x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
+        return total, parts
+
+    def accuracy(self, head, batch, k):
+        return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
+
+    def save(self, head, folder):
+        return save_eagle_head(head, folder)
