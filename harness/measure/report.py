@@ -6,19 +6,24 @@
     tables/questions.parquet, questions.csv  one row per (label, method, suite, temperature, question)
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
     tables/summary.md                        provenance header + paper_table
-    plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; per-position acceptance
+    plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
 
 Which turns are measured: a question with any error turn is left out of every measurement (its other turns
-would give a partial question), and is counted in ``n_errors``. A question's tokens/s pools all its turns over
+would give a partial question), and is counted in ``n_errors``; so is an incomplete question (a turn's record is
+missing, :mod:`harness.measure.records`), counted in ``n_incomplete``. A question's tokens/s pools all its turns over
 seeds and repeats. Speed-ups compare a label with the baseline label on the same suite, temperature and questions.
+Quality is the mean score of the measured questions, and NaN when any answer of the group failed to score
+(``n_score_errors``): a mean over the answers that happened to score would look like a result.
+Unreadable record lines, superseded attempts and incomplete questions are listed in ``summary.md``'s header.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
-from harness.measure.records import RECORDS_FILE, read_records, record_files
+from harness.measure.records import RECORDS_FILE, RecordsRead, load_records, record_files
 
 MANIFEST_FILE = "manifest.json"
 GROUP = ["label", "method", "suite", "temperature"]
@@ -41,6 +46,7 @@ BASE_COLUMNS = (
     "new_tokens", "steps", "accept_lengths", "accepted_drafts", "draft_depths", "wall_time_s", "prefill_time_s",
     "stop_reason", "output_text", "output_ids", "rss_bytes", "peak_rss_bytes", "cuda_peak_allocated_bytes",
     "cuda_peak_reserved_bytes", "nvml_used_bytes", "energy_j", "mean_power_w", "score", "score_name", "timestamp",
+    "score_error", "question_turns", "attempt",
 )
 LIST_COLUMNS = ("accept_lengths", "accepted_drafts", "draft_depths", "output_ids")
 # nested dict fields of a record -> prefix of their dotted columns
@@ -136,19 +142,41 @@ def turns_table(records: Iterable[Mapping[str, Any]], manifest: Mapping[str, Any
     return df[[*first, *[c for c in df.columns if c not in first]]]
 
 
+def _complete(turns: pd.DataFrame) -> pd.Series:
+    """Boolean mask [rows]: rows of questions (per label/suite/temperature/question) whose every (seed, repeat) has
+    one row per turn 0 .. question_turns - 1. Records without ``question_turns`` (older runs) expect as many turns
+    as the highest turn any row of the same suite and question has."""
+    turn = pd.to_numeric(turns["turn"], errors="coerce")
+    highest = turn.groupby([turns["suite"], turns["question_id"]], dropna=False).transform("max") + 1
+    expected = pd.to_numeric(turns["question_turns"], errors="coerce").fillna(highest)
+    attempt = [turns[c] for c in (*QUESTION, "seed", "repeat")]
+    n_rows = turn.groupby(attempt, dropna=False).transform("size")
+    n_distinct = turn.groupby(attempt, dropna=False).transform("nunique")
+    top = turn.groupby(attempt, dropna=False).transform("max")
+    whole = (n_rows == expected) & (n_distinct == expected) & (top == expected - 1)
+    return whole.groupby([turns[c] for c in QUESTION], dropna=False).transform("all").astype(bool)
+
+
 def _measured(turns: pd.DataFrame) -> pd.Series:
-    """Boolean mask [rows]: ok turns of questions (per label/suite/temperature) that have no error turn."""
+    """Boolean mask [rows]: ok turns of complete questions (per label/suite/temperature) that have no error turn."""
     errored = (turns["status"] != "ok").groupby([turns[c] for c in QUESTION], dropna=False).transform("any")
-    return (turns["status"] == "ok") & ~errored.astype(bool)
+    return (turns["status"] == "ok") & ~errored.astype(bool) & _complete(turns)
+
+
+def _score_failed(turns: pd.DataFrame) -> pd.Series:
+    """Boolean mask [rows]: turns whose answer could not be scored (``score_error`` set)."""
+    return turns["score_error"].map(lambda v: v is not None and not (isinstance(v, float) and math.isnan(v)))
 
 
 def questions_table(turns: pd.DataFrame) -> pd.DataFrame:
     """One row per (label, method, suite, temperature, question_id): turns, errors, Σ new tokens, Σ wall time,
-    the question's tokens/s and tau (NaN when the question has an error turn) and its quality score."""
-    measured = _measured(turns)
+    the question's tokens/s and tau (NaN when the question has an error turn or is incomplete), its quality score
+    (NaN when an answer failed to score), whether it is complete and how many of its answers failed to score."""
+    measured, complete, score_failed = _measured(turns), _complete(turns), _score_failed(turns)
     rows = []
     for key, q in turns.groupby(QUESTION, dropna=False, sort=False):
         ok = q[measured.loc[q.index]]
+        n_score_errors = int(score_failed.loc[q.index].sum())
         rows.append({
             **dict(zip(QUESTION, key)),
             "n_turns": len(ok),
@@ -157,10 +185,12 @@ def questions_table(turns: pd.DataFrame) -> pd.DataFrame:
             "wall_time_s": float(ok["wall_time_s"].sum()) if len(ok) else 0.0,
             "tokens_per_s": M.tokens_per_second(ok["new_tokens"], ok["wall_time_s"]) if len(ok) else math.nan,
             "tau": M.tau(ok["accept_lengths"]) if len(ok) else math.nan,
-            "score": M.quality(ok["score"]),
+            "score": M.quality(ok["score"]) if not n_score_errors else math.nan,
+            "complete": bool(complete.loc[q.index].all()),
+            "n_score_errors": n_score_errors,
         })
     return pd.DataFrame(rows, columns=[*QUESTION, "n_turns", "n_errors", "new_tokens", "wall_time_s",
-                                       "tokens_per_s", "tau", "score"])
+                                       "tokens_per_s", "tau", "score", "complete", "n_score_errors"])
 
 
 def _per_question_tps(questions: pd.DataFrame) -> pd.Series:
@@ -186,17 +216,21 @@ def _lossless_flag(values: pd.Series) -> bool | None:
 
 def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
                   seed: int = 0) -> pd.DataFrame:
-    """One row per (label, method, suite, temperature) with every headline number, all from :mod:`harness.measure.metrics`.
+    """One row per (label, method, suite, temperature) with every headline number, all from
+    :mod:`harness.measure.metrics`.
 
-    Columns: n_questions (measured), n_turns (measured), n_errors (error records); tokens_per_s (mean over
+    Columns: n_questions (measured), n_turns (measured), n_errors (error records), n_incomplete (questions with a
+    missing turn record, left out), n_score_errors (answers whose scorer failed); tokens_per_s (mean over
     questions), tau, tau_script; speedup (ratio of means) and speedup_gmean with its bootstrap CI
     (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
-    baseline); quality; lossless_share (temperature 0 only, vs the baseline's output ids); energy_per_token_j;
+    baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
+    output ids); energy_per_token_j;
     peak_memory_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
     draft); lossless (the method's declared flag).
     """
     questions = questions_table(turns)
     measured = _measured(turns)
+    score_failed = _score_failed(turns)
     depth = _max_depth(turns)
     rows = []
     for key, g in turns.groupby(GROUP, dropna=False, sort=False):
@@ -217,6 +251,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "n_questions": int(q["tokens_per_s"].notna().sum()),
             "n_turns": len(ok),
             "n_errors": int((g["status"] != "ok").sum()),
+            "n_incomplete": int((~q["complete"]).sum()),
+            "n_score_errors": int(score_failed.loc[g.index].sum()),
             "tokens_per_s": M.mean_tokens_per_second(tps),
             "tau": M.tau(_lists(ok["accept_lengths"])),
             "tau_script": M.tau_script(_lists(ok["accept_lengths"])),
@@ -224,7 +260,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "speedup_gmean": gmean,
             "speedup_ci_lo": lo,
             "speedup_ci_hi": hi,
-            "quality": M.quality(ok["score"]),
+            "quality": M.quality(ok["score"]) if not score_failed.loc[g.index].any() else math.nan,
             "lossless_share": (M.lossless_share(ok.to_dict("records"), base_ok.to_dict("records"))
                                if float(temp) == 0.0 else math.nan),
             "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
@@ -300,6 +336,27 @@ def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
         text += ("\n† not lossless: its output is not guaranteed to equal the target's greedy output (T = 0) or "
                  "to follow the target's distribution (T > 0).\n")
     return text
+
+
+def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None = None) -> str:
+    """A Markdown line on what reading the records left out (unreadable lines, superseded attempts, incomplete
+    questions, answers that failed to score); "" when nothing was. Example: "- records: 1 unreadable line
+    skipped (records.jsonl:5); 2 incomplete questions left out"."""
+    parts = []
+    if found.bad_lines:
+        where = [b.split(": ", 1)[0].removeprefix(f"{run_dir}{os.sep}") for b in found.bad_lines]
+        more = f", and {len(where) - 5} more" if len(where) > 5 else ""
+        s = "s" if len(where) > 1 else ""
+        parts.append(f"{len(where)} unreadable line{s} skipped ({', '.join(where[:5])}{more})")
+    if found.superseded:
+        parts.append(f"{found.superseded} records of superseded attempts left out")
+    if found.incomplete:
+        s = "s" if len(found.incomplete) > 1 else ""
+        parts.append(f"{len(found.incomplete)} incomplete question{s} left out (resume the run to finish them)")
+    if summary is not None and "n_score_errors" in summary and summary["n_score_errors"].sum():
+        parts.append(f"{int(summary['n_score_errors'].sum())} answers failed to score (score_error); the quality of "
+                     "their groups is n/a")
+    return f"- records: {'; '.join(parts)}\n" if parts else ""
 
 
 def provenance_header(manifest: Mapping[str, Any], turns: pd.DataFrame) -> str:
@@ -472,7 +529,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     manifest = read_manifest(run_dir)
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
     baseline = baseline_label or config.get("baseline") or "vanilla"
-    records = read_records(run_dir)
+    found = load_records(run_dir)
+    records = found.records
     if not records:
         raise ValueError(f"{run_dir / RECORDS_FILE}: contains no complete record")
 
@@ -489,8 +547,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     histogram_table(turns).to_csv(tables / "accept_hist.csv", index=False)
     paths["accept_hist_csv"] = tables / "accept_hist.csv"
     md = tables / "summary.md"
-    md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}\n"
-                  f"{paper_table(summary, baseline)}", encoding="utf-8")
+    md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
+                  f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}", encoding="utf-8")
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),

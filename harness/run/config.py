@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,9 @@ class RunConfig:
         need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
         need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
         for i, t in enumerate(self.temperatures):
-            need(isinstance(t, (int, float)) and t >= 0, f"temperatures[{i}]", f"must be >= 0, got {t!r}")
-        need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+            need(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, f"temperatures[{i}]",
+                 f"must be >= 0 and finite, got {t!r}")
+        need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")  # also refuses NaN
         need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         need(self.repeats >= 1, "repeats", f"must be >= 1, got {self.repeats}")
         need(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}")

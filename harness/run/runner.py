@@ -1,9 +1,14 @@
 """The one run loop: method x temperature x seed x repeat x suite x question, one record per turn.
 
 Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every timed turn is bracketed
-by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn (exception or out-of-memory) becomes
-an error record and the run goes on. Records of a question are appended together, so a killed run can be resumed
-(``draftbench run --resume RUN_DIR``) with no lost and no duplicated records.
+by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn (exception or out-of-memory)
+becomes an error record and the run goes on; a failing scorer becomes the record's ``score_error``. Records of a
+question are appended together, so a killed or interrupted run can be resumed (``draftbench run --resume RUN_DIR``)
+with no lost and no duplicated records: the resumed run re-runs every question that is not complete, after checking
+that the suites' files still have the checksums the manifest recorded.
+
+The run directory is created (atomically, with a unique name) before the target is loaded, so a bad output directory
+fails at once; it is removed again, if still empty, when the run fails before its manifest is written.
 
 Data parallel: under ``accelerate launch --num_processes W draftbench run ...`` every process loads the target on
 its own device, takes every W-th pending question and writes its own records file; rank 0 writes the manifest.
@@ -13,9 +18,12 @@ accelerate does the process management (no scheduler of our own).
 from __future__ import annotations
 
 import gc
+import itertools
 import json
+import math
 import os
 import traceback
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +32,10 @@ from typing import Any
 
 import torch
 
-from harness.engine.method import Method
+from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
-from harness.measure.records import RecordStore, question_key
+from harness.measure.records import RecordStore, dumps_json, question_key
 from harness.measure.trackers import Tracker
 from harness.models import Target, load_target
 from harness.registry import get_method
@@ -36,6 +44,15 @@ from harness.run.suites import Suite, load_suite
 from harness.run.suites import score as score_answer
 
 MANIFEST_FILE = "manifest.json"
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run. ``run_dir``: the run to resume (its records so far are stored), or None when the run was
+    interrupted before its manifest was written (nothing to resume; the empty run directory is removed)."""
+
+    def __init__(self, run_dir: Path | None):
+        super().__init__(str(run_dir) if run_dir else "interrupted before the run started")
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -56,14 +73,32 @@ def question_seed(seed: int, question_id: str) -> int:
 
 
 def new_run_dir(config: RunConfig) -> Path:
-    base = Path(config.output_dir)
+    """Create and return a new, empty run directory ``<output_dir>/<timestamp>-<digest>[-n]``.
+
+    The directory is created with an exclusive ``mkdir``, so two runs started in the same second get different
+    directories (the second one gets ``-2``) and never share or overwrite a run. An output directory that cannot hold
+    run directories (a file, not writable) raises :class:`ConfigError` naming it.
+    """
+    base = Path(config.output_dir).expanduser()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"output directory {base} (--output-dir): cannot create it: {e.strerror or e}") from None
+    if not base.is_dir():
+        raise ConfigError(f"output directory {base} (--output-dir): not a directory")
     stamp = env.now_iso().replace(":", "").replace("+0000", "Z").replace("-", "")
-    run_dir = base / f"{stamp}-{config.digest()}"
-    n = 1
-    while run_dir.exists():  # never overwrite a run
-        n += 1
-        run_dir = base / f"{stamp}-{config.digest()}-{n}"
-    return run_dir
+    name = f"{stamp}-{config.digest()}"
+    for n in itertools.count(1):
+        run_dir = base / (name if n == 1 else f"{name}-{n}")
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue  # never overwrite a run: another run took this name
+        except OSError as e:
+            raise ConfigError(f"output directory {base} (--output-dir): cannot create a run directory there: "
+                              f"{e.strerror or e}") from None
+        return run_dir
+    raise AssertionError("unreachable")
 
 
 def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: list, methods: dict[str, Method]) -> dict:
@@ -101,12 +136,13 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
     messages: list[dict] = []
     records = []
     failed: str | None = None
+    attempt = uuid.uuid4().hex[:16]  # shared by this attempt's records (see harness.measure.records)
     for turn, text in enumerate(question.turns):
         rec = {
-            "run_id": ctx.run_id, "status": "ok", "error": None, "method": method.name, "label": ctx.label,
-            "lossless": method.lossless, "method_options": method.describe()["options"],
+            "run_id": ctx.run_id, "status": "ok", "error": None, "attempt": attempt, "method": method.name,
+            "label": ctx.label, "lossless": method.lossless, "method_options": method.describe()["options"],
             "suite": suite.name, "suite_version": suite.version, "question_id": str(question.question_id),
-            "category": question.category, "turn": turn, "target": target.name,
+            "category": question.category, "turn": turn, "question_turns": len(question.turns), "target": target.name,
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
         }
@@ -143,15 +179,25 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
             rec.update(status="error", error=failed)
             if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
                 _free_memory(target.device)
-        rec["score"], rec["score_name"] = None, None
+        rec["score"], rec["score_name"], rec["score_error"] = None, None, None
         if score and suite.scorer and turn == len(question.turns) - 1 and rec["status"] == "ok":
+            rec["score_name"] = suite.scorer
             try:
-                rec["score"], rec["score_name"] = score_answer(suite.scorer, question, rec["output_text"]), suite.scorer
+                rec["score"] = _checked_score(score_answer(suite.scorer, question, rec["output_text"]))
             except Exception as exc:
-                rec["score_name"], rec["error"] = suite.scorer, f"scoring failed: {_error_text(exc)}"
+                rec["score_error"] = _error_text(exc)
         rec["timestamp"] = env.now_iso()
         records.append(rec)
     return records
+
+
+def _checked_score(value: Any) -> float:
+    """A scorer's result as a float; anything but a finite number is a scoring failure."""
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"the scorer returned {value!r}, not a finite number")
+    return float(value)
 
 
 def _free_memory(device: torch.device) -> None:
@@ -161,10 +207,40 @@ def _free_memory(device: torch.device) -> None:
 
 
 def load_manifest(run_dir: Path) -> dict:
+    """The manifest of a run directory; a missing, unreadable or malformed one raises :class:`ConfigError` naming
+    the file."""
     path = Path(run_dir) / MANIFEST_FILE
     if not path.exists():
         raise ConfigError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: corrupt manifest, cannot resume: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise ConfigError(f"{path}: corrupt manifest, cannot resume: expected a JSON object with a \"config\" object")
+    return manifest
+
+
+def check_suites_unchanged(manifest: dict, suites: list[Suite], run_dir: Path) -> None:
+    """Refuse to resume when a suite's questions file is not the one the run started with (sha256 in the manifest):
+    new answers to changed prompts would be mixed with the old ones."""
+    recorded = manifest.get("suites") if isinstance(manifest.get("suites"), dict) else {}
+    for suite in suites:
+        old = (recorded.get(suite.name) or {}).get("sha256") if isinstance(recorded.get(suite.name), dict) else None
+        if old is None:
+            raise ConfigError(f"--resume {run_dir}: the manifest records no checksum for suite {suite.name!r}; "
+                              "cannot tell whether its questions changed, start a new run")
+        if old != suite.sha256:
+            raise ConfigError(f"--resume {run_dir}: suite {suite.name!r} changed since the run started: "
+                              f"{suite.source} has sha256 {suite.sha256}, the manifest recorded {old}; resuming "
+                              "would mix answers to different questions (restore the file or start a new run)")
+
+
+def _resumed_config(manifest: dict, run_dir: Path) -> RunConfig:
+    try:
+        return config_from_dict(dict(manifest["config"]))
+    except ConfigError as e:
+        raise ConfigError(f"{Path(run_dir) / MANIFEST_FILE}: {e}") from None
 
 
 @dataclass
@@ -202,42 +278,84 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     """Run ``config`` into a new run directory, or continue the run in ``resume``; return the run directory.
 
     ``target`` may be passed in (tests use tiny in-process models); ``on_question`` is called after every stored
-    question (tests use it to simulate a kill).
+    question (tests use it to simulate a kill). Bad input (configuration, suites, method options, output directory)
+    fails before the target is loaded. Ctrl-C raises :class:`RunInterrupted` naming the run to resume.
     """
     dist = Distributed.detect()
+    manifest = None
     if resume is not None:
         run_dir = Path(resume)
         manifest = load_manifest(run_dir)
-        stored = config_from_dict({k: v for k, v in manifest["config"].items()})
+        stored = _resumed_config(manifest, run_dir)
         if config is not None and config.digest() != stored.digest():
             raise ConfigError(f"--resume {run_dir}: the given configuration differs from the run's "
                               f"(digest {config.digest()} != {stored.digest()}); resume without changing it")
         config = stored
-    else:
-        if config is None:
-            raise ConfigError("run: a configuration or --resume RUN_DIR is required")
-        run_dir = Path(dist.share(str(new_run_dir(config)) if dist.rank == 0 else None))
-        manifest = None
+    elif config is None:
+        raise ConfigError("run: a configuration or --resume RUN_DIR is required")
     if config.threads:
         torch.set_num_threads(config.threads)
 
     data_dir = config.data_dir or os.environ.get("DRAFTBENCH_DATA")
     suites = [load_suite(s, data_dir).select(config.limit, config.questions) for s in config.suites]
-    # build every method before loading anything heavy fails late: unknown names and bad options fail here
+    if manifest is not None:
+        check_suites_unchanged(manifest, suites, run_dir)
+    # unknown method names and bad options fail here, before anything heavy is loaded
     classes = {spec.label: get_method(spec.name) for spec in config.methods}
-    if target is None:
-        device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
-        target = load_target(config.target, config.dtype, device, config.device_map)
-    methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if manifest is None and dist.rank == 0:
-        manifest = build_manifest(config, run_dir, target, suites, methods)
-        manifest["processes"] = dist.world
-        (run_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, default=str))
+    for spec in config.methods:
+        build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
+    if resume is None:
+        run_dir = _shared_run_dir(config, dist)
+    started = manifest is not None  # the run has a manifest: it can be resumed
+    try:
+        if target is None:
+            device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
+            target = load_target(config.target, config.dtype, device, config.device_map)
+        methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
+        if manifest is None and dist.rank == 0:
+            manifest = build_manifest(config, run_dir, target, suites, methods)
+            manifest["processes"] = dist.world
+            (run_dir / MANIFEST_FILE).write_text(dumps_json(manifest, indent=1, default=str), encoding="utf-8")
+        dist.barrier()
+        started = True
+        _run_all(config, run_dir, dist, target, suites, methods, progress, on_question)
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_dir if started else None) from None
+    finally:
+        if not started and resume is None and dist.rank == 0:
+            _remove_if_empty(run_dir)
     dist.barrier()
-    store = RecordStore(run_dir, rank=dist.rank if dist.world > 1 else None)
-    done = store.done_keys()
+    return run_dir
+
+
+def _shared_run_dir(config: RunConfig, dist: Distributed) -> Path:
+    """Rank 0 creates the run directory and every process gets its name (or rank 0's error)."""
+    made: tuple[str, str] | None = None
+    if dist.rank == 0:
+        try:
+            made = ("dir", str(new_run_dir(config)))
+        except ConfigError as e:
+            made = ("error", str(e))
+    kind, value = dist.share(made)
+    if kind == "error":
+        raise ConfigError(value)
+    return Path(value)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    try:
+        run_dir.rmdir()  # only ever removes an empty directory
+    except OSError:
+        pass
+
+
+def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target, suites: list[Suite],
+             methods: dict[str, Method], progress: bool, on_question: Callable | None) -> None:
+    """Every pending question of the run: those without a complete attempt in the run's records."""
+    store = RecordStore(run_dir, rank=dist.rank if dist.world > 1 else None)  # repairs this process's torn tail
+    dist.barrier()
+    done = store.done_keys({(s.name, q.question_id): len(q.turns) for s in suites for q in s.questions})
+    dist.barrier()  # every process has read the same records before any appends: they split the same pending list
     tracker = Tracker(target.device)
 
     for spec in config.methods:
@@ -259,8 +377,6 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                             _show_speed(bar, recs)
                             if on_question is not None:
                                 on_question(recs)
-    dist.barrier()
-    return run_dir
 
 
 def _key(ctx: TurnContext, q) -> tuple:

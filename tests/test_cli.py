@@ -1,0 +1,214 @@
+"""``draftbench run`` in-process: bad input and Ctrl-C end in one clear line on stderr (exit 2 / 130), before any
+model is loaded where the input can be checked first, and lose nothing.
+
+The target loader is replaced: by one that fails the test where the model must not be loaded, by a tiny in-process
+model where a run must happen.
+"""
+
+import json
+import os
+
+import pytest
+
+from harness.cli import main
+from harness.engine.method import Generation, Method
+from harness.registry import METHODS, register_method
+from harness.run import runner
+from tests.tiny import tiny_target
+
+QUESTIONS = [{"question_id": 1, "turns": ["Say hi.", "Now say bye."]}, {"question_id": 2, "turns": ["stop here"]},
+             {"question_id": 3, "turns": ["3+3?"]}]
+
+
+if "ctrl_c_test" not in METHODS:
+    @register_method("ctrl_c_test")
+    class CtrlC(Method):
+        """Test method: answers "ok!", and raises KeyboardInterrupt (as Ctrl-C would) on a prompt saying "stop
+        here" while ``armed``."""
+
+        armed = True
+
+        def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
+            if CtrlC.armed and "stop here" in self.target.tokenizer.decode(prompt_ids[0].tolist()):
+                raise KeyboardInterrupt
+            ids = self.target.tokenizer("ok!", add_special_tokens=False)["input_ids"][:max_new_tokens]
+            return Generation(token_ids=ids, accept_lengths=[1] * len(ids), stop_reason="max_new_tokens")
+
+
+@pytest.fixture()
+def suite_file(tmp_path):
+    p = tmp_path / "q.jsonl"
+    p.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return p
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """Loading the target fails the test: the error must come before the model is loaded."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the target was loaded before the bad input was noticed")
+
+    monkeypatch.setattr(runner, "load_target", fail)
+
+
+@pytest.fixture()
+def tiny_model(monkeypatch):
+    monkeypatch.setattr(runner, "load_target", lambda *a, **k: tiny_target(eos=False))
+
+
+def run_cli(argv, capsys) -> tuple[int, str]:
+    """Exit code and stderr of ``draftbench`` + argv (a KeyboardInterrupt escaping main fails the test instead of
+    stopping pytest)."""
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped draftbench's main()")
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    return lines[0]
+
+
+def base_args(tmp_path, suite_file, *extra):
+    return ["run", "--suites", str(suite_file), "--methods", "vanilla", "--output-dir", str(tmp_path / "results"),
+            "--max-new-tokens", "4", "--warmup", "0", "--no-progress", "--no-report", *extra]
+
+
+def test_output_dir_that_is_a_file_fails_before_the_model_loads(tmp_path, suite_file, capsys, no_model):
+    """--output-dir naming a file was only found after the model had loaded, with a traceback."""
+    blocker = tmp_path / "results"
+    blocker.write_text("not a directory")
+    code, err = run_cli(base_args(tmp_path, suite_file), capsys)
+    assert code == 2
+    assert one_line(err).startswith(f"draftbench: error: output directory {blocker} (--output-dir): ")
+    assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_output_dir_fails_before_the_model_loads(tmp_path, suite_file, capsys, no_model):
+    """An output directory without write permission: one line naming it, no model loaded."""
+    locked = tmp_path / "results"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, err = run_cli(base_args(tmp_path, suite_file), capsys)
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and f"output directory {locked} (--output-dir)" in one_line(err)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("/nonexistent/model-folder", "target '/nonexistent/model-folder': no such folder"),
+    ("nonexistent-org/nonexistent-model", "target 'nonexistent-org/nonexistent-model': not a local folder and not "
+                                          "in the Hugging Face cache"),
+])
+def test_missing_target_is_one_line_naming_it(tmp_path, suite_file, capsys, monkeypatch, target, message):
+    """A target path or hub id that does not exist gave a 45-55 line OSError traceback; offline (HF_HUB_OFFLINE) the
+    line must say so, and no run directory may be left behind."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = run_cli(base_args(tmp_path, suite_file, "--target", target), capsys)
+    line = one_line(err)
+    assert code == 2 and line.startswith(f"draftbench: error: {message}")
+    if "/" in target and not target.startswith("/"):
+        assert "offline (HF_HUB_OFFLINE)" in line
+    assert list((tmp_path / "results").iterdir()) == []
+
+
+def test_hub_id_without_network_says_the_hub_cannot_be_reached(tmp_path, suite_file, capsys, monkeypatch):
+    """Not offline by setting, but no network: the download retried for ~25 s and ended in a long OSError. One line
+    must say that the hub cannot be reached (the probe is replaced by one that cannot connect)."""
+    import huggingface_hub
+
+    def no_network(self, repo_id, **kwargs):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_network)
+    code, err = run_cli(base_args(tmp_path, suite_file, "--target", "nonexistent-org/nonexistent-model"), capsys)
+    line = one_line(err)
+    assert code == 2 and line.startswith("draftbench: error: target 'nonexistent-org/nonexistent-model': not a local "
+                                         "folder and not in the Hugging Face cache")
+    assert line.endswith("the hub cannot be reached (this machine looks offline: ConnectionError: [Errno -2] Name or "
+                         "service not known)")
+
+
+def test_report_names_a_corrupt_line_in_one_warning_line(tmp_path, capsys):
+    """`draftbench report` over a records file with a corrupt middle line: one line on stderr naming file:line (not
+    a Python warning with its source line), and the report still built from the other records."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rec = {"run_id": "run", "status": "ok", "error": None, "method": "vanilla", "label": "vanilla", "lossless": True,
+           "suite": "s", "question_id": "1", "turn": 0, "question_turns": 1, "temperature": 0.0, "seed": 0,
+           "repeat": 0, "new_tokens": 2, "steps": 2, "accept_lengths": [1, 1], "accepted_drafts": [],
+           "draft_depths": [], "wall_time_s": 1.0}
+    (run_dir / "records.jsonl").write_text("not json\n" + json.dumps(rec) + "\n")
+    code, err = run_cli(["report", str(run_dir)], capsys)
+    assert code == 0
+    assert one_line(err) == (f"draftbench: warning: {run_dir / 'records.jsonl'}:1: not valid JSON (Expecting value "
+                             "at column 1); line skipped, the lines after it are read")
+    assert (run_dir / "tables" / "summary.csv").exists()
+
+
+def test_ctrl_c_is_one_line_with_the_resume_command_and_the_records_stay(tmp_path, suite_file, capsys, tiny_model):
+    """Ctrl-C printed a 91-line KeyboardInterrupt. It must print one line with the exact resume command, exit 130,
+    keep question 1's records, and that command must finish the run."""
+    CtrlC.armed = True
+    args = base_args(tmp_path, suite_file)
+    args[args.index("vanilla")] = "ctrl_c_test"
+    code, err = run_cli(args, capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 130
+    assert one_line(err) == (f"draftbench: interrupted; the records so far are kept in {run_dir}; resume with: "
+                             f"draftbench run --resume {run_dir}")
+    assert [json.loads(x)["question_id"] for x in (run_dir / "records.jsonl").read_text().splitlines()] == ["1", "1"]
+    CtrlC.armed = False
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
+    assert code == 0 and err == ""
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    assert [json.loads(x)["question_id"] for x in lines] == ["1", "1", "2", "3"]
+
+
+def test_corrupt_manifest_names_the_file(tmp_path, capsys, no_model):
+    """A corrupt manifest gave json's bare "Expecting value: line 1 column 1 (char 0)": which file?"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text("{truncated")
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress"], capsys)
+    assert code == 2
+    assert one_line(err).startswith(f"draftbench: error: {run_dir / 'manifest.json'}: corrupt manifest")
+
+
+def test_flags_given_with_resume_are_refused_by_name(tmp_path, capsys, no_model):
+    """`run --resume R --limit 3` silently ran the stored configuration; flags that would change a resumed run must
+    be refused, by name, before anything is read."""
+    code, err = run_cli(["run", "--resume", str(tmp_path), "--limit", "3", "--opt", "pld.max_ngram=2",
+                         "--no-report"], capsys)
+    assert code == 2
+    line = one_line(err)
+    assert "--limit, --opt cannot be given with it (only --no-progress, --no-report)" in line
+
+
+def test_method_option_of_the_wrong_type_names_option_and_type(tmp_path, suite_file, capsys, no_model):
+    """`--opt eagle2.top_k=abc` failed inside the method with "'<' not supported between 'str' and 'int'", and
+    only after the model had loaded."""
+    args = base_args(tmp_path, suite_file, "--opt", "eagle2.top_k=abc")
+    args[args.index("vanilla")] = "eagle2"
+    code, err = run_cli(args, capsys)
+    assert code == 2
+    assert one_line(err) == "draftbench: error: method 'eagle2': option top_k expects an integer, got 'abc'"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "inf"], "run.temperatures[0]: must be >= 0 and finite, got inf"),
+    (["--temperature", "0,nan"], "run.temperatures[1]: must be >= 0 and finite, got nan"),
+    (["--top-p", "nan"], "run.top_p: must be in (0, 1], got nan"),
+])
+def test_non_finite_sampling_settings_are_refused(tmp_path, suite_file, capsys, no_model, flags, message):
+    """`--temperature inf` was accepted and written to the manifest as `Infinity`, which is not JSON."""
+    code, err = run_cli(base_args(tmp_path, suite_file, *flags), capsys)
+    assert code == 2 and one_line(err) == f"draftbench: error: {message}"
