@@ -29,7 +29,9 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
       ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
       ptrace, process_vm_*, signals to other processes, and (un)mounting, namespaces, chroot, bpf, io_uring,
-      perf events, userfaultfd, keyrings, module loading, open_by_handle_at;
+      perf events, userfaultfd, keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
+      read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
+      metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
     * ``disk_watchdog`` (in the parent, out of the program's reach): kills the group when the working directory
       on the host grows past ``max_workdir_mb``; the only byte cap where no tmpfs could be mounted, and a coarse
       one (it polls, so up to one poll interval of writing can overshoot).
@@ -364,7 +366,12 @@ _SECCOMP_ARCH = {
                         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
                         "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246, "init_module": 175,
                         "finit_module": 313, "delete_module": 176},
-               "own_pid_only": {"kill": 62, "tgkill": 234}},
+               "own_pid_only": {"kill": 62, "tgkill": 234},
+               "metadata": {"chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
+                            "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261,
+                            "utimensat": 280, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
+                            "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463,
+                            "removexattrat": 466}},
     "aarch64": {"audit_arch": 0xC00000B7, "x32_bit": None, "clone": 220, "clone3": 435, "execveat": 281,
                 "deny": {"execve": 221, "socket": 198, "ptrace": 117, "tkill": 130,
                          "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424,
@@ -376,7 +383,10 @@ _SECCOMP_ARCH = {
                          "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "keyctl": 219,
                          "add_key": 217, "request_key": 218, "kexec_load": 104, "init_module": 105,
                          "finit_module": 273, "delete_module": 106},
-                "own_pid_only": {"kill": 129, "tgkill": 131}},
+                "own_pid_only": {"kill": 129, "tgkill": 131},
+                "metadata": {"fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54,
+                             "utimensat": 88, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
+                             "lremovexattr": 15, "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466}},
 }
 
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -386,11 +396,13 @@ _EPERM, _ENOSYS = 1, 38
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low 32 bits, little endian)
 
 
-def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None,
+                    deny_metadata: bool = False) -> list[tuple[int, int, int, int]]:
     """The seccomp BPF filter as (code, jt, jf, k) instructions, or [] for an architecture it does not know.
 
     Every rule block starts with the syscall number in the accumulator and either returns or jumps past itself:
-    wrong architecture -> EPERM; denied syscalls -> EPERM; execveat -> allowed only on descriptor ``exec_fd``
+    wrong architecture -> EPERM; denied syscalls -> EPERM; with ``deny_metadata`` also chmod/chown/utimes/xattr
+    changes (Landlock does not cover file metadata; used where no read-only mount view exists); execveat -> allowed only on descriptor ``exec_fd``
     (None: never); clone3 -> ENOSYS (glibc then falls back to clone, whose flags BPF can read); clone -> allowed
     only with CLONE_THREAD (threads yes, processes no); kill/tgkill -> allowed only for ``own_pid`` or 0 (own
     process group); anything else -> allowed.
@@ -403,7 +415,8 @@ def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None) -> l
             (_BPF_LD_W_ABS, 0, 0, _OFF_NR)]
     if arch["x32_bit"] is not None:
         prog += [(_BPF_JGE_K, 0, 1, arch["x32_bit"]), (_BPF_RET_K, 0, 0, deny)]
-    for nr in arch["deny"].values():
+    denied = list(arch["deny"].values()) + (list(arch["metadata"].values()) if deny_metadata else [])
+    for nr in denied:
         prog += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, deny)]
     if exec_fd is None:
         prog += [(_BPF_JEQ_K, 0, 1, arch["execveat"]), (_BPF_RET_K, 0, 0, deny)]
@@ -428,12 +441,12 @@ def _libc():
     return libc
 
 
-def install_seccomp_filter(exec_fd: int | None = None) -> bool:
+def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = False) -> bool:
     """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads); False if impossible."""
     import ctypes
     import platform
 
-    prog = seccomp_program(platform.machine(), os.getpid(), exec_fd)
+    prog = seccomp_program(platform.machine(), os.getpid(), exec_fd, deny_metadata)
     if not prog or not sys.platform.startswith("linux"):
         return False
 
@@ -713,8 +726,9 @@ def _fence(config: dict) -> None:
         if fd != EXEC_FD:
             os.dup2(fd, EXEC_FD, inheritable=False)
             os.close(fd)
-        if "seccomp" not in disable and install_seccomp_filter(exec_fd=EXEC_FD):
-            protections.append("seccomp")
+        read_only_view = "mountns_readonly" in protections
+        if "seccomp" not in disable and install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view):
+            protections += ["seccomp"] if read_only_view else ["seccomp", "seccomp_metadata"]
     config["protections"] = protections
     argv = [sys.executable, "-I", "-B", os.path.abspath(__file__), "run", json.dumps(config)]
     if linux:
@@ -780,7 +794,11 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
     type_, str_, bytes_, int_, tuple_, len_ = type, str, bytes, int, tuple, len
     OSError_, ValueError_, TypeError_ = OSError, ValueError, TypeError
     PermissionError_, AttributeError_ = PermissionError, AttributeError
-    refused, frame_attrs, blocked, path_events = _REFUSED_EVENTS, _FRAME_ATTRIBUTES, _BLOCKED_MODULES, _PATH_EVENTS
+    import types
+
+    # private immutable copies: the module's own tables can be reached (and mutated) by a program
+    refused, frame_attrs, blocked = frozenset(_REFUSED_EVENTS), frozenset(_FRAME_ATTRIBUTES), frozenset(_BLOCKED_MODULES)
+    path_events = types.MappingProxyType({k: (tuple(p), tuple(f)) for k, (p, f) in _PATH_EVENTS.items()})
     write_flags, dir_flags, devnull = _WRITE_FLAGS, _DIR_FLAGS, os.devnull
     s_ifmt, s_iflnk, s_ifdir = 0o170000, 0o120000, 0o040000
     st_root, st_fs_root = stat_(root), stat_("/")
@@ -794,7 +812,8 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
         return None
 
     def resolve(path):
-        """Absolute path with every symlink resolved (missing components taken literally); None if unresolvable."""
+        """Absolute path with every symlink resolved (missing components taken literally); None if unresolvable
+        or if resolving it passes through /proc (whose magic links lead anywhere)."""
         if "\x00" in path:
             return None
         if not path.startswith("/"):
@@ -812,6 +831,8 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
                     done.pop()
                 continue
             done.append(name)
+            if done[0] == "proc":
+                return None
             current = "/" + "/".join(done)
             try:
                 st = lstat(current)
@@ -849,7 +870,9 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
 
     def dir_fd_inside(fd):
         rel = "."
-        for _ in range(256):
+        depth = 0
+        while depth < 256:
+            depth += 1
             try:
                 st = stat_(rel, dir_fd=fd)
             except (OSError_, ValueError_, TypeError_):
@@ -914,7 +937,7 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
             for i in fd_indices:
                 if i < len_(args):
                     fd = args[i]
-                    if fd is not None and not (type_(fd) is int_ and (fd == -100 or dir_fd_inside(fd))):
+                    if fd is not None and not (type_(fd) is int_ and (fd == -1 or fd == -100 or dir_fd_inside(fd))):
                         raise PermissionError_(f"draftbench sandbox: {event} with a dir_fd outside the working "
                                                "directory")
             for i in path_indices:
