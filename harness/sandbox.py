@@ -476,6 +476,7 @@ def _set_no_new_privs(libc) -> bool:
 
 def _enter_namespaces(libc, net: bool, mount: bool) -> set[str]:
     """Unshare the wanted namespaces (directly as root, else inside a new user namespace); return what was made."""
+    uid, gid = os.getuid(), os.getgid()  # afterwards, until the maps are written, these read as the overflow id
     wanted = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if mount else 0)
     attempts = [wanted, CLONE_NEWNET] if mount and net else [wanted]
     for flags in attempts:
@@ -485,21 +486,22 @@ def _enter_namespaces(libc, net: bool, mount: bool) -> set[str]:
             return {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
         if libc.unshare(flags | CLONE_NEWUSER) == 0:
             made = {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
-            if not _map_own_ids():
+            if not map_own_ids(uid, gid):
                 made.discard("mountns")  # unmapped: mounting would fail or own nothing
             return made
     return set()
 
 
-def _map_own_ids() -> bool:
-    """Map our uid/gid to themselves in the new user namespace (the only mapping an unprivileged user may write)."""
+def map_own_ids(uid: int, gid: int) -> bool:
+    """Map ``uid``/``gid`` (ours, read before unsharing) to themselves in the new user namespace: the only mapping
+    an unprivileged user may write."""
     try:
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
         with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{os.getuid()} {os.getuid()} 1")
+            f.write(f"{uid} {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{os.getgid()} {os.getgid()} 1")
+            f.write(f"{gid} {gid} 1")
         return True
     except OSError:
         return False

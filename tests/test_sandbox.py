@@ -442,3 +442,70 @@ def test_landlock_rights_follow_the_abi():
 
     counts = [bin(landlock_handled_rights(abi)).count("1") for abi in range(8)]
     assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
+
+
+def _in_forked_child(fn):
+    """Run ``fn`` in a forked child (namespaces and mounts stay there) and return the repr of its result."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out = repr(fn())
+        except BaseException as e:  # noqa: BLE001 -- reported to the parent
+            out = "error " + repr(e)
+        finally:
+            os.write(write_fd, out.encode())
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    out = os.read(read_fd, 100_000).decode()
+    os.close(read_fd)
+    return out
+
+
+@linux_only
+@pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
+def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):
+    """Two paths CI would otherwise never take: an unprivileged user's (the mounts are made inside a new user
+    namespace, whose uid map must be written with the ids read before unsharing) and a kernel without
+    mount_setattr (each mount remounted read-only in turn). Either way: the working directory stays writable,
+    everything else is read-only, and with the capabilities dropped nothing can be remounted or chmod-ed."""
+    import harness.sandbox as sandbox
+
+    work = tmp_path / "work"
+    work.mkdir()
+    real = sandbox._libc()
+
+    class UserNamespaceOnly:  # refuses unshare without CLONE_NEWUSER, as for a user without CAP_SYS_ADMIN
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def unshare(self, flags):
+            return -1 if not flags & sandbox.CLONE_NEWUSER else real.unshare(flags)
+
+    if path == "remount_each_mount":
+        monkeypatch.setattr(sandbox, "_mount_setattr", lambda *a: False)
+    libc = UserNamespaceOnly() if path == "user_namespace" else real
+
+    available = _in_forked_child(lambda: real.unshare(sandbox.CLONE_NEWUSER | sandbox.CLONE_NEWNS) == 0)
+    if available != "True":
+        pytest.skip("no user namespaces on this machine")
+
+    def build():
+        namespaces = sandbox._enter_namespaces(libc, net=True, mount=True)
+        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"})
+        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real)}
+        for name, target in (("inside", work / "x"), ("outside", tmp_path / "escape")):
+            try:
+                open(target, "w").close()
+                outcome[name] = "written"
+            except OSError as e:
+                outcome[name] = e.errno
+        outcome["remount"] = real.mount(None, b"/", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: read-write
+        outcome["chmod"] = real.chmod(str(tmp_path).encode(), 0o777)
+        return outcome
+
+    out = _in_forked_child(build)
+    assert out == repr({"made": ["workdir_tmpfs", "mountns_readonly", "proc_hidden"], "no_capabilities": True,
+                        "inside": "written", "outside": 30, "remount": -1, "chmod": -1})  # 30: EROFS
+    assert not (tmp_path / "escape").exists()
