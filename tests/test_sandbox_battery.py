@@ -25,7 +25,7 @@ import pytest
 
 from harness.sandbox import landlock_abi, run_untrusted
 from suites import Question
-from suites.scoring import HUMANEVAL_INSTRUCTION, humaneval_problems, score
+from suites.scoring import HUMANEVAL_INSTRUCTION, humaneval_pass_at_1, humaneval_problems
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's kernel layers are Linux's")
 
@@ -212,7 +212,7 @@ def test_honest_completions_score_what_they_deserve(name):
     """If the correct completion scored 0 the sandbox would break every HumanEval run; if a wrong one scored 1
     the scorer would be meaningless even without any attack."""
     completion, expected = CONTROLS[name]
-    assert score("humaneval_pass_at_1", QUESTION, completion) == expected
+    assert humaneval_pass_at_1(QUESTION, completion) == expected
 
 
 @linux_only
@@ -220,7 +220,7 @@ def test_honest_completions_score_what_they_deserve(name):
 def test_wrong_program_cannot_score_as_passing(name):
     """Each of these completions is wrong; a score of 1.0 means an exit trick, a forged status, a stolen verdict
     token or a replaced/fooled check() made the scorer count a failing program as correct."""
-    assert score("humaneval_pass_at_1", QUESTION, VERDICT_ATTACKS[name]) == 0.0
+    assert humaneval_pass_at_1(QUESTION, VERDICT_ATTACKS[name]) == 0.0
 
 
 # Non-vacuity of the verdict battery: with the named layers switched off these attacks DO forge a pass, and each
