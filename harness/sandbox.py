@@ -22,10 +22,11 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
       the mounts above cannot be changed back; ``no_new_privs`` is set;
     * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
       beneath every top-level directory except ``/proc``, everything beneath the working directory, writing
-      ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed, linked or
-      chmod-ed outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
-      ``/proc/self/fd`` or libc. From ABI 4 TCP bind/connect are denied, from ABI 6 signals and abstract unix
-      sockets are scoped to the sandbox;
+      ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed or linked
+      outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
+      ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod, chown, utimes, xattrs): the
+      read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect are denied, from ABI 6
+      signals and abstract unix sockets are scoped to the sandbox;
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
       ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
       ptrace, process_vm_*, signals to other processes, and (un)mounting, namespaces, chroot, bpf, io_uring,
@@ -70,7 +71,14 @@ for an unprivileged uid; the read-only mounts, Landlock and the dropped capabili
 protection of the test's own computations: a completion may redefine names the test code uses (``abs``, a
 prompt helper such as ``poly``, ``math.fabs``), as with the original HumanEval harness. Without Landlock and
 without a mount namespace the file fence is the audit hook alone (``kernel_file_fence`` is False); for code you
-have reason to distrust, run the whole harness in a container or VM.
+have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
+``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
+the kernel in the read-only-mount configuration.)
+
+What the hook costs honest programs: file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is
+refused), no symlinks, no ``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames), no ``ctypes``
+(so no ``numpy``); with a verdict the test runs in a thread, so ``signal.signal`` is unavailable to it. All 164
+HumanEval canonical solutions pass.
 
 :attr:`SandboxResult.protections` records which layers were actually in place for each run.
 """
