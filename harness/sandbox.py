@@ -1,35 +1,84 @@
 """Run model-written Python (HumanEval completions) in a separate, fenced-in process.
 
-:func:`run_untrusted` starts ``python -I -B harness/sandbox.py <config>``; that child (the *bootstrap*, the code
-under ``__main__`` below, standard library only) fences itself in and then ``exec``s the program. Layers, from
-strongest to weakest:
+:func:`run_untrusted` starts ``python -I -B harness/sandbox.py fence <config>``. That first child (*stage 1*, standard
+library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -B
+harness/sandbox.py run <config>`` (*stage 2*) that never loads ``ctypes``, installs an audit hook and runs the
+program. The fences survive the ``execve``; ``ctypes`` does not, so none of its types are reachable from the program.
 
-Kernel-enforced (cannot be undone from Python once in place):
-    * a separate process in its own session/process group, with stdin closed, a minimal environment
-      (no proxies, ``HOME`` and ``TMPDIR`` = the working directory) and a fresh temporary working directory that
-      is deleted afterwards;
-    * a wall-clock timeout after which the whole process group is SIGKILLed (and it is SIGKILLed at the end in
-      any case, so nothing outlives the call unless it left the group, which the seccomp filter prevents);
-    * rlimits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (also caps captured stdout/stderr, which are files),
-      RLIMIT_NOFILE, RLIMIT_CORE=0, and RLIMIT_NPROC for non-root users (the kernel ignores it for uid 0);
-    * a new network namespace (``unshare(CLONE_NEWUSER|CLONE_NEWNET)``, or ``CLONE_NEWNET`` alone as root where
-      user namespaces are disabled): no interface but a down loopback, so every connection fails. The user
-      namespace also drops the host capabilities;
-    * on Linux x86_64/aarch64 a seccomp filter that refuses (EPERM) new processes (fork, vfork, clone without
-      CLONE_THREAD, execve), sockets, ptrace, process_vm_* and signals to any other process.
+Kernel-enforced layers (the program cannot undo them, whatever Python or native code it runs):
+    * a separate process in its own session/process group, stdin closed, a minimal environment (``HOME`` and
+      ``TMPDIR`` = the working directory) and a fresh temporary working directory that is deleted afterwards;
+      a wall-clock timeout after which the process group is SIGKILLed (and it is SIGKILLed at the end anyway);
+    * rlimits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, including captured stdout/stderr),
+      RLIMIT_NOFILE, RLIMIT_CORE=0, and RLIMIT_NPROC for non-root users;
+    * ``netns``: a new network namespace (no interface but a down loopback: every connection fails);
+    * ``mountns_readonly``: a private mount namespace (as root directly, otherwise inside a new user namespace)
+      in which every mount is read-only, except
+    * ``workdir_tmpfs``: the working directory, a fresh ``tmpfs`` mounted over it with ``size=max_workdir_mb``
+      (the cap on all bytes the program can write, in any number of files) and ``noexec`` (no program-written
+      shared library can be loaded);
+    * ``proc_hidden``: ``/proc`` covered by an empty read-only tmpfs (no ``/proc/self/mem``, ``/proc/*/fd``);
+    * ``no_capabilities``: every capability dropped (permitted, effective, bounding, ambient; SECBIT_NOROOT), so
+      the mounts above cannot be changed back; ``no_new_privs`` is set;
+    * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
+      beneath every top-level directory except ``/proc``, everything beneath the working directory, writing
+      ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed or linked
+      outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
+      ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod, chown, utimes, xattrs): the
+      read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect are denied, from ABI 6
+      signals and abstract unix sockets are scoped to the sandbox;
+    * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
+      ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
+      ptrace, process_vm_*, signals to other processes, and (un)mounting, namespaces, chroot, bpf, io_uring,
+      perf events, userfaultfd, keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
+      read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
+      metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
+    * ``disk_watchdog`` (in the parent, out of the program's reach): kills the group when the working directory
+      on the host grows past ``max_workdir_mb``; the only byte cap where no tmpfs could be mounted, and a coarse
+      one (it polls, so up to one poll interval of writing can overshoot).
 
-Best effort (Python level; native code or a determined attacker can get around them):
-    * an audit hook (:func:`sys.addaudithook`) that refuses opening files for writing, and deleting, renaming,
-      chmod-ing etc., anywhere outside the working directory (paths resolved with ``realpath``; operations via a
-      ``dir_fd`` or on a file descriptor are refused outright), and refuses sockets, subprocesses, ``ctypes`` and
-      signals to other processes. A C extension that is already installed can call libc directly past it;
-    * where no network namespace could be made, ``socket.socket``, ``socket.create_connection`` and
-      ``socket.getaddrinfo`` are replaced by functions that raise PermissionError.
+Best effort (Python level; it holds against anything a program does in Python, but not against a bug in CPython
+itself that corrupts memory):
+    * ``audit_hook``: an audit hook (:func:`make_audit_hook`) whose state is out of the program's reach: a closure
+      over immutable values and C functions only, reading no module global and no builtin (a test checks its
+      bytecode). It refuses writes and changes outside the working directory (own symlink-resolving path check,
+      ``dir_fd`` arguments included, directory descriptors outside the working directory cannot be opened, path
+      objects other than ``str``/``bytes`` are refused, ``os.chdir`` and ``os.symlink`` are refused so that
+      checking paths against the working directory stays sound), anything under ``/proc``, processes, sockets,
+      ``ctypes``/cffi/test-C-API imports, extension modules from outside the Python installation, subinterpreters,
+      crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph introspection
+      (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
+      ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
+      ``__code__`` assignment, and signals to other processes;
+    * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
 
-Not provided: read isolation (the program can read any file the calling user can), a PID or mount namespace,
-cgroup limits, or a uid change. As root inside a user namespace the process keeps owner rights on root-owned
-files, so only the audit hook stops writes there. This is enough for benchmark completions from ordinary models;
-for code you have reason to distrust, run the whole harness in a container or VM.
+Unforgeable pass verdict (``verdict_call``): the parent sends a random per-run token down a pipe. In stage 2 a
+dedicated thread reads it (and closes the pipe) before any untrusted code runs, keeping it only as a local of
+that thread's frame; it then runs the program and the test code, checks that the verdict function is the one the
+test code defined, calls it, and only if that call returns writes the token to the status pipe and ``os._exit(0)``.
+The parent counts a pass only if it reads exactly that token; the exit status is not used. ``sys.exit``,
+``SystemExit``, ``os._exit``, ``atexit``, signals, ``KeyboardInterrupt``, threads, patched builtins or modules
+therefore cannot produce a pass: the thread's frame is unreachable (no frame or gc introspection; signal handlers
+run only on the main thread, which holds no secret), the runner and the hook read no globals and no builtins, and
+the process's memory cannot be read (no ``ctypes``, ``/proc`` hidden and refused, ``process_vm_readv``/ptrace
+refused, no crafted bytecode, no foreign extension modules). With ``plain_results`` every value the candidate
+returns must be plain data (exact ``int``/``float``/``str``/``list``/... recursively), which defeats objects whose
+``__eq__`` always returns True.
+
+Not provided: read isolation (apart from ``/proc``, the program can read what the calling user can), a PID
+namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under ``/root`` would be unreadable
+for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities do that job instead), and
+protection of the test's own computations: a completion may redefine names the test code uses (``abs``, a
+prompt helper such as ``poly``, ``math.fabs``), as with the original HumanEval harness. Without Landlock and
+without a mount namespace the file fence is the audit hook alone (``kernel_file_fence`` is False); for code you
+have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
+``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
+the kernel in the read-only-mount configuration.)
+
+What the hook costs honest programs: file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is
+refused), no symlinks, no ``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames), no ``ctypes``
+(so no ``numpy``); with a verdict the test runs in a thread, so ``signal.signal`` is unavailable to it. All 164
+HumanEval canonical solutions pass.
 
 :attr:`SandboxResult.protections` records which layers were actually in place for each run.
 """
@@ -39,15 +88,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 
 OUTPUT_CAP_BYTES = 1 << 20  # at most this much of stdout and of stderr is returned
 PROGRAM_NAME = "main.py"
+TEST_NAME = ".draftbench-test"  # not importable as a module
+TEST_FILENAME = "test_code.py"  # the name tracebacks show for the test code
+LAYERS = frozenset({"netns", "mountns", "landlock", "seccomp", "audit_hook"})  # what ``disable`` may name
+KERNEL_FILE_FENCES = ("landlock", "mountns_readonly")
+WATCH_INTERVAL_S = 0.02
+EXEC_FD = 255  # the descriptor stage 1 execs stage 2 through (below RLIMIT_NOFILE)
+NO_PYCACHE = "/nonexistent-draftbench-pycache"  # imports compile from source: no marshal.loads needed
 
 
 class SandboxError(RuntimeError):
@@ -59,9 +112,11 @@ class SandboxResult:
     """What the untrusted program did.
 
     returncode: the exit status (negative: killed by that signal). timed_out: the wall-clock limit was hit and the
-    process group was killed. killed_reason: "timeout", "cpu_limit", "memory_limit", "file_size_limit",
-    "signal SIGxxx" or None for an ordinary exit. protections: the layers that were in place (see the module
-    docstring), e.g. ("rlimits", "netns", "seccomp", "audit_hook").
+    process group was killed. killed_reason: "timeout", "disk_limit", "cpu_limit", "memory_limit",
+    "file_size_limit", "signal SIGxxx" or None for an ordinary exit. protections: the layers that were in place
+    (see the module docstring), e.g. ("rlimits", "netns", "mountns_readonly", "workdir_tmpfs", "landlock",
+    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the verdict function
+    returned (the only reliable pass signal); None otherwise.
     """
 
     returncode: int
@@ -70,30 +125,67 @@ class SandboxResult:
     timed_out: bool
     killed_reason: str | None
     protections: tuple[str, ...] = ()
+    passed: bool | None = None
 
     @property
     def ok(self) -> bool:
+        """``passed`` for a verdict run, else: exited 0 within the time limit."""
+        if self.passed is not None:
+            return self.passed
         return self.returncode == 0 and not self.timed_out
+
+    @property
+    def kernel_file_fence(self) -> bool:
+        """Whether writes outside the working directory were stopped by the kernel, not only by the audit hook."""
+        return any(p in self.protections for p in KERNEL_FILE_FENCES)
 
 
 def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_processes: int = 64,
-                  max_file_mb: int = 16) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a sandboxed ``python -I`` child and return its exit status and output.
+                  max_file_mb: int = 16, *, max_workdir_mb: int = 64, test_code: str | None = None,
+                  verdict_call: tuple[str, ...] | None = None, plain_results: bool = False,
+                  disable: tuple[str, ...] | frozenset[str] = ()) -> SandboxResult:
+    """Run ``code`` as ``__main__`` in the sandbox and return its exit status, output and (optionally) verdict.
 
     timeout_s: wall-clock limit (the CPU limit is this rounded up, plus one second). memory_mb: address-space limit.
     max_processes: RLIMIT_NPROC headroom for non-root users, used only where the seccomp filter is unavailable.
     max_file_mb: the largest file (including captured stdout/stderr) the program may write.
+    max_workdir_mb: all bytes the program may write into its working directory, in any number of files.
+    verdict_call: e.g. ``("check", "has_close_elements")``: after ``code`` (then ``test_code``, in the same
+    namespace) has run, call ``check(has_close_elements)``; ``result.passed`` is True only if that call returned
+    (see the module docstring). With ``test_code``, the verdict function must be one that ``test_code`` defined.
+    plain_results: wrap the arguments of the verdict call so that every value they return must be plain data.
+    disable: layers not to set up ("netns", "mountns", "landlock", "seccomp", "audit_hook"), to test the others.
     Raises :class:`SandboxError` if the bootstrap could not start; the program's own failures are in the result.
     """
-    _check_positive(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_file_mb=max_file_mb)
+    _check_positive(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_file_mb=max_file_mb,
+                    max_workdir_mb=max_workdir_mb)
+    unknown = set(disable) - LAYERS
+    if unknown:
+        raise ValueError(f"run_untrusted: unknown layers in disable: {sorted(unknown)}; known: {sorted(LAYERS)}")
+    if verdict_call is not None:
+        verdict_call = tuple(verdict_call)
+        if not verdict_call or not all(isinstance(n, str) and n.isidentifier() for n in verdict_call):
+            raise ValueError(f"run_untrusted: verdict_call must be names, e.g. ('check', 'f'); got {verdict_call!r}")
+    elif test_code is not None or plain_results:
+        raise ValueError("run_untrusted: test_code and plain_results need a verdict_call")
+    import tempfile
+
     outer = tempfile.mkdtemp(prefix="draftbench-sandbox-")
     try:
         work = os.path.join(outer, "work")
         os.mkdir(work, 0o700)
+        files = [PROGRAM_NAME]
         with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(code)
-        config = {"workdir": work, "program": PROGRAM_NAME, "memory_mb": memory_mb,
-                  "cpu_s": math.ceil(timeout_s) + 1, "max_file_mb": max_file_mb, "max_processes": max_processes}
+        if test_code is not None:
+            with open(os.path.join(work, TEST_NAME), "w", encoding="utf-8") as f:
+                f.write(test_code)
+            files.append(TEST_NAME)
+        config = {"workdir": work, "program": PROGRAM_NAME, "files": files, "memory_mb": memory_mb,
+                  "cpu_s": math.ceil(timeout_s) + 1, "max_file_mb": max_file_mb, "max_processes": max_processes,
+                  "max_workdir_mb": max_workdir_mb, "test": TEST_NAME if test_code is not None else None,
+                  "verdict_call": list(verdict_call) if verdict_call else None, "plain_results": plain_results,
+                  "disable": sorted(disable)}
         return _spawn(config, outer, timeout_s)
     finally:
         _remove_tree(outer)
@@ -106,38 +198,69 @@ def _check_positive(**values: float) -> None:
 
 
 def _spawn(config: dict, outer: str, timeout_s: float) -> SandboxResult:
-    """Start the bootstrap, wait up to ``timeout_s``, kill its process group, and collect the result."""
+    """Start stage 1, watch time and disk use, kill its process group, and collect the result."""
+    import secrets
+    import subprocess
+    import time
+
     status_r, status_w = os.pipe()
-    config["status_fd"] = status_w
+    nonce_r, nonce_w = os.pipe()
+    token = ("draftbench-verdict:" + secrets.token_hex(16)).encode()
+    os.write(nonce_w, token)
+    os.close(nonce_w)
+    config["status_fd"], config["nonce_fd"] = status_w, nonce_r
     out_path, err_path = os.path.join(outer, "stdout"), os.path.join(outer, "stderr")
     env = {"PATH": os.defpath, "HOME": config["workdir"], "TMPDIR": config["workdir"], "LANG": "C.UTF-8",
            "LC_ALL": "C.UTF-8"}
-    cmd = [sys.executable, "-I", "-B", os.path.abspath(__file__), json.dumps(config)]
+    cmd = [sys.executable, "-I", "-B", os.path.abspath(__file__), "fence", json.dumps(config)]
+    cap_bytes = config["max_workdir_mb"] * 1024 * 1024
+    timed_out = disk_full = False
     try:
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                    cwd=config["workdir"], start_new_session=True, pass_fds=(status_w,))
-        os.close(status_w)
-        status_w = -1
-        timed_out = False
+        out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=err_fd, env=env,
+                                    cwd=config["workdir"], start_new_session=True, pass_fds=(status_w, nonce_r))
+        finally:
+            os.close(out_fd)
+            os.close(err_fd)
+        os.close(status_w)
+        os.close(nonce_r)
+        status_w = nonce_r = -1
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(WATCH_INTERVAL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            if _disk_usage(config["workdir"], cap_bytes) > cap_bytes:
+                disk_full = True
+                break
         _kill_group(proc.pid)
         proc.wait()
-        status = _read_status(status_r)
+        raw = _read_all(status_r)
     finally:
-        os.close(status_r)
-        if status_w >= 0:
-            os.close(status_w)
+        for fd in (status_r, status_w, nonce_r):
+            if fd >= 0:
+                os.close(fd)
     stdout, stderr = _read_capped(out_path), _read_capped(err_path)
-    if status is None and not timed_out:
+    first, _, rest = raw.partition(b"\n")
+    try:
+        status = json.loads(first) if first.strip() else None
+    except ValueError:
+        status = None
+    if status is None and not timed_out and not disk_full:
         raise SandboxError(f"sandbox bootstrap failed before running the program (exit {proc.returncode}): "
                            f"{stderr[-2000:]}")
+    protections = tuple((status or {}).get("protections", ())) + ("disk_watchdog",)
+    reason = "disk_limit" if disk_full else killed_reason(proc.returncode, timed_out, stderr)
+    passed = (token in rest) if config["verdict_call"] else None
     return SandboxResult(returncode=proc.returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
-                         killed_reason=killed_reason(proc.returncode, timed_out, stderr),
-                         protections=tuple((status or {}).get("protections", ())))
+                         killed_reason=reason, protections=protections, passed=passed)
 
 
 def _kill_group(pgid: int) -> None:
@@ -147,8 +270,27 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _read_status(fd: int) -> dict | None:
-    """The bootstrap's one JSON line (written just before the program starts); None if it never got that far."""
+def _disk_usage(path: str, stop_above: int) -> int:
+    """Bytes allocated beneath ``path`` (files and directories, symlinks not followed); stops early above the cap."""
+    total, stack = 0, [path]
+    while stack and total <= stop_above:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything in the status pipe (the writers are dead by now)."""
     chunks = []
     os.set_blocking(fd, False)
     while True:
@@ -159,8 +301,7 @@ def _read_status(fd: int) -> dict | None:
         if not chunk:
             break
         chunks.append(chunk)
-    raw = b"".join(chunks).strip()
-    return json.loads(raw) if raw else None
+    return b"".join(chunks)
 
 
 def _read_capped(path: str) -> str:
@@ -174,6 +315,7 @@ def _read_capped(path: str) -> str:
 
 def _remove_tree(path: str) -> None:
     """Delete ``path`` even if the program made parts of it read-only."""
+    import shutil
 
     def make_writable_and_retry(func, p, _exc):
         try:
@@ -212,25 +354,47 @@ def killed_reason(returncode: int, timed_out: bool, stderr: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The bootstrap: everything below runs in the child, before and around the untrusted program.
+# Stage 1 (``fence``): namespaces, mounts, capabilities, Landlock, rlimits, seccomp; then execve into stage 2.
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_THREAD = 0x00010000
 
 # seccomp: architecture id and the syscall numbers the filter refuses (None: the syscall does not exist there)
 _SECCOMP_ARCH = {
-    "x86_64": {"audit_arch": 0xC000003E, "x32_bit": 0x40000000, "clone": 56, "clone3": 435,
-               "deny": {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41, "ptrace": 101,
+    "x86_64": {"audit_arch": 0xC000003E, "x32_bit": 0x40000000, "clone": 56, "clone3": 435, "execveat": 322,
+               "deny": {"fork": 57, "vfork": 58, "execve": 59, "socket": 41, "ptrace": 101,
                         "tkill": 200, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-                        "pidfd_send_signal": 424, "pidfd_open": 434, "process_vm_readv": 310,
-                        "process_vm_writev": 311},
-               "own_pid_only": {"kill": 62, "tgkill": 234}},
-    "aarch64": {"audit_arch": 0xC00000B7, "x32_bit": None, "clone": 220, "clone3": 435,
-                "deny": {"execve": 221, "execveat": 281, "socket": 198, "ptrace": 117, "tkill": 130,
+                        "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 310,
+                        "process_vm_writev": 311, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+                        "unshare": 272, "setns": 308, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+                        "name_to_handle_at": 303, "open_by_handle_at": 304, "io_uring_setup": 425,
+                        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+                        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+                        "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246, "init_module": 175,
+                        "finit_module": 313, "delete_module": 176},
+               "own_pid_only": {"kill": 62, "tgkill": 234},
+               "metadata": {"chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
+                            "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261,
+                            "utimensat": 280, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
+                            "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463,
+                            "removexattrat": 466}},
+    "aarch64": {"audit_arch": 0xC00000B7, "x32_bit": None, "clone": 220, "clone3": 435, "execveat": 281,
+                "deny": {"execve": 221, "socket": 198, "ptrace": 117, "tkill": 130,
                          "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424,
-                         "pidfd_open": 434, "process_vm_readv": 270, "process_vm_writev": 271},
-                "own_pid_only": {"kill": 129, "tgkill": 131}},
+                         "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 270, "process_vm_writev": 271,
+                         "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268,
+                         "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "name_to_handle_at": 264,
+                         "open_by_handle_at": 265, "io_uring_setup": 425, "io_uring_enter": 426,
+                         "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+                         "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "keyctl": 219,
+                         "add_key": 217, "request_key": 218, "kexec_load": 104, "init_module": 105,
+                         "finit_module": 273, "delete_module": 106},
+                "own_pid_only": {"kill": 129, "tgkill": 131},
+                "metadata": {"fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54,
+                             "utimensat": 88, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
+                             "lremovexattr": 15, "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466}},
 }
 
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -240,13 +404,16 @@ _EPERM, _ENOSYS = 1, 38
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low 32 bits, little endian)
 
 
-def seccomp_program(machine: str, own_pid: int) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None,
+                    deny_metadata: bool = False) -> list[tuple[int, int, int, int]]:
     """The seccomp BPF filter as (code, jt, jf, k) instructions, or [] for an architecture it does not know.
 
     Every rule block starts with the syscall number in the accumulator and either returns or jumps past itself:
-    wrong architecture -> EPERM; denied syscalls -> EPERM; clone3 -> ENOSYS (glibc then falls back to clone, whose
-    flags BPF can read); clone -> allowed only with CLONE_THREAD (threads yes, processes no); kill/tgkill ->
-    allowed only for ``own_pid`` or 0 (own process group); anything else -> allowed.
+    wrong architecture -> EPERM; denied syscalls -> EPERM; with ``deny_metadata`` also chmod/chown/utimes/xattr
+    changes (Landlock does not cover file metadata; used where no read-only mount view exists); execveat -> allowed only on descriptor ``exec_fd``
+    (None: never); clone3 -> ENOSYS (glibc then falls back to clone, whose flags BPF can read); clone -> allowed
+    only with CLONE_THREAD (threads yes, processes no); kill/tgkill -> allowed only for ``own_pid`` or 0 (own
+    process group); anything else -> allowed.
     """
     arch = _SECCOMP_ARCH.get(machine)
     if arch is None:
@@ -256,8 +423,14 @@ def seccomp_program(machine: str, own_pid: int) -> list[tuple[int, int, int, int
             (_BPF_LD_W_ABS, 0, 0, _OFF_NR)]
     if arch["x32_bit"] is not None:
         prog += [(_BPF_JGE_K, 0, 1, arch["x32_bit"]), (_BPF_RET_K, 0, 0, deny)]
-    for nr in arch["deny"].values():
+    denied = list(arch["deny"].values()) + (list(arch["metadata"].values()) if deny_metadata else [])
+    for nr in denied:
         prog += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, deny)]
+    if exec_fd is None:
+        prog += [(_BPF_JEQ_K, 0, 1, arch["execveat"]), (_BPF_RET_K, 0, 0, deny)]
+    else:
+        prog += [(_BPF_JEQ_K, 0, 4, arch["execveat"]), (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0),
+                 (_BPF_JEQ_K, 0, 1, exec_fd), (_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, deny)]
     prog += [(_BPF_JEQ_K, 0, 1, arch["clone3"]), (_BPF_RET_K, 0, 0, _RET_ERRNO | _ENOSYS)]
     prog += [(_BPF_JEQ_K, 0, 4, arch["clone"]), (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0),
              (_BPF_JSET_K, 0, 1, CLONE_THREAD), (_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, deny)]
@@ -268,12 +441,20 @@ def seccomp_program(machine: str, own_pid: int) -> list[tuple[int, int, int, int
     return prog
 
 
-def install_seccomp_filter() -> bool:
+def _libc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = False) -> bool:
     """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads); False if impossible."""
     import ctypes
     import platform
 
-    prog = seccomp_program(platform.machine(), os.getpid())
+    prog = seccomp_program(platform.machine(), os.getpid(), exec_fd, deny_metadata)
     if not prog or not sys.platform.startswith("linux"):
         return False
 
@@ -285,26 +466,219 @@ def install_seccomp_filter() -> bool:
 
     filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
     fprog = SockFprog(len(prog), filters)
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
-    if libc.prctl(pr_set_no_new_privs, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)):
+    libc = _libc()
+    pr_set_seccomp, seccomp_mode_filter = 22, 2
+    if not _set_no_new_privs(libc):
         return False
     return libc.prctl(pr_set_seccomp, ctypes.c_ulong(seccomp_mode_filter), ctypes.byref(fprog),
                       ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
 
 
-def _enter_network_namespace() -> str | None:
-    """Unshare into a new network namespace; return how ("netns" / "netns_root") or None if not permitted."""
+def _set_no_new_privs(libc) -> bool:
     import ctypes
 
+    pr_set_no_new_privs = 38
+    return libc.prctl(pr_set_no_new_privs, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) == 0
+
+
+def _enter_namespaces(libc, net: bool, mount: bool) -> set[str]:
+    """Unshare the wanted namespaces (directly as root, else inside a new user namespace); return what was made."""
+    uid, gid = os.getuid(), os.getgid()  # afterwards, until the maps are written, these read as the overflow id
+    wanted = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if mount else 0)
+    attempts = [wanted, CLONE_NEWNET] if mount and net else [wanted]
+    for flags in attempts:
+        if not flags:
+            continue
+        if libc.unshare(flags) == 0:
+            return {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
+        if libc.unshare(flags | CLONE_NEWUSER) == 0:
+            made = {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
+            if not map_own_ids(uid, gid):
+                made.discard("mountns")  # unmapped: mounting would fail or own nothing
+            return made
+    return set()
+
+
+def map_own_ids(uid: int, gid: int) -> bool:
+    """Map ``uid``/``gid`` (ours, read before unsharing) to themselves in the new user namespace: the only mapping
+    an unprivileged user may write."""
+    try:
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+        return True
+    except OSError:
+        return False
+
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME, _MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
+_MOUNT_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
+                       "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
+
+
+def _mount_setattr(libc, path: str, recursive: bool, set_: int, clear: int) -> bool:
+    import ctypes
+    import struct
+
+    attr = ctypes.create_string_buffer(struct.pack("<QQQQ", set_, clear, 0, 0), 32)
+    return libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_long(_AT_FDCWD), os.fsencode(path),
+                        ctypes.c_long(_AT_RECURSIVE if recursive else 0), attr, ctypes.c_long(32)) == 0
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, remount flags that must be kept) for every mount, from /proc/self/mountinfo."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # \040 etc.
+            flags = 0
+            for opt in fields[5].split(","):
+                flags |= _MOUNT_OPTION_FLAGS.get(opt, 0)
+            points.append((point, flags))
+    return points
+
+
+def _make_all_readonly(libc, keep_writable: str) -> bool:
+    """Every mount read-only except ``keep_writable`` (mount_setattr, else one remount per mount point)."""
+    if _mount_setattr(libc, "/", True, _MOUNT_ATTR_RDONLY, 0):
+        return _mount_setattr(libc, keep_writable, False, 0, _MOUNT_ATTR_RDONLY)
+    ok = True
+    for point, flags in _mount_points():
+        if point == keep_writable:
+            continue
+        if libc.mount(None, point.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags, None) != 0:
+            ok = ok and not os.path.exists(point)  # hidden under another mount: unreachable anyway
+    return ok
+
+
+def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes]) -> list[str]:
+    """In the new mount namespace: tmpfs working directory, everything else read-only, /proc hidden."""
+    made = []
+    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return made  # without private propagation our mounts would show up on the host
+    options = f"size={cap_mb * 1024}k,nr_inodes={max(1024, cap_mb * 256)},mode=0700".encode()
+    if libc.mount(b"draftbench-work", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                  options) != 0:
+        return made  # keep the host working directory writable rather than making it read-only
+    made.append("workdir_tmpfs")
+    for name, data in files.items():
+        with open(os.path.join(workdir, name), "wb") as f:
+            f.write(data)
+    if _make_all_readonly(libc, workdir):
+        made.append("mountns_readonly")
+    if libc.mount(b"draftbench-noproc", b"/proc", b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                  b"size=4k,mode=0555") == 0:
+        made.append("proc_hidden")
+    return made
+
+
+def _drop_capabilities(libc) -> bool:
+    """Drop every capability for good (securebits, bounding set, ambient, then capset); True if none is left."""
+    import ctypes
+
+    pr_set_securebits, pr_capbset_drop, pr_cap_ambient, pr_cap_ambient_clear_all = 28, 24, 47, 4
+    secbits = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80  # NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, locked
+    ul = ctypes.c_ulong
+    libc.prctl(pr_set_securebits, ul(secbits), ul(0), ul(0), ul(0))
+    for cap in range(64):
+        if libc.prctl(pr_capbset_drop, ul(cap), ul(0), ul(0), ul(0)) != 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability
+    libc.prctl(pr_cap_ambient, ul(pr_cap_ambient_clear_all), ul(0), ul(0), ul(0))
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    libc.capset(ctypes.byref(header), data)
+    if libc.capget(ctypes.byref(header), data) != 0:
+        return False
+    return all(d.effective == d.permitted == d.inheritable == 0 for d in data)
+
+
+# Landlock (include/uapi/linux/landlock.h)
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_LL_V1_ALL = (1 << 13) - 1
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
+_SYS_LL_CREATE, _SYS_LL_ADD_RULE, _SYS_LL_RESTRICT = 444, 445, 446  # same numbers on x86_64 and aarch64
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: unavailable)."""
     if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return "netns"
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return "netns_root"
-    return None
+        return 0
+    import ctypes
+
+    abi = _libc().syscall(ctypes.c_long(_SYS_LL_CREATE), None, ctypes.c_long(0), ctypes.c_long(1))
+    return max(0, int(abi))
+
+
+def landlock_handled_rights(abi: int) -> int:
+    """All filesystem access rights an ABI version knows (v1: 13, v2: +REFER, v3: +TRUNCATE, v5: +IOCTL_DEV)."""
+    if abi < 1:
+        return 0
+    return (_LL_V1_ALL | (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0)
+            | (_LL_IOCTL_DEV if abi >= 5 else 0))
+
+
+def install_landlock(workdir: str) -> int:
+    """Restrict this thread (and what it execs) to: read/execute beneath every top-level entry except /proc, all
+    rights beneath ``workdir``, read/write ``/dev/null``. Returns the ABI used, 0 if Landlock is unavailable."""
+    import ctypes
+    import struct
+
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    libc = _libc()
+    handled = landlock_handled_rights(abi)
+    attr = struct.pack("<QQQ", handled, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)  # TCP bind+connect; scopes
+    attr = attr[:8 if abi < 4 else 16 if abi < 6 else 24]
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = libc.syscall(ctypes.c_long(_SYS_LL_CREATE), buf, ctypes.c_long(len(attr)), ctypes.c_long(0))
+    if ruleset < 0:
+        return 0
+    try:
+        def allow(path: str, rights: int) -> None:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                return
+            try:
+                import stat
+
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    rights &= _LL_FILE_RIGHTS
+                rule = ctypes.create_string_buffer(struct.pack("<Qi", rights & handled, fd), 12)
+                libc.syscall(ctypes.c_long(_SYS_LL_ADD_RULE), ctypes.c_long(ruleset), ctypes.c_long(1), rule,
+                             ctypes.c_long(0))
+            finally:
+                os.close(fd)
+
+        allow("/", _LL_READ_DIR)
+        for name in sorted(os.listdir("/")):
+            if name != "proc":
+                allow("/" + name, _LL_READ_FILE | _LL_READ_DIR | _LL_EXECUTE)
+        allow(workdir, handled)
+        allow(os.devnull, _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV)
+        if not _set_no_new_privs(libc):
+            return 0
+        if libc.syscall(ctypes.c_long(_SYS_LL_RESTRICT), ctypes.c_long(ruleset), ctypes.c_long(0)) != 0:
+            return 0
+        return abi
+    finally:
+        os.close(ruleset)
 
 
 def _count_processes_of(uid: int) -> int:
@@ -334,6 +708,47 @@ def _set_limits(config: dict) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _fence(config: dict) -> None:
+    """Stage 1: build the kernel layers (see the module docstring), then exec stage 2 through ``EXEC_FD``."""
+    disable = frozenset(config["disable"])
+    workdir = config["workdir"]
+    protections = []
+    _set_limits(config)
+    protections.append("rlimits")
+    files = {}
+    for name in config["files"]:
+        with open(os.path.join(workdir, name), "rb") as f:
+            files[name] = f.read()
+    linux = sys.platform.startswith("linux")
+    if linux:
+        libc = _libc()
+        namespaces = _enter_namespaces(libc, net="netns" not in disable, mount="mountns" not in disable)
+        if "netns" in namespaces:
+            protections.append("netns")
+        if "mountns" in namespaces:
+            protections += _build_mount_view(libc, workdir, config["max_workdir_mb"], files)
+        os.chdir(workdir)  # into the tmpfs, if one was mounted
+        if _drop_capabilities(libc):
+            protections.append("no_capabilities")
+        if "landlock" not in disable and install_landlock(workdir):
+            protections.append("landlock")
+        fd = os.open(os.path.realpath(sys.executable), os.O_PATH | os.O_CLOEXEC)
+        if fd != EXEC_FD:
+            os.dup2(fd, EXEC_FD, inheritable=False)
+            os.close(fd)
+        read_only_view = "mountns_readonly" in protections
+        if "seccomp" not in disable and install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view):
+            protections += ["seccomp"] if read_only_view else ["seccomp", "seccomp_metadata"]
+    config["protections"] = protections
+    argv = [sys.executable, "-I", "-B", os.path.abspath(__file__), "run", json.dumps(config)]
+    if linux:
+        os.execve(EXEC_FD, argv, os.environ)
+    os.execv(sys.executable, argv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stage 2 (``run``): a fresh interpreter without ctypes; audit hook, fresh __main__, then the program.
+
 def _block_sockets() -> None:
     import socket
 
@@ -347,74 +762,388 @@ def _block_sockets() -> None:
 
 _REFUSED_EVENTS = frozenset({
     "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen", "pty.spawn",
-    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
+    "os.startfile", "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
     "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg",
-    "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer",
-    "ctypes.addressof", "ctypes.call_function", "resource.setrlimit", "resource.prlimit",
+    "resource.setrlimit", "resource.prlimit", "os.chdir", "os.symlink",
+    "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__", "marshal.load", "marshal.loads",
+    "cpython.PyInterpreterState_New", "sqlite3.enable_load_extension", "sqlite3.load_extension",
 })
-# event -> indices of the path arguments that must lie inside the working directory
-_PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
-                "os.truncate": (0,), "os.utime": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
-                "shutil.rmtree": (0,), "os.chflags": (0,), "os.lchflags": (0,), "os.mkfifo": (0,), "os.mknod": (0,)}
+# attributes that hand out frames (their access raises "object.__getattr__")
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+# modules that give native memory access or a second interpreter without this hook
+_BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "_testcapi", "_testinternalcapi",
+                              "_testbuffer", "_testmultiphase", "_testimportmultiple", "_testsinglephase",
+                              "_testclinic", "_xxtestfuzz", "_xxsubinterpreters", "_xxinterpchannels"})
+# event -> (indices of path arguments that must lie inside the working directory, indices of dir_fd arguments)
+_PATH_EVENTS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
+                "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.truncate": ((0,), ()),
+                "os.utime": ((0,), (3,)), "os.rename": ((0, 1), (2, 3)), "os.link": ((0, 1), (2, 3)),
+                "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "shutil.rmtree": ((0,), (1,)),
+                "os.chflags": ((0,), ()), "os.lchflags": ((0,), ()), "os.setxattr": ((0,), ()),
+                "os.removexattr": ((0,), ()), "sqlite3.connect": ((0,), ())}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_DIR_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
 
 
-def make_audit_hook(workdir: str):
-    """An audit hook refusing writes outside ``workdir`` and the events in ``_REFUSED_EVENTS`` (see module docstring)."""
+def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: int | None = None):
+    """The audit hook of stage 2 (see the module docstring): refuses writes outside ``workdir`` and the events above.
+
+    Everything it uses is bound here, as closure variables holding immutable values or C functions: the hook reads
+    no module global and no builtin, so a program that reassigns module state or ``builtins`` cannot change it. It
+    assumes the process's working directory is ``workdir`` and stays there (``os.chdir`` is refused); relative
+    paths, also those given with a ``dir_fd`` (which must lie inside ``workdir``), are resolved against it, which
+    is conservative because no symlink can be created inside. ``trusted_roots``: directories extension modules
+    may be loaded from.
+    """
     root = os.path.realpath(workdir)
-    own_pid = os.getpid()
+    root_slash = root + "/"
+    pid = os.getpid() if own_pid is None else own_pid
+    roots = tuple(r.rstrip("/") + "/" for r in trusted_roots)
+    lstat, stat_, readlink = os.lstat, os.stat, os.readlink
+    type_, str_, bytes_, int_, tuple_, len_ = type, str, bytes, int, tuple, len
+    OSError_, ValueError_, TypeError_ = OSError, ValueError, TypeError
+    PermissionError_, AttributeError_ = PermissionError, AttributeError
+    import types
 
-    def inside(path) -> bool:
-        if isinstance(path, int) or path is None:
+    # private immutable copies: the module's own tables can be reached (and mutated) by a program
+    refused, frame_attrs, blocked = frozenset(_REFUSED_EVENTS), frozenset(_FRAME_ATTRIBUTES), frozenset(_BLOCKED_MODULES)
+    path_events = types.MappingProxyType({k: (tuple(p), tuple(f)) for k, (p, f) in _PATH_EVENTS.items()})
+    write_flags, dir_flags, devnull = _WRITE_FLAGS, _DIR_FLAGS, os.devnull
+    s_ifmt, s_iflnk, s_ifdir = 0o170000, 0o120000, 0o040000
+    st_root, st_fs_root = stat_(root), stat_("/")
+    root_key, fs_root_key = (st_root.st_dev, st_root.st_ino), (st_fs_root.st_dev, st_fs_root.st_ino)
+
+    def as_str(path):
+        if type_(path) is str_:
+            return path
+        if type_(path) is bytes_:
+            return path.decode("utf-8", "surrogateescape")
+        return None
+
+    def resolve(path):
+        """Absolute path with every symlink resolved (missing components taken literally); None if unresolvable
+        or if resolving it passes through /proc (whose magic links lead anywhere)."""
+        if "\x00" in path:
+            return None
+        if not path.startswith("/"):
+            path = root_slash + path
+        todo = path.split("/")
+        todo.reverse()
+        done = []
+        hops = 0
+        while todo:
+            name = todo.pop()
+            if name == "" or name == ".":
+                continue
+            if name == "..":
+                if done:
+                    done.pop()
+                continue
+            done.append(name)
+            if done[0] == "proc":
+                return None
+            current = "/" + "/".join(done)
+            try:
+                st = lstat(current)
+            except OSError_:
+                continue
+            except (ValueError_, TypeError_):
+                return None
+            if st.st_mode & s_ifmt == s_iflnk:
+                hops += 1
+                if hops > 40:
+                    return None
+                try:
+                    target = readlink(current)
+                except OSError_:
+                    return None
+                done.pop()
+                if target.startswith("/"):
+                    done = []
+                parts = target.split("/")
+                parts.reverse()
+                todo.extend(parts)
+        return "/" + "/".join(done)
+
+    def inside(real):
+        return real is not None and (real == root or real.startswith(root_slash))
+
+    def under_proc(real):
+        return real is None or real == "/proc" or real.startswith("/proc/")
+
+    def is_dir(real):
+        try:
+            return stat_(real).st_mode & s_ifmt == s_ifdir
+        except (OSError_, ValueError_):
             return False
-        real = os.path.realpath(os.fsdecode(path))
-        return real == root or real.startswith(root + os.sep) or real == os.devnull
 
-    def hook(event: str, args: tuple) -> None:
+    def dir_fd_inside(fd):
+        rel = "."
+        depth = 0
+        while depth < 256:
+            depth += 1
+            try:
+                st = stat_(rel, dir_fd=fd)
+            except (OSError_, ValueError_, TypeError_):
+                return False
+            key = (st.st_dev, st.st_ino)
+            if key == root_key:
+                return True
+            if key == fs_root_key:
+                return False
+            rel = rel + "/.."
+        return False
+
+    def hook(event, args):
         if event == "open":
-            path, mode, flags = (tuple(args) + (None, None))[:3]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-                      (isinstance(flags, int) and flags & _WRITE_FLAGS)
-            if writing and not isinstance(path, int) and not inside(path):
-                raise PermissionError(f"draftbench sandbox: writing {path!r} outside the working directory")
-        elif event in _REFUSED_EVENTS:
-            raise PermissionError(f"draftbench sandbox: {event} is not allowed")
-        elif event in _PATH_EVENTS:
-            dir_fds = [a for a in args[2:] if isinstance(a, int) and a != -100]  # -100 = AT_FDCWD
-            if dir_fds or not all(inside(args[i]) for i in _PATH_EVENTS[event]):
-                raise PermissionError(f"draftbench sandbox: {event} outside the working directory")
-        elif event in ("os.kill", "os.killpg") and args[0] not in (own_pid, 0):
-            raise PermissionError(f"draftbench sandbox: {event} of another process")
+            if len_(args) < 3:
+                raise PermissionError_("draftbench sandbox: unexpected open event")
+            path, mode, flags = args[0], args[1], args[2]
+            if type_(path) is int_:
+                return  # an already open descriptor
+            p = as_str(path)
+            if p is None:
+                raise PermissionError_("draftbench sandbox: file paths must be str or bytes, not path objects")
+            real = resolve(p)
+            if under_proc(real):
+                raise PermissionError_(f"draftbench sandbox: opening {p!r} is not allowed")
+            writing = (type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or \
+                      (type_(flags) is int_ and flags & write_flags)
+            if writing and not (inside(real) or real == devnull):
+                raise PermissionError_(f"draftbench sandbox: writing {p!r} outside the working directory")
+            if not inside(real) and ((type_(flags) is int_ and flags & dir_flags) or is_dir(real)):
+                raise PermissionError_(f"draftbench sandbox: opening directory {p!r} outside the working directory")
+        elif event in refused or event.startswith("ctypes."):
+            raise PermissionError_(f"draftbench sandbox: {event} is not allowed")
+        elif event == "sys._getframe":
+            raise ValueError_("draftbench sandbox: frame introspection is not allowed")
+        elif event == "object.__getattr__":
+            if args[1] in frame_attrs:
+                raise AttributeError_("draftbench sandbox: frame introspection is not allowed")
+        elif event == "object.__setattr__":
+            if args[1] == "__code__":
+                raise PermissionError_("draftbench sandbox: replacing a function's code is not allowed")
+        elif event == "import":
+            name = args[0]
+            if type_(name) is not str_:
+                raise PermissionError_("draftbench sandbox: module names must be str")
+            if name.partition(".")[0] in blocked:
+                raise PermissionError_(f"draftbench sandbox: importing {name!r} is not allowed")
+            filename = args[1] if len_(args) > 1 else None
+            if filename is not None:
+                real = resolve(as_str(filename) or "\x00")
+                trusted = False
+                for prefix in roots:
+                    if real is not None and real.startswith(prefix):
+                        trusted = True
+                if not trusted or inside(real):
+                    raise PermissionError_(f"draftbench sandbox: loading {name!r} from {filename!r} is not allowed")
+        elif event in path_events:
+            path_indices, fd_indices = path_events[event]
+            if event == "sqlite3.connect" and (args[0] == ":memory:" or args[0] == "") and \
+                    type_(args[0]) is str_:
+                return
+            for i in fd_indices:
+                if i < len_(args):
+                    fd = args[i]
+                    if fd is not None and not (type_(fd) is int_ and (fd == -1 or fd == -100 or dir_fd_inside(fd))):
+                        raise PermissionError_(f"draftbench sandbox: {event} with a dir_fd outside the working "
+                                               "directory")
+            for i in path_indices:
+                p = as_str(args[i]) if i < len_(args) else None
+                if p is None or not inside(resolve(p)):
+                    raise PermissionError_(f"draftbench sandbox: {event} outside the working directory")
+        elif event == "os.kill" or event == "os.killpg":
+            target = args[0]
+            if not (type_(target) is int_ and (target == pid or target == 0)):
+                raise PermissionError_(f"draftbench sandbox: {event} of another process")
 
     return hook
 
 
-def _bootstrap(config: dict) -> None:
-    """Fence this process in (see the module docstring), report the layers on the status pipe, run the program."""
-    protections = ["rlimits"]
-    network = _enter_network_namespace()
-    if network:
-        protections.append(network)
-    if install_seccomp_filter():
-        protections.append("seccomp")
-    _set_limits(config)
-    if not network:
+_PLAIN_LIMIT = 10_000_000  # values a plain-data check visits at most (a list that contains itself never ends)
+
+
+def make_plain_result_guard():
+    """``(wrap, failed)``: ``wrap(fn)`` returns a function that calls ``fn`` and raises TypeError unless the result
+    is plain data: exact int/float/complex/bool/str/bytes/None, or exact list/tuple/set/frozenset/dict of plain data
+    (type identity only: no hashing, no __eq__, no attribute of the value is consulted). ``failed()`` says whether
+    any call was refused, in case the caller swallowed the TypeError. Closure only, like the audit hook."""
+    atoms = (int, float, complex, bool, str, bytes, type(None))
+    sequences = (list, tuple, set, frozenset)
+    dict_ = dict
+    type_, TypeError_ = type, TypeError
+    refused = [False]
+    plain_limit = _PLAIN_LIMIT
+
+    def is_plain(value):
+        stack = [value]
+        visited = 0
+        while stack:
+            v = stack.pop()
+            visited += 1
+            if visited > plain_limit:
+                return False
+            t = type_(v)
+            known = False
+            for a in atoms:
+                if t is a:
+                    known = True
+            if known:
+                continue
+            for s in sequences:
+                if t is s:
+                    known = True
+            if known:
+                stack.extend(v)
+                continue
+            if t is dict_:
+                stack.extend(v.keys())
+                stack.extend(v.values())
+                continue
+            return False
+        return True
+
+    def wrap(fn):
+        def plain_only(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            if not is_plain(result):
+                refused[0] = True
+                raise TypeError_("draftbench sandbox: the candidate returned something other than plain data")
+            return result
+
+        return plain_only
+
+    def failed():
+        return refused[0]
+
+    return wrap, failed
+
+
+def make_test_runner(code, test_code, verdict_call, plain_results, ns, status_fd, nonce_fd):
+    """The body of the verdict thread (see the module docstring). Closure only: it reads no global and no builtin
+    once untrusted code has started, so nothing the program rebinds can change what it does."""
+    import types
+
+    read, write, close, exit_ = os.read, os.write, os.close, os._exit
+    exec_ = exec
+    excepthook, exc_info = sys.__excepthook__, sys.exc_info
+    flushes = (sys.stdout.flush, sys.stderr.flush)
+    get = ns.__getitem__
+    type_ = type
+    function_type, code_type = types.FunctionType, types.CodeType
+    expected = tuple(c for c in test_code.co_consts if type(c) is code_type) if test_code is not None else None
+    wrong_check = PermissionError("draftbench sandbox: the verdict function is not the one the test code defined")
+    wrong_result = TypeError("draftbench sandbox: a candidate returned something other than plain data")
+    wrap, wrap_failed = make_plain_result_guard() if plain_results else (None, None)
+    name, arg_names = verdict_call[0], tuple(verdict_call[1:])
+
+    def runner():
+        token = read(nonce_fd, 4096)
+        close(nonce_fd)
+        try:
+            exec_(code, ns)
+            if test_code is not None:
+                exec_(test_code, ns)
+            check = get(name)
+            if expected is not None:
+                genuine = type_(check) is function_type and check.__globals__ is ns
+                if genuine:
+                    genuine = False
+                    check_code = check.__code__
+                    for c in expected:
+                        if c is check_code:
+                            genuine = True
+                if not genuine:
+                    raise wrong_check
+            args = []
+            for arg_name in arg_names:
+                value = get(arg_name)
+                if wrap is not None:
+                    value = wrap(value)
+                args.append(value)
+            check(*args)
+            if wrap_failed is not None and wrap_failed():
+                raise wrong_result
+            write(status_fd, token)
+        except:  # noqa: E722 -- everything, SystemExit and KeyboardInterrupt included, is a failure
+            try:
+                excepthook(*exc_info())
+            except:  # noqa: E722
+                pass
+            for flush in flushes:
+                try:
+                    flush()
+                except:  # noqa: E722
+                    pass
+            exit_(1)
+        for flush in flushes:
+            try:
+                flush()
+            except:  # noqa: E722
+                pass
+        exit_(0)
+
+    return runner
+
+
+def _run(config: dict) -> None:
+    """Stage 2: fresh ``__main__``, audit hook, then the program (and, for a verdict run, the test in a thread)."""
+    import _thread
+    import builtins
+
+    status_fd, nonce_fd = config["status_fd"], config["nonce_fd"]
+    os.set_inheritable(status_fd, False)
+    os.set_inheritable(nonce_fd, False)
+    disable = frozenset(config["disable"])
+    protections = list(config["protections"])
+    if "netns" not in protections:
         _block_sockets()
         protections.append("socket_patch")
-    os.chdir(config["workdir"])
+    workdir = os.getcwd()
     with open(config["program"], encoding="utf-8") as f:
         source = f.read()
-    for name in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.")]:
-        del sys.modules[name]  # a fresh ``import ctypes`` must go through the audit hook's ctypes.dlopen check
-    protections.append("audit_hook")
-    with os.fdopen(config["status_fd"], "w") as status:
-        status.write(json.dumps({"protections": protections}) + "\n")
+    test_source = None
+    if config["test"]:
+        with open(config["test"], encoding="utf-8") as f:
+            test_source = f.read()
+    trusted_roots = tuple(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
+    trusted_roots = tuple(r for r in trusted_roots if r != workdir and not r.startswith(workdir + "/"))
+    sys.pycache_prefix = NO_PYCACHE
+    main = type(sys)("__main__")
+    main.__file__ = config["program"]
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
     sys.argv = [config["program"]]
-    sys.path.insert(0, config["workdir"])
-    sys.addaudithook(make_audit_hook(config["workdir"]))
-    exec(compile(source, config["program"], "exec"),
-         {"__name__": "__main__", "__file__": config["program"], "__builtins__": __builtins__})
+    sys.path.insert(0, workdir)
+    if "audit_hook" not in disable:
+        protections.append("audit_hook")
+    os.write(status_fd, (json.dumps({"protections": protections}) + "\n").encode())
+    if "audit_hook" not in disable:
+        sys.addaudithook(make_audit_hook(workdir, trusted_roots))
+    if not config["verdict_call"]:
+        os.close(status_fd)
+        os.close(nonce_fd)
+        code = compile(source, config["program"], "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+        return
+    code = compile(source, config["program"], "exec", dont_inherit=True)
+    test_code = compile(test_source, TEST_FILENAME, "exec", dont_inherit=True) if test_source is not None else None
+    runner = make_test_runner(code, test_code, config["verdict_call"], config["plain_results"], main.__dict__,
+                              status_fd, nonce_fd)
+    _thread.start_new_thread(runner, ())
+    block = _thread.allocate_lock()
+    block.acquire()
+    while True:  # the runner ends the process; this thread holds no secret and runs no program code
+        try:
+            block.acquire()
+        except:  # noqa: E722
+            pass
 
 
 if __name__ == "__main__":
-    _bootstrap(json.loads(sys.argv[1]))
+    if sys.argv[1] == "fence":
+        _fence(json.loads(sys.argv[2]))
+    else:
+        _run(json.loads(sys.argv[2]))

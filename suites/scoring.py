@@ -157,8 +157,8 @@ def _defines(code: str, entry_point: str) -> bool:
     return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
 
 
-def build_humaneval_program(problem: dict, completion: str) -> str:
-    """A runnable test program: code under test, then the problem's ``check`` function, then ``check(entry_point)``.
+def build_humaneval_definitions(problem: dict, completion: str) -> str:
+    """The code under test: the prompt with the completion, without the problem's test code.
 
     If the completion defines the entry point itself it is appended after the prompt (whose imports and helper
     functions it may use; its ``def`` replaces the prompt's docstring-only stub). Otherwise it is taken as the
@@ -166,16 +166,32 @@ def build_humaneval_program(problem: dict, completion: str) -> str:
     """
     prompt, entry_point = problem["prompt"], problem["entry_point"]
     if _defines(completion, entry_point):
-        code = prompt.rstrip() + "\n\n\n" + completion
-    else:
-        code = prompt + completion
-    return f"{code}\n\n\n{problem['test']}\n\ncheck({entry_point})\n"
+        return prompt.rstrip() + "\n\n\n" + completion
+    return prompt + completion
+
+
+def build_humaneval_program(problem: dict, completion: str) -> str:
+    """A runnable test program: code under test, then the problem's ``check`` function, then ``check(entry_point)``.
+
+    For reading and for running by hand; :func:`humaneval_pass_at_1` runs the same parts, but makes the final call
+    itself (see there).
+    """
+    code = build_humaneval_definitions(problem, completion)
+    return f"{code}\n\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
 @register_scorer("humaneval_pass_at_1")
 def humaneval_pass_at_1(question: Question, answer_text: str) -> float:
-    """1.0 if the completion passes the problem's unit tests in the sandbox (exit status 0), else 0.0."""
+    """1.0 if ``check(entry_point)`` returned in the sandbox, else 0.0.
+
+    The sandbox runs the code under test, then the problem's test code, then calls ``check`` itself and reports a
+    pass only through a per-run secret written after that call returns (see :mod:`harness.sandbox`): exiting early
+    with status 0 (``sys.exit(0)``, ``os._exit(0)``, ``atexit``, a thread...) scores 0, as does a candidate whose
+    return values are not plain data (an object whose ``__eq__`` is always True). The exit status is not used.
+    """
     problem = find_humaneval_problem(question)
     completion = extract_code(answer_text, problem["entry_point"])
-    result = run_untrusted(build_humaneval_program(problem, completion), timeout_s=HUMANEVAL_TIMEOUT_S)
-    return 1.0 if result.ok else 0.0
+    result = run_untrusted(build_humaneval_definitions(problem, completion), timeout_s=HUMANEVAL_TIMEOUT_S,
+                           test_code=problem["test"], verdict_call=("check", problem["entry_point"]),
+                           plain_results=True)
+    return 1.0 if result.passed else 0.0

@@ -218,3 +218,294 @@ def test_socket_patch_fallback_refuses_connections():
     outcome = os.read(read_fd, 1000).decode()
     os.close(read_fd)
     assert outcome == repr(["refused", "refused", "refused"])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Hardening (issue #10): kernel file fence, hook state out of reach, unforgeable verdict.
+
+def _code_objects(fn):
+    todo, seen = [fn.__code__], []
+    while todo:
+        code = todo.pop()
+        seen.append(code)
+        todo.extend(c for c in code.co_consts if isinstance(c, type(code)))
+    return seen
+
+
+def _global_reads(fn):
+    import dis
+
+    return sorted({ins.argval for code in _code_objects(fn) for ins in dis.get_instructions(code)
+                   if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "IMPORT_NAME")})
+
+
+def test_hook_runner_and_guard_read_no_global_or_builtin():
+    """The audit hook, the verdict runner and the plain-data guard run while untrusted code can rebind module
+    globals and builtins; a single global or builtin read in them (e.g. `isinstance`, `_REFUSED_EVENTS`,
+    `BaseException`) would let a program switch a check off or fake a returning check()."""
+    import builtins
+    from types import MappingProxyType
+
+    from harness.sandbox import make_audit_hook, make_plain_result_guard, make_test_runner
+
+    hook = make_audit_hook(os.getcwd())
+    code = compile("pass", "main.py", "exec")
+    runner = make_test_runner(code, compile("def check(c): pass", "t.py", "exec"), ["check", "f"], True, {}, -1, -1)
+    wrap, failed = make_plain_result_guard()
+    immutable = (frozenset, tuple, str, bytes, int, float, bool, type(None), type, type(len), type(MappingProxyType({})),
+                 type(os.stat("/")), type(code), BaseException)  # exceptions: prebuilt, raised as they are
+    for fn in (hook, runner, wrap, wrap(len), failed):
+        assert _global_reads(fn) == [], fn
+        for cell in fn.__closure__ or ():
+            value = cell.cell_contents
+            if type(value) is type(_code_objects):
+                assert _global_reads(value) == [], value  # a nested helper: same rule
+            elif not (fn is runner and value == {}) and value != [False]:  # the namespace; the guard's flag
+                assert isinstance(value, immutable) or type(value).__name__ == "method-wrapper" \
+                    or type(value).__name__ == "builtin_function_or_method", (fn, value)
+    assert builtins.len is len
+
+
+def test_hook_is_unaffected_by_reassigned_module_state(monkeypatch, tmp_path):
+    """The issue's bypass: reassigning the module's tables (or posixpath.realpath) used to switch the hook off."""
+    import posixpath
+
+    import harness.sandbox as sandbox
+
+    hook = sandbox.make_audit_hook(str(tmp_path))
+    monkeypatch.setattr(sandbox, "_REFUSED_EVENTS", frozenset())
+    monkeypatch.setattr(sandbox, "_PATH_EVENTS", {})
+    monkeypatch.setattr(posixpath, "realpath", lambda p, **k: str(tmp_path / "x"))
+    with pytest.raises(PermissionError):
+        hook("os.remove", ("/etc/passwd", -1))
+    with pytest.raises(PermissionError):
+        hook("ctypes.dlopen", ("libc.so.6",))
+
+
+def _refused(hook, event, args, error=PermissionError):
+    with pytest.raises(error):
+        hook(event, args)
+    return True
+
+
+def test_hook_decisions(tmp_path):
+    """Each rule of the hook, called directly: writes and changes only inside the working directory (dir_fd
+    included), no directory descriptor outside it, no path objects, nothing under /proc, no frame or object-graph
+    introspection, no ctypes or foreign extension modules. A wrong decision here is a hole in the Python layer."""
+    from harness.sandbox import make_audit_hook
+
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (work / "sub").mkdir()
+    hook = make_audit_hook(str(work), trusted_roots=(os.path.dirname(os.__file__),))
+    cwd = os.getcwd()
+    os.chdir(work)  # the hook assumes the process stays in the working directory
+    try:
+        wr = os.O_WRONLY | os.O_CREAT
+        assert hook("open", ("scratch.txt", "w", wr)) is None
+        assert hook("open", (str(work / "sub" / "x"), None, wr)) is None
+        assert hook("open", (os.devnull, "w", wr)) is None
+        assert hook("open", (1, "w", os.O_WRONLY)) is None  # an existing descriptor
+        assert hook("open", (os.__file__, "r", os.O_RDONLY)) is None  # reading outside is allowed
+        assert _refused(hook, "open", (str(outside / "x"), "w", wr))
+        assert _refused(hook, "open", ("../outside/x", None, wr))
+        assert _refused(hook, "open", (str(outside).encode() + b"/x", None, wr))
+        assert _refused(hook, "open", (str(outside), None, os.O_RDONLY))  # a directory fd outside
+        assert _refused(hook, "open", (str(outside), None, os.O_RDONLY | os.O_PATH))
+        assert _refused(hook, "open", (__import__("pathlib").Path("inside.txt"), "w", wr))
+        assert _refused(hook, "open", ("/proc/self/mem", "rb", os.O_RDONLY))
+        assert _refused(hook, "open", ("/dev/fd/0", "rb", os.O_RDONLY))
+        sub_fd, out_fd = os.open(work / "sub", os.O_RDONLY), os.open(outside, os.O_RDONLY)
+        try:
+            assert hook("os.remove", ("x", sub_fd)) is None
+            assert hook("os.remove", ("x", -1)) is None
+            assert _refused(hook, "os.remove", ("x", out_fd))  # the issue's dir_fd hole
+            assert _refused(hook, "os.rename", ("a", "b", out_fd, -100))
+            assert _refused(hook, "os.link", (str(outside / "c"), "hl", -100, -100))
+            assert _refused(hook, "os.mkdir", ("d", 0o777, out_fd))
+            assert _refused(hook, "os.chmod", (str(outside / "c"), 0o777, -1))
+            assert _refused(hook, "os.utime", ("c", None, None, out_fd))
+            assert _refused(hook, "shutil.rmtree", (str(outside), -1))
+        finally:
+            os.close(sub_fd)
+            os.close(out_fd)
+        assert _refused(hook, "os.symlink", ("/", "root", -1))
+        assert _refused(hook, "os.chdir", ("/",))
+        assert _refused(hook, "sys._getframe", (), ValueError)  # ValueError: typing/namedtuple/logging cope
+        assert _refused(hook, "object.__getattr__", (None, "tb_frame"), AttributeError)
+        assert hook("object.__getattr__", (None, "__code__")) is None
+        for event in ("sys._current_frames", "sys.settrace", "sys.setprofile", "gc.get_objects", "gc.get_referrers",
+                      "code.__new__", "marshal.loads", "cpython.PyInterpreterState_New", "ctypes.dlopen",
+                      "sys.addaudithook", "os.fork", "os.exec", "subprocess.Popen", "socket.__new__"):
+            assert _refused(hook, event, ())
+        assert _refused(hook, "object.__setattr__", (None, "__code__", None))
+        assert _refused(hook, "import", ("_ctypes", None, [], [], []))
+        assert _refused(hook, "import", ("evil", str(work / "evil.so"), [], [], []))
+        assert hook("import", ("math", None, [], [], [])) is None
+        assert _refused(hook, "os.kill", (1, 9))
+        assert hook("os.kill", (os.getpid(), 0)) is None
+    finally:
+        os.chdir(cwd)
+
+
+@linux_only
+def test_program_runs_in_a_fresh_interpreter_without_ctypes():
+    """The program must not see the bootstrap as __main__, and no ctypes type may exist in its interpreter (a
+    loaded _ctypes gives native memory access through object.__subclasses__(), hook or no hook)."""
+    r = run_untrusted("import sys\nprint(sorted(vars(sys.modules['__main__'])))\n"
+                      "print([m for m in sys.modules if 'ctypes' in m])\n"
+                      "print([c for c in object.__subclasses__() if c.__module__ == '_ctypes'])\n")
+    assert r.stdout.split("\n")[:3] == ["['__builtins__', '__doc__', '__file__', '__loader__', '__name__', "
+                                        "'__package__', '__spec__', 'sys']", "[]", "[]"], r.stderr
+
+
+@linux_only
+def test_kernel_file_fence_is_in_place_where_the_kernel_has_one():
+    """On this kind of machine (Landlock ABI >= 1, namespaces) the file fence must be kernel-enforced; a result
+    without it would mean a layer silently failed to start."""
+    from harness.sandbox import landlock_abi
+
+    r = run_untrusted("pass")
+    if landlock_abi() > 0:
+        assert "landlock" in r.protections and r.kernel_file_fence
+    assert "no_capabilities" in r.protections
+    if "mountns_readonly" in r.protections:
+        assert "workdir_tmpfs" in r.protections and "proc_hidden" in r.protections
+
+
+@linux_only
+def test_verdict_is_the_call_returning_not_the_exit_status():
+    """passed must follow check() returning: exit 0 without it is a failure, and ok follows passed."""
+    test = "def check(candidate):\n    assert candidate(2) == 4\n"
+    good = run_untrusted("def f(x):\n    return x * 2\n", test_code=test, verdict_call=("check", "f"))
+    early = run_untrusted("def f(x):\n    return 0\nimport os\nos._exit(0)\n", test_code=test,
+                          verdict_call=("check", "f"))
+    assert (good.passed, good.ok, good.returncode) == (True, True, 0)
+    assert (early.passed, early.ok, early.returncode) == (False, False, 0)
+    plain = run_untrusted("pass")
+    assert plain.passed is None and plain.ok
+
+
+def test_verdict_arguments_are_validated():
+    """A typo in the verdict call or a layer name must be an error, not a silently weaker run."""
+    with pytest.raises(ValueError, match="verdict_call"):
+        run_untrusted("pass", verdict_call=("check", "not an identifier"))
+    with pytest.raises(ValueError, match="need a verdict_call"):
+        run_untrusted("pass", test_code="def check(c): pass")
+    with pytest.raises(ValueError, match="unknown layers"):
+        run_untrusted("pass", disable=("landlok",))
+
+
+def test_plain_result_guard():
+    """Objects that equal everything must be refused, plain data of every builtin kind must pass."""
+    from harness.sandbox import make_plain_result_guard
+
+    wrap, failed = make_plain_result_guard()
+    plain = [1, 2.5, "s", b"b", None, True, (1, [2, {3: {"a": frozenset({4})}}]), {1, 2}, 1j]
+    assert wrap(lambda: plain)() == plain and not failed()
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    class Int(int):
+        pass
+
+    for bad in (Anything(), Int(3), [1, [Anything()]], {"k": Int(1)}):
+        with pytest.raises(TypeError):
+            wrap(lambda: bad)()
+    assert failed()
+    loop = []
+    loop.append(loop)
+    with pytest.raises(TypeError):
+        wrap(lambda: loop)()
+
+
+def test_seccomp_exec_hole_and_metadata_rules():
+    """Stage 2 is exec'd through one descriptor only; without a read-only mount view chmod/utimensat are refused
+    (Landlock does not cover metadata)."""
+    base = seccomp_program("x86_64", own_pid=1)
+    holed = seccomp_program("x86_64", own_pid=1, exec_fd=255)
+    meta = seccomp_program("x86_64", own_pid=1, exec_fd=255, deny_metadata=True)
+    assert (0x15, 0, 1, 255) in holed and (0x15, 0, 1, 255) not in base
+    assert (0x15, 0, 1, 90) in meta and (0x15, 0, 1, 280) in meta and (0x15, 0, 1, 90) not in holed
+    for prog in (base, holed, meta, seccomp_program("aarch64", 1, 255, True)):
+        assert prog[-1] == (0x06, 0, 0, 0x7FFF0000) and len(prog) < 4096
+        assert all(jt + i < len(prog) and jf + i < len(prog) for i, (_, jt, jf, _) in enumerate(prog))
+
+
+def test_landlock_rights_follow_the_abi():
+    """Handling a right the kernel does not know makes landlock_create_ruleset fail; handling fewer leaves that
+    kind of access unrestricted. v1: 13 rights, v2 +REFER, v3 +TRUNCATE, v5 +IOCTL_DEV."""
+    from harness.sandbox import landlock_handled_rights
+
+    counts = [bin(landlock_handled_rights(abi)).count("1") for abi in range(8)]
+    assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
+
+
+def _in_forked_child(fn):
+    """Run ``fn`` in a forked child (namespaces and mounts stay there) and return the repr of its result."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out = repr(fn())
+        except BaseException as e:  # noqa: BLE001 -- reported to the parent
+            out = "error " + repr(e)
+        finally:
+            os.write(write_fd, out.encode())
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    out = os.read(read_fd, 100_000).decode()
+    os.close(read_fd)
+    return out
+
+
+@linux_only
+@pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
+def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):
+    """Two paths CI would otherwise never take: an unprivileged user's (the mounts are made inside a new user
+    namespace, whose uid map must be written with the ids read before unsharing) and a kernel without
+    mount_setattr (each mount remounted read-only in turn). Either way: the working directory stays writable,
+    everything else is read-only, and with the capabilities dropped nothing can be remounted or chmod-ed."""
+    import harness.sandbox as sandbox
+
+    work = tmp_path / "work"
+    work.mkdir()
+    real = sandbox._libc()
+
+    class UserNamespaceOnly:  # refuses unshare without CLONE_NEWUSER, as for a user without CAP_SYS_ADMIN
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def unshare(self, flags):
+            return -1 if not flags & sandbox.CLONE_NEWUSER else real.unshare(flags)
+
+    if path == "remount_each_mount":
+        monkeypatch.setattr(sandbox, "_mount_setattr", lambda *a: False)
+    libc = UserNamespaceOnly() if path == "user_namespace" else real
+
+    available = _in_forked_child(lambda: real.unshare(sandbox.CLONE_NEWUSER | sandbox.CLONE_NEWNS) == 0)
+    if available != "True":
+        pytest.skip("no user namespaces on this machine")
+
+    def build():
+        namespaces = sandbox._enter_namespaces(libc, net=True, mount=True)
+        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"})
+        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real)}
+        for name, target in (("inside", work / "x"), ("outside", tmp_path / "escape")):
+            try:
+                open(target, "w").close()
+                outcome[name] = "written"
+            except OSError as e:
+                outcome[name] = e.errno
+        outcome["remount"] = real.mount(None, b"/", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: read-write
+        outcome["chmod"] = real.chmod(str(tmp_path).encode(), 0o777)
+        return outcome
+
+    out = _in_forked_child(build)
+    assert out == repr({"made": ["workdir_tmpfs", "mountns_readonly", "proc_hidden"], "no_capabilities": True,
+                        "inside": "written", "outside": 30, "remount": -1, "chmod": -1})  # 30: EROFS
+    assert not (tmp_path / "escape").exists()
