@@ -261,6 +261,21 @@ def test_no_matching_row_or_baseline_is_a_clear_error(standin):
         compare_turns(turns_table(no_base), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}})
 
 
+def test_other_temperature_or_missing_suites_are_said(standin):
+    """A greedy run compared with a T = 1 table has nothing comparable (an error, not a table of NaN); a run without
+    one of the table's suites is compared on the others with a note."""
+    recs = literal_records()
+    with pytest.raises(AgainstError, match="no measured turn at temperature 1 .*its temperatures: 0"):
+        compare_turns(turns_table(recs), load_table("jakiro_a40_t1"),
+                      {"config": {"target": "lmsys/vicuna-7b-v1.3"}, "reproduce": {"table": "jakiro_a40_t1", "rows": {
+                          "eagle2": "vicuna_7b_eagle2"}}})
+    no_gsm8k = [r for r in recs if r["suite"] != "gsm8k"]
+    df = compare_turns(turns_table(no_gsm8k), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}}, n_boot=50)
+    assert df.attrs["notes"] == ["the run has no measured turn of suite(s) gsm8k: those columns are empty"]
+    assert math.isnan(df.set_index(["row", "column", "metric"]).loc[("vicuna_7b_eagle2", "gsm8k", "speedup"),
+                                                                     "measured"])
+
+
 def test_categories_select_questions_for_leaderboard_columns():
     """Spec-Bench columns pick questions by recorded category: a category column must only see its questions and
     the overall column all of them (pooled ratio of means, not a mean of categories)."""

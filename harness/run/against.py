@@ -213,6 +213,13 @@ def compare_turns(turns: pd.DataFrame, table: Table, manifest: Mapping[str, Any]
     device = manifest.get("device") if isinstance(manifest.get("device"), Mapping) else {}
     hw_measured = device.get("device_name") or device.get("device_type") or str(turns["device"].iloc[0])
     questions = _question_frame(turns)
+    temps = sorted({float(t) for t in questions["temperature"]})
+    if not any(np.isclose(t, table.temperature) for t in temps):
+        raise AgainstError(f"the run has no measured turn at temperature {table.temperature:g} (the table's); its "
+                           f"temperatures: {', '.join(f'{t:g}' for t in temps) or 'none'}")
+    missing = [s for s in table.suites if s not in set(questions["suite"])]
+    if missing:
+        notes.append(f"the run has no measured turn of suite(s) {', '.join(missing)}: those columns are empty")
     rows = []
     for row in table.rows:
         if row.id not in matched:
