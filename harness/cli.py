@@ -17,6 +17,7 @@ from harness.run.config import (
     parse_assignment,
     preset_names,
 )
+from harness.run.reproduce import add_reproduce_cli, cmd_report_against
 from harness.train.cli import add_data_cli, add_train_cli
 
 RUN_FLAGS = {  # flag -> (config field, how to parse the text)
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--if-missing", action="store_true", help="only fetch suites whose file is absent")
     add_data_cli(dsub)
     add_train_cli(sub)
+    add_reproduce_cli(sub)
     return p
 
 
@@ -207,7 +209,7 @@ def _dispatch(args) -> int:
             return cmd_run(args)
         if args.command == "report":
             _print_report(Path(args.run_dir))
-            return 0
+            return cmd_report_against(args) if getattr(args, "against", None) else 0
         if args.command == "list":
             return cmd_list(args)
         if args.command == "data":

@@ -144,3 +144,55 @@ def test_mean_tokens_per_second_skips_unmeasured():
 def test_suite_mean_is_equal_weight():
     assert M.suite_mean([2.0, 3.0, float("nan"), None]) == pytest.approx(2.5)
     assert math.isnan(M.suite_mean([None]))
+
+
+# the worked example shared by the tau-convention docstrings: question a has one turn, b has two
+CONVENTION_EXAMPLE = {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]}
+
+
+def test_tau_conventions_on_one_set_of_records():
+    """Each published convention recomputed from the same records (S = Σ accept_lengths[1:], K = len − 1 per turn):
+    a wrong denominator (loop index vs steps vs forwards) or pooling vs per-question averaging changes these."""
+    # EAGLE/Jakiro scripts: per question Σ S / Σ (K − 1): a 9 / 2 = 4.5, b (4 + 4) / (1 + 1) = 4.0 -> mean 4.25
+    assert M.tau_eagle_script(CONVENTION_EXAMPLE) == pytest.approx(4.25)
+    # unbiased per-question step mean: a 9 / 3 = 3.0, b 8 / 4 = 2.0 -> 2.5
+    assert M.tau_eagle_step(CONVENTION_EXAMPLE) == pytest.approx(2.5)
+    # Spec-Bench #MAT: pooled over all verification steps, prefill left out: 17 / 7
+    assert M.tau_spec_bench(CONVENTION_EXAMPLE) == pytest.approx(17 / 7)
+    # draftbench: prefill counted as a step: 20 tokens / 10 forwards
+    assert M.tau_draftbench(CONVENTION_EXAMPLE) == pytest.approx(2.0)
+    assert {c: M.tau_in_convention(c, CONVENTION_EXAMPLE) for c in M.TAU_CONVENTIONS} == pytest.approx(
+        {"draftbench": 2.0, "eagle_script": 4.25, "eagle_step": 2.5, "spec_bench": 17 / 7})
+
+
+def test_tau_conventions_on_vanilla_and_edge_cases():
+    """Vanilla is 1.0 in every convention except the scripts' (K/(K−1) > 1, the documented bias); a question with a
+    single verification step has no loop index and is skipped rather than dividing by zero; names are checked."""
+    vanilla = {"q": [[1, 1, 1, 1, 1]]}  # prefill + 4 steps of one token
+    assert M.tau_spec_bench(vanilla) == M.tau_eagle_step(vanilla) == M.tau_draftbench(vanilla) == 1.0
+    assert M.tau_eagle_script(vanilla) == pytest.approx(4 / 3)
+    assert M.tau_eagle_script({"one_step": [[1, 5]], "ok": [[1, 2, 4]]}) == pytest.approx(6.0)
+    assert math.isnan(M.tau_eagle_script({"one_step": [[1, 5]]}))
+    with pytest.raises(ValueError, match="unknown tau convention 'mat'"):
+        M.tau_in_convention("mat", vanilla)
+
+
+def test_speedup_ratio_ci_one_group_and_suite_mean():
+    """The reported speed-up (ratio of means) with a paired bootstrap CI; several groups average with equal weight
+    and resample within each group. A CI not covering the estimate or mixing groups' questions would fail here."""
+    est, lo, hi = M.speedup_ratio_ci([({"a": 20.0, "b": 40.0}, {"a": 10.0, "b": 10.0})], n_boot=500, seed=0)
+    assert est == pytest.approx(3.0)            # (20 + 40) / 2 / 10
+    assert 2.0 - 1e-9 <= lo <= est <= hi <= 4.0 + 1e-9 and lo < hi
+    # two suites: 3.0 and 1.0 -> 2.0 (a pooled ratio over the four questions would be (60 + 10) / (20 + 10))
+    est2, lo2, hi2 = M.speedup_ratio_ci([({"a": 20.0, "b": 40.0}, {"a": 10.0, "b": 10.0}),
+                                         ({"c": 5.0}, {"c": 5.0})], n_boot=500, seed=0)
+    assert est2 == pytest.approx(2.0) and 1.5 - 1e-9 <= lo2 <= 2.0 <= hi2 <= 2.5 + 1e-9
+    assert all(math.isnan(x) for x in M.speedup_ratio_ci([({"a": 1.0}, {"b": 1.0})]))
+
+
+def test_measured_vs_reported():
+    """delta = measured − reported, ratio = measured / reported; missing numbers give NaN, never 0."""
+    assert M.measured_vs_reported(2.5, 3.62) == pytest.approx((-1.12, 2.5 / 3.62))
+    assert all(math.isnan(x) for x in M.measured_vs_reported(None, 3.0))
+    assert all(math.isnan(x) for x in M.measured_vs_reported(2.0, float("nan")))
+    assert M.measured_vs_reported(1.0, 0.0)[0] == 1.0 and math.isnan(M.measured_vs_reported(1.0, 0.0)[1])

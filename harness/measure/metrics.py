@@ -66,7 +66,8 @@ def tau(accept_lengths_lists: Iterable[Sequence[int]]) -> float:
     """Mean accepted length τ = Σ new tokens / Σ steps, pooled over every step of every turn given.
 
     ``steps`` are target forwards including the prefill (``len(accept_lengths)``) and every step's count includes
-    the bonus token, so vanilla (all ones) is exactly 1.0. This equals Spec-Bench's pooled per-step mean.
+    the bonus token, so vanilla (all ones) is exactly 1.0. Close to, but not the same as, Spec-Bench's pooled
+    per-step mean, which leaves the prefill out (:func:`tau_spec_bench`; other conventions in :data:`TAU_CONVENTIONS`).
     Example: [[1, 3, 2], [1, 4]] -> (6 + 5) / (3 + 2) = 2.2.
     """
     lists = [list(a) for a in accept_lengths_lists]
@@ -80,13 +81,101 @@ def tau_script(accept_lengths_lists: Iterable[Sequence[int]]) -> float:
     Those scripts divide by the verification-loop index at exit, one step fewer than the steps taken, so each turn
     loses one step from the denominator and the value is larger than :func:`tau` (by +0.1 to +0.4 on their
     published outputs; their ``evaluation/speed_accept_len.py``). Reported in its own column only so that numbers can be compared
-    with the papers'. Note: the scripts also average per question (a mean of ratios) and count tokens after the
-    prefill differently; this column reproduces the denominator convention, not every quirk.
+    with the papers'. Note: the scripts also average per question (a mean of ratios), leave the prefill token out of
+    the numerator and divide by the loop index (one less than the verification steps); this pooled column only
+    approximates them, and :func:`tau_eagle_script` is the exact convention, for comparing with a paper's cells.
     Example: [[1, 3, 2], [1, 4]] -> (6 + 5) / (2 + 1) = 3.667; vanilla [[1, 1, 1, 1]] -> 4 / 3.
     """
     lists = [list(a) for a in accept_lengths_lists]
     steps = sum(max(len(a) - 1, 0) for a in lists)
     return sum(sum(a) for a in lists) / steps if steps else math.nan
+
+
+PerQuestionTurns = Mapping[Any, Sequence[Sequence[int]]]
+
+
+def _verification_steps(turns: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """``(S, K)`` of one question's turns: tokens appended by verification steps (prefill left out) and their count."""
+    lists = [list(a) for a in turns]
+    return sum(sum(a[1:]) for a in lists), sum(max(len(a) - 1, 0) for a in lists)
+
+
+def tau_eagle_script(per_question: PerQuestionTurns) -> float:
+    """τ as the EAGLE / Jakiro evaluation scripts print it ("mean accepted tokens", arXiv:2401.15077 Tables 1-2,
+    arXiv:2406.16858, arXiv:2502.06282; their ``evaluation/speed_accept_len.py``):
+
+        τ_script = mean over questions q of  Σ_turns new_token / Σ_turns idx
+
+    with, per turn, ``new_token`` = S = tokens committed by the verification steps (the prefill's token is not
+    counted: it becomes the first step's root) and ``idx`` = K − 1, the loop index at exit (K verification steps).
+    From a record: S = Σ accept_lengths[1:], K = len(accept_lengths) − 1. Dividing by K − 1 instead of K overstates
+    τ (by about τ/K). Questions whose Σ idx is 0 (a single verification step per turn) have no value and are
+    skipped (the scripts would divide by zero). Input: question id -> that question's turns' accept_lengths.
+    Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> a: 9 / 2 = 4.5, b: (4 + 4) / (1 + 1) = 4.0
+    -> mean 4.25 (τ_step: 2.5, Spec-Bench #MAT: 17/7 = 2.43, draftbench τ: 20/10 = 2.0).
+    """
+    values = []
+    for turns in per_question.values():
+        s, k = _verification_steps(turns)
+        idx = k - sum(1 for a in turns if len(list(a)) > 1)  # each turn's loop index = its K - 1
+        if idx > 0:
+            values.append(s / idx)
+    return sum(values) / len(values) if values else math.nan
+
+
+def tau_eagle_step(per_question: PerQuestionTurns) -> float:
+    """τ_step: the EAGLE/Jakiro scripts' per-question average with the unbiased denominator (idx + 1 = K):
+
+        τ_step = mean over questions q of  Σ_turns S / Σ_turns K
+
+    (S = Σ accept_lengths[1:], K = len(accept_lengths) − 1 per turn, as in :func:`tau_eagle_script`). This is the
+    third number of the Jakiro A40 cells recomputed from its committed outputs (github.com/haiduo/Jakiro,
+    jakiro/outputs/A40). Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> (9/3 + 8/4) / 2 = 2.5.
+    """
+    values = []
+    for turns in per_question.values():
+        s, k = _verification_steps(turns)
+        if k > 0:
+            values.append(s / k)
+    return sum(values) / len(values) if values else math.nan
+
+
+def tau_spec_bench(per_question: PerQuestionTurns) -> float:
+    """Spec-Bench's "#Mean Accepted Tokens" (#MAT, arXiv:2401.07851; its ``evaluation/speed.py``): the mean of
+    the tokens appended per verification step (accepted drafts + 1), pooled over every step of every turn of every
+    question (the prefill is not a step):
+
+        #MAT = Σ_q Σ_turns S / Σ_q Σ_turns K,   S = Σ accept_lengths[1:], K = len(accept_lengths) − 1
+
+    Vanilla is 1.0. Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> (9 + 8) / (3 + 4) = 17/7 = 2.43.
+    """
+    s = k = 0
+    for turns in per_question.values():
+        ds, dk = _verification_steps(turns)
+        s, k = s + ds, k + dk
+    return s / k if k else math.nan
+
+
+def tau_draftbench(per_question: PerQuestionTurns) -> float:
+    """draftbench's :func:`tau` (prefill counted as a step) over every turn of every question, in the per-question
+    signature of :data:`TAU_CONVENTIONS`. Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> 20/10 = 2.0."""
+    return tau([a for turns in per_question.values() for a in turns])
+
+
+# name -> function(question id -> turns' accept_lengths) -> τ; a published table names one of these for its τ cells
+TAU_CONVENTIONS = {
+    "draftbench": tau_draftbench,
+    "eagle_script": tau_eagle_script,
+    "eagle_step": tau_eagle_step,
+    "spec_bench": tau_spec_bench,
+}
+
+
+def tau_in_convention(convention: str, per_question: PerQuestionTurns) -> float:
+    """τ of the same records in a named convention (:data:`TAU_CONVENTIONS`); an unknown name raises ValueError."""
+    if convention not in TAU_CONVENTIONS:
+        raise ValueError(f"unknown tau convention {convention!r}; known: {', '.join(TAU_CONVENTIONS)}")
+    return TAU_CONVENTIONS[convention](per_question)
 
 
 def _paired(method_tps: PerQuestion, baseline_tps: PerQuestion) -> tuple[np.ndarray, np.ndarray]:
@@ -150,6 +239,45 @@ def speedup_geomean(method_tps: PerQuestion, baseline_tps: PerQuestion, n_boot: 
     boot = np.exp(logr[idx].mean(axis=1))                  # [n_boot]
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return float(np.exp(logr.mean())), float(lo), float(hi)
+
+
+def speedup_ratio_ci(groups: Sequence[tuple[PerQuestion, PerQuestion]], n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """A speed-up as the papers report it, with a percentile-bootstrap 95% CI: ``(estimate, lo, hi)``.
+
+    ``groups`` are ``(method_tps, baseline_tps)`` pairs (question id -> tokens/s), one per suite or category. The
+    estimate is the equal-weight mean over groups (:func:`suite_mean`) of each group's
+    :func:`speedup_ratio_of_means`; with one group it is that group's ratio of means. Each of the ``n_boot``
+    replicates resamples, within every group, its shared questions with replacement (method and baseline values of
+    a question stay paired) and recomputes the estimate; lo / hi are the 2.5th / 97.5th percentiles. Groups with no
+    shared question are left out. Example: one group, method {a: 20, b: 40}, baseline {a: 10, b: 10} -> estimate
+    30 / 10 = 3.0; resamples {a,a}, {a,b}, {b,b} give 2.0, 3.0, 4.0, so 2.0 <= lo <= 3.0 <= hi <= 4.0.
+    """
+    if n_boot < 1:
+        raise ValueError(f"speedup_ratio_ci: n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    estimates, boots = [], []
+    for method_tps, baseline_tps in groups:
+        m, b = _paired(method_tps, baseline_tps)
+        if not len(m):
+            continue
+        estimates.append(m.mean() / b.mean())
+        idx = rng.integers(0, len(m), size=(n_boot, len(m)))      # [n_boot, Q]
+        boots.append(m[idx].mean(axis=1) / b[idx].mean(axis=1))   # [n_boot]
+    if not estimates:
+        return math.nan, math.nan, math.nan
+    lo, hi = np.percentile(np.mean(boots, axis=0), [2.5, 97.5])
+    return float(np.mean(estimates)), float(lo), float(hi)
+
+
+def measured_vs_reported(measured: float | None, reported: float | None) -> tuple[float, float]:
+    """How a measured number compares with a published one: ``(delta, ratio)`` = (measured − reported,
+    measured / reported). NaN where either is missing (or, for the ratio, the reported value is 0).
+    Example: measured 2.5, reported 3.62 -> (-1.12, 0.6906)."""
+    if _missing(measured) or _missing(reported):
+        return math.nan, math.nan
+    delta = float(measured) - float(reported)
+    return delta, float(measured) / float(reported) if float(reported) != 0 else math.nan
 
 
 def _steps(accepted_drafts_lists: Iterable[Sequence[int]],

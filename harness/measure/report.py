@@ -279,6 +279,58 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     return df
 
 
+def category_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.DataFrame:
+    """The leaderboard layout's numbers: one row per (label, method, suite, temperature, category) for suites whose
+    questions carry two or more categories (e.g. spec_bench's six tasks): n_questions, speedup (ratio of mean
+    tokens/s vs ``baseline_label`` on the same questions of that category) and tau, from
+    :mod:`harness.measure.metrics`."""
+    cols = [*GROUP, "category", "n_questions", "speedup", "tau"]
+    if turns.empty or turns["category"].isna().all():
+        return pd.DataFrame(columns=cols)
+    questions = questions_table(turns)
+    cat_of = turns.groupby(["suite", "question_id"], sort=False)["category"].first()
+    questions["category"] = [cat_of.get((s, q)) for s, q in zip(questions["suite"], questions["question_id"])]
+    measured = _measured(turns)
+    rows = []
+    for suite, sq in questions.groupby("suite", sort=False):
+        cats = [c for c in dict.fromkeys(sq["category"]) if c is not None]
+        if len(cats) < 2:
+            continue
+        for (label, method, temp), g in sq.groupby(["label", "method", "temperature"], sort=False, dropna=False):
+            base = sq[(sq["label"] == baseline_label) & (sq["temperature"] == temp)]
+            for cat in cats:
+                q, b = g[g["category"] == cat], base[base["category"] == cat]
+                ids = set(q["question_id"])
+                ok = turns[measured & (turns["label"] == label) & (turns["suite"] == suite)
+                           & (turns["temperature"] == temp) & turns["question_id"].isin(ids)]
+                rows.append({"label": label, "method": method, "suite": suite, "temperature": temp,
+                             "category": cat, "n_questions": int(q["tokens_per_s"].notna().sum()),
+                             "speedup": M.speedup_ratio_of_means(_per_question_tps(q), _per_question_tps(b)),
+                             "tau": M.tau(_lists(ok["accept_lengths"]))})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """Markdown pivot per (suite, temperature): labels × categories plus the suite's overall, cells "speed-up× / τ"
+    (Spec-Bench's leaderboard layout for the spec_bench suite). Empty text when no suite has categories."""
+    if categories.empty:
+        return ""
+    parts = []
+    for (suite, temp), at in categories.groupby(["suite", "temperature"], sort=False):
+        cats = list(dict.fromkeys(at["category"]))
+        lines = [f"**{suite}, temperature {temp:g}, per category** — speed-up vs `{baseline_label}` × / τ", "",
+                 "| method | " + " | ".join(map(str, cats)) + " | overall |", "|---|" + "---:|" * (len(cats) + 1)]
+        for label in _row_order(at, baseline_label):
+            rows = at[at["label"] == label].set_index("category")
+            overall = summary[(summary["label"] == label) & (summary["suite"] == suite)
+                              & (summary["temperature"] == temp)]
+            cells = [_cell(rows.at[c, "speedup"], rows.at[c, "tau"]) if c in rows.index else "" for c in cats]
+            cells.append(_cell(overall["speedup"].iloc[0], overall["tau"].iloc[0]) if len(overall) else "")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
 def histogram_table(turns: pd.DataFrame) -> pd.DataFrame:
     """Tidy accepted-length histogram: (label, method, suite, temperature, accept_length, steps), verification
     steps of measured turns only (:func:`harness.measure.metrics.accept_length_histogram`)."""
@@ -544,11 +596,17 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     paths |= _write_table(turns, tables / "turns")
     paths |= _write_table(questions, tables / "questions")
     paths |= _write_table(summary, tables / "summary")
+    categories = category_table(turns, baseline)
+    if not categories.empty:
+        categories.to_csv(tables / "categories.csv", index=False)
+        paths["categories_csv"] = tables / "categories.csv"
     histogram_table(turns).to_csv(tables / "accept_hist.csv", index=False)
     paths["accept_hist_csv"] = tables / "accept_hist.csv"
     md = tables / "summary.md"
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
-                  f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}", encoding="utf-8")
+                  f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
+                  + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""),
+                  encoding="utf-8")
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),

@@ -56,6 +56,8 @@ class RunConfig:
     repeats: int = 1                      # timed repetitions of every question
     warmup: int = 1                       # untimed warm-up questions per method, through the same code path
     baseline: str = "vanilla"             # label that speedups are measured against
+    chat_template: str | None = None      # harness/run/templates/<name>.jinja or a .jinja file (None: the tokenizer's)
+    system_prompt: str | None = None      # replaces every suite's system prompt (None: each suite's own)
     score: bool = True                    # run quality scorers where a suite has one
     threads: int | None = None            # torch CPU threads (None = torch's default)
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
@@ -84,6 +86,13 @@ class RunConfig:
         need(self.repeats >= 1, "repeats", f"must be >= 1, got {self.repeats}")
         need(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}")
         need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
+        if self.chat_template is not None:
+            from harness.run.chat import ChatTemplateError, resolve_chat_template
+
+            try:
+                resolve_chat_template(self.chat_template)
+            except ChatTemplateError as e:
+                raise ConfigError(str(e)) from None
         need(self.dtype in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "dtype",
              f"unknown dtype {self.dtype!r}")
 

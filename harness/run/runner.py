@@ -17,6 +17,7 @@ accelerate does the process management (no scheduler of our own).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import json
@@ -39,6 +40,7 @@ from harness.measure.records import RecordStore, dumps_json, question_key
 from harness.measure.trackers import Tracker
 from harness.models import Target, load_target
 from harness.registry import get_method
+from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
 from harness.run.suites import Suite, load_suite
 from harness.run.suites import score as score_answer
@@ -311,6 +313,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         if target is None:
             device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
             target = load_target(config.target, config.dtype, device, config.device_map)
+        apply_chat_template(target, config.chat_template)
+        if config.system_prompt is not None:
+            suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
         if manifest is None and dist.rank == 0:
             manifest = build_manifest(config, run_dir, target, suites, methods)

@@ -3,11 +3,18 @@
 
 A suite YAML has these fields (``SUITE_FIELDS``): ``name`` (= the file stem), ``version`` (a string; bump it on
 any change that makes old results incomparable), ``description``, ``file`` (relative to ``$DRAFTBENCH_DATA``, or
-to the definition's folder when ``bundled: true``), ``sha256``, ``records`` (expected count), ``source_url`` (raw download URL),
-``licence``, ``scorer`` (null or a registered scorer, :data:`harness.registry.SCORERS`), and optional ``system_prompt`` (null: the chat
-template's default), ``max_new_tokens`` (null: the run's default) and ``bundled``.
+to the definition's folder when ``bundled: true``), ``sha256``, ``records`` (expected count), ``source_url`` (raw
+download URL), ``licence``, ``scorer`` (null or a registered scorer, :data:`harness.registry.SCORERS`), and optional
+``system_prompt`` (null: the chat template's default), ``max_new_tokens`` (null: the run's default), ``bundled`` and
+``category_groups`` (group name ->
+the file's categories recorded under that name, e.g. Spec-Bench's eight MT-bench categories as ``mt_bench``).
 
-A questions file has one JSON object per line: ``{"question_id", "category", "turns": [...], "reference"?: [...]}``.
+``sha256: null`` says the upstream file has no published checksum yet: the first ``fetch_suite`` records the digest
+of what it downloaded in ``<file>.sha256`` beside it, and every later load checks the file against that pin (a file
+without a pin loads, and the run's manifest records its digest).
+
+A questions file has one JSON object per line: ``{"question_id", "category", "turns": [...], "reference"?: ...}``;
+``reference`` is a list (of strings, or of other JSON values such as Spec-Bench's RAG rows), a string or an object.
 
     suite = load_suite("mt_bench")                 # needs $DRAFTBENCH_DATA
     suite = load_suite("my_prompts.jsonl")         # a user file in the same format
@@ -34,7 +41,8 @@ from harness.registry import SCORERS, UnknownNameError, suite_dirs
 DATA_ENV = "DRAFTBENCH_DATA"
 
 REQUIRED_FIELDS = ("name", "version", "description", "file", "sha256", "records", "source_url", "licence", "scorer")
-OPTIONAL_FIELDS = {"system_prompt": None, "max_new_tokens": None, "bundled": False}
+OPTIONAL_FIELDS = {"system_prompt": None, "max_new_tokens": None, "bundled": False, "category_groups": None}
+PIN_SUFFIX = ".sha256"  # beside a data file whose definition has sha256: null (pinned on first fetch)
 SUITE_FIELDS = REQUIRED_FIELDS + tuple(OPTIONAL_FIELDS)
 
 
@@ -49,7 +57,7 @@ class Question:
     question_id: str
     category: str | None
     turns: list[str]
-    reference: list[str] | None = None
+    reference: list[Any] | None = None  # strings for the scored suites; other JSON values are kept as they are
 
 
 @dataclass
@@ -138,6 +146,16 @@ def _validate_info(info: Any, path: Path) -> dict[str, Any]:
     if info["max_new_tokens"] is not None and (not isinstance(info["max_new_tokens"], int)
                                                or info["max_new_tokens"] < 1):
         raise DataError(f"{path}: max_new_tokens must be null or a positive integer, got {info['max_new_tokens']!r}")
+    sha = info["sha256"]
+    if sha is not None and (not isinstance(sha, str) or len(sha) != 64
+                            or any(c not in "0123456789abcdef" for c in sha)):
+        raise DataError(f"{path}: sha256 must be 64 lowercase hex digits or null (pinned on first fetch), got {sha!r}")
+    groups = info["category_groups"]
+    if groups is not None and (not isinstance(groups, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(c, str) for c in v)
+            for k, v in groups.items())):
+        raise DataError(f"{path}: category_groups must map a group name to a list of category names, "
+                        f"got {groups!r:.80}")
     if info["scorer"] is not None and info["scorer"] not in SCORERS:
         raise DataError(f"{path}: scorer {info['scorer']!r} is not one of {', '.join(SCORERS.names())} (or null)")
     return info
@@ -181,15 +199,31 @@ def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> 
         raise DataError(f"suite {info['name']!r}: data file {path} is missing; it comes from {info['source_url']}"
                         f"{fetch}")
     digest = sha256_file(path)
-    if digest != info["sha256"]:
-        raise DataError(f"suite {info['name']!r}: checksum mismatch for {path}: expected sha256 {info['sha256']}, "
+    expected, where = info["sha256"], "expected sha256"
+    if expected is None:
+        expected = pinned_sha256(path)
+        where = f"pinned in {path.name}{PIN_SUFFIX} at its first fetch"
+    if expected is not None and digest != expected:
+        raise DataError(f"suite {info['name']!r}: checksum mismatch for {path}: {where} {expected}, "
                         f"got {digest} (corrupt or a different version; re-download from {info['source_url']})")
     questions = read_questions(path)
+    if info["category_groups"]:
+        group_of = {c: g for g, cats in info["category_groups"].items() for c in cats}
+        questions = [dataclasses.replace(q, category=group_of.get(q.category, q.category)) for q in questions]
     if len(questions) != info["records"]:
         raise DataError(f"suite {info['name']!r}: {path} has {len(questions)} records, expected {info['records']}")
     return Suite(name=info["name"], version=info["version"], questions=questions, scorer=info["scorer"],
                  system_prompt=info["system_prompt"], max_new_tokens=info["max_new_tokens"], source=str(path),
                  sha256=digest)
+
+
+def pinned_sha256(path: str | Path) -> str | None:
+    """The digest pinned beside ``path`` (``<file>.sha256``, written by the first fetch), or None."""
+    pin = Path(str(path) + PIN_SUFFIX)
+    if not pin.is_file():
+        return None
+    text = pin.read_text(encoding="utf-8").split()
+    return text[0] if text else None
 
 
 def sha256_file(path: str | Path) -> str:
@@ -229,7 +263,8 @@ def parse_record(record: Any, where: str) -> Question:
     """One JSON record -> :class:`Question`; ``where`` ("file:line") prefixes every error.
 
     Example: {"question_id": 81, "category": "writing", "turns": ["Hi"]} -> Question("81", "writing", ["Hi"], None).
-    An empty category ("") becomes None.
+    An empty category ("") becomes None. ``reference`` is kept as a list: a list as it is (Spec-Bench's RAG rows
+    hold lists of answers), a string or an object as a one-element list.
     """
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -241,8 +276,10 @@ def parse_record(record: Any, where: str) -> Question:
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
         raise DataError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r:.80}")
     reference = record.get("reference")
-    if reference is not None and (not isinstance(reference, list) or not all(isinstance(r, str) for r in reference)):
-        raise DataError(f"{where}: 'reference' must be a list of strings or absent, got {reference!r:.80}")
+    if isinstance(reference, (str, dict)):
+        reference = [reference]
+    if reference is not None and not isinstance(reference, list):
+        raise DataError(f"{where}: 'reference' must be a list, a string, an object or absent, got {reference!r:.80}")
     category = record.get("category")
     if category is not None and not isinstance(category, str):
         raise DataError(f"{where}: 'category' must be a string, got {category!r}")
@@ -255,13 +292,16 @@ def fetch_suite(name: str, data_dir: str | Path | None = None, url: str | None =
     """Download suite ``name`` from its ``source_url`` (or ``url``) into the data dir, verify it, return the path.
 
     A file already present with the right checksum is kept; a download with the wrong checksum is discarded and
-    raises :class:`DataError`, leaving any existing file untouched. Bundled suites need no download.
+    raises :class:`DataError`, leaving any existing file untouched. Bundled suites need no download. A definition
+    with ``sha256: null`` accepts the first download and pins its digest in ``<file>.sha256``; later fetches must
+    match that pin.
     """
     info = suite_info(name)
     if info["bundled"]:
         return suite_path(info)
     dest = suite_path(info, data_dir)
-    if dest.is_file() and sha256_file(dest) == info["sha256"]:
+    expected = info["sha256"] or pinned_sha256(dest)
+    if dest.is_file() and expected is not None and sha256_file(dest) == expected:
         return dest
     source = url or info["source_url"]
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -275,11 +315,13 @@ def fetch_suite(name: str, data_dir: str | Path | None = None, url: str | None =
     except (urllib.error.URLError, OSError) as e:
         part.unlink(missing_ok=True)
         raise DataError(f"suite {name!r}: download from {source} failed: {e}") from e
-    if h.hexdigest() != info["sha256"]:
+    if expected is not None and h.hexdigest() != expected:
         part.unlink(missing_ok=True)
         raise DataError(f"suite {name!r}: download from {source} has sha256 {h.hexdigest()}, expected "
-                        f"{info['sha256']}; not saved")
+                        f"{expected}; not saved")
     os.replace(part, dest)
+    if info["sha256"] is None:
+        Path(str(dest) + PIN_SUFFIX).write_text(f"{h.hexdigest()}  {dest.name}\n", encoding="utf-8")
     return dest
 
 

@@ -1,0 +1,377 @@
+"""Measured next to reported: a run's records compared cell by cell with a published table.
+
+``compare_run(run_dir, table)`` (``draftbench report RUN --against TABLE``; also printed by ``draftbench
+reproduce``) matches the table's rows to the run's method labels and its columns to the run's suites and
+categories, recomputes every reported metric from the same records, and writes::
+
+    tables/against_<table>.csv, .parquet   one tidy row per (table row, column, metric)
+    tables/against_<table>.md              the measured-vs-reported tables with both hardwares
+    plots/against_<table>.png              measured vs reported, one point per cell, the diagonal drawn
+
+Per cell and metric: ``reported``, ``measured``, ``delta`` = measured − reported and ``ratio`` = measured / reported
+(:func:`harness.measure.metrics.measured_vs_reported`). Speed-ups are the papers' ratio of mean tokens/s against the
+run's baseline on the same questions, with a percentile-bootstrap 95% CI over questions
+(:func:`harness.measure.metrics.speedup_ratio_ci`); a ``mean_of`` column is the equal-weight mean of its columns
+with a CI stratified by column. τ cells are recomputed in the table's own convention
+(:data:`harness.measure.metrics.TAU_CONVENTIONS`) and draftbench's τ of the same records is given beside them.
+
+Row matching: a run made by ``draftbench reproduce`` records ``reproduce.rows`` (label -> row id) in its manifest.
+For any other run, a row matches the label whose method is the row's method and whose recorded options include
+every option of the row (the ``head`` is not compared: a run names a folder where the table names an id); a label
+equal to the row id wins a tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from harness.measure import metrics as M
+from harness.measure.records import read_records
+from harness.measure.report import read_manifest, turns_table
+from harness.run.published import Column, Table
+
+METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
+COLUMNS = ["table", "row", "row_label", "label", "method", "column", "column_label", "metric", "convention",
+           "reported", "measured", "delta", "ratio", "ci_lo", "ci_hi", "tau_draftbench", "n_questions",
+           "target", "hardware_reported", "hardware_measured"]
+
+
+class AgainstError(ValueError):
+    """A run that cannot be compared with a table (nothing matches); the message says what is missing."""
+
+
+def _options_match(row_options: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
+    """True when every option the table row sets has the same value in the run (``head`` never compared).
+
+    Example: row {depth: 5}, recorded {depth: 5, top_k: 10, head: "/x"} -> True; recorded {depth: 6} -> False."""
+    for key, value in row_options.items():
+        if key == "head":
+            continue
+        if key not in recorded or _norm(recorded[key]) != _norm(value):
+            return False
+    return True
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def recorded_options(turns: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """label -> (method, options) of the run, read from the records' ``opt.*`` columns (first record per label)."""
+    out: dict[str, dict[str, Any]] = {}
+    opt_cols = [c for c in turns.columns if c.startswith("opt.")]
+    for label, g in turns.groupby("label", sort=False):
+        first = g.iloc[0]
+        opts = {c[4:]: first[c] for c in opt_cols
+                if not (first[c] is None or (isinstance(first[c], float) and math.isnan(first[c])))}
+        out[str(label)] = {"method": first["method"], "options": opts}
+    return out
+
+
+def target_keys(table: Table, run_target: str | None, model_dir: Mapping[str, str] | None = None) -> list[str]:
+    """The table's target keys that a run's ``config.target`` stands for: the id itself or its ``--model-dir``
+    folder. Example: targets {v7: lmsys/vicuna-7b-v1.3}, run target "/m/v7", model_dir {lmsys/vicuna-7b-v1.3:
+    "/m/v7"} -> ["v7"]."""
+    model_dir = model_dir or {}
+
+    def same(a: str | None, b: str | None) -> bool:
+        if a is None or b is None:
+            return False
+        if a == b:
+            return True
+        pa, pb = Path(a).expanduser(), Path(b).expanduser()
+        return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+    return [k for k, t in table.targets.items() if same(run_target, t.id) or same(run_target, model_dir.get(t.id))]
+
+
+def match_rows(table: Table, turns: pd.DataFrame, manifest: Mapping[str, Any],
+               model_dir: Mapping[str, str] | None = None, notes: list[str] | None = None) -> dict[str, str]:
+    """Table row id -> run label for every runnable row that the run measured (see the module docstring).
+
+    Without a ``reproduce`` record, only rows of the run's target count (:func:`target_keys`); a table with one
+    target is compared even with another model, and ``notes`` gets a line saying so."""
+    labels = recorded_options(turns)
+    repro = manifest.get("reproduce") if isinstance(manifest.get("reproduce"), Mapping) else None
+    if repro and repro.get("table") == table.id and isinstance(repro.get("rows"), Mapping):
+        return {row_id: label for label, row_id in repro["rows"].items() if label in labels}
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    run_target = config.get("target") or (str(turns["target"].iloc[0]) if len(turns) else None)
+    keys = target_keys(table, run_target, model_dir)
+    if not keys:
+        if len(table.targets) > 1:
+            raise AgainstError(f"the run's target {run_target!r} is none of the table's targets "
+                               f"({', '.join(t.id for t in table.targets.values())}); if it is a local copy of one, "
+                               "say which with --model-dir ID=FOLDER")
+        keys = list(table.targets)
+        if notes is not None:
+            notes.append(f"the run's target is {run_target!r}, not the table's {table.targets[keys[0]].id!r}: the "
+                         "numbers are compared anyway")
+    out: dict[str, str] = {}
+    for row in table.runnable_rows():
+        if row.target not in keys:
+            continue
+        found = [lab for lab, info in labels.items()
+                 if info["method"] == row.method and _options_match(row.options, info["options"])]
+        if found:
+            out[row.id] = row.id if row.id in found else found[0]
+    return out
+
+
+def _question_frame(turns: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured question (no error turn): label, suite, temperature, question_id, category,
+    tokens_per_s (Σ new / Σ wall over its turns) and the list of its turns' accept_lengths."""
+    key = ["label", "suite", "temperature", "question_id"]
+    rows = []
+    for k, q in turns.groupby(key, sort=False, dropna=False):
+        if (q["status"] != "ok").any():
+            continue
+        rows.append({**dict(zip(key, k)), "category": q["category"].iloc[0],
+                     "tokens_per_s": M.tokens_per_second(list(q["new_tokens"]), list(q["wall_time_s"])),
+                     "accept_lengths": [list(a) for a in q["accept_lengths"]]})
+    return pd.DataFrame(rows, columns=[*key, "category", "tokens_per_s", "accept_lengths"])
+
+
+def _select(questions: pd.DataFrame, label: str, col: Column, temperature: float) -> pd.DataFrame:
+    sel = questions[(questions["label"] == label) & (questions["suite"] == col.suite)
+                    & np.isclose(questions["temperature"].astype(float), temperature)]
+    if col.category is not None:
+        sel = sel[sel["category"] == col.category]
+    return sel
+
+
+def _tps(sel: pd.DataFrame) -> pd.Series:
+    return pd.Series(sel["tokens_per_s"].to_numpy(dtype=float), index=sel["question_id"].astype(str).to_numpy())
+
+
+def _per_question(sel: pd.DataFrame) -> dict[str, list[list[int]]]:
+    return dict(zip(sel["question_id"].astype(str), sel["accept_lengths"]))
+
+
+def measure_cells(questions: pd.DataFrame, table: Table, label: str, baseline: str, n_boot: int = 2000,
+                  seed: int = 0) -> dict[str, dict[str, Any]]:
+    """column id -> measured values of one run label: speedup (+ ci_lo, ci_hi), tau in the table's convention and
+    every other convention (``tau_<name>``), tau_draftbench, tokens_per_s, baseline_tokens_per_s, n_questions."""
+    out: dict[str, dict[str, Any]] = {}
+    simple = {cid: col for cid, col in table.columns.items() if col.suite is not None}
+    for cid, col in simple.items():
+        sel = _select(questions, label, col, table.temperature)
+        base = _select(questions, baseline, col, table.temperature)
+        est, lo, hi = M.speedup_ratio_ci([(_tps(sel), _tps(base))], n_boot=n_boot, seed=seed)
+        per_q = _per_question(sel)
+        cell = {"speedup": est, "ci_lo": lo, "ci_hi": hi, "n_questions": len(sel),
+                "tokens_per_s": M.mean_tokens_per_second(list(sel["tokens_per_s"])),
+                "baseline_tokens_per_s": M.mean_tokens_per_second(list(base["tokens_per_s"])),
+                "_pairs": (_tps(sel), _tps(base))}
+        for conv in M.TAU_CONVENTIONS:
+            cell[f"tau_{conv}"] = M.tau_in_convention(conv, per_q) if per_q else math.nan
+        out[cid] = cell
+    for cid, col in table.columns.items():
+        if col.mean_of is None:
+            continue
+        parts = [out[c] for c in col.mean_of]
+        est, lo, hi = M.speedup_ratio_ci([p["_pairs"] for p in parts], n_boot=n_boot, seed=seed)
+        cell = {"speedup": est, "ci_lo": lo, "ci_hi": hi, "n_questions": sum(p["n_questions"] for p in parts)}
+        for metric in ("tokens_per_s", "baseline_tokens_per_s", *(f"tau_{c}" for c in M.TAU_CONVENTIONS)):
+            cell[metric] = M.suite_mean([p[metric] for p in parts])
+        out[cid] = cell
+    for cell in out.values():
+        cell.pop("_pairs", None)
+        cell["tau"] = cell[f"tau_{table.tau_convention}"]
+    return out
+
+
+def compare_turns(turns: pd.DataFrame, table: Table, manifest: Mapping[str, Any] | None = None,
+                  baseline: str | None = None, n_boot: int = 2000, seed: int = 0,
+                  model_dir: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The tidy comparison (:data:`COLUMNS`): one row per (matched table row, column, metric) where the table
+    reports a value or the run measured one (always speedup and tau). Raises :class:`AgainstError` when no row
+    matches. ``df.attrs["notes"]`` holds lines worth printing (e.g. a target mismatch)."""
+    manifest = manifest or {}
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    baseline = baseline or config.get("baseline") or "vanilla"
+    notes: list[str] = []
+    matched = match_rows(table, turns, manifest, model_dir, notes)
+    if not matched:
+        runnable = ", ".join(f"{r.id} ({r.method} {r.options})" for r in table.runnable_rows())
+        have = ", ".join(f"{lab} ({i['method']})" for lab, i in recorded_options(turns).items())
+        raise AgainstError(f"no row of table {table.id!r} matches a method of the run: the table's rows are "
+                           f"{runnable}; the run has {have}")
+    if baseline not in set(turns["label"]):
+        raise AgainstError(f"the run has no baseline label {baseline!r}: speed-ups cannot be measured")
+    device = manifest.get("device") if isinstance(manifest.get("device"), Mapping) else {}
+    hw_measured = device.get("device_name") or device.get("device_type") or str(turns["device"].iloc[0])
+    questions = _question_frame(turns)
+    temps = sorted({float(t) for t in questions["temperature"]})
+    if not any(np.isclose(t, table.temperature) for t in temps):
+        raise AgainstError(f"the run has no measured turn at temperature {table.temperature:g} (the table's); its "
+                           f"temperatures: {', '.join(f'{t:g}' for t in temps) or 'none'}")
+    missing = [s for s in table.suites if s not in set(questions["suite"])]
+    if missing:
+        notes.append(f"the run has no measured turn of suite(s) {', '.join(missing)}: those columns are empty")
+    rows = []
+    for row in table.rows:
+        if row.id not in matched:
+            continue
+        label = matched[row.id]
+        measured = measure_cells(questions, table, label, baseline, n_boot=n_boot, seed=seed)
+        target_id = table.targets[row.target].id
+        for cid, col in table.columns.items():
+            got, rep = measured[cid], row.cells.get(cid, {})
+            metrics = ["speedup", "tau", *[m for m in rep if m.startswith("tau_")], "tokens_per_s",
+                       "baseline_tokens_per_s"]
+            for metric in metrics:
+                reported = rep.get(metric, math.nan)
+                value = got.get(metric, math.nan)
+                if math.isnan(reported) and metric not in ("speedup", "tau"):
+                    continue
+                delta, ratio = M.measured_vs_reported(value, reported)
+                conv = (table.tau_convention if metric == "tau" else metric[4:] if metric.startswith("tau_")
+                        else None)
+                rows.append({
+                    "table": table.id, "row": row.id, "row_label": row.label, "label": label,
+                    "method": row.method, "column": cid, "column_label": col.label, "metric": metric,
+                    "convention": conv, "reported": reported, "measured": value, "delta": delta, "ratio": ratio,
+                    "ci_lo": got["ci_lo"] if metric == "speedup" else math.nan,
+                    "ci_hi": got["ci_hi"] if metric == "speedup" else math.nan,
+                    "tau_draftbench": got["tau_draftbench"] if conv is not None else math.nan,
+                    "n_questions": got["n_questions"], "target": target_id,
+                    "hardware_reported": table.hardware, "hardware_measured": hw_measured,
+                })
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs["notes"] = notes
+    return df
+
+
+def _f(x: float, spec: str = ".2f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _signed(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.2f}"
+
+
+def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> str:
+    """The comparison as Markdown: source and both hardwares, then one table per metric (rows × columns), each
+    cell "measured vs reported (Δ, ×ratio)" with the speed-up's 95% CI and draftbench's τ beside the paper's."""
+    hw_measured = ", ".join(dict.fromkeys(df["hardware_measured"].astype(str))) if len(df) else "?"
+    lines = [f"# {run_name or 'run'} against `{table.id}`", "",
+             f"- reported: {table.title}", f"- source: {table.cite()}",
+             f"- hardware: reported **{table.hardware}** ({table.dtype}, {table.framework}); "
+             f"measured **{hw_measured}**",
+             f"- protocol: suites {', '.join(table.suites)}, T = {table.temperature:g}, "
+             f"max_new_tokens {table.max_new_tokens}, warm-up {table.warmup}, repeats {table.repeats}; "
+             f"tau convention `{table.tau_convention}`", ""]
+    if table.notes:
+        lines += [f"Protocol notes: {table.notes.strip()}", ""]
+    for note in df.attrs.get("notes", []):
+        lines += [f"Note: {note}", ""]
+    col_ids = [c for c in table.columns if c in set(df["column"])]
+    for metric in dict.fromkeys(df["metric"]):
+        sub = df[df["metric"] == metric]
+        if sub["reported"].isna().all() and sub["measured"].isna().all():
+            continue
+        conv = sub["convention"].dropna().iloc[0] if sub["convention"].notna().any() else None
+        title = (f"τ in the `{conv}` convention (draftbench τ of the same records in brackets)" if conv
+                 else METRIC_LABELS.get(metric, metric) + (" with the measured 95% bootstrap CI"
+                                                           if metric == "speedup" else ""))
+        lines += [f"**{title}** — measured vs reported (Δ = measured − reported, ×ratio)", "",
+                  "| row | " + " | ".join(table.columns[c].label for c in col_ids) + " |",
+                  "|---|" + "---:|" * len(col_ids)]
+        for row_id in dict.fromkeys(sub["row"]):
+            r = sub[sub["row"] == row_id]
+            cells = []
+            for cid in col_ids:
+                x = r[r["column"] == cid]
+                if x.empty:
+                    cells.append("")
+                    continue
+                x = x.iloc[0]
+                text = f"{_f(x['measured'])}"
+                if metric == "speedup" and not math.isnan(x["ci_lo"]):
+                    text += f" [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}]"
+                if conv:
+                    text += f" [τ {_f(x['tau_draftbench'])}]"
+                if not math.isnan(x["reported"]):
+                    text += f" vs {_f(x['reported'])} ({_signed(x['delta'])}, ×{_f(x['ratio'])})"
+                cells.append(text)
+            lines.append(f"| {r['row_label'].iloc[0]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a different "
+              "baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a protocol "
+              "difference listed above; τ depends on the head and the prompts only, so compare τ first.", ""]
+    return "\n".join(lines)
+
+
+def plot_against(df: pd.DataFrame, path: Path, title: str = "") -> Path | None:
+    """Measured (y) vs reported (x), one point per cell, speed-up and τ in two panels, the diagonal y = x drawn.
+    None when no cell has both numbers."""
+    panels = [(m, lab) for m, lab in (("speedup", "speed-up (×)"), ("tau", "τ (source's convention)"))
+              if ((df["metric"] == m) & df["reported"].notna() & df["measured"].notna()).any()]
+    if not panels:
+        return None
+    fig = Figure(figsize=(5.0 * len(panels), 4.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (metric, lab) in zip(axes, panels):
+        sub = df[(df["metric"] == metric) & df["reported"].notna() & df["measured"].notna()]
+        for row_label, g in sub.groupby("row_label", sort=False):
+            yerr = None
+            if metric == "speedup" and g["ci_lo"].notna().all():
+                yerr = np.vstack([g["measured"] - g["ci_lo"], g["ci_hi"] - g["measured"]]).clip(min=0)
+            ax.errorbar(g["reported"], g["measured"], yerr=yerr, fmt="o", capsize=2, label=str(row_label))
+        lo = float(min(sub["reported"].min(), sub["measured"].min(), 1.0)) * 0.9
+        hi = float(max(sub["reported"].max(), sub["measured"].max())) * 1.1
+        ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle="--", label="measured = reported")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"reported {lab}")
+        ax.set_ylabel(f"measured {lab}")
+        ax.legend(fontsize="small")
+    fig.suptitle(title or "measured vs reported")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int = 0,
+                model_dir: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Compare a run directory with ``table``; write the CSV/parquet/Markdown/PNG (module docstring) and return
+    ``{"frame": DataFrame, "markdown": str, "paths": {name: Path}}``."""
+    run_dir = Path(run_dir)
+    records = read_records(run_dir)
+    if not records:
+        raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
+    manifest = read_manifest(run_dir)
+    turns = turns_table(records, manifest)
+    df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
+    md = comparison_markdown(df, table, run_dir.name)
+    tables, plots = run_dir / "tables", run_dir / "plots"
+    tables.mkdir(exist_ok=True)
+    plots.mkdir(exist_ok=True)
+    stem = f"against_{table.id}"
+    paths: dict[str, Path] = {"against_csv": tables / f"{stem}.csv", "against_parquet": tables / f"{stem}.parquet",
+                              "against_md": tables / f"{stem}.md"}
+    df.to_csv(paths["against_csv"], index=False)
+    df.to_parquet(paths["against_parquet"], index=False)
+    paths["against_md"].write_text(md, encoding="utf-8")
+    plot = plot_against(df, plots / f"{stem}.png", f"{run_dir.name} vs {table.id}")
+    if plot is not None:
+        paths["against_plot"] = plot
+    return {"frame": df, "markdown": md, "paths": paths}
+
+
+def summarize(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Several parts' comparisons (one per run of a reproduction) as one frame."""
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)

@@ -1,0 +1,447 @@
+"""Published speculative-decoding tables as data: one YAML file per table, validated on load like a preset.
+
+A table says what a paper or leaderboard reported, under which settings and in which tau convention, so that
+``draftbench reproduce TABLE`` can run exactly that protocol and ``draftbench report RUN --against TABLE`` can put
+the measured numbers next to the reported ones. The shipped tables are in ``results/published/`` (:data:`TABLE_DIR`);
+any YAML file in the same format can be given by path.
+
+Fields (every one is checked; an error names the file and the field, e.g.
+``eagle2_paper.yaml: rows[1].options.depth: must be >= 1, got 0``)::
+
+    id: eagle2_paper                 # = the file name without .yaml
+    title: ...
+    source:                          # where the numbers come from
+      kind: paper | leaderboard | recomputed
+      citation: "EAGLE-2: ..."       # paper title or leaderboard name
+      arxiv: "2406.16858"            # or null
+      table: "Table 1"               # or null
+      url: https://...               # or null
+      date: "2025-04-22"             # version / retrieval date, or null
+      note: ...                      # or null
+    hardware: "NVIDIA A100 80GB"     # as the source states it
+    dtype: float16                   # the source's precision; the run's default dtype
+    framework: "PyTorch 2.5.1, CUDA 12.1, Spec-Bench"
+    protocol:
+      suites: [mt_bench, gsm8k]      # registered suites, all referenced by columns
+      max_new_tokens: 512
+      temperature: 0.0
+      warmup: 3
+      repeats: 1
+      tau_convention: eagle_script   # a name in harness.measure.metrics.TAU_CONVENTIONS: what the `tau` cells mean
+      notes: ...                     # known protocol differences, or null
+      columns:                       # column id -> which questions it aggregates
+        mt_bench: {label: MT-bench, suite: mt_bench}
+        mt_conv: {label: MT-conv, suite: spec_bench, category: mt_bench}   # recorded category (after category_groups)
+        mean: {label: Mean, mean_of: [mt_bench, gsm8k]}                  # equal-weight mean of other columns
+    targets:                         # key -> the target model
+      vicuna_7b:
+        id: lmsys/vicuna-7b-v1.3     # Hugging Face id (or a name for --model-dir)
+        chat_template: vicuna_v1.1   # harness/run/templates/<name>.jinja, or null (the tokenizer's own)
+        system_prompt: null          # or the text
+        parameters_b: 6.74           # known size, for --dry-run when there is no local copy (or null)
+        layers: 32                   # these three size the KV cache in --dry-run (or null)
+        kv_heads: 32
+        head_dim: 128
+        max_position_embeddings: 2048
+    heads:                           # id -> a draft head checkpoint
+      yuhuili/EAGLE-Vicuna-7B-v1.3: {kind: eagle, hub: true, url: null, parameters_b: 0.24}
+    rows:
+      - id: eagle2                   # unique; the run label of the row
+        label: EAGLE-2               # display name
+        target: vicuna_7b
+        method: eagle2               # a registered method, or null for a reported-only row
+        head: yuhuili/EAGLE-Vicuna-7B-v1.3   # a key of heads, or null
+        options: {total_tokens: 60, depth: 5, top_k: 10}   # checked against the method's options
+        max_new_tokens: null         # overrides the protocol's for this row (or null)
+        runnable: true               # false: kept as reported-only, `reason` says why
+        reason: null
+        note: null
+        cells:                       # column id -> reported numbers
+          mt_bench: {speedup: 3.62, tau: 4.98}
+
+A cell holds any of ``speedup`` (× vs the source's own vanilla decoding), ``tau`` (in ``protocol.tau_convention``),
+``tau_<convention>`` (the same records in another named convention, e.g. ``tau_eagle_step``), ``tokens_per_s`` and
+``baseline_tokens_per_s`` (the vanilla run of the same source).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.engine.method import OptionsError, build_options
+from harness.measure.metrics import TAU_CONVENTIONS
+from harness.registry import METHODS, UnknownNameError
+from harness.run.chat import ChatTemplateError, resolve_chat_template
+from harness.run.suites import DataError, suite_info
+
+TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
+SOURCE_KINDS = ("paper", "leaderboard", "recomputed")
+CELL_METRICS = ("speedup", "tau", "tokens_per_s", "baseline_tokens_per_s",
+                *(f"tau_{c}" for c in TAU_CONVENTIONS))
+TOP_FIELDS = ("id", "title", "source", "hardware", "dtype", "framework", "protocol", "targets", "heads", "rows")
+SOURCE_FIELDS = ("kind", "citation", "arxiv", "table", "url", "date", "note")
+PROTOCOL_FIELDS = ("suites", "max_new_tokens", "temperature", "warmup", "repeats", "tau_convention", "notes",
+                   "columns")
+COLUMN_FIELDS = ("label", "suite", "category", "mean_of")
+TARGET_FIELDS = ("id", "chat_template", "system_prompt", "parameters_b", "layers", "kv_heads", "head_dim",
+                 "max_position_embeddings")
+HEAD_FIELDS = ("kind", "hub", "url", "parameters_b")
+ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tokens", "runnable", "reason", "note",
+              "cells")
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+class TableError(ValueError):
+    """A published table that does not parse or validate; the message names the file and the field."""
+
+
+@dataclass
+class Column:
+    """One reported column: the questions of ``suite`` (only ``category`` ones when set), or the equal-weight mean
+    of other columns (``mean_of``)."""
+
+    id: str
+    label: str
+    suite: str | None = None
+    category: str | None = None
+    mean_of: list[str] | None = None
+
+
+@dataclass
+class TargetSpec:
+    key: str
+    id: str
+    chat_template: str | None = None
+    system_prompt: str | None = None
+    parameters_b: float | None = None
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int | None = None
+
+
+@dataclass
+class HeadSpec:
+    id: str
+    kind: str
+    hub: bool = True
+    url: str | None = None
+    parameters_b: float | None = None
+
+
+@dataclass
+class Row:
+    id: str
+    label: str
+    target: str
+    method: str | None
+    head: str | None
+    options: dict[str, Any]
+    cells: dict[str, dict[str, float]]
+    max_new_tokens: int | None = None
+    runnable: bool = True
+    reason: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class Table:
+    """A validated published table (see the module docstring for the fields)."""
+
+    id: str
+    title: str
+    source: dict[str, Any]
+    hardware: str
+    dtype: str
+    framework: str
+    suites: list[str]
+    max_new_tokens: int
+    temperature: float
+    warmup: int
+    repeats: int
+    tau_convention: str
+    notes: str | None
+    columns: dict[str, Column]
+    targets: dict[str, TargetSpec]
+    heads: dict[str, HeadSpec]
+    rows: list[Row]
+    path: str = ""
+    sha256: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def row(self, row_id: str) -> Row:
+        for r in self.rows:
+            if r.id == row_id:
+                return r
+        raise TableError(f"table {self.id!r} has no row {row_id!r}; rows: {', '.join(r.id for r in self.rows)}")
+
+    def runnable_rows(self) -> list[Row]:
+        return [r for r in self.rows if r.runnable]
+
+    def n_cells(self) -> int:
+        """Reported numbers in the table (every metric of every cell of every row)."""
+        return sum(len(c) for r in self.rows for c in r.cells.values())
+
+    def cite(self) -> str:
+        """One line naming the source. Example: "EAGLE-2: ... (arXiv:2406.16858, Table 1)"."""
+        s = self.source
+        bits = [f"arXiv:{s['arxiv']}" if s.get("arxiv") else None, s.get("table"), s.get("url"), s.get("date")]
+        extra = ", ".join(b for b in bits if b)
+        return f"{s['citation']} ({extra})" if extra else s["citation"]
+
+
+def table_names() -> list[str]:
+    """The shipped tables' ids (``results/published/*.yaml``)."""
+    return sorted(p.stem for p in TABLE_DIR.glob("*.yaml"))
+
+
+def resolve_table(name_or_path: str | Path) -> Path:
+    """A shipped table id or the path of a table YAML file; a clear error with close matches otherwise."""
+    p = Path(name_or_path).expanduser()
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    cand = TABLE_DIR / f"{name_or_path}.yaml"
+    if cand.is_file():
+        return cand
+    names = table_names()
+    close = difflib.get_close_matches(str(name_or_path), names, 3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise TableError(f"unknown published table {str(name_or_path)!r} (not a YAML file either).{hint} "
+                     f"Shipped: {', '.join(names) or '(none)'}")
+
+
+def load_table(name_or_path: str | Path) -> Table:
+    """Read and validate a published table (shipped id or YAML path)."""
+    path = resolve_table(name_or_path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise TableError(f"{path.name}: invalid YAML: {e}") from e
+    table = table_from_dict(data, path.name, stem=path.stem)
+    table.path, table.sha256 = str(path), hashlib.sha256(text.encode()).hexdigest()
+    return table
+
+
+class _Checker:
+    """Small helpers that raise :class:`TableError` prefixed with the file name and the field path."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field_path: str, msg: str):
+        raise TableError(f"{self.where}: {field_path}: {msg}")
+
+    def mapping(self, value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping, got {type(value).__name__}")
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(str(u), allowed, 1))
+                                 else "") for u in unknown]
+            self.fail(path, f"unknown field {', '.join(hints)}; valid: {', '.join(allowed)}")
+        missing = [k for k in required if k not in value]
+        if missing:
+            self.fail(path, f"missing field(s) {', '.join(missing)}")
+        return value
+
+    def string(self, value: Any, path: str, optional: bool = False) -> str | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(path, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def number(self, value: Any, path: str, optional: bool = False, minimum: float | None = None) -> float | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path, f"expected a number, got {value!r}")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be >= {minimum:g}, got {value!r}")
+        return float(value)
+
+    def integer(self, value: Any, path: str, optional: bool = False, minimum: int | None = None) -> int | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            self.fail(path, f"must be >= {minimum}, got {value!r}")
+        return value
+
+
+def table_from_dict(data: Any, where: str = "table", stem: str | None = None) -> Table:
+    """Validate the mapping of a table file (``where`` names it in errors) and build a :class:`Table`."""
+    c = _Checker(where)
+    c.mapping(data, "table", TOP_FIELDS, TOP_FIELDS)
+    table_id = c.string(data["id"], "id")
+    if stem is not None and table_id != stem:
+        c.fail("id", f"{table_id!r} must equal the file name {stem!r}")
+    source = c.mapping(data["source"], "source", SOURCE_FIELDS, ("kind", "citation"))
+    if source["kind"] not in SOURCE_KINDS:
+        c.fail("source.kind", f"must be one of {', '.join(SOURCE_KINDS)}, got {source['kind']!r}")
+    c.string(source["citation"], "source.citation")
+    for k in ("arxiv", "table", "url", "date", "note"):
+        if source.get(k) is not None and not isinstance(source[k], str):
+            c.fail(f"source.{k}", f"expected a string or null (quote it: \"{source[k]}\"), got {source[k]!r}")
+    if source["kind"] == "paper" and not source.get("arxiv"):
+        c.fail("source.arxiv", "a paper source needs its arXiv id")
+    if source["kind"] in ("leaderboard", "recomputed") and not source.get("url"):
+        c.fail("source.url", f"a {source['kind']} source needs the address of what it was taken from")
+    if data["dtype"] not in DTYPES:
+        c.fail("dtype", f"must be one of {', '.join(DTYPES)}, got {data['dtype']!r}")
+
+    proto = c.mapping(data["protocol"], "protocol", PROTOCOL_FIELDS,
+                      ("suites", "max_new_tokens", "temperature", "warmup", "repeats", "tau_convention", "columns"))
+    suites = proto["suites"]
+    if not isinstance(suites, list) or not suites or not all(isinstance(s, str) for s in suites):
+        c.fail("protocol.suites", f"expected a non-empty list of suite names, got {suites!r}")
+    for i, s in enumerate(suites):
+        try:
+            suite_info(s)
+        except DataError as e:
+            c.fail(f"protocol.suites[{i}]", str(e))
+    conv = proto["tau_convention"]
+    if conv not in TAU_CONVENTIONS:
+        c.fail("protocol.tau_convention", f"unknown convention {conv!r}; known: {', '.join(TAU_CONVENTIONS)}")
+    columns = _columns(c, proto["columns"], suites)
+
+    targets: dict[str, TargetSpec] = {}
+    c.mapping(data["targets"], "targets", tuple(data["targets"]) if isinstance(data["targets"], dict) else ())
+    if not data["targets"]:
+        c.fail("targets", "at least one target is required")
+    for key, t in data["targets"].items():
+        p = f"targets.{key}"
+        c.mapping(t, p, TARGET_FIELDS, ("id",))
+        c.string(t["id"], f"{p}.id")
+        if t.get("chat_template") is not None:
+            try:
+                resolve_chat_template(t["chat_template"], f"{where}: {p}.chat_template")
+            except ChatTemplateError as e:
+                raise TableError(str(e)) from None
+        c.string(t.get("system_prompt"), f"{p}.system_prompt", optional=True)
+        c.number(t.get("parameters_b"), f"{p}.parameters_b", optional=True, minimum=0)
+        for k in ("layers", "kv_heads", "head_dim", "max_position_embeddings"):
+            c.integer(t.get(k), f"{p}.{k}", optional=True, minimum=1)
+        targets[key] = TargetSpec(key=key, **{k: t.get(k) for k in TARGET_FIELDS})
+
+    heads: dict[str, HeadSpec] = {}
+    raw_heads = data["heads"] or {}
+    c.mapping(raw_heads, "heads", tuple(raw_heads) if isinstance(raw_heads, dict) else ())
+    for hid, h in raw_heads.items():
+        p = f"heads.{hid}"
+        c.mapping(h, p, HEAD_FIELDS, ("kind",))
+        c.string(h["kind"], f"{p}.kind")
+        if not isinstance(h.get("hub", True), bool):
+            c.fail(f"{p}.hub", f"expected true or false, got {h['hub']!r}")
+        if h.get("hub") is False and not h.get("url"):
+            c.fail(f"{p}.url", "a head that is not on the Hugging Face hub needs the address it is published at")
+        c.number(h.get("parameters_b"), f"{p}.parameters_b", optional=True, minimum=0)
+        heads[hid] = HeadSpec(id=hid, kind=h["kind"], hub=h.get("hub", True), url=h.get("url"),
+                              parameters_b=h.get("parameters_b"))
+
+    rows_raw = data["rows"]
+    if not isinstance(rows_raw, list) or not rows_raw:
+        c.fail("rows", "expected a non-empty list of rows")
+    rows, seen = [], set()
+    for i, r in enumerate(rows_raw):
+        rows.append(_row(c, r, f"rows[{i}]", targets, heads, columns, proto["max_new_tokens"]))
+        if rows[-1].id in seen:
+            c.fail(f"rows[{i}].id", f"duplicate row id {rows[-1].id!r}")
+        seen.add(rows[-1].id)
+
+    return Table(
+        id=table_id, title=c.string(data["title"], "title"), source=dict(source),
+        hardware=c.string(data["hardware"], "hardware"), dtype=data["dtype"],
+        framework=c.string(data["framework"], "framework"), suites=list(suites),
+        max_new_tokens=c.integer(proto["max_new_tokens"], "protocol.max_new_tokens", minimum=1),
+        temperature=c.number(proto["temperature"], "protocol.temperature", minimum=0),
+        warmup=c.integer(proto["warmup"], "protocol.warmup", minimum=0),
+        repeats=c.integer(proto["repeats"], "protocol.repeats", minimum=1),
+        tau_convention=conv, notes=c.string(proto.get("notes"), "protocol.notes", optional=True),
+        columns=columns, targets=targets, heads=heads, rows=rows, raw=data,
+    )
+
+
+def _columns(c: _Checker, raw: Any, suites: list[str]) -> dict[str, Column]:
+    c.mapping(raw, "protocol.columns", tuple(raw) if isinstance(raw, dict) else ())
+    if not raw:
+        c.fail("protocol.columns", "at least one column is required")
+    columns: dict[str, Column] = {}
+    for cid, col in raw.items():
+        p = f"protocol.columns.{cid}"
+        c.mapping(col, p, COLUMN_FIELDS, ("label",))
+        c.string(col["label"], f"{p}.label")
+        if (col.get("suite") is None) == (col.get("mean_of") is None):
+            c.fail(p, "give exactly one of suite (the questions of a suite) or mean_of (a mean of other columns)")
+        if col.get("suite") is not None and col["suite"] not in suites:
+            c.fail(f"{p}.suite", f"{col['suite']!r} is not in protocol.suites {suites}")
+        if col.get("category") is not None and col.get("suite") is None:
+            c.fail(f"{p}.category", "a category selects questions of a suite: give suite too")
+        mean_of = col.get("mean_of")
+        if mean_of is not None:
+            if not isinstance(mean_of, list) or not mean_of:
+                c.fail(f"{p}.mean_of", f"expected a non-empty list of column ids, got {mean_of!r}")
+            for j, other in enumerate(mean_of):
+                if other not in raw or raw[other].get("suite") is None:
+                    c.fail(f"{p}.mean_of[{j}]", f"{other!r} is not a suite column of this table")
+        columns[cid] = Column(id=cid, label=col["label"], suite=col.get("suite"), category=col.get("category"),
+                              mean_of=list(mean_of) if mean_of else None)
+    unused = [s for s in suites if not any(col.suite == s for col in columns.values())]
+    if unused:
+        c.fail("protocol.suites", f"suite(s) {unused} are run but no column reports them")
+    return columns
+
+
+def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dict[str, HeadSpec],
+         columns: dict[str, Column], max_new_tokens: Any) -> Row:
+    c.mapping(r, p, ROW_FIELDS, ("id", "target", "cells"))
+    row_id = c.string(r["id"], f"{p}.id")
+    if not row_id.replace("_", "").replace("-", "").isalnum():
+        c.fail(f"{p}.id", f"{row_id!r} must be letters, digits, '_' and '-' (it becomes the run label)")
+    if r["target"] not in targets:
+        c.fail(f"{p}.target", f"{r['target']!r} is not a key of targets ({', '.join(targets)})")
+    runnable = r.get("runnable", True)
+    if not isinstance(runnable, bool):
+        c.fail(f"{p}.runnable", f"expected true or false, got {runnable!r}")
+    method = r.get("method")
+    options = r.get("options") or {}
+    if not isinstance(options, dict):
+        c.fail(f"{p}.options", f"expected a mapping, got {options!r}")
+    if "head" in options:
+        c.fail(f"{p}.options.head", "name the head in the row's `head` field (an id of `heads`), not as an option")
+    if runnable:
+        if method is None:
+            c.fail(f"{p}.method", "a runnable row needs a registered method (or set runnable: false with a reason)")
+        try:
+            cls = METHODS.get(method)
+        except UnknownNameError as e:
+            c.fail(f"{p}.method", str(e))
+        try:
+            build_options(cls.Options, options, f"{p}.options")
+        except OptionsError as e:
+            msg = str(e)
+            c.fail(f"{p}.options", msg.split(": ", 1)[1] if msg.startswith(f"{p}.options: ") else msg)
+    elif not r.get("reason"):
+        c.fail(f"{p}.reason", "a row with runnable: false must say why it cannot be run")
+    head = r.get("head")
+    if head is not None and head not in heads:
+        c.fail(f"{p}.head", f"{head!r} is not an id of heads ({', '.join(heads) or 'none'})")
+    c.integer(r.get("max_new_tokens"), f"{p}.max_new_tokens", optional=True, minimum=1)
+    cells = r["cells"]
+    c.mapping(cells, f"{p}.cells", tuple(columns))
+    for cid, cell in cells.items():
+        c.mapping(cell, f"{p}.cells.{cid}", CELL_METRICS)
+        for metric, value in cell.items():
+            c.number(value, f"{p}.cells.{cid}.{metric}", minimum=0)
+    return Row(id=row_id, label=r.get("label") or row_id, target=r["target"], method=method, head=head,
+               options=dict(options), cells={k: {m: float(v) for m, v in cell.items()} for k, cell in cells.items()},
+               max_new_tokens=r.get("max_new_tokens") or None, runnable=runnable, reason=r.get("reason"),
+               note=r.get("note"))

@@ -1,0 +1,365 @@
+"""Published tables as data (harness/run/published.py), the measured-vs-reported comparison on literal records
+(harness/run/against.py), the spec_bench suite format and the vicuna_v1.1 chat template."""
+
+import copy
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.measure.report import turns_table
+from harness.run import suites
+from harness.run.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
+from harness.run.chat import resolve_chat_template
+from harness.run.published import TableError, load_table, table_from_dict, table_names
+from harness.run.suites import DataError, fetch_suite, load_suite, suite_info
+from tests.tiny import char_tokenizer, tiny_target
+
+DATA = Path(__file__).resolve().parent / "data"
+STANDIN = DATA / "standin_eagle2.yaml"
+
+# name -> (rows, runnable rows, reported numbers): what the shipped files hold
+SHIPPED = {
+    "eagle1_paper": (2, 2, 12),
+    "eagle2_paper": (3, 3, 14),
+    "jakiro_a40_t0": (8, 7, 184),
+    "jakiro_a40_t1": (10, 9, 230),
+    "medusa1": (1, 1, 1),
+    "spec_bench_a100": (7, 4, 56),
+    "spec_bench_rtx3090": (7, 4, 56),
+}
+
+
+def test_the_shipped_tables_are_the_expected_ones():
+    """A table file dropped or added without its test entry would go unvalidated here."""
+    assert table_names() == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_table_validates(name):
+    """Every method, option set, suite, column and cell of a shipped table must exist and parse; a typo in any of
+    them (or a lost row) fails loading or changes these counts."""
+    table = load_table(name)
+    rows, runnable, cells = SHIPPED[name]
+    assert (len(table.rows), len(table.runnable_rows()), table.n_cells()) == (rows, runnable, cells)
+    assert table.source["citation"] and (table.source.get("arxiv") or table.source.get("url"))
+    for row in table.rows:
+        assert set(row.cells) <= set(table.columns) and row.cells, row.id
+        assert row.runnable or row.reason, row.id
+        if row.head is not None:
+            assert row.head in table.heads
+
+
+@pytest.mark.parametrize("name, row, column, metric, value", [
+    ("eagle1_paper", "vicuna_7b_eagle1", "humaneval", "tau", 4.29),
+    ("eagle2_paper", "vicuna_7b_eagle2", "mt_bench", "speedup", 3.62),
+    ("eagle2_paper", "llama3_instruct_8b_eagle2", "mt_bench", "tau", 4.53),
+    ("spec_bench_rtx3090", "eagle2", "overall", "tau", 4.35),
+    ("spec_bench_a100", "pld", "summarization", "speedup", 2.66),
+    ("medusa1", "medusa1", "mt_bench", "speedup", 2.18),
+    ("jakiro_a40_t0", "vicuna_13b_jakiro", "mean", "speedup", 2.97),
+    ("jakiro_a40_t0", "vicuna_7b_eagle2", "mean", "baseline_tokens_per_s", 32.2),
+    ("jakiro_a40_t1", "vicuna_7b_jakiro_star", "mt_bench", "tau", 5.64),
+    ("jakiro_a40_t1", "vicuna_33b_jakiro", "nq", "tau_eagle_step", 3.28),
+])
+def test_shipped_cells_hold_the_published_numbers(name, row, column, metric, value):
+    """Spot checks against the sources (the cell a reader would look up first); a shifted column would fail."""
+    assert load_table(name).row(row).cells[column][metric] == value
+
+
+@pytest.mark.parametrize("name", ["jakiro_a40_t0", "jakiro_a40_t1"])
+def test_jakiro_mean_column_is_the_mean_of_its_six_cells(name):
+    """The recomputed Jakiro tables give a mean column = equal-weight mean of the six datasets; a mistyped cell in a
+    row breaks this identity beyond the two-decimal rounding of the published cells."""
+    table = load_table(name)
+    for row in table.rows:
+        for metric in ("speedup", "tau", "tau_eagle_step"):
+            six = [row.cells[c][metric] for c in ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq")]
+            assert sum(six) / 6 == pytest.approx(row.cells["mean"][metric], abs=0.011), (row.id, metric)
+
+
+def test_rows_of_other_targets_or_budgets_are_kept_apart():
+    """EAGLE-1 and Jakiro* come from Jakiro's other evaluation folder (1024-token cap): their rows must say so, or a
+    reproduction would run them under the wrong budget."""
+    table = load_table("jakiro_a40_t1")
+    assert table.row("vicuna_7b_eagle1").max_new_tokens == 1024
+    assert table.row("vicuna_7b_jakiro").max_new_tokens is None and table.max_new_tokens == 512
+    assert table.row("vicuna_7b_jakiro_star").options == {"variant": "as_published"}
+    assert table.temperature == 1.0 and table.tau_convention == "eagle_script"
+
+
+def _standin() -> dict:
+    return yaml.safe_load(STANDIN.read_text())
+
+
+def _set(data: dict, path: str, value) -> dict:
+    data = copy.deepcopy(data)
+    keys = path.split(".")
+    node = data
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    if value is _DELETE:
+        del node[keys[-1]]
+    else:
+        node[int(keys[-1]) if isinstance(node, list) else keys[-1]] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("rows.0.method", "eagle3", r"rows\[0\]\.method: unknown method 'eagle3'"),
+    ("rows.0.options.depth", 0, r"rows\[0\]\.options: depth must be >= 1, got 0"),
+    ("rows.0.options.dept", 5, r"rows\[0\]\.options: unknown option 'dept' \(did you mean 'depth'\?\)"),
+    ("rows.0.options.head", "x", r"rows\[0\]\.options\.head: name the head in the row's `head` field"),
+    ("rows.0.head", "yuhuili/EAGLE-Vicuna-7B", r"rows\[0\]\.head: 'yuhuili/EAGLE-Vicuna-7B' is not an id of heads"),
+    ("rows.0.target", "vicuna_13b", r"rows\[0\]\.target: 'vicuna_13b' is not a key of targets"),
+    ("rows.0.cells.mt_bench.speedup", "fast", r"rows\[0\]\.cells\.mt_bench\.speedup: expected a number"),
+    ("rows.0.cells.humaneval", {"speedup": 3.95}, r"rows\[0\]\.cells: unknown field 'humaneval'"),
+    ("rows.0.cells.mt_bench.tau_mat", 4.0, r"rows\[0\]\.cells\.mt_bench: unknown field 'tau_mat'"),
+    ("rows.2.reason", _DELETE, r"rows\[2\]\.reason: a row with runnable: false must say why"),
+    ("protocol.tau_convention", "mat", r"protocol\.tau_convention: unknown convention 'mat'"),
+    ("protocol.suites", ["mtbench", "gsm8k"], r"protocol\.suites\[0\]: unknown suite 'mtbench'"),
+    ("protocol.columns.mean.mean_of", ["mt_bench", "mean"], r"protocol\.columns\.mean\.mean_of\[1\]: 'mean' is not a"),
+    ("protocol.columns.gsm8k.suite", "alpaca", r"protocol\.columns\.gsm8k\.suite: 'alpaca' is not in protocol"),
+    ("protocol.max_new_tokens", 0, r"protocol\.max_new_tokens: must be >= 1, got 0"),
+    ("source.arxiv", None, r"source\.arxiv: a paper source needs its arXiv id"),
+    ("source.kind", "blog", r"source\.kind: must be one of paper, leaderboard, recomputed"),
+    ("dtype", "fp8", r"dtype: must be one of float16, bfloat16, float32"),
+    ("hardwre", "A100", r"table: unknown field 'hardwre' \(did you mean 'hardware'\?\)"),
+    ("targets.vicuna_7b.chat_template", "vicuna_v2", r"targets\.vicuna_7b\.chat_template: unknown chat template"),
+    ("heads.Jakiro-Vicuna-7B-v1.3.url", None, r"heads\.Jakiro-Vicuna-7B-v1\.3\.url: a head that is not on the"),
+])
+def test_a_wrong_field_fails_naming_it(path, value, message):
+    """Every bad field must give one line naming the file and the field path, so a table author can fix it."""
+    data = _standin()
+    if path.startswith("heads.Jakiro"):
+        data["heads"]["Jakiro-Vicuna-7B-v1.3"]["url"] = value
+    else:
+        data = _set(data, path, value)
+    with pytest.raises(TableError, match=r"standin_eagle2\.yaml: " + message):
+        table_from_dict(data, "standin_eagle2.yaml")
+
+
+def test_table_id_must_match_its_file_and_unknown_names_suggest(tmp_path):
+    """A copied file with a stale id, or a mistyped table name, must be caught with a usable hint."""
+    path = tmp_path / "my_table.yaml"
+    shutil.copy(STANDIN, path)
+    with pytest.raises(TableError, match=r"my_table\.yaml: id: 'standin_eagle2' must equal the file name 'my_table'"):
+        load_table(path)
+    with pytest.raises(TableError, match=r"unknown published table 'eagle2_papr'.*Did you mean 'eagle2_paper'"):
+        load_table("eagle2_papr")
+
+
+# ------------------------------------------------------------------------------------- comparison on literal records
+
+
+def rec(label, method, suite, qid, turn, accept_lengths, wall, options, category=None, status="ok"):
+    """One turn record as the runner writes it (only the fields the comparison reads)."""
+    return {"run_id": "r", "status": status, "error": None, "method": method, "label": label, "lossless": True,
+            "method_options": options, "suite": suite, "suite_version": "1", "question_id": str(qid),
+            "category": category, "turn": turn, "target": "smollm2-135m", "dtype": "float32", "device": "cpu",
+            "temperature": 0.0, "top_p": 1.0, "seed": 0, "repeat": 0, "new_tokens": sum(accept_lengths),
+            "steps": len(accept_lengths), "accept_lengths": accept_lengths, "accepted_drafts": [],
+            "draft_depths": [], "wall_time_s": wall, "output_ids": None}
+
+
+EAGLE_OPTS = {"head": "/heads/eagle", "total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}
+OTHER_OPTS = {**EAGLE_OPTS, "depth": 5}
+
+
+def literal_records():
+    """vanilla: 10 tokens/s on MT-bench q81 (two turns of 10 tokens in 1 s), 5 tokens/s on GSM8K q1.
+    eagle2 (the stand-in's options): 20 tokens/s and 10 tokens/s -> speed-ups 2.0 and 2.0.
+    eagle2_d5: the same method with depth 5, which must not be matched to the table row."""
+    out = [rec("vanilla", "vanilla", "mt_bench", 81, 0, [1] * 10, 1.0, {}),
+           rec("vanilla", "vanilla", "mt_bench", 81, 1, [1] * 10, 1.0, {}),
+           rec("vanilla", "vanilla", "gsm8k", 1, 0, [1] * 5, 1.0, {})]
+    for label, opts in (("eagle2", EAGLE_OPTS), ("eagle2_d5", OTHER_OPTS)):
+        out += [rec(label, "eagle2", "mt_bench", 81, 0, [1, 3, 4, 2], 0.5, opts),
+                rec(label, "eagle2", "mt_bench", 81, 1, [1, 4, 5], 0.5, opts),
+                rec(label, "eagle2", "gsm8k", 1, 0, [1, 2, 2], 0.5, opts)]
+    return out
+
+
+@pytest.fixture()
+def standin():
+    return load_table(STANDIN)
+
+
+def test_rows_match_by_method_and_options_not_label(standin):
+    """A run not made by `reproduce` is matched on method + options (head ignored): the depth-5 variant must not
+    stand in for the table's depth-3 row, and a table row without a run label is simply absent."""
+    turns = turns_table(literal_records())
+    assert match_rows(standin, turns, {"config": {"target": "lmsys/vicuna-7b-v1.3"}}) == {"vicuna_7b_eagle2": "eagle2"}
+    # a reproduction's manifest says which label is which row, whatever the options
+    manifest = {"reproduce": {"table": "standin_eagle2", "rows": {"eagle2_d5": "vicuna_7b_eagle2"}}}
+    assert match_rows(standin, turns, manifest) == {"vicuna_7b_eagle2": "eagle2_d5"}
+
+
+def test_comparison_values_on_literal_records(standin):
+    """Every number of the comparison from hand-computed records. Speed-up: 20 / 10 and 10 / 5 tokens/s = 2.0 on both
+    suites; tau (eagle_script): MT-bench S = (3+4+2) + (4+5) = 18 over loop indices (3−1) + (2−1) = 3 -> 6.0, GSM8K
+    4 / 1 = 4.0; draftbench tau 20/7 and 5/3; the mean column averages the suites."""
+    df = compare_turns(turns_table(literal_records()), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}},
+                       n_boot=200)
+    cell = df.set_index(["row", "column", "metric"])
+    sp = cell.loc[("vicuna_7b_eagle2", "mt_bench", "speedup")]
+    assert (sp["measured"], sp["reported"]) == pytest.approx((2.0, 3.62))
+    assert (sp["delta"], sp["ratio"]) == pytest.approx((-1.62, 2.0 / 3.62))
+    assert (sp["ci_lo"], sp["ci_hi"]) == pytest.approx((2.0, 2.0))      # one question: the CI collapses on it
+    tau = cell.loc[("vicuna_7b_eagle2", "mt_bench", "tau")]
+    assert (tau["measured"], tau["convention"], tau["tau_draftbench"]) == (pytest.approx(6.0), "eagle_script",
+                                                                           pytest.approx(20 / 7))
+    assert (tau["delta"], tau["ratio"]) == pytest.approx((6.0 - 4.98, 6.0 / 4.98))
+    g = cell.loc[("vicuna_7b_eagle2", "gsm8k", "tau")]
+    assert (g["measured"], g["tau_draftbench"]) == pytest.approx((4.0, 5 / 3))
+    mean = cell.loc[("vicuna_7b_eagle2", "mean", "speedup")]
+    assert mean["measured"] == pytest.approx(2.0) and math.isnan(mean["reported"]) and math.isnan(mean["delta"])
+    assert cell.loc[("vicuna_7b_eagle2", "mean", "tau"), "measured"] == pytest.approx(5.0)
+    assert ("vicuna_7b_eagle2", "gsm8k", "tokens_per_s") not in cell.index  # not reported: no row for it
+    assert set(df["row"]) == {"vicuna_7b_eagle2"}                         # the Jakiro row was not run
+    assert df.attrs["notes"] == []
+
+
+def test_markdown_and_plot_show_both_numbers(standin, tmp_path):
+    """The printed table must carry measured, its CI, reported, delta and ratio per cell, both hardwares, and the
+    plot must be written (one point per cell, with the diagonal)."""
+    df = compare_turns(turns_table(literal_records()), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"},
+                                                                 "device": {"device_name": "Test CPU"}}, n_boot=200)
+    md = comparison_markdown(df, standin, "run1")
+    assert ("| EAGLE-2 Vicuna-7B | 2.00 [2.00, 2.00] vs 3.62 (-1.62, ×0.55) | 2.00 [2.00, 2.00] vs 3.63 (-1.63, ×0.55)"
+            in md)
+    assert "6.00 [τ 2.86] vs 4.98 (+1.02, ×1.20)" in md
+    assert "reported **not stated with the table**" in md and "measured **Test CPU**" in md
+    assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_target_mismatch_is_noted_or_refused(standin):
+    """A run on another model is compared only when the table has a single target, and the output says so; a
+    --model-dir mapping that names the run's folder silences the note."""
+    turns = turns_table(literal_records())
+    df = compare_turns(turns, standin, {"config": {"target": "smollm2-135m"}}, n_boot=50)
+    assert "not the table's 'lmsys/vicuna-7b-v1.3'" in df.attrs["notes"][0]
+    df = compare_turns(turns, standin, {"config": {"target": "smollm2-135m"}}, n_boot=50,
+                       model_dir={"lmsys/vicuna-7b-v1.3": "smollm2-135m"})
+    assert df.attrs["notes"] == []
+    with pytest.raises(AgainstError, match="the run's target 'smollm2-135m' is none of the table's targets"):
+        match_rows(load_table("eagle2_paper"), turns, {"config": {"target": "smollm2-135m"}})
+
+
+def test_no_matching_row_or_baseline_is_a_clear_error(standin):
+    """Comparing a run that measured none of the table's methods must say what each side has."""
+    only_vanilla = [r for r in literal_records() if r["label"] == "vanilla"]
+    with pytest.raises(AgainstError, match=r"no row of table 'standin_eagle2' matches.*the run has vanilla"):
+        compare_turns(turns_table(only_vanilla), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}})
+    no_base = [r for r in literal_records() if r["label"] != "vanilla"]
+    with pytest.raises(AgainstError, match="no baseline label 'vanilla'"):
+        compare_turns(turns_table(no_base), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}})
+
+
+def test_other_temperature_or_missing_suites_are_said(standin):
+    """A greedy run compared with a T = 1 table has nothing comparable (an error, not a table of NaN); a run without
+    one of the table's suites is compared on the others with a note."""
+    recs = literal_records()
+    with pytest.raises(AgainstError, match="no measured turn at temperature 1 .*its temperatures: 0"):
+        compare_turns(turns_table(recs), load_table("jakiro_a40_t1"),
+                      {"config": {"target": "lmsys/vicuna-7b-v1.3"}, "reproduce": {"table": "jakiro_a40_t1", "rows": {
+                          "eagle2": "vicuna_7b_eagle2"}}})
+    no_gsm8k = [r for r in recs if r["suite"] != "gsm8k"]
+    df = compare_turns(turns_table(no_gsm8k), standin, {"config": {"target": "lmsys/vicuna-7b-v1.3"}}, n_boot=50)
+    assert df.attrs["notes"] == ["the run has no measured turn of suite(s) gsm8k: those columns are empty"]
+    assert math.isnan(df.set_index(["row", "column", "metric"]).loc[("vicuna_7b_eagle2", "gsm8k", "speedup"),
+                                                                     "measured"])
+
+
+def test_categories_select_questions_for_leaderboard_columns():
+    """Spec-Bench columns pick questions by recorded category: a category column must only see its questions and
+    the overall column all of them (pooled ratio of means, not a mean of categories)."""
+    table = load_table("spec_bench_rtx3090")
+    recs = []
+    for qid, cat, van_wall, pld_wall in ((81, "mt_bench", 1.0, 0.5), (161, "translation", 1.0, 1.0)):
+        recs += [rec("vanilla", "vanilla", "spec_bench", qid, 0, [1] * 10, van_wall, {}, cat),
+                 rec("pld", "pld", "spec_bench", qid, 0, [1, 5, 4], pld_wall,
+                     {"max_ngram": 3, "min_ngram": 1, "num_draft_tokens": 10}, cat)]
+    df = compare_turns(turns_table(recs), table, {"config": {"target": "lmsys/vicuna-7b-v1.3"}}, n_boot=50)
+    cell = df.set_index(["row", "column", "metric"])["measured"]
+    assert cell[("pld", "mt_conv", "speedup")] == pytest.approx(2.0)
+    assert cell[("pld", "translation", "speedup")] == pytest.approx(1.0)
+    assert cell[("pld", "overall", "speedup")] == pytest.approx((20 + 10) / 2 / 10)
+    assert cell[("pld", "overall", "tau")] == pytest.approx(9 / 2)   # #MAT: (5 + 4) per 2 steps, both questions
+    assert math.isnan(cell[("pld", "qa", "speedup")])                # no QA question was run
+
+
+# ------------------------------------------------------------------------------------- spec_bench suite, template
+
+
+def test_spec_bench_definition_has_no_pinned_checksum_yet():
+    """The definition must say honestly that the checksum is unknown (null) and group MT-bench's categories."""
+    info = suite_info("spec_bench")
+    assert info["sha256"] is None and info["records"] == 480
+    assert info["category_groups"]["mt_bench"][:2] == ["writing", "roleplay"]
+    assert info["source_url"].endswith("hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl")
+
+
+@pytest.fixture()
+def sample_suite(monkeypatch, tmp_path):
+    """The spec_bench definition over tests/data/spec_bench_sample.jsonl (8 records in Spec-Bench's format)."""
+    info = {**suite_info("spec_bench"), "records": 8}
+    monkeypatch.setattr(suites, "suite_info", lambda name: info)
+    return tmp_path
+
+
+def test_spec_bench_format_loads_with_list_and_object_references(sample_suite):
+    """Spec-Bench's RAG rows hold list-valued references (and odd shapes); they must load as they are, with the
+    MT-bench categories recorded as Spec-Bench's 'mt_bench' task."""
+    (sample_suite / "spec_bench").mkdir()
+    shutil.copy(DATA / "spec_bench_sample.jsonl", sample_suite / "spec_bench" / "question.jsonl")
+    suite = load_suite("spec_bench", data_dir=sample_suite)
+    cats = [q.category for q in suite.questions]
+    assert cats == ["mt_bench", "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "rag"]
+    assert suite.questions[6].reference == [["north", "northward"], ["to the north"]]
+    assert suite.questions[7].reference == [{"answers": ["Japan"], "source": "passage"}]
+    assert suite.sha256 is not None and len(suite.questions[0].turns) == 2
+
+
+def test_spec_bench_is_pinned_on_first_fetch(sample_suite):
+    """sha256: null means trust-on-first-fetch: the fetch writes the digest beside the file, a changed file then
+    fails to load, and a refetch of different content is refused."""
+    source = (DATA / "spec_bench_sample.jsonl").as_uri()
+    path = fetch_suite("spec_bench", data_dir=sample_suite, url=source)
+    pin = Path(str(path) + ".sha256").read_text().split()[0]
+    assert pin == suites.sha256_file(path) and len(load_suite("spec_bench", data_dir=sample_suite)) == 8
+    path.write_text(path.read_text().replace("harbour", "harbor"))
+    with pytest.raises(DataError, match=r"checksum mismatch .* pinned in question\.jsonl\.sha256 at its first fetch"):
+        load_suite("spec_bench", data_dir=sample_suite)
+    other = sample_suite / "other.jsonl"
+    other.write_text('{"question_id": 1, "turns": ["x"]}\n')
+    with pytest.raises(DataError, match="not saved"):
+        fetch_suite("spec_bench", data_dir=sample_suite, url=other.as_uri())
+
+
+def test_reference_shapes_still_reject_scalars():
+    """Relaxing references must not accept a bare number (a malformed file) silently."""
+    with pytest.raises(DataError, match=r"f:1: 'reference' must be a list, a string, an object or absent"):
+        suites.parse_record({"question_id": 1, "turns": ["x"], "reference": 7}, "f:1")
+    assert suites.parse_record({"question_id": 1, "turns": ["x"], "reference": "y"}, "f:1").reference == ["y"]
+
+
+def test_vicuna_template_renders_fastchat_vicuna_prompts():
+    """The FastChat vicuna_v1.1 layout the EAGLE/Jakiro/Spec-Bench evaluations feed Vicuna (a missing space or
+    separator changes every prompt token and with it acceptance)."""
+    target = tiny_target()
+    target.tokenizer = char_tokenizer()
+    target.tokenizer.chat_template = resolve_chat_template("vicuna_v1.1")
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"}]
+    text = target.tokenizer.decode(target.render_chat(msgs)[0].tolist())
+    system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+              "detailed, and polite answers to the user's questions.")
+    assert text == f"<s>{system} USER: Hi ASSISTANT: Hello<|im_end|>USER: Bye ASSISTANT:"
+    text = target.tokenizer.decode(target.render_chat(msgs[:1], system_prompt="Be brief.")[0].tolist())
+    assert text == "<s>Be brief. USER: Hi ASSISTANT:"

@@ -1,0 +1,177 @@
+"""`draftbench reproduce`: id mapping (--model-dir), planning runs from a table, the dry run, the CLI, and the
+offline end-to-end reproduction of a stand-in table on the embedded default and its shipped heads."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from harness.cli import main
+from harness.run.published import load_table, table_from_dict
+from harness.run.reproduce import (
+    ReproduceError,
+    count_parameters,
+    dry_run,
+    parse_model_dir,
+    plan,
+    resolve_head,
+    run_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "data" / "standin_eagle2.yaml"
+HEADS = REPO / "methods" / "heads" / "smollm2-135m"
+STANDIN_MAP = ["lmsys/vicuna-7b-v1.3=smollm2-135m", f"yuhuili/EAGLE-Vicuna-7B-v1.3={HEADS / 'eagle'}",
+               f"Jakiro-Vicuna-7B-v1.3={HEADS / 'jakiro'}"]
+
+
+def test_model_dir_flags_and_mapping_file(tmp_path):
+    """Repeated ID=FOLDER flags and a YAML file (folders relative to it) give one mapping; an embedded alias is a
+    valid target; a missing folder or a malformed item is one clear error naming it."""
+    (tmp_path / "heads" / "e").mkdir(parents=True)
+    mapping = tmp_path / "models.yaml"
+    mapping.write_text("yuhuili/EAGLE-Vicuna-7B-v1.3: heads/e\n")
+    got = parse_model_dir(["lmsys/vicuna-7b-v1.3=smollm2-135m", str(mapping)])
+    assert got == {"lmsys/vicuna-7b-v1.3": "smollm2-135m", "yuhuili/EAGLE-Vicuna-7B-v1.3": str(tmp_path / "heads/e")}
+    with pytest.raises(ReproduceError, match=r"--model-dir: folder /nope for 'a/b' does not exist"):
+        parse_model_dir(["a/b=/nope"])
+    with pytest.raises(ReproduceError, match=r"--model-dir 'vicuna': expected ID=FOLDER or a \.yaml/\.json"):
+        parse_model_dir(["vicuna"])
+
+
+def test_plan_splits_rows_by_target_and_token_budget():
+    """Rows of other targets or budgets cannot share a run: Jakiro's T=1 table puts the 512-token Jakiro row and
+    the 1024-token EAGLE-1 row of Vicuna-7B in two parts, and a reported-only row cannot be asked for."""
+    table = load_table("jakiro_a40_t1")
+    parts = plan(table, ["vicuna_7b_jakiro", "vicuna_7b_eagle1", "vicuna_13b_jakiro"])
+    assert [(p.target.key, p.max_new_tokens, [r.id for r in p.rows]) for p in parts] == [
+        ("vicuna_7b", 512, ["vicuna_7b_jakiro"]), ("vicuna_7b", 1024, ["vicuna_7b_eagle1"]),
+        ("vicuna_13b", 512, ["vicuna_13b_jakiro"])]
+    with pytest.raises(ReproduceError, match="row 'vicuna_33b_jakiro' of 'jakiro_a40_t1' is reported only: no Jakiro"):
+        plan(table, ["vicuna_33b_jakiro"])
+    with pytest.raises(ReproduceError, match="has no row 'jakiro'; rows: vicuna_7b_eagle2"):
+        plan(table, ["jakiro"])
+
+
+def test_run_config_is_the_tables_protocol():
+    """The run of a part is the table's protocol: suites, budget, temperature, warm-ups, repeats, template, the
+    vanilla baseline first, each row as a label with its options and mapped head."""
+    table = load_table("spec_bench_rtx3090")
+    part = plan(table, ["eagle2", "pld"], {"yuhuili/EAGLE-Vicuna-7B-v1.3": "/local/eagle"})[0]
+    cfg = run_config(table, part, limit=2)
+    assert [(m.name, m.label) for m in cfg.methods] == [("vanilla", "vanilla"), ("eagle2", "eagle2"), ("pld", "pld")]
+    assert cfg.methods[1].options == {"total_tokens": 60, "depth": 5, "top_k": 10, "head": "/local/eagle"}
+    assert (cfg.suites, cfg.max_new_tokens, cfg.temperatures, cfg.warmup, cfg.repeats, cfg.limit) == (
+        ["spec_bench"], 1024, [0.0], 3, 3, 2)
+    assert (cfg.target, cfg.dtype, cfg.chat_template, cfg.baseline) == (
+        "lmsys/vicuna-7b-v1.3", "float16", "vicuna_v1.1", "vanilla")
+    eagle2 = load_table("eagle2_paper")
+    llama = plan(eagle2, ["llama2_chat_7b_eagle2"])[0]
+    assert run_config(eagle2, llama).system_prompt.startswith("You are a helpful, respectful and honest assistant.")
+
+
+def test_heads_off_the_hub_need_a_mapping():
+    """Jakiro heads are on Google Drive: without --model-dir the error must say where they are and what to pass."""
+    table = load_table("jakiro_a40_t0")
+    with pytest.raises(ReproduceError, match=r"head 'Jakiro-Vicuna-7B-v1.3' is published at https://drive\.google"
+                                             r".*pass --model-dir Jakiro-Vicuna-7B-v1.3=FOLDER"):
+        resolve_head(table.heads["Jakiro-Vicuna-7B-v1.3"], {})
+    assert resolve_head(table.heads["Jakiro-Vicuna-7B-v1.3"], {"Jakiro-Vicuna-7B-v1.3": "/x"}) == "/x"
+
+
+def test_count_parameters_from_safetensors_and_config(tmp_path):
+    """Sizes come from the safetensors headers (exact, nothing loaded; the draft-vocabulary statistics file is not
+    weights) or, without weights, from config.json's LLaMA shapes."""
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
+    save_file({"counts": torch.zeros(1000)}, str(tmp_path / "token_counts.safetensors"))
+    assert count_parameters(tmp_path) == 17
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1,
+                                                 "num_attention_heads": 2, "num_key_value_heads": 1,
+                                                 "intermediate_size": 16}))
+    # 2*100*8 embeddings + q,o 2*8*8 + k,v 2*8*4 + MLP 3*8*16 + 2 norms of 8 + final norm 8
+    assert count_parameters(cfg) == 1600 + 128 + 64 + 384 + 16 + 8
+    assert count_parameters(tmp_path / "cfg" / "missing") is None
+
+
+def _tiny_table(tmp_path) -> tuple:
+    """A table over the bundled tiny suite (4 questions, 5 turns) with a local 1-layer target and head."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "intermediate_size": 16, "max_position_embeddings": 64}))
+    head = tmp_path / "head"
+    head.mkdir()
+    save_file({"fc.weight": torch.zeros(8, 16)}, str(head / "model.safetensors"))
+    data = yaml.safe_load(STANDIN.read_text())
+    data["protocol"].update(suites=["tiny"], warmup=1, repeats=2,
+                            columns={"tiny": {"label": "Tiny", "suite": "tiny"}})
+    data["rows"] = [{"id": "e2", "target": "vicuna_7b", "method": "eagle2", "head": "yuhuili/EAGLE-Vicuna-7B-v1.3",
+                     "options": {"total_tokens": 8}, "cells": {"tiny": {"speedup": 2.0}}}]
+    table = table_from_dict(data, "tiny_table.yaml")
+    return table, {"lmsys/vicuna-7b-v1.3": str(target), "yuhuili/EAGLE-Vicuna-7B-v1.3": str(head)}
+
+
+def test_dry_run_lists_sizes_memory_and_generations(tmp_path):
+    """The dry run must load nothing and still give: what is local, parameters, the KV-cache bytes, the memory
+    estimate and generations = labels x turns x repeats + warm-up turns."""
+    table, model_dir = _tiny_table(tmp_path)
+    parts = plan(table, None, model_dir)
+    text = dry_run(table, parts, lambda p: run_config(table, p, dtype="float32"), model_dir)
+    assert f"target lmsys/vicuna-7b-v1.3 -> local {tmp_path / 'target'}" in text
+    # from config.json: 2*100*8 embeddings + 2 layers x (q,o 128 + k,v 64 + MLP 384 + norms 16) + final norm 8
+    assert "weights: 2,792 parameters (local copy), 0.00 GB in float32" in text
+    assert f"head yuhuili/EAGLE-Vicuna-7B-v1.3 -> local {tmp_path / 'head'}, 128 parameters" in text
+    # 2 (K and V) x 2 layers x 1 kv head x head_dim 4 x 64 positions x 4 bytes = 4096 B
+    assert "KV cache at full context: 2 x 2 layers x 1 kv heads x 4 x 64 positions x 4 B = 0.00 GB" in text
+    # labels vanilla + e2; tiny has 4 questions / 5 turns; 2 repeats -> 20; warm-up: 1 question (1 turn) per label
+    assert "2 labels (vanilla, e2) x (tiny 4 q / 5 turns) x 2 repeat(s) = 20, + 2 warm-up turns" in text
+    assert "total generations (all parts, warm-ups included): 22" in text
+
+
+def test_cli_errors_are_one_line(capsys):
+    """Bad table names and reported-only rows give `draftbench: error: ...` and exit code 2, not a traceback."""
+    assert main(["reproduce", "eagle2_papr"]) == 2
+    assert "unknown published table 'eagle2_papr'" in capsys.readouterr().err
+    assert main(["reproduce", "spec_bench_a100", "--rows", "hydra", "--dry-run"]) == 2
+    assert "row 'hydra' of 'spec_bench_a100' is reported only: draftbench has no Hydra" in capsys.readouterr().err
+
+
+def test_cli_list_and_dry_run(capsys):
+    """`reproduce --list` shows every shipped table with its rows; --dry-run on a shipped table needs no download."""
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "jakiro_a40_t0" in out and "reported only: hydra, sps, lookahead" in out
+    assert main(["reproduce", "eagle2_paper", "--rows", "vicuna_7b_eagle2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "weights: 6.740 B parameters (table), 13.48 GB in float16" in out
+    assert "KV cache at full context: 2 x 32 layers x 32 kv heads x 128 x 2048 positions x 2 B = 1.07 GB" in out
+
+
+@pytest.mark.slow
+def test_offline_reproduction_of_a_stand_in_table(tmp_path, data_dir, capsys):
+    """End to end, offline: the stand-in table's ids mapped to the embedded default and its shipped EAGLE head, one
+    question per suite, 32 tokens: the run happens, its manifest records the reproduction, the comparison table is
+    printed and written, and `report RUN --against TABLE` finds the same rows again."""
+    args = ["reproduce", str(STANDIN), "--rows", "vicuna_7b_eagle2", "--limit", "1", "--output-dir", str(tmp_path),
+            "--data-dir", str(data_dir), "--no-progress", "--n-boot", "100"]
+    for item in STANDIN_MAP:
+        args += ["--model-dir", item]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "against `standin_eagle2`" in out and "| EAGLE-2 Vicuna-7B | " in out and " vs 3.62 (" in out
+    assert "τ in the `eagle_script` convention" in out
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["reproduce"]["rows"] == {"vicuna_7b_eagle2": "vicuna_7b_eagle2"}
+    assert manifest["config"]["chat_template"] == "vicuna_v1.1" and manifest["config"]["max_new_tokens"] == 32
+    assert (run_dir / "tables" / "against_standin_eagle2.csv").exists()
+    assert (run_dir / "plots" / "against_standin_eagle2.png").exists()
+    assert main(["report", str(run_dir), "--against", str(STANDIN)]) == 0
+    assert " vs 3.63 (" in capsys.readouterr().out
