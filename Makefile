@@ -30,8 +30,14 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# pytest-benchmark over the engine's parts (tests/test_bench_engine.py) and vanilla vs generate; every run is saved
+# under .benchmarks/<machine>/ and, once this checkout has a save, compared with the previous one: a part whose mean
+# time grew by more than 15% fails (compare on the same, otherwise idle machine)
+BENCH_SAVED := $(wildcard .benchmarks/*/*.json)
 bench: setup
-	$(BIN)/python -m pytest tests/test_bench_vanilla.py --benchmark-enable --benchmark-group-by=group -q
+	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py -q --benchmark-enable \
+	  --benchmark-autosave --benchmark-group-by=group \
+	  $(if $(BENCH_SAVED),--benchmark-compare --benchmark-compare-fail=mean:15%)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from harness.measure.baseline import add_baseline_cli
+from harness.measure.compare import add_compare_cli
 from harness.run import suites
 from harness.run.config import (
     ConfigError,
@@ -61,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--if-missing", action="store_true", help="only fetch suites whose file is absent")
     add_data_cli(dsub)
     add_train_cli(sub)
+    add_compare_cli(sub)
+    add_baseline_cli(sub)
     return p
 
 
