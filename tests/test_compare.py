@@ -51,7 +51,8 @@ MANIFEST = {
     "device": {"device": "cpu", "device_type": "cpu", "device_name": "Test CPU"},
     "config": {"baseline": "vanilla", "max_new_tokens": 12, "output_dir": "results"},
     "config_digest": "e715da1e",
-    "target": {"name": "tiny", "path": "/home/someone/cache/tiny", "dtype": "float32"},
+    "target": {"name": "tiny", "path": "/home/someone/cache/tiny", "dtype": "float32",
+               "source": {"gguf": "/home/someone/pkgs/tiny.gguf", "package": "tiny_pkg"}},
 }
 
 
@@ -252,6 +253,7 @@ def test_a_saved_baseline_gates_like_its_run_and_keeps_no_text(tmp_path, base):
     assert out == tmp_path / "baselines" / "cpu" / "ci_gate"
     doc = json.loads((out / "baseline.json").read_text())
     assert "output_text" not in json.dumps(doc) and "/home/someone" not in json.dumps(doc)
+    assert doc["provenance"]["target"]["source"] == {"gguf": "tiny.gguf", "package": "tiny_pkg"}
     assert doc["turns"][0]["sha256"] == hashlib.sha256(",".join(map(str, ids("1"))).encode()).hexdigest()
     assert [(q["label"], q["question_id"], q["accepted_tokens"], q["steps"]) for q in doc["questions"][:2]] == [
         ("vanilla", "1", 12, 12), ("eagle2", "1", 12, 5)]

@@ -233,9 +233,12 @@ class Side:
 
 
 def run_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """What a baseline keeps of a run's manifest: identity, code, versions, device (+ slug), target without its
-    local path, configuration and its digest, suites."""
+    """What a baseline keeps of a run's manifest: identity, code, versions, device (+ slug), target without local
+    paths (file names only), configuration and its digest, suites."""
     target = {k: v for k, v in (manifest.get("target") or {}).items() if k != "path"}
+    if isinstance(target.get("source"), Mapping):  # local file paths say nothing on another machine: names only
+        target["source"] = {k: Path(v).name if isinstance(v, str) and Path(v).is_absolute() else v
+                            for k, v in target["source"].items()}
     device = dict(manifest.get("device") or {})
     return {
         "run_id": manifest.get("run_id"), "created": manifest.get("created"), "command": manifest.get("command"),

@@ -146,6 +146,11 @@ def _nan(x: Any) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def _declared(flag: Any) -> bool:
+    """A lossless flag read from a table: True only when the method declared it (None / NaN = not declared)."""
+    return not _nan(flag) and bool(flag)
+
+
 def _question_order(qid: str) -> tuple:
     return (0, int(qid), "") if qid.isdigit() else (1, 0, qid)
 
@@ -204,9 +209,10 @@ def _outputs(name: str, bt: pd.DataFrame, nt: pd.DataFrame, base: Side, new: Sid
         detail.update(token=pos, char=char, base_text=ex_b, new_text=ex_n)
         text = (f"first at {where}, token {pos} (character {char}): BASE {ex_b!r} NEW {ex_n!r}")
     else:
-        which = " and ".join(s for s, side in (("BASE", base), ("NEW", new)) if not side.has_outputs)
-        text = (f"first at {where} ({detail['base_tokens']} -> {detail['new_tokens']} tokens); {which} is a "
-                "baseline, which keeps output hashes only: compare two run directories to see the text")
+        which = [s for s, side in (("BASE", base), ("NEW", new)) if not side.has_outputs]
+        what = f"{which[0]} is a baseline, which keeps" if len(which) == 1 else "both are baselines, which keep"
+        text = (f"first at {where} ({detail['base_tokens']} -> {detail['new_tokens']} tokens); {what} output "
+                "hashes only: compare two run directories to see the text")
     info["first_difference"] = detail
     msg = f"greedy output changed in {len(changed)} of {len(compared)} turns; {text}"
     return info, Finding(name, "outputs", msg)
@@ -305,7 +311,7 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
                                              f"{tps[2]:.3f}], upper end below 1 − {th.tps_tol:g})"))
 
     lossless_n = cn["lossless_share"]
-    if bool(cn["lossless"]) and float(temp) == 0.0 and not _nan(lossless_n) and lossless_n < 1:
+    if _declared(cn["lossless"]) and float(temp) == 0.0 and not _nan(lossless_n) and lossless_n < 1:
         findings.append(Finding(name, "lossless", f"lossless share {lossless_n:.3f} < 1 for a lossless method: "
                                                   "its greedy output differs from its own run's "
                                                   f"{new.baseline_label} on {1 - lossless_n:.1%} of turns"))
