@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.engine.method import build_options
 from harness.measure.baseline import Side
+from harness.registry import get_method
 from harness.run.config import config_from_dict, load_preset_dict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +38,16 @@ def test_the_committed_baseline_belongs_to_the_preset():
     assert side.cells["n_errors"].tolist() == [0] * 5 and side.cells["lossless_share"].tolist() == [1.0] * 5
     assert len(side.turns) == 5 * 5  # 4 tiny questions, one with two turns, per label
     assert side.cells.set_index("label")["tau"].gt(1.4).drop("vanilla").all()
+
+
+@pytest.mark.parametrize("preset, device", [("ci_gate", "cpu"), ("gpu_gate", "cuda"), ("nightly_vicuna", "cuda")])
+def test_the_gate_presets_are_valid(preset, device):
+    """The GPU presets run only on the GPU runner: a typo in one (an unknown method or option, a bad value) must
+    fail here, not on the runner at night."""
+    cfg = config_from_dict(load_preset_dict(preset))
+    assert cfg.device == device and cfg.temperatures == [0.0]
+    for spec in cfg.methods:
+        build_options(get_method(spec.name).Options, spec.options, f"{preset}: {spec.label}")
 
 
 @pytest.mark.slow
