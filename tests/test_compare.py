@@ -332,18 +332,21 @@ def test_markdown_escapes_pipes(tmp_path, base):
 @pytest.mark.parametrize("a, b, expected", [([1, 2, 3], [1, 5], 1), ([1, 2], [1, 2, 3], 2), ([4], [4], None),
                                             ([], [7], 0)])
 def test_first_difference(a, b, expected):
-    """The position reported for a changed output: a prefix counts as differing at the shorter length."""
+    """A wrong position would send whoever reads a changed-output report to the wrong token; an output that stopped
+    early (a prefix of the other) differs at the shorter length, not nowhere."""
     assert first_difference(a, b) == expected
 
 
 def test_text_context():
-    """The excerpt shown for a changed output marks the first differing character."""
+    """The excerpt of a changed output must mark the first differing character, or the report shows text that
+    looks the same on both sides."""
     assert text_context("the cat", "the cow") == (5, "the c⟨⟩at", "the c⟨⟩ow")
     assert text_context("x" * 40 + "A", "x" * 40 + "B", width=3) == (40, "…xxx⟨⟩A", "…xxx⟨⟩B")
 
 
 def test_ids_sha256_slugs_and_presets():
-    """Baseline folders and output hashes must be stable across machines and releases."""
+    """Baseline folders and output hashes must be stable across machines and releases, or the gate looks for a
+    baseline that is not there, or reports every output as changed."""
     assert ids_sha256([1, 22]) == hashlib.sha256(b"1,22").hexdigest()
     assert ids_sha256([1, 22]) != ids_sha256([12, 2])
     assert slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
@@ -355,7 +358,8 @@ def test_ids_sha256_slugs_and_presets():
 
 
 def test_compare_metrics():
-    """The statistics the gate uses, on the examples of their docstrings (harness/measure/metrics.py)."""
+    """The statistics the gate uses, on the examples of their docstrings (harness/measure/metrics.py): a wrong one
+    would gate τ or speed-up on a number other than the documented one."""
     assert M.tau_pooled([6, 5], [3, 2]) == pytest.approx(M.tau([[1, 3, 2], [1, 4]])) == pytest.approx(2.2)
     assert math.isnan(M.tau_pooled([], []))
     assert M.relative_change(1.9, 2.0) == pytest.approx(-0.05)
