@@ -30,8 +30,17 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# pytest-benchmark over the engine's parts (tests/test_bench_engine.py) and vanilla vs generate; every run is saved
+# under .benchmarks/<machine>/ and, once this checkout has a save, compared with the previous one: a part whose mean
+# time grew by more than 15% fails. Compare on the same, otherwise idle machine; on a shared CPU, CPU time and the
+# median are steadier: make bench BENCH_FLAGS=--benchmark-timer=time.process_time BENCH_FAIL=median:15%
+BENCH_SAVED := $(wildcard .benchmarks/*/*.json)
+BENCH_FAIL ?= mean:15%
+BENCH_FLAGS ?=
 bench: setup
-	$(BIN)/python -m pytest tests/test_bench_vanilla.py --benchmark-enable --benchmark-group-by=group -q
+	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py -q --benchmark-enable \
+	  --benchmark-autosave --benchmark-group-by=group $(BENCH_FLAGS) \
+	  $(if $(BENCH_SAVED),--benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL))
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,6 +9,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from harness.measure.baseline import add_baseline_cli
+from harness.measure.compare import add_compare_cli
 from harness.run import suites
 from harness.run.config import (
     ConfigError,
@@ -72,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_cli(dsub)
     add_train_cli(sub)
     add_reproduce_cli(sub)
+    add_compare_cli(sub)
+    add_baseline_cli(sub)
     return p
 
 

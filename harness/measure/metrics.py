@@ -413,3 +413,54 @@ def lossless_share(method_turns: Iterable[Mapping[str, Any]],
         total += 1
         same += [int(t) for t in ids] == ref
     return same / total if total else math.nan
+
+
+def tau_pooled(accepted_tokens: Sequence[Number], steps: Sequence[Number]) -> float:
+    """τ from per-question totals: Σ accepted_tokens / Σ steps, where a question's ``accepted_tokens`` is the sum
+    of its turns' ``accept_lengths`` and ``steps`` their total length; the same number as :func:`tau` over those
+    turns (a committed baseline keeps only these two totals per question). NaN when there is no step.
+    Example: questions (6, 3) and (5, 2) -> 11 / 5 = 2.2, as tau([[1, 3, 2], [1, 4]]).
+    """
+    tokens, counts = _as_list(accepted_tokens), _as_list(steps)
+    if len(tokens) != len(counts):
+        raise ValueError(f"tau_pooled: accepted_tokens has {len(tokens)} values but steps has {len(counts)}")
+    pairs = [(a, s) for a, s in zip(tokens, counts) if not _missing(a) and not _missing(s)]
+    total = sum(s for _, s in pairs)
+    return sum(a for a, _ in pairs) / total if pairs and total > 0 else math.nan
+
+
+def relative_change(new: float | None, base: float | None) -> float:
+    """Relative change of a figure between two runs: new / base − 1 (so −0.05 is a 5% drop).
+
+    NaN when either value is missing or base is 0. Example: τ 2.0 -> 1.9 gives −0.05.
+    """
+    if _missing(new) or _missing(base) or base == 0:
+        return math.nan
+    return float(new) / float(base) - 1.0
+
+
+def per_question_speedups(method_tps: PerQuestion, baseline_tps: PerQuestion) -> pd.Series:
+    """Per-question speed-up s_q = method_tps[q] / baseline_tps[q] (both measured in the SAME run), indexed by
+    question id, over the questions both have measured (positive, finite). The ratios whose geometric mean is
+    :func:`speedup_geomean`. Example: method {a: 30, b: 10}, baseline {a: 10, b: 20, c: 5} -> {a: 3.0, b: 0.5}.
+    """
+    m, b = pd.Series(dict(method_tps), dtype=float), pd.Series(dict(baseline_tps), dtype=float)
+    both = pd.concat([m.rename("m"), b.rename("b")], axis=1, join="inner")
+    both = both[np.isfinite(both["m"]) & np.isfinite(both["b"]) & (both["m"] > 0) & (both["b"] > 0)]
+    both = both.sort_index(key=lambda idx: idx.map(str))
+    return (both["m"] / both["b"]).astype(float)
+
+
+def paired_change(new: PerQuestion, base: PerQuestion, n_boot: int = 2000,
+                  seed: int = 0) -> tuple[float, float, float]:
+    """Change of a per-question figure from run BASE to run NEW, paired on questions: ``(gmean, lo, hi)``.
+
+    r_q = new[q] / base[q] over the questions both runs measured (positive, finite); gmean = exp(mean_q log r_q);
+    95% CI by the percentile bootstrap over questions (``n_boot`` resamples, numpy generator seeded with ``seed``):
+    exactly the estimator of :func:`speedup_geomean`, with NEW in the place of the method and BASE in the place
+    of the baseline. ``draftbench compare`` applies it to per-question speed-ups (:func:`per_question_speedups`,
+    each run's own ratio to its own vanilla, so a machine that is uniformly slower or faster cancels out) and to
+    per-question tokens/s. Example: base {a: 2.0, b: 1.0}, new {a: 1.8, b: 0.9} -> every r_q = 0.9 ->
+    (0.9, 0.9, 0.9).
+    """
+    return speedup_geomean(new, base, n_boot=n_boot, seed=seed)

@@ -1,0 +1,356 @@
+"""Run summaries that `draftbench compare` reads: a run directory, or a small committed baseline made from one.
+
+``draftbench baseline save RUN`` writes ``results/baselines/<device slug>/<preset>/baseline.json`` (plus the run's
+``summary.md`` for people): the run's provenance and, per (label, suite, temperature) cell, question and turn, the
+figures the gate needs, never the generated texts:
+
+=============== ==================================================================================================
+cells           label, method, lossless flag, suite, temperature, n_questions, n_errors, tau, tokens_per_s, speedup
+                (ratio of means), lossless_share, quality, peak_memory_bytes, energy_per_token_j (as in the report)
+questions       per question of a cell: accepted tokens (Σ accept_lengths) and steps (so τ pools exactly over any
+                subset), new tokens, wall time, tokens/s, speed-up (its tokens/s ÷ the baseline label's on the same
+                question in the same run), score, n_errors
+turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
+                (:func:`ids_sha256`)
+provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
+                target (without its local path), full run configuration and its digest, suites
+=============== ==================================================================================================
+
+:class:`Side` is the in-memory form of either source: a run directory is reduced by the report's own table
+builders (:mod:`harness.measure.report`, so every number comes from :mod:`harness.measure.metrics`), a baseline
+is read back as the same three tables plus provenance. Only a run directory keeps ``output_ids`` and
+``output_text`` (used to show where an output changed).
+
+The device slug names the folder of a device's baselines: ``cpu`` for any CPU (the CPU gate compares outputs and
+τ, which pinned CPU kernels make the same on every x86 machine, never speed), the lower-cased GPU name with runs
+of other characters turned into ``-`` for a GPU (``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.measure import metrics as M
+from harness.measure import report as R
+from harness.measure.records import read_records, record_files
+
+BASELINE_FILE = "baseline.json"
+BASELINE_FORMAT = "draftbench-baseline"
+BASELINE_VERSION = 1
+BASELINES_ROOT = Path("results") / "baselines"
+CELL = ["label", "suite", "temperature"]
+TURN = ["question_id", "turn", "seed", "repeat"]
+CELL_COLUMNS = ["label", "method", "lossless", "suite", "temperature", "n_questions", "n_errors", "tau",
+                "tokens_per_s", "speedup", "lossless_share", "quality", "peak_memory_bytes", "energy_per_token_j"]
+QUESTION_COLUMNS = [*CELL, "question_id", "accepted_tokens", "steps", "new_tokens", "wall_time_s", "tokens_per_s",
+                    "speedup", "score", "n_errors"]
+TURN_COLUMNS = [*CELL, *TURN, "new_tokens", "stop_reason", "sha256"]
+
+
+def ids_sha256(ids: Sequence[int]) -> str:
+    """sha256 (hex) of a token-id sequence, written as decimal ids joined by commas (``[1, 22]`` -> ``"1,22"``).
+
+    Two outputs have the same hash exactly when they have the same ids (up to sha256 collisions), so a baseline
+    can gate outputs without storing them. Example: ids_sha256([]) is the sha256 of the empty string.
+    """
+    return hashlib.sha256(",".join(str(int(t)) for t in ids).encode()).hexdigest()
+
+
+def slugify(text: str) -> str:
+    """Lower case, every run of characters other than a-z and 0-9 replaced by one ``-``, none at the ends.
+    Example: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
+
+
+def device_slug(device: Mapping[str, Any] | None) -> str:
+    """The baseline folder name of a manifest's ``device`` entry (:func:`harness.measure.env.device_info`):
+    ``cpu`` on a CPU, the slug of the GPU name on a GPU. Example: {"device_type": "cuda", "device_name":
+    "NVIDIA A100-SXM4-80GB"} -> "nvidia-a100-sxm4-80gb"."""
+    device = device or {}
+    kind = str(device.get("device_type") or str(device.get("device", "")).split(":")[0] or "unknown")
+    if kind == "cuda":
+        name = device.get("device_name")
+        if not name:
+            raise ValueError("device entry of type cuda has no device_name; cannot name its baseline folder")
+        return slugify(name)
+    return slugify(kind)
+
+
+def _float(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _clean(v: Any) -> Any:
+    """A JSON-safe scalar: NaN -> None, numpy scalars -> Python ones."""
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def _records_of(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    return [{c: _clean(row[c]) for c in columns} for row in df[columns].to_dict("records")]
+
+
+@dataclass
+class Side:
+    """One side of a comparison: a run directory or a committed baseline, as three tables and provenance.
+
+    ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS` (measured questions only: a question
+    with an error turn has NaN figures and its ``n_errors``), ``turns`` :data:`TURN_COLUMNS` (measured turns; a
+    run directory adds ``output_ids`` and ``output_text``). ``kind`` is "run" or "baseline".
+    """
+
+    path: Path
+    kind: str
+    provenance: dict[str, Any]
+    baseline_label: str
+    cells: pd.DataFrame
+    questions: pd.DataFrame
+    turns: pd.DataFrame
+
+    @property
+    def has_outputs(self) -> bool:
+        """True when the turns carry their token ids and texts (a run directory), not only hashes."""
+        return "output_ids" in self.turns.columns
+
+    @property
+    def device_slug(self) -> str | None:
+        return self.provenance.get("device_slug")
+
+    def describe(self) -> str:
+        """One line: what this side is. Example: "baseline of run 2026...-e715da1e, git d4aa865, cpu, float32"."""
+        p = self.provenance
+        what = f"baseline of run {p.get('run_id')}" if self.kind == "baseline" else f"run {p.get('run_id')}"
+        git = (p.get("git_hash") or "?")[:7] + (" (dirty)" if p.get("git_dirty") else "")
+        versions = p.get("versions") or {}
+        return (f"{what}, git {git}, device {p.get('device_slug')}, dtype {(p.get('target') or {}).get('dtype', '?')}, "
+                f"torch {versions.get('torch', '?')}")
+
+    # ---- from a run directory ---------------------------------------------------------------------------------
+    @classmethod
+    def from_run(cls, run_dir: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
+        """Reduce a run directory with the report's table builders (the same numbers as its ``tables/``)."""
+        run_dir = Path(run_dir)
+        manifest = R.read_manifest(run_dir)
+        if not manifest:
+            raise FileNotFoundError(f"{run_dir}: no {R.MANIFEST_FILE}; not a draftbench run directory")
+        records = read_records(run_dir)
+        if not records:
+            raise ValueError(f"{run_dir}: no complete record in its records*.jsonl")
+        config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+        label = config.get("baseline") or "vanilla"
+        turns = R.turns_table(records, manifest)
+        turns["question_id"] = turns["question_id"].astype(str)
+        qt = R.questions_table(turns)
+        summary = R.summary_table(turns, baseline_label=label, n_boot=n_boot, seed=seed)
+
+        # per question: accepted tokens and steps over its measured turns, speed-up vs the baseline label
+        measured_q = qt[qt["n_errors"] == 0][[*CELL, "question_id"]]
+        ok = turns[turns["status"] == "ok"].merge(measured_q, on=[*CELL, "question_id"])
+        totals = (ok.assign(accepted_tokens=ok["accept_lengths"].map(lambda a: int(sum(a))),
+                            steps=ok["accept_lengths"].map(len))
+                  .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps"]].sum().reset_index())
+        questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
+        questions["speedup"] = math.nan
+        for (_, suite, temp), g in questions.groupby(CELL, sort=False):
+            base = questions[(questions["label"] == label) & (questions["suite"] == suite)
+                             & (questions["temperature"] == temp)]
+            if base.empty:
+                continue
+            s = M.per_question_speedups(dict(zip(g["question_id"], g["tokens_per_s"])),
+                                        dict(zip(base["question_id"], base["tokens_per_s"])))
+            questions.loc[g.index, "speedup"] = g["question_id"].map(s).astype(float).to_numpy()
+        questions.loc[questions["n_errors"] > 0, ["tokens_per_s", "speedup", "score"]] = math.nan
+        for col in ("accepted_tokens", "steps"):
+            questions[col] = questions[col].fillna(0).astype(int)
+
+        turn_rows = ok.assign(sha256=ok["output_ids"].map(lambda ids: ids_sha256(ids or [])))
+        turn_rows = turn_rows[[*TURN_COLUMNS, "output_ids", "output_text"]].reset_index(drop=True)
+        cells = summary.assign(n_errors=summary["n_errors"].astype(int))[CELL_COLUMNS].reset_index(drop=True)
+        return cls(run_dir, "run", run_provenance(manifest), label, cells,
+                   questions[QUESTION_COLUMNS].reset_index(drop=True), turn_rows)
+
+    # ---- a committed baseline -----------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The baseline document (see the module docstring); output ids and texts are left out."""
+        return {
+            "format": BASELINE_FORMAT, "version": BASELINE_VERSION,
+            "provenance": self.provenance, "baseline_label": self.baseline_label,
+            "cells": _records_of(self.cells, CELL_COLUMNS),
+            "questions": _records_of(self.questions, QUESTION_COLUMNS),
+            "turns": _records_of(self.turns, TURN_COLUMNS),
+        }
+
+    @classmethod
+    def from_baseline(cls, path: str | Path) -> Side:
+        """Read ``baseline.json`` (or the folder holding it); a missing table or field is a one-line error."""
+        path = Path(path)
+        file = path / BASELINE_FILE if path.is_dir() else path
+        try:
+            doc = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: not valid JSON ({e})") from e
+        if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
+            raise ValueError(f"{file}: not a draftbench baseline (expected \"format\": \"{BASELINE_FORMAT}\")")
+        if doc.get("version") != BASELINE_VERSION:
+            raise ValueError(f"{file}: baseline format version {doc.get('version')!r}; this draftbench reads "
+                             f"version {BASELINE_VERSION} (save the baseline again)")
+        tables = {}
+        for name, columns in (("cells", CELL_COLUMNS), ("questions", QUESTION_COLUMNS), ("turns", TURN_COLUMNS)):
+            rows = doc.get(name)
+            if not isinstance(rows, list):
+                raise ValueError(f"{file}: field {name!r} must be a list of rows")
+            df = pd.DataFrame(rows, columns=columns)
+            missing = sorted({c for r in rows for c in columns if c not in r})
+            if missing:
+                raise ValueError(f"{file}: {name} rows lack field(s) {missing}")
+            tables[name] = df
+        for name in ("questions", "turns"):
+            tables[name]["question_id"] = tables[name]["question_id"].astype(str)
+        for df in tables.values():
+            df["temperature"] = df["temperature"].astype(float)
+        for col in ("tau", "tokens_per_s", "speedup", "lossless_share", "quality", "peak_memory_bytes",
+                    "energy_per_token_j"):
+            tables["cells"][col] = tables["cells"][col].map(_float)
+        for col in ("tokens_per_s", "speedup", "score", "wall_time_s"):
+            tables["questions"][col] = tables["questions"][col].map(_float)
+        return cls(file.parent, "baseline", dict(doc.get("provenance") or {}), str(doc.get("baseline_label")),
+                   tables["cells"], tables["questions"], tables["turns"])
+
+
+def run_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What a baseline keeps of a run's manifest: identity, code, versions, device (+ slug), target without local
+    paths (file names only), configuration and its digest, suites."""
+    target = {k: v for k, v in (manifest.get("target") or {}).items() if k != "path"}
+    if isinstance(target.get("source"), Mapping):  # local file paths say nothing on another machine: names only
+        target["source"] = {k: Path(v).name if isinstance(v, str) and Path(v).is_absolute() else v
+                            for k, v in target["source"].items()}
+    device = dict(manifest.get("device") or {})
+    return {
+        "run_id": manifest.get("run_id"), "created": manifest.get("created"), "command": manifest.get("command"),
+        "git_hash": manifest.get("git_hash"), "git_dirty": manifest.get("git_dirty"),
+        "versions": manifest.get("versions") or {}, "device": device, "device_slug": device_slug(device),
+        "target": target, "config": manifest.get("config") or {}, "config_digest": manifest.get("config_digest"),
+        "suites": manifest.get("suites") or {},
+    }
+
+
+def load_side(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
+    """A run directory (manifest.json + records*.jsonl) or a baseline (its folder or its baseline.json)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run or baseline directory")
+    if path.is_file() or (path / BASELINE_FILE).exists():
+        return Side.from_baseline(path)
+    if (path / R.MANIFEST_FILE).exists() or record_files(path):
+        return Side.from_run(path, n_boot=n_boot, seed=seed)
+    raise FileNotFoundError(f"{path}: neither a run directory (manifest.json + records.jsonl) nor a baseline "
+                            f"directory ({BASELINE_FILE})")
+
+
+def preset_of(command: str | None) -> str | None:
+    """The preset name in a run's recorded command line, if it names one. Example: "draftbench run --preset
+    ci_gate --device cuda" -> "ci_gate"; "--config my/gate.yaml" -> "gate"."""
+    if not command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, w in enumerate(words):
+        for flag in ("--preset", "--config"):
+            if w == flag and i + 1 < len(words):
+                return Path(words[i + 1]).stem
+            if w.startswith(flag + "="):
+                return Path(w.split("=", 1)[1]).stem
+    return None
+
+
+def save_baseline(run_dir: str | Path, out: str | Path | None = None, preset: str | None = None,
+                  root: str | Path = BASELINES_ROOT, force: bool = False) -> Path:
+    """Write the baseline of a complete run; returns its folder (default ``root/<device slug>/<preset>``).
+
+    Refuses a run with error turns (a baseline must measure every question) and an existing baseline unless
+    ``force`` (that is how a baseline is refreshed).
+    """
+    side = Side.from_run(run_dir)
+    errors = int(side.cells["n_errors"].sum())
+    if errors:
+        bad = side.cells[side.cells["n_errors"] > 0]["label"].tolist()
+        raise ValueError(f"{run_dir}: {errors} error record(s) (labels {bad}); a baseline must come from a run "
+                         "without errors")
+    if out is None:
+        preset = preset or preset_of(side.provenance.get("command"))
+        if not preset:
+            raise ValueError(f"{run_dir}: its command names no preset; pass --preset NAME or --out DIR")
+        out = Path(root) / side.device_slug / preset
+    out = Path(out)
+    if (out / BASELINE_FILE).exists() and not force:
+        raise FileExistsError(f"{out / BASELINE_FILE} exists; pass --force to replace it (a baseline refresh)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BASELINE_FILE).write_text(json.dumps(side.to_json(), indent=1, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+    summary_md = Path(run_dir) / "tables" / "summary.md"
+    if summary_md.exists():
+        (out / "summary.md").write_text(summary_md.read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+def current_device_slug(device: str = "auto") -> str:
+    """The slug of a device of this machine (``auto``: the first CUDA GPU if there is one, else the CPU)."""
+    import torch
+
+    from harness.measure.env import device_info
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is visible on this machine")
+    return device_slug(device_info(device))
+
+
+def cmd_baseline(args) -> int:
+    if args.baseline_command == "save":
+        out = save_baseline(args.run_dir, args.out, args.preset, args.root, args.force)
+        print(f"baseline: {out / BASELINE_FILE}")
+        return 0
+    print(current_device_slug(args.device))
+    return 0
+
+
+def add_baseline_cli(sub: argparse._SubParsersAction) -> None:
+    """``draftbench baseline save RUN`` and ``draftbench baseline device``."""
+    b = sub.add_parser("baseline", help="committed baselines for `draftbench compare`")
+    bsub = b.add_subparsers(dest="baseline_command", required=True)
+    s = bsub.add_parser("save", help="write the small committed baseline of a run "
+                                     "(results/baselines/<device>/<preset>/baseline.json)")
+    s.add_argument("run_dir")
+    s.add_argument("--preset", help="baseline name (default: the preset named in the run's command)")
+    s.add_argument("--out", help="baseline folder (default: ROOT/<device slug>/<preset>)")
+    s.add_argument("--root", default=str(BASELINES_ROOT), help="default: %(default)s")
+    s.add_argument("--force", action="store_true", help="replace an existing baseline (refresh)")
+    d = bsub.add_parser("device", help="print this machine's device slug (the baseline folder name)")
+    d.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:1")
+    b.set_defaults(func=_run_baseline)
+
+
+def _run_baseline(args) -> int:
+    try:
+        return cmd_baseline(args)
+    except FileExistsError as e:
+        print(f"draftbench: error: {e}", file=sys.stderr)
+        return 2

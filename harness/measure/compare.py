@@ -1,0 +1,519 @@
+"""``draftbench compare BASE NEW``: two runs (or committed baselines) cell by cell, and a gate that tells noise
+from change.
+
+A *cell* is one (label, suite, temperature) of both runs; inside it questions are paired on their id, turns on
+(question, turn, seed, repeat). BASE and NEW are run directories or baselines (:mod:`harness.measure.baseline`).
+The gate uses what a speculative-decoding run knows that a generic timing benchmark does not: at temperature 0
+on the same device and dtype the outputs and τ are deterministic, so they are gated exactly; the speed-up is a
+ratio to vanilla measured in the same run, so a uniformly slower or faster machine cancels out; per-question
+pairs give a confidence interval, so timing noise is not read as a regression.
+
+Rules (a cell FAILS when any holds; ``compare`` then exits 1):
+
+=========== =========================================================================================================
+outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`harness.measure.baseline.ids_sha256`)
+            differ from BASE's turn with the same question, turn, seed and repeat. Reported: how many turns changed,
+            and for the first one the first differing token position and the text around it (only when both sides
+            are run directories: a baseline keeps hashes, not texts). ``--no-outputs`` turns it off.
+tau         τ of NEW < τ of BASE × (1 − ``tau_rtol``), both pooled over the questions the two runs share
+            (:func:`harness.measure.metrics.tau_pooled`). A rise beyond ``tau_rtol`` is reported as "improved" and
+            does not fail (refresh the baseline to keep it).
+speed       Δ speed-up = :func:`harness.measure.metrics.paired_change` of the per-question speed-ups (each run's own
+            tokens/s ÷ its own baseline label's on the same question, :func:`harness.measure.metrics.
+            per_question_speedups`): the geometric mean of NEW/BASE with a seeded percentile-bootstrap 95% CI.
+            Fails only when the CI's UPPER end is below 1 − ``speed_tol``: the data must exclude every slowdown
+            smaller than the tolerance, so a noisy rerun (CI straddling 1) passes while a 10% slowdown measured on
+            enough questions fails. Not applied to the baseline label itself (its speed-up is 1 by definition) nor
+            with ``--no-speed``.
+tps         opt-in (``--tps-tol``): the same rule on per-question absolute tokens/s (only on a dedicated runner,
+            where machine drift is not expected).
+lossless    NEW's lossless share (T = 0: share of its turns equal to its own vanilla's) is below 1 for a label
+            whose method declares itself lossless.
+quality     NEW's mean quality score < BASE's − ``quality_tol``, both over the questions scored on both sides.
+errors      NEW has error turns in the cell.
+missing     a cell or a measured question of BASE that NEW lacks.
+=========== =========================================================================================================
+
+Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
+each side's speed-up (ratio of means, as in the report). A cell of NEW that BASE lacks is listed as "new".
+Warnings say when the sides are not comparable for exact gating: another device or dtype, another configuration
+(the differing fields are named), other library versions, or the baseline label's own outputs changed (then the
+target's numerics changed, and the methods' output changes follow from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.measure import metrics as M
+from harness.measure.baseline import CELL, TURN, Side, load_side
+from harness.measure.report import flatten
+
+CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
+CONFIG_IGNORED = ("output_dir", "data_dir")
+
+
+@dataclass
+class Thresholds:
+    """The gate's knobs (the ``compare`` flags of the same names)."""
+
+    tau_rtol: float = 0.01
+    speed_tol: float = 0.05
+    gate_speed: bool = True
+    tps_tol: float | None = None
+    quality_tol: float = 0.0
+    gate_outputs: bool = True
+    n_boot: int = 2000
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("tau_rtol", "speed_tol", "quality_tol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"compare: --{name.replace('_', '-')} must be in [0, 1), got {value!r}")
+        if self.tps_tol is not None and not 0 <= self.tps_tol < 1:
+            raise ValueError(f"compare: --tps-tol must be in [0, 1), got {self.tps_tol!r}")
+        if self.n_boot < 1:
+            raise ValueError(f"compare: --n-boot must be >= 1, got {self.n_boot}")
+
+
+@dataclass
+class Finding:
+    """One flagged fact about a cell; ``fails`` findings make the comparison fail."""
+
+    cell: str
+    rule: str
+    message: str
+    fails: bool = True
+
+
+@dataclass
+class Comparison:
+    base: Side
+    new: Side
+    thresholds: Thresholds
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if f.fails]
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing fails, 1 when a rule fails (errors exit 2 before a Comparison exists)."""
+        return 1 if self.failures else 0
+
+
+def cell_name(label: str, suite: str, temperature: float) -> str:
+    """How a cell is named in every message. Example: ("eagle2", "tiny", 0.0) -> "eagle2 / tiny / T=0"."""
+    return f"{label} / {suite} / T={float(temperature):g}"
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where two sequences differ (the shorter one's length when one is a prefix of
+    the other); None when they are equal. Example: [1, 2, 3] vs [1, 5] -> 1; [1, 2] vs [1, 2, 3] -> 2."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def text_context(base_text: str, new_text: str, width: int = CONTEXT_CHARS) -> tuple[int, str, str]:
+    """(first differing character, BASE excerpt, NEW excerpt): ``width`` characters before it and after it on each
+    side, the position marked with ``⟨⟩``. Example: ("the cat", "the cow") -> (5, "the c⟨⟩at", "the c⟨⟩ow")."""
+    pos = first_difference(list(base_text), list(new_text))
+    pos = len(base_text) if pos is None else pos
+    start = max(0, pos - width)
+
+    def excerpt(text: str) -> str:
+        return ("…" if start else "") + text[start:pos] + "⟨⟩" + text[pos:pos + width] + (
+            "…" if len(text) > pos + width else "")
+
+    return pos, excerpt(base_text), excerpt(new_text)
+
+
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _declared(flag: Any) -> bool:
+    """A lossless flag read from a table: True only when the method declared it (None / NaN = not declared)."""
+    return not _nan(flag) and bool(flag)
+
+
+def _question_order(qid: str) -> tuple:
+    return (0, int(qid), "") if qid.isdigit() else (1, 0, qid)
+
+
+def _config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    fa = {k: v for k, v in flatten(a or {}, "").items() if k.split(".")[0] not in CONFIG_IGNORED}
+    fb = {k: v for k, v in flatten(b or {}, "").items() if k.split(".")[0] not in CONFIG_IGNORED}
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+
+
+def comparability_warnings(base: Side, new: Side) -> list[str]:
+    """Why exact gating may not hold between these two sides (empty when they are comparable)."""
+    pb, pn = base.provenance, new.provenance
+    out = []
+    if pb.get("device_slug") != pn.get("device_slug"):
+        out.append(f"devices differ (BASE {pb.get('device_slug')}, NEW {pn.get('device_slug')}): outputs and τ are "
+                   "reproducible only on the same device and dtype")
+    db, dn = (pb.get("target") or {}).get("dtype"), (pn.get("target") or {}).get("dtype")
+    if db != dn:
+        out.append(f"dtypes differ (BASE {db}, NEW {dn})")
+    tb, tn = (pb.get("target") or {}).get("name"), (pn.get("target") or {}).get("name")
+    if tb != tn:
+        out.append(f"targets differ (BASE {tb}, NEW {tn})")
+    diff = _config_differences(pb.get("config") or {}, pn.get("config") or {})
+    if diff:
+        shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
+        out.append(f"run configurations differ in {shown}")
+    vb, vn = pb.get("versions") or {}, pn.get("versions") or {}
+    changed = [f"{k} {vb.get(k)} -> {vn.get(k)}" for k in ("torch", "transformers") if vb.get(k) != vn.get(k)]
+    if changed:
+        out.append("library versions differ: " + ", ".join(changed))
+    if base.baseline_label != new.baseline_label:
+        out.append(f"baseline labels differ (BASE {base.baseline_label}, NEW {new.baseline_label})")
+    return out
+
+
+def _outputs(name: str, bt: pd.DataFrame, nt: pd.DataFrame, base: Side, new: Side) -> tuple[dict, Finding | None]:
+    """Changed turns of one T = 0 cell: counts and, for the first changed turn, where and how it differs."""
+    merged = bt.merge(nt, on=TURN, how="left", suffixes=("_b", "_n"))
+    compared = merged[merged["sha256_n"].notna()]
+    changed = compared[compared["sha256_b"] != compared["sha256_n"]]
+    info = {"turns_compared": len(compared), "turns_changed": len(changed)}
+    if changed.empty:
+        return info, None
+    order = changed.assign(_o=changed["question_id"].map(_question_order)).sort_values(["_o", "turn", "seed",
+                                                                                        "repeat"])
+    first = order.iloc[0]
+    where = f"question {first['question_id']} turn {int(first['turn'])}"
+    detail = {"question_id": first["question_id"], "turn": int(first["turn"]), "seed": int(first["seed"]),
+              "repeat": int(first["repeat"]), "base_tokens": int(first["new_tokens_b"]),
+              "new_tokens": int(first["new_tokens_n"])}
+    if base.has_outputs and new.has_outputs:
+        ids_b, ids_n = list(first["output_ids_b"] or []), list(first["output_ids_n"] or [])
+        pos = first_difference(ids_b, ids_n)
+        char, ex_b, ex_n = text_context(str(first["output_text_b"] or ""), str(first["output_text_n"] or ""))
+        detail.update(token=pos, char=char, base_text=ex_b, new_text=ex_n)
+        text = (f"first at {where}, token {pos} (character {char}): BASE {ex_b!r} NEW {ex_n!r}")
+    else:
+        which = [s for s, side in (("BASE", base), ("NEW", new)) if not side.has_outputs]
+        what = f"{which[0]} is a baseline, which keeps" if len(which) == 1 else "both are baselines, which keep"
+        text = (f"first at {where} ({detail['base_tokens']} -> {detail['new_tokens']} tokens); {what} output "
+                "hashes only: compare two run directories to see the text")
+    info["first_difference"] = detail
+    msg = f"greedy output changed in {len(changed)} of {len(compared)} turns; {text}"
+    return info, Finding(name, "outputs", msg)
+
+
+def _change(new: pd.Series, base: pd.Series, th: Thresholds) -> tuple[float, float, float]:
+    return M.paired_change(new.dropna().to_dict(), base.dropna().to_dict(), n_boot=th.n_boot, seed=th.seed)
+
+
+def compare_sides(base: Side, new: Side, thresholds: Thresholds | None = None,
+                  labels: list[str] | None = None) -> Comparison:
+    """Apply the module docstring's rules to every cell; raises ValueError when the sides share no cell."""
+    th = thresholds or Thresholds()
+    cmp = Comparison(base, new, th, warnings=comparability_warnings(base, new))
+    bc, nc = base.cells, new.cells
+    if labels:
+        unknown = sorted(set(labels) - set(bc["label"]) - set(nc["label"]))
+        if unknown:
+            raise ValueError(f"compare: --labels {unknown} are in neither run (labels: "
+                             f"{sorted(set(bc['label']) | set(nc['label']))})")
+        bc, nc = bc[bc["label"].isin(labels)], nc[nc["label"].isin(labels)]
+    keys_b = [tuple(k) for k in bc[CELL].itertuples(index=False)]
+    keys_n = [tuple(k) for k in nc[CELL].itertuples(index=False)]
+    if not set(keys_b) & set(keys_n):
+        raise ValueError(f"compare: {base.path} and {new.path} share no (label, suite, temperature) cell "
+                         f"(BASE {sorted(map(cell_name_of, keys_b))[:6]}, NEW {sorted(map(cell_name_of, keys_n))[:6]})")
+    changed_baseline_outputs = False
+    for key in keys_b + [k for k in keys_n if k not in keys_b]:
+        name = cell_name_of(key)
+        if key not in keys_n:
+            cmp.findings.append(Finding(name, "missing", "cell is in BASE but not in NEW"))
+            cmp.rows.append({"cell": name, "label": key[0], "suite": key[1], "temperature": key[2],
+                             "status": "missing"})
+            continue
+        if key not in keys_b:
+            cmp.findings.append(Finding(name, "new", "cell is only in NEW (not gated)", fails=False))
+            cmp.rows.append({"cell": name, "label": key[0], "suite": key[1], "temperature": key[2], "status": "new"})
+            continue
+        row, findings = _compare_cell(key, base, new, th)
+        if row.get("turns_changed") and key[0] == base.baseline_label:
+            changed_baseline_outputs = True
+        cmp.rows.append(row)
+        cmp.findings.extend(findings)
+    if changed_baseline_outputs:
+        cmp.warnings.append(f"the baseline label ({base.baseline_label}) produced other outputs too: the target's "
+                            "numerics or the prompts changed (device, dtype, kernels, library versions, configuration)"
+                            ", and the methods' output changes follow from it")
+    return cmp
+
+
+def cell_name_of(key: tuple) -> str:
+    return cell_name(*key)
+
+
+def _select(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
+    label, suite, temp = key
+    return df[(df["label"] == label) & (df["suite"] == suite) & (df["temperature"].astype(float) == float(temp))]
+
+
+def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[dict[str, Any], list[Finding]]:
+    label, suite, temp = key
+    name = cell_name_of(key)
+    cb, cn = _select(base.cells, key).iloc[0], _select(new.cells, key).iloc[0]
+    qb, qn = _select(base.questions, key), _select(new.questions, key)
+    ok_b = qb[qb["n_errors"] == 0].set_index("question_id")
+    ok_n = qn[qn["n_errors"] == 0].set_index("question_id")
+    shared = [q for q in ok_b.index if q in ok_n.index]
+    sb, sn = ok_b.loc[shared], ok_n.loc[shared]
+    findings: list[Finding] = []
+
+    missing = [q for q in ok_b.index if q not in ok_n.index]
+    errored = qn[qn["n_errors"] > 0]["question_id"].tolist()
+    if errored:
+        findings.append(Finding(name, "errors", f"NEW has error turns in question(s) {errored}"))
+    missing = [q for q in missing if q not in errored]
+    if missing:
+        findings.append(Finding(name, "missing", f"NEW lacks measured question(s) {missing} of BASE"))
+
+    tau_b, tau_n = M.tau_pooled(sb["accepted_tokens"], sb["steps"]), M.tau_pooled(sn["accepted_tokens"], sn["steps"])
+    tau_change = M.relative_change(tau_n, tau_b)
+    if not _nan(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
+        findings.append(Finding(name, "tau", f"τ dropped {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}; "
+                                             f"allowed -{th.tau_rtol:.1%})"))
+    elif not _nan(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
+        findings.append(Finding(name, "tau", f"τ rose {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}): improved; "
+                                             "refresh the baseline to keep it", fails=False))
+
+    is_reference = label in (base.baseline_label, new.baseline_label)
+    sp = (math.nan,) * 3 if is_reference else _change(sn["speedup"], sb["speedup"], th)
+    if th.gate_speed and not _nan(sp[2]) and sp[2] < 1 - th.speed_tol:
+        findings.append(Finding(name, "speed", f"speed-up fell to {sp[0]:.3f}× of BASE's (95% CI [{sp[1]:.3f}, "
+                                               f"{sp[2]:.3f}], upper end below 1 − {th.speed_tol:g})"))
+    tps = _change(sn["tokens_per_s"], sb["tokens_per_s"], th)
+    if th.tps_tol is not None and not _nan(tps[2]) and tps[2] < 1 - th.tps_tol:
+        findings.append(Finding(name, "tps", f"tokens/s fell to {tps[0]:.3f}× of BASE's (95% CI [{tps[1]:.3f}, "
+                                             f"{tps[2]:.3f}], upper end below 1 − {th.tps_tol:g})"))
+
+    lossless_n = cn["lossless_share"]
+    if _declared(cn["lossless"]) and float(temp) == 0.0 and not _nan(lossless_n) and lossless_n < 1:
+        findings.append(Finding(name, "lossless", f"lossless share {lossless_n:.3f} < 1 for a lossless method: "
+                                                  "its greedy output differs from its own run's "
+                                                  f"{new.baseline_label} on {1 - lossless_n:.1%} of turns"))
+
+    scored = [q for q in shared if not _nan(sb.at[q, "score"]) and not _nan(sn.at[q, "score"])]
+    quality_b = M.quality(sb.loc[scored, "score"]) if scored else None
+    quality_n = M.quality(sn.loc[scored, "score"]) if scored else None
+    if quality_b is not None and quality_n is not None and quality_n < quality_b - th.quality_tol:
+        findings.append(Finding(name, "quality", f"quality dropped {quality_b:.3f} -> {quality_n:.3f} over "
+                                                 f"{len(scored)} scored question(s)"))
+
+    row: dict[str, Any] = {
+        "cell": name, "label": label, "suite": suite, "temperature": float(temp), "method": cn["method"],
+        "method_base": cb["method"], "lossless": cn["lossless"], "n_questions": len(shared),
+        "tau_base": tau_b, "tau_new": tau_n, "tau_change": tau_change,
+        "speedup_base": cb["speedup"], "speedup_new": cn["speedup"],
+        "speedup_change": sp[0], "speedup_change_lo": sp[1], "speedup_change_hi": sp[2],
+        "tokens_per_s_base": cb["tokens_per_s"], "tokens_per_s_new": cn["tokens_per_s"],
+        "tokens_per_s_change": tps[0], "tokens_per_s_change_lo": tps[1], "tokens_per_s_change_hi": tps[2],
+        "lossless_share_base": cb["lossless_share"], "lossless_share_new": lossless_n,
+        "quality_base": quality_b, "quality_new": quality_n,
+        "peak_memory_bytes_base": cb["peak_memory_bytes"], "peak_memory_bytes_new": cn["peak_memory_bytes"],
+        "energy_per_token_j_base": cb["energy_per_token_j"], "energy_per_token_j_new": cn["energy_per_token_j"],
+        "turns_compared": None, "turns_changed": None,
+    }
+    if cb["method"] != cn["method"]:
+        findings.append(Finding(name, "method", f"label runs method {cn['method']} in NEW but {cb['method']} in "
+                                                "BASE", fails=False))
+    if float(temp) == 0.0 and th.gate_outputs:
+        info, finding = _outputs(name, _select(base.turns, key), _select(new.turns, key), base, new)
+        row.update(info)
+        if finding:
+            findings.append(finding)
+    row["status"] = ("FAIL" if any(f.fails for f in findings)
+                     else "improved" if any(f.rule == "tau" for f in findings) else "ok")
+    row["rules_failed"] = sorted({f.rule for f in findings if f.fails})
+    return row, findings
+
+
+# ---- output ------------------------------------------------------------------------------------------------------
+def _f(x: Any, spec: str, suffix: str = "") -> str:
+    return "n/a" if _nan(x) else format(float(x), spec) + suffix
+
+
+def _arrow(b: Any, n: Any, spec: str, suffix: str = "") -> str:
+    return f"{_f(b, spec, suffix)} → {_f(n, spec, suffix)}"
+
+
+def _ci(g: Any, lo: Any, hi: Any) -> str:
+    return "n/a" if _nan(g) else f"{g:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _bytes(x: Any) -> str:
+    if _nan(x):
+        return "n/a"
+    x = float(x)
+    return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.0f} MiB"
+
+
+COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "speed-up BASE → NEW", "Δ speed-up [95% CI]",
+           "tok/s BASE → NEW", "Δ tok/s [95% CI]", "lossless", "quality", "outputs changed", "peak mem NEW",
+           "J/token NEW", "verdict")
+
+
+def table_rows(cmp: Comparison) -> list[list[str]]:
+    """The cells as text rows in :data:`COLUMNS` order (the terminal and Markdown tables)."""
+    out = []
+    for r in cmp.rows:
+        if r["status"] in ("missing", "new"):
+            out.append([r["cell"], *["-"] * (len(COLUMNS) - 2), r["status"]])
+            continue
+        outputs = ("not gated" if r["turns_compared"] is None
+                   else f"{r['turns_changed']}/{r['turns_compared']} turns")
+        verdict = r["status"] + (f" ({', '.join(r['rules_failed'])})" if r["rules_failed"] else "")
+        out.append([
+            r["cell"], str(r["method"]), str(r["n_questions"]), _arrow(r["tau_base"], r["tau_new"], ".3f"),
+            _f(r["tau_change"] * 100 if not _nan(r["tau_change"]) else None, "+.1f", "%"),
+            _arrow(r["speedup_base"], r["speedup_new"], ".2f", "×"),
+            _ci(r["speedup_change"], r["speedup_change_lo"], r["speedup_change_hi"]),
+            _arrow(r["tokens_per_s_base"], r["tokens_per_s_new"], ".1f"),
+            _ci(r["tokens_per_s_change"], r["tokens_per_s_change_lo"], r["tokens_per_s_change_hi"]),
+            _f(r["lossless_share_new"], ".2f"), _arrow(r["quality_base"], r["quality_new"], ".3f"),
+            outputs, _bytes(r["peak_memory_bytes_new"]), _f(r["energy_per_token_j_new"], ".3g"), verdict,
+        ])
+    return out
+
+
+def _gated(th: Thresholds) -> str:
+    parts = [f"outputs{'' if th.gate_outputs else ' (off: --no-outputs)'}", f"τ (drop > {th.tau_rtol:.1%})",
+             f"speed-up (CI upper end < {1 - th.speed_tol:g})" if th.gate_speed else "not speed-up (--no-speed)",
+             "lossless share", f"quality (drop > {th.quality_tol:g})", "errors", "missing cells/questions"]
+    if th.tps_tol is not None:
+        parts.append(f"tok/s (CI upper end < {1 - th.tps_tol:g})")
+    return ", ".join(parts)
+
+
+def _verdict(cmp: Comparison) -> str:
+    n = len(cmp.failures)
+    return "PASS" if not n else f"FAIL: {n} regression{'s' if n > 1 else ''}"
+
+
+def format_text(cmp: Comparison) -> str:
+    """Terminal report: sides, what is gated, the cell table, findings, warnings, verdict."""
+    rows = [list(COLUMNS), *table_rows(cmp)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = [f"BASE  {cmp.base.path}  ({cmp.base.describe()})", f"NEW   {cmp.new.path}  ({cmp.new.describe()})",
+             f"gated on: {_gated(cmp.thresholds)}", ""]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append("")
+    for f in cmp.findings:
+        lines.append(f"{'FAIL' if f.fails else 'note'}  {f.cell}  {f.rule}: {f.message}")
+    for w in cmp.warnings:
+        lines.append(f"warning: {w}")
+    lines.append(_verdict(cmp))
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def format_markdown(cmp: Comparison) -> str:
+    """Markdown for a pull-request comment or ``$GITHUB_STEP_SUMMARY``."""
+    lines = [f"### draftbench compare: {_verdict(cmp)}", "",
+             f"- BASE `{cmp.base.path}`: {_md(cmp.base.describe())}",
+             f"- NEW `{cmp.new.path}`: {_md(cmp.new.describe())}",
+             f"- gated on: {_md(_gated(cmp.thresholds))}", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_md(c) for c in r) + " |" for r in table_rows(cmp)]
+    if cmp.findings:
+        lines += ["", "**Findings**", ""]
+        lines += [f"- {'❌ FAIL' if f.fails else 'ℹ️ note'} `{f.cell}` {f.rule}: {_md(f.message)}" for f in cmp.findings]
+    if cmp.warnings:
+        lines += ["", "**Warnings**", ""] + [f"- {_md(w)}" for w in cmp.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _json_safe(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, str):
+        v = v.item()
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def to_json(cmp: Comparison) -> dict[str, Any]:
+    """Everything as one JSON object: verdict, exit code, sides, thresholds, cells, findings, warnings."""
+    side = lambda s: {"path": str(s.path), "kind": s.kind, "provenance": s.provenance,  # noqa: E731
+                      "baseline_label": s.baseline_label}
+    return _json_safe({
+        "verdict": "pass" if not cmp.failures else "fail", "exit_code": cmp.exit_code,
+        "base": side(cmp.base), "new": side(cmp.new), "thresholds": asdict(cmp.thresholds),
+        "cells": cmp.rows, "findings": [asdict(f) for f in cmp.findings], "warnings": cmp.warnings,
+    })
+
+
+FORMATS = {"table": format_text, "markdown": format_markdown,
+           "json": lambda cmp: json.dumps(to_json(cmp), indent=1, ensure_ascii=False) + "\n"}
+
+
+def cmd_compare(args) -> int:
+    th = Thresholds(tau_rtol=args.tau_rtol, speed_tol=args.speed_tol, gate_speed=not args.no_speed,
+                    tps_tol=args.tps_tol, quality_tol=args.quality_tol, gate_outputs=not args.no_outputs,
+                    n_boot=args.n_boot, seed=args.seed)
+    base = load_side(args.base, n_boot=th.n_boot, seed=th.seed)
+    new = load_side(args.new, n_boot=th.n_boot, seed=th.seed)
+    cmp = compare_sides(base, new, th, args.labels)
+    print(FORMATS[args.format](cmp), end="")
+    for path, fmt in ((args.markdown_out, "markdown"), (args.json_out, "json")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(FORMATS[fmt](cmp), encoding="utf-8")
+    return cmp.exit_code
+
+
+def add_compare_cli(sub: argparse._SubParsersAction) -> None:
+    """``draftbench compare BASE NEW``: exit 0 pass, 1 regression, 2 error."""
+    c = sub.add_parser("compare", help="compare two runs or baselines; exit 0 pass, 1 regression, 2 error",
+                       description=__doc__.split("\n\n")[0],
+                       epilog="BASE and NEW: run directories (results/<run_id>) or baseline directories "
+                              "(results/baselines/<device>/<preset>). The rules: `harness/measure/compare.py`.")
+    c.add_argument("base")
+    c.add_argument("new")
+    c.add_argument("--tau-rtol", type=float, default=0.01, help="allowed relative drop of τ (default %(default)s)")
+    c.add_argument("--speed-tol", type=float, default=0.05,
+                   help="fail when the Δ speed-up CI's upper end is below 1 − this (default %(default)s)")
+    c.add_argument("--no-speed", action="store_true", help="do not gate speed-ups (e.g. CI machines differ)")
+    c.add_argument("--tps-tol", type=float, default=None,
+                   help="also gate absolute tokens/s with this tolerance (dedicated runners only; default off)")
+    c.add_argument("--quality-tol", type=float, default=0.0,
+                   help="allowed drop of the mean quality score (default %(default)s)")
+    c.add_argument("--no-outputs", action="store_true", help="do not gate changed greedy outputs")
+    c.add_argument("--labels", type=lambda t: [x for x in t.split(",") if x],
+                   help="only these labels (comma-separated)")
+    c.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default %(default)s)")
+    c.add_argument("--seed", type=int, default=0, help="bootstrap seed (default %(default)s)")
+    c.add_argument("--format", choices=sorted(FORMATS), default="table", help="stdout format (default table)")
+    c.add_argument("--markdown-out", metavar="PATH", help="also write the Markdown report to PATH")
+    c.add_argument("--json-out", metavar="PATH", help="also write the JSON report to PATH")
+    c.set_defaults(func=cmd_compare)

@@ -1,0 +1,165 @@
+"""Throughput of the engine's parts, so that a slowdown of one part is caught before it shows in end-to-end numbers.
+
+Measure, save, and compare with the previous save of this machine:  ``make bench``  (pytest-benchmark with
+``--benchmark-autosave`` and, once a save exists, ``--benchmark-compare --benchmark-compare-fail=mean:15%``).
+
+Groups:
+  verify-forward  one target forward over k = 1, 2, 4, ..., 64 tree slots (root included; k = 1 is a plain decoding
+                  step) after a 300-token prefix, with the engine's 4D tree mask and tree positions, the cache cropped
+                  back after each: the verify-cost curve that decides how big a draft tree can pay off
+  draft-step      one ``propose`` of each shipped head (eagle2, jakiro, medusa) with the CPU gate's options
+                  (harness/run/presets/ci_gate.yaml), right after ``begin`` on a real prompt
+  tree            EAGLE-2's dynamic tree selection over 4 levels of top-10 candidates; a 63-node static tree
+  mask            the 4D mask of a 64-node tree after a 300-token prefix (``tree_mask_4d``)
+  kv-compaction   compacting a SmolLM2-135M-sized cache (30 layers) after a 64-node verification
+
+In the normal test run (``--benchmark-disable``, the project default) every body runs once, as a test of its
+result; the parts on the real default model are ``slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from harness.engine.autotune import bench_tree_parents
+from harness.engine.kv import compact_cache
+from harness.engine.sampling import SamplingParams
+from harness.engine.speculative import tree_mask_4d
+from harness.engine.tree import STATIC_TREES, check_tree, select_dynamic_tree, tree_from_choices, tree_position_ids
+from harness.registry import get_method
+from harness.run.config import load_preset_dict
+
+PREFIX = 300
+TREE_SLOTS = [1, 2, 4, 8, 16, 32, 64]
+ROUNDS = 10
+PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
+
+
+def _pedantic(benchmark, fn, setup=None, rounds=ROUNDS):
+    return benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
+
+
+@pytest.fixture(scope="module")
+def prefix_cache(real_target):
+    """The target's cache after 300 fixed tokens (ids i * 7919 mod V)."""
+    model = real_target.model
+    cache = DynamicCache(config=model.config)
+    ids = (torch.arange(PREFIX) * 7919 % model.config.vocab_size)[None]
+    with torch.inference_mode():
+        model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark(group="verify-forward")
+@pytest.mark.parametrize("slots", TREE_SLOTS)
+def test_bench_verify_forward(benchmark, real_target, prefix_cache, slots):
+    """One verification forward over ``slots`` tree slots (branching 4, breadth first); a forward that returned
+    other than one logit row per slot, or left the cache longer than the prefix, would not be the engine's step."""
+    model, V = real_target.model, real_target.model.config.vocab_size
+    parents = bench_tree_parents(slots, branching=4)  # [slots - 1]
+    ids = (torch.arange(slots) * 104729 % V)[None]  # [1, slots]
+    pos = tree_position_ids(parents, PREFIX)[None]
+    mask = tree_mask_4d(PREFIX, parents, real_target.dtype, real_target.device)
+
+    def forward():
+        with torch.inference_mode():
+            out = model(ids, attention_mask=mask, position_ids=pos, cache=prefix_cache, use_cache=True)
+        prefix_cache.crop(-slots)  # transformers 5.24: crop(-n) drops the last n positions
+        return tuple(out.logits.shape)
+
+    assert _pedantic(benchmark, forward, rounds=20) == (1, slots, V)
+    assert prefix_cache.get_seq_length() == PREFIX
+    benchmark.extra_info.update(slots=slots, prefix=PREFIX)
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark(group="draft-step")
+@pytest.mark.parametrize("label", ["eagle2", "jakiro", "medusa"])
+def test_bench_draft_step(benchmark, real_target, label):
+    """One draft step of a shipped head, with the CPU gate's options: a valid, non-empty tree within the budget."""
+    spec = next(m for m in load_preset_dict("ci_gate")["methods"] if isinstance(m, dict) and m["name"] == label)
+    method = get_method(spec["name"]).create(real_target, spec["options"])
+    prompt = real_target.render_chat(PROMPT)
+    with torch.inference_mode():
+        out = real_target.model(prompt, output_hidden_states=[-1], logits_to_keep=1)
+    hidden = out.hidden_states[-1][0] if method.needs_hidden_states else None
+    root = int(out.logits[0, -1].argmax())
+
+    def propose():
+        with torch.inference_mode():
+            return method.propose(root, SamplingParams(), None)
+
+    tree = _pedantic(benchmark, propose, setup=lambda: method.begin(prompt, hidden))
+    check_tree(tree, real_target.model.config.vocab_size)
+    options = spec["options"]
+    budget = options["total_tokens"] - 1 if "total_tokens" in options else len(options["tree"])
+    assert 0 < len(tree) <= budget
+    benchmark.extra_info.update(tree_nodes=len(tree))
+
+
+@pytest.mark.benchmark(group="tree")
+def test_bench_dynamic_tree_selection(benchmark):
+    """EAGLE-2's re-ranking of 310 candidates (10 at level 1, then 10 children of each of the 10 best of a level,
+    3 times) down to 59 nodes; the result must stay ancestor-closed (every parent listed before its children)."""
+    gen = torch.Generator().manual_seed(0)
+    scores = (-torch.rand(10, generator=gen)).tolist()
+    parents = [-1] * 10
+    level = list(range(10))
+    for _ in range(3):
+        best = sorted(level, key=lambda i: scores[i], reverse=True)[:10]
+        level = []
+        for b in best:
+            for drop in torch.rand(10, generator=gen).tolist():
+                parents.append(b)
+                scores.append(scores[b] - drop)
+                level.append(len(scores) - 1)
+    t, s, p = torch.arange(len(scores)), torch.tensor(scores), torch.tensor(parents)
+    tree = _pedantic(benchmark, lambda: select_dynamic_tree(t, s, p, 59), rounds=100)
+    assert (len(p), len(tree)) == (310, 59)
+    assert all(int(q) < i for i, q in enumerate(tree.parents.tolist()))
+
+
+@pytest.mark.benchmark(group="tree")
+def test_bench_static_tree(benchmark):
+    """Medusa's 63-node tree from its rank paths: 63 nodes at levels [10, 28, 23, 2] (medusa_choices.py)."""
+    parents, ranks = _pedantic(benchmark, lambda: tree_from_choices(STATIC_TREES["medusa_mc_sim_7b_63"]), rounds=100)
+    assert parents.shape == ranks.shape == (63,)
+    assert torch.bincount(torch.tensor([len(c) for c in STATIC_TREES["medusa_mc_sim_7b_63"]]))[1:].tolist() == \
+        [10, 28, 23, 2]
+
+
+@pytest.mark.benchmark(group="mask")
+def test_bench_tree_mask(benchmark):
+    """The additive 4D mask of a 64-slot tree after 300 committed tokens: [1, 1, 64, 364], each slot seeing the
+    prefix, its ancestors and itself (slot 0 = the root sees only itself inside the tree)."""
+    parents = bench_tree_parents(64, branching=4)
+    mask = _pedantic(benchmark, lambda: tree_mask_4d(PREFIX, parents, torch.float32, torch.device("cpu")),
+                     rounds=100)
+    assert tuple(mask.shape) == (1, 1, 64, PREFIX + 64)
+    assert (mask[0, 0, :, :PREFIX] == 0).all()
+    assert int((mask[0, 0, 0, PREFIX:] == 0).sum()) == 1
+
+
+@pytest.mark.benchmark(group="kv-compaction")
+def test_bench_kv_compaction(benchmark):
+    """Keep the root and a 4-token accepted path (slots 0, 1, 5, 21, 64) of a 64-node verification in a cache shaped
+    like SmolLM2-135M's (30 layers, 3 KV heads, head dim 64) after 300 tokens: 305 positions remain, and position
+    302 holds what slot 5 held."""
+    keep = [0, 1, 5, 21, 64]
+    state = {}
+
+    def setup():
+        cache = DynamicCache()
+        gen = torch.Generator().manual_seed(0)
+        for layer in range(30):
+            k = torch.randn(1, 3, PREFIX + 65, 64, generator=gen)
+            cache.update(k, k + 1, layer)
+        state["cache"], state["slot5"] = cache, cache.layers[7].keys[:, :, PREFIX + 5].clone()
+
+    _pedantic(benchmark, lambda: compact_cache(state["cache"], PREFIX, keep), setup=setup, rounds=50)
+    cache = state["cache"]
+    assert cache.get_seq_length() == PREFIX + len(keep)
+    assert torch.equal(cache.layers[7].keys[:, :, PREFIX + 2], state["slot5"])

@@ -1,0 +1,114 @@
+"""The CI workflows (.github/workflows) pass actionlint and run exactly the commands the README documents.
+
+actionlint comes with the dev extras (pyproject.toml); without it the lint tests skip, except under CI (CI=true),
+where a missing linter is a failure rather than a silently skipped check.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / ".github" / "workflows"
+README_SECTION = "## Regression tracking in CI"
+PROJECT_COMMAND = re.compile(r"^(make |\.ci/|\.venv/bin/)")
+
+
+def actionlint() -> str:
+    """The actionlint binary beside this Python (the venv's) or on PATH."""
+    here = Path(sys.executable).parent / "actionlint"
+    found = str(here) if here.exists() else shutil.which("actionlint")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("actionlint is not installed (pip install -e '.[dev]')")
+        pytest.skip("actionlint is not installed (pip install -e '.[dev]')")
+    return found
+
+
+def workflow(name: str) -> dict:
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def triggers(wf: dict) -> dict:
+    return wf.get("on", wf.get(True))  # YAML 1.1 reads the bare key `on` as true
+
+
+def steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job["steps"]]
+
+
+def commands(wf: dict) -> list[str]:
+    """The project's own commands (make, .ci/, .venv/bin/) in the order the workflow runs them."""
+    lines = [line.strip() for s in steps(wf) for line in str(s.get("run", "")).splitlines()]
+    return [line for line in lines if PROJECT_COMMAND.match(line)]
+
+
+def readme_commands() -> set[str]:
+    """Every line of the fenced code blocks in the README's regression-tracking section, comments removed."""
+    text = (REPO / "README.md").read_text()
+    assert README_SECTION in text, f"README.md has no section {README_SECTION!r}"
+    section = text.split(README_SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", section, flags=re.S)
+    return {line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()}
+
+
+def test_workflows_pass_actionlint():
+    """A workflow with a syntax, expression or runner-label error fails on GitHub only after it is merged."""
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+    assert [Path(f).name for f in files] == ["gpu-regression.yml", "tests.yml"]
+    done = subprocess.run([actionlint(), *files], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path):
+    """Negative control: an undefined property in an expression must be reported, else the check above is empty."""
+    wf = tmp_path / ".github" / "workflows" / "bad.yml"
+    wf.parent.mkdir(parents=True)
+    wf.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+                  "      - if: ${{ github.event_nme == 'push' }}\n        run: echo hi\n")
+    done = subprocess.run([actionlint(), str(wf)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "event_nme" in done.stdout
+
+
+def test_the_workflows_run_the_readme_commands():
+    """A workflow that ran something the README does not document (or documented differently) would make the
+    README's setup instructions wrong for whoever copies them onto a runner."""
+    documented = readme_commands()
+    for name in ("tests.yml", "gpu-regression.yml"):
+        used = commands(workflow(name))
+        assert used, name
+        assert [c for c in used if c not in documented] == [], name
+
+
+def test_tests_workflow_is_ci_run():
+    """GitHub's CPU job and .ci/run must gate the same way: the whole suite, then the CPU gate without speed."""
+    used = commands(workflow("tests.yml"))
+    assert used == ["make setup", ".venv/bin/draftbench data fetch --if-missing", "make test",
+                    ".ci/gate ci_gate cpu --no-speed"]
+    ci_run = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if PROJECT_COMMAND.match(line)]
+    assert ci_run == used[2:]
+
+
+def test_gpu_workflow_shape():
+    """The GPU job must run on the self-hosted GPU runner, on pull requests and nightly, check the GPU before
+    anything is measured, gate each event with its preset on CUDA, and keep the run directory."""
+    wf = workflow("gpu-regression.yml")
+    assert set(triggers(wf)) == {"pull_request", "schedule", "workflow_dispatch"}
+    (job,) = wf["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu"]
+    used = commands(wf)
+    assert used.index("make gpu-check") < used.index(".ci/gate gpu_gate cuda") < used.index(
+        ".ci/gate nightly_vicuna cuda")
+    by_run = {s.get("run"): s for s in steps(wf)}
+    assert by_run[".ci/gate gpu_gate cuda"]["if"] == "github.event_name != 'schedule'"
+    assert by_run[".ci/gate nightly_vicuna cuda"]["if"] == "github.event_name == 'schedule'"
+    uploads = [s["with"]["path"] for s in steps(wf) if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert uploads == ["results/gate/", "results/baselines/"]
