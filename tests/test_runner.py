@@ -11,7 +11,7 @@ from harness.measure.records import RecordStore, question_key, read_records
 from harness.registry import register_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.tiny import tiny_target
+from tests.helpers import tiny_target
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
