@@ -10,7 +10,7 @@ export DRAFTBENCH_DATA
 TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
 comma := ,
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test test-fast bench clean-venv
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# the inner loop (about a minute on 2 CPU cores): everything but the tests marked slow (real model, processes,
+# training runs, chi-square sampling); `make test` runs them all
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup
 	$(BIN)/python -m pytest tests/test_bench_vanilla.py --benchmark-enable --benchmark-group-by=group -q

@@ -264,6 +264,7 @@ class RandomSmallTree(RandomTree):
     size = 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 @pytest.mark.parametrize("cls", [OracleTopK, RandomSmallTree, SampledDraft], ids=lambda c: c.__name__)
 def test_sampling_matches_the_target_distribution(cls, sampling):
@@ -272,6 +273,7 @@ def test_sampling_matches_the_target_distribution(cls, sampling):
     assert sampled_pvalue(cls(sampling_target()), sampling, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow
 def test_sampling_test_detects_a_lossy_verifier():
     # the same statistic on Medusa's typical acceptance must fail, or the test above could not fail either
     assert sampled_pvalue(TypicalOracle(sampling_target()), SamplingParams(temperature=1.0), N_SAMPLES) < 1e-6

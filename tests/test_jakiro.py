@@ -437,6 +437,7 @@ def sampling_setup():
     return target, random_head(target, seed=0, std=0.3), random_head(target, seed=0, std=1.0, kind="jakiro_star")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", [
     dict(mode="hybrid"), dict(mode="ar", contrastive="off"),
     dict(mode="parallel", alignment="fixed", candidates="decoupled"),
@@ -448,6 +449,7 @@ def test_jakiro_sampling_is_lossless(sampling_setup, opts):
     assert sampled_pvalue(method, SamplingParams(temperature=1.0), 400) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
                          ids=["T1", "T0.7-top_p0.9"])
 def test_jakiro_star_corrected_is_lossless(sampling_setup, sampling):
@@ -459,6 +461,7 @@ def test_jakiro_star_corrected_is_lossless(sampling_setup, sampling):
     assert sampled_pvalue(method, sampling, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow
 def test_jakiro_star_as_published_fails_the_audit(sampling_setup):
     """The released bookkeeping (expert 1's share as the proposal probability, a softmax of probabilities as the
     residual, duplicates) over-accepts drafted tokens: the same chi-square test must reject it, and the method

@@ -148,6 +148,7 @@ def test_record_store_repairs_torn_tail(tmp_path):
     assert store.path.read_text().endswith("}\n")
 
 
+@pytest.mark.slow
 def test_data_parallel_run_splits_questions_across_processes(tmp_path):
     """Two processes under `accelerate launch`: every question done once, each process wrote its own file.
 
