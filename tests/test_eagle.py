@@ -15,7 +15,7 @@ from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
 from methods.eagle.head import EagleHead
 from tests.helpers import tiny_target
 
-H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/tiny.py)
+H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/helpers.py)
 
 
 @pytest.fixture(autouse=True)
