@@ -10,7 +10,7 @@ export DRAFTBENCH_DATA
 TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
 comma := ,
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test test-fast bench clean-venv
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# the inner loop (about a minute on 2 CPU cores): everything but the tests marked slow (real model, processes,
+# training runs, chi-square sampling); `make test` runs them all
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
 # pytest-benchmark over the engine's parts (tests/test_bench_engine.py) and vanilla vs generate; every run is saved
 # under .benchmarks/<machine>/ and, once this checkout has a save, compared with the previous one: a part whose mean
 # time grew by more than 15% fails. Compare on the same, otherwise idle machine; on a shared CPU, CPU time and the
@@ -37,6 +42,7 @@ test: setup
 BENCH_SAVED := $(wildcard .benchmarks/*/*.json)
 BENCH_FAIL ?= mean:15%
 BENCH_FLAGS ?=
+
 bench: setup
 	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py -q --benchmark-enable \
 	  --benchmark-autosave --benchmark-group-by=group $(BENCH_FLAGS) \

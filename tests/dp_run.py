@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.tiny import tiny_target
+from tests.helpers import tiny_target
 
 out = Path(sys.argv[1])
 questions = out / "q.jsonl"

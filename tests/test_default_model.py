@@ -1,7 +1,11 @@
-"""End to end on the real default model (SmolLM2-135M-Instruct, fp32, CPU): every speculative method's greedy
-output equals vanilla's token for token, with random (untrained) heads loaded from the published formats, and the
-engine reaches full acceptance with an oracle draft. A failure here with the tiny-model tests passing points at
-something specific to a real model: GQA shapes, RoPE settings, the chat template, long trees on a real cache."""
+"""End to end on the real default model (SmolLM2-135M-Instruct, fp32, CPU): every registered method's greedy output
+equals vanilla's token for token with random (untrained) draft parts, built in memory by ``Method.example`` and
+loaded from the published formats; every speculative method accepts oracle drafts to full depth; the shipped heads
+accept drafts. A failure here with the tiny-model tests passing points at something specific to a real model: GQA
+shapes, RoPE settings, the chat template, a real cache.
+
+Trees are small (see ``SMALL``); the long accepts come from the oracle drafts.
+"""
 
 import pytest
 import torch
@@ -10,6 +14,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import chain_tree
 from harness.registry import get_method
+from tests.helpers import GREEDY, build_example, check_generation, install_oracle, registered_methods
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +23,19 @@ PROMPTS = [
     [{"role": "user", "content": "List three facts about the moon."}],
     [{"role": "user", "content": "Write a Python function that reverses a string."}],
 ]
+# Small trees: on CPU every step costs a target forward over the whole tree (the 49152-wide lm_head runs on every
+# node: 60 nodes cost ~4x a 1-token forward) plus one draft forward per level (each with a 49152-wide lm_head), and
+# random heads accept almost nothing, so a turn is ~40 such steps. Three levels, 6-7 nodes, keep every code path
+# (siblings, re-ranking, Jakiro's two-step level) at ~1/3 of the published trees' cost.
+SMALL_STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
+SMALL = {
+    "eagle1": {"tree": SMALL_STATIC_TREE},
+    "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro_star": {"tree": SMALL_STATIC_TREE},
+    "medusa": {"tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]},
+}
+METHOD_NAMES = registered_methods()
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +44,43 @@ def prompts(real_target):
 
 
 @pytest.fixture(scope="module")
-def vanilla_outputs(real_target, prompts):
+def vanilla_long(real_target, prompts):
+    """Vanilla's greedy tokens, 16 past the budget (the oracle drafts' continuation)."""
     vanilla = get_method("vanilla").create(real_target)
-    return [vanilla.generate(p, N_NEW, SamplingParams()).token_ids for p in prompts]
+    return [vanilla.generate(p, N_NEW + 16, SamplingParams()).token_ids for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def vanilla_outputs(vanilla_long):
+    return [tokens[:N_NEW] for tokens in vanilla_long]
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_greedy_equals_vanilla_with_random_draft_parts(real_target, prompts, vanilla_outputs, name):
+    # every registered method, built by Method.example (random in-memory heads): vanilla's tokens on the real model
+    if name == "vanilla":
+        pytest.skip("vanilla is the reference; tests/test_vanilla.py checks it against transformers' generate")
+    method = build_example(name, real_target, **SMALL.get(name, {}))
+    for prompt, expected in zip(prompts, vanilla_outputs):
+        gen = method.generate(prompt, N_NEW, GREEDY)
+        assert gen.token_ids == expected
+        check_generation(gen, method, prompt.shape[1], N_NEW)
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_oracle_drafts_are_accepted_to_full_depth(real_target, prompts, vanilla_long, name):
+    # the deepest path of each proposed tree rewritten with the target's continuation (tests/helpers.py
+    # install_oracle): every step but the last (which may pass EOS) accepts the whole path, on a real cache
+    if not isinstance(build_example(name, real_target, **SMALL.get(name, {})), SpeculativeMethod):
+        pytest.skip(f"{name} is not a SpeculativeMethod: it proposes no draft tree to make an oracle of")
+    for prompt, continuation in zip(prompts, vanilla_long):
+        method = build_example(name, real_target, **SMALL.get(name, {}))
+        path_lengths = install_oracle(method, continuation)
+        gen = method.generate(prompt, N_NEW, GREEDY)
+        assert gen.token_ids == continuation[:N_NEW]
+        assert path_lengths == gen.draft_depths
+        assert gen.accepted_drafts[:-1] == gen.draft_depths[:-1]
+        check_generation(gen, method, prompt.shape[1], N_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +105,7 @@ def random_heads(real_target, tmp_path_factory):
     return root
 
 
-CASES = [
-    ("pld", {}),
+CASES = [  # the published formats (and Jakiro's modes) on the real model; every method is in the tests above
     ("eagle1", {"head": "eagle"}),
     ("eagle2", {"head": "eagle"}),
     ("medusa", {"head": "medusa"}),
@@ -72,13 +123,13 @@ def _case_id(name: str, options: dict) -> str:
 
 @pytest.mark.parametrize("name, options", CASES, ids=[_case_id(n, o) for n, o in CASES])
 def test_greedy_equals_vanilla_with_random_heads(real_target, prompts, vanilla_outputs, random_heads, name, options):
-    if "head" in options:
-        options = {**options, "head": str(random_heads / options["head"])}
+    # heads written by the published-format savers and read back by the loaders, with the real model's shapes
+    options = {**SMALL[name], **options, "head": str(random_heads / options["head"])}
     method = get_method(name).create(real_target, options)
     for prompt, expected in zip(prompts, vanilla_outputs):
         gen = method.generate(prompt, N_NEW, SamplingParams())
         assert gen.token_ids == expected
-        assert sum(gen.accept_lengths) == len(gen.token_ids)
+        check_generation(gen, method, prompt.shape[1], N_NEW)
 
 
 class GreedyOracle(SpeculativeMethod):

@@ -22,12 +22,10 @@ from methods.jakiro.dynamic import Jakiro, JakiroOptions
 from methods.medusa.drafting import Medusa, MedusaOptions
 from methods.medusa.heads import save_medusa_heads
 from methods.vanilla import Vanilla
-from tests.test_eagle import PROMPT, random_head
-from tests.test_jakiro import random_head as random_jakiro_head
-from tests.test_medusa import random_heads as random_medusa_heads
-from tests.tiny import tiny_target
+from tests.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
+from tests.helpers import random_eagle_head as random_head
 
-GREEDY = SamplingParams()
+PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
 
 def test_token_counts_and_top_tokens_literal():

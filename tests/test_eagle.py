@@ -13,9 +13,9 @@ from harness.engine.checkpoints import CheckpointError
 from harness.engine.draftcache import DraftKV
 from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
 from methods.eagle.head import EagleHead
-from tests.tiny import tiny_target
+from tests.helpers import tiny_target
 
-H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/tiny.py)
+H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/helpers.py)
 
 
 @pytest.fixture(autouse=True)
@@ -262,8 +262,6 @@ def test_draft_kv_crop_and_extend():
 
 # ------------------------------------------------------------------------------------------------ methods
 
-from collections import Counter  # noqa: E402
-
 from harness.engine.autotune import (  # noqa: E402
     EAGLE_TREE_GAINS,
     bench_tree_parents,
@@ -272,35 +270,13 @@ from harness.engine.autotune import (  # noqa: E402
 )
 from harness.engine.method import OptionsError  # noqa: E402
 from harness.engine.sampling import SamplingParams, logits_to_probs  # noqa: E402
-from harness.models import target_from_model  # noqa: E402
 from harness.registry import get_method  # noqa: E402
 from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
-from tests.chisq import chi_square_pvalue  # noqa: E402
-from tests.test_engine import SAMPLE_PROMPT, exact_joint, sampling_target  # noqa: E402
-from tests.tiny import tiny_llama  # noqa: E402
+from tests.helpers import GREEDY, bigram_target  # noqa: E402
+from tests.helpers import random_eagle_head as random_head  # noqa: E402
 
-GREEDY = SamplingParams()
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
-
-
-def bigram_target(step: int = 5, shift: int = 3):
-    """An "oracle-friendly" target over V = H = 32: the next token is g(x) = (step*x + shift) mod 32 of the current
-    token only. Attention and MLP outputs are zeroed (o_proj = down_proj = 0), the embedding E is orthogonal and
-    lm_head = M_g E with M_g[y, x] = 1 iff g(x) = y, so the post-norm feature is f_t = sqrt(32) E[x_t] and the
-    logits are sqrt(32) * onehot(g(x_t)). Returns (target, E, g)."""
-    model = tiny_llama(vocab_size=32, hidden=32, seed=11)
-    E = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(12)))[0]  # orthogonal
-    g = [(step * x + shift) % 32 for x in range(32)]
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.copy_(E)
-        model.lm_head.weight.copy_(E[torch.tensor([g.index(y) for y in range(32)])])  # row y = E[g^-1(y)]
-    target = target_from_model(model, None, name="bigram")
-    target.eos_ids = frozenset()
-    return target, E, g
 
 
 def oracle_eagle_head(target) -> EagleHead:
@@ -314,11 +290,6 @@ def oracle_eagle_head(target) -> EagleHead:
         head.layers[0].self_attn.o_proj.weight.zero_()
         head.layers[0].mlp.down_proj.weight.zero_()
     return head.eval().requires_grad_(False)
-
-
-def random_head(target, seed: int = 1) -> EagleHead:
-    torch.manual_seed(seed)
-    return EagleHead.for_target(target).eval().requires_grad_(False)
 
 
 def eagle1(target, head, **options) -> Eagle1:
@@ -460,28 +431,8 @@ def test_missing_shipped_head_says_how_to_train_one():
 
 
 # ------------------------------------------------------------------------------------------------ sampling
-
-
-def sampled_counts(method, sampling: SamplingParams, n: int = 1500) -> Counter:
-    g = torch.Generator().manual_seed(2024)
-    return Counter(tuple(method.generate(SAMPLE_PROMPT, 3, sampling, g).token_ids) for _ in range(n))
-
-
-SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top_p0.9"])
-@pytest.mark.parametrize("name", ["eagle1", "eagle2"])
-def test_sampling_matches_the_target_distribution(name, sampling):
-    """The joint of the first three tokens (prefill + one or two verifications) must be the target's; a wrong
-    draft_probs row, a sibling drawn with replacement or a wrong pruning at top_p would bias it. The same
-    statistic rejects Medusa's typical acceptance (tests/test_medusa.py), so it can fail."""
-    target = sampling_target()
-    head = random_head(target, seed=8)
-    method = (eagle1(target, head, tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) if name == "eagle1"
-              else eagle2(target, head, depth=2, top_k=3, total_tokens=8))
-    assert chi_square_pvalue(sampled_counts(method, sampling), exact_joint(target, sampling)) > 1e-3
+# eagle1 and eagle2 at T > 0 (the joint of the first three tokens against the target's, chi-square): the registry-wide
+# tests/test_lossless.py::test_sampling_matches_the_target_distribution, with the same small trees, head and samples.
 
 
 # ------------------------------------------------------------------------------------------------ autotune

@@ -6,35 +6,29 @@ the first three tokens must be the target's (chi-square against the exact distri
 sampled proposals, and a deliberately lossy verifier must be caught by the same test.
 """
 
-from collections import Counter
-from itertools import product
-
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod, tree_mask_4d
 from harness.engine.tree import DraftTree, chain_tree
 from harness.engine.verify import verify_typical
-from harness.models import target_from_model
 from methods.pld import PromptLookup
 from methods.vanilla import Vanilla
-from tests.chisq import chi_square_pvalue
+from tests.helpers import (
+    GREEDY,
+    SAMPLING_IDS,
+    SAMPLINGS,
+    check_generation,
+    sampled_pvalue,
+    sampling_target,
+    tiny_target,
+)
 
-GREEDY = SamplingParams()
 
-
-def tiny_target(vocab: int = 64, hidden: int = 32, layers: int = 2, init: float = 0.02, seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=init)
-    model = LlamaForCausalLM(cfg).eval()
-    model.requires_grad_(False)
-    target = target_from_model(model, tokenizer=None)
-    target.eos_ids = frozenset()
-    return target
+def engine_target():
+    """A random 2-layer Llama over 64 bare token ids, no EOS."""
+    return tiny_target(vocab=64, tokenizer=False)
 
 
 class ContextMethod(SpeculativeMethod):
@@ -113,34 +107,23 @@ PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]])
 METHODS = [PromptLookup, OracleChain, OracleBranched, RandomTree, EmptyTree]
 
 
-def check_invariants(gen, method, prompt_len: int, budget: int):
-    """What every Generation must satisfy, whatever was accepted."""
-    assert sum(gen.accept_lengths) == len(gen.token_ids) <= budget
-    assert len(gen.accept_lengths) == gen.counters["target_forwards"]
-    assert len(gen.accepted_drafts) == len(gen.draft_depths) == len(gen.accept_lengths) - 1
-    assert all(a <= d for a, d in zip(gen.accepted_drafts, gen.draft_depths))
-    # the cache holds the prompt and everything emitted except the pending last token
-    assert method.last_cache_length == prompt_len + len(gen.token_ids) - 1
-    assert set(gen.timings) == {"draft_s", "verify_s", "overhead_s"}
-
-
 @pytest.mark.parametrize("cls", METHODS, ids=lambda c: c.__name__)
 def test_greedy_equals_vanilla(cls):
     # any verification, position, mask or cache-compaction error makes the continuation diverge from vanilla
-    target = tiny_target()
+    target = engine_target()
     want = Vanilla(target).generate(PROMPT, 40, GREEDY)
     method = cls(target)
     got = method.generate(PROMPT, 40, GREEDY)
     assert got.token_ids == want.token_ids
     assert got.stop_reason == "max_new_tokens"
-    check_invariants(got, method, PROMPT.shape[1], 40)
+    check_generation(got, method, PROMPT.shape[1], 40)
 
 
 @pytest.mark.parametrize("cls", [OracleChain, OracleBranched])
 def test_oracle_trees_are_fully_accepted(cls):
     # the target's own continuation: every step accepts the whole depth, so tau = depth + 1 (except the cut last
     # step); a verifier that stops early or a mask that lets siblings see each other would lower it
-    target = tiny_target()
+    target = engine_target()
     gen = cls(target).generate(PROMPT, 41, GREEDY)
     assert gen.accepted_drafts == [4] * len(gen.accepted_drafts)
     assert gen.accept_lengths == [1] + [5] * 8
@@ -149,7 +132,7 @@ def test_oracle_trees_are_fully_accepted(cls):
 
 def test_random_trees_are_almost_never_accepted():
     # with 64 tokens, a random tree is right by chance only rarely; mostly one token per target forward
-    gen = RandomTree(tiny_target()).generate(PROMPT, 40, GREEDY)
+    gen = RandomTree(engine_target()).generate(PROMPT, 40, GREEDY)
     assert sum(gen.accepted_drafts) <= 4
     assert len(gen.accept_lengths) >= 36
 
@@ -158,13 +141,13 @@ def test_random_trees_are_almost_never_accepted():
 @pytest.mark.parametrize("cls", [OracleChain, OracleBranched, PromptLookup])
 def test_budget_cuts_are_exact(cls, budget):
     # accepted drafts past max_new_tokens must be cut (never emitted) and the cache cropped to match
-    target = tiny_target()
+    target = engine_target()
     want = Vanilla(target).generate(PROMPT, budget, GREEDY)
     method = cls(target)
     got = method.generate(PROMPT, budget, GREEDY)
     assert got.token_ids == want.token_ids and len(got.token_ids) == budget
     assert got.stop_reason == "max_new_tokens"
-    check_invariants(got, method, PROMPT.shape[1], budget)
+    check_generation(got, method, PROMPT.shape[1], budget)
 
 
 @pytest.mark.parametrize("eos_at", [0, 1, 2, 6, 9])
@@ -172,7 +155,7 @@ def test_budget_cuts_are_exact(cls, budget):
 def test_eos_in_the_middle_of_an_accepted_path_stops_there(cls, eos_at):
     # make vanilla's token number `eos_at` the EOS: the oracle accepts drafts past it in the same step, and the
     # engine must emit exactly up to and including the EOS (the first occurrence of that token)
-    target = tiny_target()
+    target = engine_target()
     reference = Vanilla(target).generate(PROMPT, 30, GREEDY).token_ids
     target.eos_ids = frozenset({reference[eos_at]})
     first = reference.index(reference[eos_at])
@@ -180,11 +163,11 @@ def test_eos_in_the_middle_of_an_accepted_path_stops_there(cls, eos_at):
     got = method.generate(PROMPT, 30, GREEDY)
     assert got.token_ids == reference[: first + 1]
     assert got.stop_reason == "eos"
-    check_invariants(got, method, PROMPT.shape[1], 30)
+    check_generation(got, method, PROMPT.shape[1], 30)
 
 
 def test_max_new_tokens_zero_emits_nothing():
-    gen = OracleChain(tiny_target()).generate(PROMPT, 0, GREEDY)
+    gen = OracleChain(engine_target()).generate(PROMPT, 0, GREEDY)
     assert gen.token_ids == [] and gen.accept_lengths == []
 
 
@@ -206,7 +189,7 @@ class HiddenRecorder(OracleBranched):
 def test_hidden_states_are_post_norm_features_of_committed_tokens():
     # EAGLE/Medusa heads read the input of lm_head at every committed position: from the prefill, then for
     # [root + accepted] of each step (never a rejected branch's)
-    target = tiny_target()
+    target = engine_target()
     method = HiddenRecorder(target)
     gen = method.generate(PROMPT, 21, GREEDY)
     got = torch.cat(method.features)  # [P + committed - ..., H]
@@ -227,31 +210,11 @@ def test_tree_mask_4d_literal():
 
 def test_bad_prompt_shape_is_refused():
     with pytest.raises(ValueError, match=r"prompt_ids must be \[1, P\]"):
-        OracleChain(tiny_target()).generate(torch.tensor([1, 2, 3]), 5, GREEDY)
+        OracleChain(engine_target()).generate(torch.tensor([1, 2, 3]), 5, GREEDY)
 
 
 # ---- sampling: the engine must preserve the target distribution ---------------------------------------------------
-SAMPLE_PROMPT = torch.tensor([[1, 2, 3]])
 N_SAMPLES = 1500
-
-
-def sampling_target():
-    """Vocab 8 with peaked, non-trivial distributions (initializer_range 0.3)."""
-    return tiny_target(vocab=8, hidden=16, layers=1, init=0.3, seed=0)
-
-
-def exact_joint(target, sampling: SamplingParams) -> dict:
-    """P(x0, x1, x2) of vanilla sampling, by enumerating all 1 + 8 + 64 contexts."""
-    v = target.config.vocab_size
-    model = target.model
-    with torch.inference_mode():
-        p0 = logits_to_probs(model(SAMPLE_PROMPT).logits[0, -1], sampling)  # [V]
-        ctx1 = torch.cat([SAMPLE_PROMPT.expand(v, -1), torch.arange(v)[:, None]], dim=1)  # [V, P+1]
-        p1 = logits_to_probs(model(ctx1).logits[:, -1], sampling)  # [V, V]
-        pairs = torch.tensor(list(product(range(v), repeat=2)))  # [V*V, 2]
-        ctx2 = torch.cat([SAMPLE_PROMPT.expand(v * v, -1), pairs], dim=1)
-        p2 = logits_to_probs(model(ctx2).logits[:, -1], sampling).view(v, v, v)  # [V, V, V]
-    return {(a, b, c): float(p0[a] * p1[a, b] * p2[a, b, c]) for a, b, c in product(range(v), repeat=3)}
 
 
 class OracleTopK(ContextMethod):
@@ -301,28 +264,16 @@ class RandomSmallTree(RandomTree):
     size = 5
 
 
-def sampled_pvalue(cls, sampling: SamplingParams) -> float:
-    target = sampling_target()
-    method = cls(target)
-    g = torch.Generator().manual_seed(2024)
-    counts = Counter()
-    for _ in range(N_SAMPLES):
-        gen = method.generate(SAMPLE_PROMPT, 3, sampling, g)
-        counts[tuple(gen.token_ids)] += 1
-    return chi_square_pvalue(counts, exact_joint(target, sampling))
-
-
-SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
-
-
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top_p0.9"])
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 @pytest.mark.parametrize("cls", [OracleTopK, RandomSmallTree, SampledDraft], ids=lambda c: c.__name__)
 def test_sampling_matches_the_target_distribution(cls, sampling):
     # the first three tokens come from prefill + tree verification (+ a second step when little is accepted);
     # any bias in acceptance, residuals, bonus sampling, positions or cache shows up in their joint distribution
-    assert sampled_pvalue(cls, sampling) > 1e-3
+    assert sampled_pvalue(cls(sampling_target()), sampling, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow
 def test_sampling_test_detects_a_lossy_verifier():
     # the same statistic on Medusa's typical acceptance must fail, or the test above could not fail either
-    assert sampled_pvalue(TypicalOracle, SamplingParams(temperature=1.0)) < 1e-6
+    assert sampled_pvalue(TypicalOracle(sampling_target()), SamplingParams(temperature=1.0), N_SAMPLES) < 1e-6

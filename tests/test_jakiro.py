@@ -5,7 +5,6 @@ training objective and the ablation preset."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ from methods.jakiro.dynamic import (
     round_robin_children,
     second_rows,
 )
-from methods.jakiro.head import JakiroHead
 from methods.jakiro.moe import (
     contrast_coefficients,
     contrast_pair,
@@ -41,12 +39,10 @@ from methods.jakiro.star import (
     published_star_bookkeeping,
 )
 from methods.vanilla import Vanilla
-from tests.chisq import chi_square_pvalue
-from tests.test_engine import SAMPLE_PROMPT, exact_joint, sampling_target
-from tests.tiny import tiny_target
+from tests.helpers import GREEDY, sampled_pvalue, sampling_target, tiny_target
+from tests.helpers import random_jakiro_head as random_head
 
-H, V = 32, 128  # tiny target (tests/tiny.py)
-GREEDY = SamplingParams()
+H, V = 32, 128  # tiny target (tests/helpers.py)
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
 
 
@@ -92,15 +88,6 @@ def test_gather_experts_literal():
     all_out = torch.tensor([[[0.0], [1.0]], [[10.0], [11.0]], [[20.0], [21.0]]])
     got = gather_experts(all_out, torch.tensor([[2, 0], [1, 1]]))
     assert got.squeeze(-1).tolist() == [[20.0, 0.0], [11.0, 11.0]]
-
-
-def random_head(target, seed: int = 0, std: float = 0.2, **kw) -> JakiroHead:
-    torch.manual_seed(seed)
-    head = JakiroHead.for_target(target, **kw)
-    for p in head.parameters():
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=std)
-    return head.eval().requires_grad_(False)
 
 
 def test_head_outputs_match_the_published_formulas():
@@ -443,12 +430,6 @@ def test_jakiro_star_candidate_helpers_literal():
 N_SAMPLES = 800
 
 
-def sampled_pvalue(method, target, sampling, n=N_SAMPLES) -> float:
-    g = torch.Generator().manual_seed(2024)
-    counts = Counter(tuple(method.generate(SAMPLE_PROMPT, 3, sampling, g).token_ids) for _ in range(n))
-    return chi_square_pvalue(counts, exact_joint(target, sampling))
-
-
 @pytest.fixture(scope="module")
 def sampling_setup():
     target = sampling_target()
@@ -456,6 +437,7 @@ def sampling_setup():
     return target, random_head(target, seed=0, std=0.3), random_head(target, seed=0, std=1.0, kind="jakiro_star")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", [
     dict(mode="hybrid"), dict(mode="ar", contrastive="off"),
     dict(mode="parallel", alignment="fixed", candidates="decoupled"),
@@ -464,9 +446,10 @@ def test_jakiro_sampling_is_lossless(sampling_setup, opts):
     # the first three tokens' joint distribution must be the target's; a biased acceptance shows up here
     target, head, _ = sampling_setup
     method = Jakiro(target, JakiroOptions(depth=2, top_k=3, total_tokens=8, **opts), head=head)
-    assert sampled_pvalue(method, target, SamplingParams(temperature=1.0), n=400) > 1e-3
+    assert sampled_pvalue(method, SamplingParams(temperature=1.0), 400) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)],
                          ids=["T1", "T0.7-top_p0.9"])
 def test_jakiro_star_corrected_is_lossless(sampling_setup, sampling):
@@ -475,9 +458,10 @@ def test_jakiro_star_corrected_is_lossless(sampling_setup, sampling):
     target, _, head = sampling_setup
     method = JakiroStar(target, JakiroStarOptions(variant="corrected", tree=STAR_TREE), head=head)
     assert method.lossless
-    assert sampled_pvalue(method, target, sampling) > 1e-3
+    assert sampled_pvalue(method, sampling, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow
 def test_jakiro_star_as_published_fails_the_audit(sampling_setup):
     """The released bookkeeping (expert 1's share as the proposal probability, a softmax of probabilities as the
     residual, duplicates) over-accepts drafted tokens: the same chi-square test must reject it, and the method
@@ -485,7 +469,7 @@ def test_jakiro_star_as_published_fails_the_audit(sampling_setup):
     target, _, head = sampling_setup
     method = JakiroStar(target, JakiroStarOptions(variant="as_published", tree=STAR_TREE), head=head)
     assert not method.lossless and method.describe()["lossless"] is False
-    assert sampled_pvalue(method, target, SamplingParams(temperature=1.0), n=400) < 1e-6
+    assert sampled_pvalue(method, SamplingParams(temperature=1.0), 400) < 1e-6
 
 
 # ------------------------------------------------------------------------------------------------ options, registry

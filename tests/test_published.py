@@ -15,7 +15,7 @@ from harness.run.against import AgainstError, compare_turns, comparison_markdown
 from harness.run.chat import resolve_chat_template
 from harness.run.published import TableError, load_table, table_from_dict, table_names
 from harness.run.suites import DataError, fetch_suite, load_suite, suite_info
-from tests.tiny import char_tokenizer, tiny_target
+from tests.helpers import char_tokenizer, tiny_target
 
 DATA = Path(__file__).resolve().parent / "data"
 STANDIN = DATA / "standin_eagle2.yaml"

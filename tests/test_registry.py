@@ -1,8 +1,10 @@
 """The method registry: names resolve, typos get suggestions, duplicates and non-methods are refused."""
 
 import pytest
+import torch
 
 from harness.engine.method import Method, OptionsError
+from harness.engine.sampling import SamplingParams
 from harness.registry import (
     METHODS,
     Registry,
@@ -11,6 +13,7 @@ from harness.registry import (
     method_names,
     register_method,
 )
+from tests.helpers import tiny_target
 
 
 def test_builtin_methods_register_themselves():
@@ -54,9 +57,45 @@ def test_bad_method_option_names_the_field():
         get_method("vanilla").create(target=None, options={"depth": 3})
 
 
-def test_method_base_generate_is_abstract():
-    with pytest.raises(NotImplementedError):
-        Method(target=None).generate(None, 1, None)
+def test_a_method_without_generate_says_what_to_implement():
+    # the base class only states the contract: a subclass that implements nothing must fail naming the method and
+    # what to implement, not return nothing or fail somewhere deeper
+    class Bare(Method):
+        name = "bare"
+
+    with pytest.raises(NotImplementedError, match=r"method 'bare' \(.*Bare\) does not implement generate\(\); "
+                                                  r"implement it, or subclass .*SpeculativeMethod"):
+        Bare(target=None).generate(torch.tensor([[1]]), 1, SamplingParams())
+
+
+def test_example_defaults_to_create_with_validated_options():
+    # Method.example builds a method without files; for a method without learned parts it is create(): options
+    # are validated by name and unset ones keep their defaults
+    pld = get_method("pld").example(None, num_draft_tokens=4)
+    assert (pld.options.num_draft_tokens, pld.options.max_ngram) == (4, 3)
+    with pytest.raises(OptionsError, match="method 'vanilla': unknown option 'depth'"):
+        get_method("vanilla").example(None, depth=3)
+
+
+@pytest.mark.parametrize("name", ["eagle2", "jakiro", "jakiro_star", "medusa"])
+def test_example_draft_parts_are_seeded_and_leave_the_global_rng_alone(name):
+    # the same seed gives the same random head, another seed another one, and the caller's random stream is
+    # neither consumed nor reseeded (a test drawing random numbers after building a method is unaffected)
+    target = tiny_target()
+
+    shared = target.model.get_input_embeddings().weight
+
+    def weights(method):
+        module = getattr(method, "head", None) or method.heads
+        return torch.cat([p.flatten() for p in module.parameters() if p is not shared])
+
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    a = get_method(name).example(target, seed=3)
+    assert torch.equal(torch.rand(3), expected_draw)
+    b, c = get_method(name).example(target, seed=3), get_method(name).example(target, seed=4)
+    assert torch.equal(weights(a), weights(b)) and not torch.equal(weights(a), weights(c))
 
 
 def test_entry_point_plugins_are_loaded(monkeypatch):

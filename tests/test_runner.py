@@ -11,7 +11,7 @@ from harness.measure.records import RecordStore, question_key, read_records
 from harness.registry import register_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.tiny import tiny_target
+from tests.helpers import tiny_target
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
@@ -148,6 +148,7 @@ def test_record_store_repairs_torn_tail(tmp_path):
     assert store.path.read_text().endswith("}\n")
 
 
+@pytest.mark.slow
 def test_data_parallel_run_splits_questions_across_processes(tmp_path):
     """Two processes under `accelerate launch`: every question done once, each process wrote its own file.
 

@@ -28,7 +28,7 @@ from harness.train.objectives import (
 )
 from methods.eagle.objective import EagleObjective, eagle_losses, unroll_mask
 from methods.medusa.objective import medusa_targets
-from tests.tiny import tiny_target
+from tests.helpers import tiny_target
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -103,6 +103,7 @@ def eval_acc(target, root, head_folder=None) -> list[float]:
     return evaluate(obj, head, held, small_config(), Accelerator(cpu=True))["acc"]
 
 
+@pytest.mark.slow
 def test_eagle_training_beats_a_random_head(built, tmp_path):
     # 200 steps on pattern data: the held-out draft top-1 accuracy at positions 1..3 must rise far above a random
     # head's (which agrees with the target's greedy token only by chance)
@@ -182,6 +183,7 @@ def test_objective_registry_rejects_non_objectives_and_names_close_matches():
     assert {"eagle", "medusa"} <= set(objective_names())
 
 
+@pytest.mark.slow
 def test_two_process_accelerate_launch(built, tmp_path):
     # the distributed (DDP over gloo) path: 2 CPU processes train 3 steps from the CLI entry point. accelerate's
     # `--cpu` launcher starts a single process unless mpirun is set up, so the processes come from its torchrun

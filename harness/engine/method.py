@@ -6,10 +6,12 @@ harness reads capability flags (``lossless``, ``needs_hidden_states``), never a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -156,6 +158,15 @@ def _plural(expected: str | None) -> str:
     return text if text.endswith("s") else text + "s"
 
 
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the block with the CPU random generator seeded by ``seed`` and restore its state afterwards (random
+    initialisation of example draft parts that neither depends on nor disturbs the caller's random state)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
+
+
 class Method:
     """Base class of a decoding method.
 
@@ -176,6 +187,17 @@ class Method:
     def create(cls, target: Target, options: dict[str, Any] | None = None) -> Method:
         return cls(target, build_options(cls.Options, options, f"method {cls.name!r}"))
 
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options: Any) -> Method:
+        """An instance that needs no files, for tests and smoke runs: ``options`` as for :meth:`create` (the others
+        keep their defaults) and every learned draft part randomly initialised from ``seed`` (see :func:`seeded`).
+
+        The default is :meth:`create`, enough for a method without learned parts (vanilla, pld). A method that
+        loads a checkpoint must override it: the losslessness tests build every registered method this way and
+        fail, naming the method, when it cannot be built.
+        """
+        return cls.create(target, options)
+
     @property
     def lossless(self) -> bool:
         return True
@@ -187,4 +209,6 @@ class Method:
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:
         """Continue ``prompt_ids [1, P]`` by at most ``max_new_tokens`` tokens (stopping after EOS)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"method {self.name!r} ({type(self).__qualname__}) does not implement generate(); "
+                                  "implement it, or subclass harness.engine.speculative.SpeculativeMethod and "
+                                  "implement begin/propose/accept")

@@ -19,7 +19,7 @@ import torch
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
-from harness.engine.method import OptionsError
+from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import (
@@ -112,6 +112,15 @@ class EagleMethodBase(SpeculativeMethod):
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), getattr(self.options, "draft_vocab", 0),
                                      folder, self.name)
         self.cache = DraftCache()  # the stable draft KV, kept in step with the committed sequence
+
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options) -> EagleMethodBase:
+        """The method on a randomly initialised :class:`EagleHead` for ``target`` (seeded; no checkpoint read, so
+        ``head`` is ignored and ``draft_vocab`` must stay 0)."""
+        opts = build_options(cls.Options, options, f"method {cls.name!r}")
+        with seeded(seed):
+            head = EagleHead.for_target(target)
+        return cls(target, opts, head=head.eval().requires_grad_(False))
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.cache.reset(prompt_ids, hidden)

@@ -11,6 +11,7 @@ import torch
 
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftvocab import check_draft_vocab
+from harness.engine.method import build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
@@ -195,6 +196,16 @@ class Jakiro(MoEDraft, Eagle2):
             head = load_jakiro_head(folder, target)
         check_experts(options, head)
         super().__init__(target, options, head, folder)
+
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options) -> Jakiro:
+        """The method on a randomly initialised :class:`JakiroHead` (seeded) with ``num_experts`` experts (default
+        2) of which ``experts_per_tok`` are selected (default min(2, N)); no checkpoint is read."""
+        opts = build_options(cls.Options, options, f"method {cls.name!r}")
+        n = opts.num_experts or 2
+        with seeded(seed):
+            head = JakiroHead.for_target(target, num_experts=n, experts_per_tok=min(2, n))
+        return cls(target, opts, head=head.eval().requires_grad_(False))
 
     # ---- what each forward must compute ---------------------------------------------------------------------------
     def _wants_second(self, level: int) -> bool:

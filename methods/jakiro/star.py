@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
+from harness.engine.method import build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.tree import EAGLE_MC_SIM_7B_63, DraftTree
 from harness.engine.verify import walk_tree
@@ -146,6 +147,16 @@ class JakiroStar(MoEDraft, Eagle1):
         super().__init__(target, spec, head)
         self.options = options
         self._q_tilde: list[float] = []  # as_published: q~ of every node of the last proposed tree
+
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options) -> JakiroStar:
+        """The method on a randomly initialised Jakiro* head (GeLU experts, seeded) with ``num_experts`` experts
+        (default 2) of which ``experts_per_tok`` are selected (default min(2, N)); no checkpoint is read."""
+        opts = build_options(cls.Options, options, f"method {cls.name!r}")
+        n = opts.num_experts or 2
+        with seeded(seed):
+            head = JakiroHead.for_target(target, kind="jakiro_star", num_experts=n, experts_per_tok=min(2, n))
+        return cls(target, opts, head=head.eval().requires_grad_(False))
 
     @property
     def lossless(self) -> bool:

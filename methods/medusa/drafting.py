@@ -10,7 +10,7 @@ import torch
 
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
-from harness.engine.method import OptionsError
+from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import STATIC_TREES, DraftTree, depths, tree_from_choices
@@ -103,6 +103,19 @@ class Medusa(SpeculativeMethod):
                                "(these have their own lm_heads)")
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.options.draft_vocab, folder, "medusa")
         self.feature: torch.Tensor | None = None
+
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options) -> Medusa:
+        """The method on randomly initialised heads (seeded, Medusa's initialisation: ResBlocks start as the
+        identity plus SiLU of a random bias), one per level of the tree, ending in the target's lm_head (own V x H
+        lm_heads would outweigh a small target); no checkpoint is read."""
+        opts = build_options(cls.Options, options, f"method {cls.name!r}")
+        parents, _ = medusa_tree(opts.tree, "tree")
+        hidden, vocab = target.config.hidden_size, target.config.vocab_size
+        with seeded(seed):
+            heads = MedusaHeads(hidden, vocab, num_heads=int(depths(parents).max()), share_lm_head=True)
+        heads = heads.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        return cls(target, opts, heads=heads)
 
     @property
     def lossless(self) -> bool:

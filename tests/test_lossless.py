@@ -1,0 +1,219 @@
+"""Losslessness of every registered method, by construction: the parameter lists are the registry
+(:func:`tests.helpers.registered_methods`, read at collection time), and each method is built without files by
+``Method.example`` (random draft parts). A method registered only in its own module is covered as soon as it
+registers; one that cannot be built by ``example`` fails here, saying so.
+
+- greedy on tiny targets: output == vanilla token for token on several prompts, to the budget and with EOS cuts;
+- oracle drafts: the method proposes its own trees and runs its own bookkeeping, but the deepest path of every tree
+  is rewritten with the target's greedy continuation, so every step accepts the full depth (long accepts through
+  the method's ``accept`` and draft cache);
+- sampled (slow): the joint distribution of the first three tokens at T=1 and at T=0.7/top-p 0.9 equals the
+  target's (chi-square against the exact distribution on a vocabulary-8 target), and the same test rejects lossy
+  verification.
+
+Method-specific option combinations (Jakiro modes, Medusa acceptance rules, Jakiro* variants) are tested in the
+methods' own test modules; the real-model version of the first two blocks is tests/test_default_model.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from harness.engine.speculative import SpeculativeMethod
+from harness.registry import METHODS
+from tests.helpers import (
+    GREEDY,
+    SAMPLING_IDS,
+    SAMPLINGS,
+    build_example,
+    check_generation,
+    install_oracle,
+    method_pvalue,
+    registered_methods,
+    sampling_target,
+    tiny_target,
+)
+
+METHOD_NAMES = registered_methods()
+PROMPTS = [
+    torch.tensor([[5, 9, 13, 20, 31, 7, 44]]),
+    torch.tensor([[40, 41, 42, 43, 40, 41, 42, 43, 40, 41]]),  # repeated n-grams: prompt lookup finds matches
+    torch.tensor([[17]]),                                    # a one-token prompt
+]
+BUDGET = 40
+
+# Options for the vocabulary-8 sampling target, where the default trees do not fit (top_k 10, rank-9 children);
+# only for speed and fit: a method missing here is tested with its defaults.
+SMALL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+SMALL_VOCAB_OPTIONS = {
+    "eagle1": {"tree": SMALL_TREE},
+    "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro_star": {"tree": SMALL_TREE},
+    "medusa": {"tree": [[0], [1], [0, 0], [1, 0], [0, 1]]},
+}
+SAMPLE_SEED = 8  # the seed of the random draft heads in the sampled tests
+N_SAMPLES = 1500
+
+
+def vanilla_tokens(target, prompt, budget: int) -> list[int]:
+    return build_example("vanilla", target).generate(prompt, budget, GREEDY).token_ids
+
+
+def assert_greedy_equals_vanilla(name: str, **options) -> None:
+    """Method ``name`` (built by ``example`` with random draft parts) on a tiny target without EOS: for every
+    prompt, vanilla's tokens to the budget, with every Generation invariant."""
+    target = tiny_target(eos=False)
+    method = build_example(name, target, **options)
+    for prompt in PROMPTS:
+        gen = method.generate(prompt, BUDGET, GREEDY)
+        assert gen.token_ids == vanilla_tokens(target, prompt, BUDGET), f"prompt {prompt.tolist()}"
+        check_generation(gen, method, prompt.shape[1], BUDGET)
+
+
+# ------------------------------------------------------------------------------------------------ greedy
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_greedy_equals_vanilla_with_random_drafts(name):
+    # whatever a random draft proposes, verification must keep exactly the target's greedy tokens; a wrong
+    # position, mask, cache compaction or draft bookkeeping makes the output diverge or an invariant break
+    assert_greedy_equals_vanilla(name)
+
+
+@pytest.mark.parametrize("eos_at", [0, 9])
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_greedy_stops_at_eos_like_vanilla(name, eos_at):
+    # vanilla's token number `eos_at` becomes the EOS: the method must emit exactly up to and including its first
+    # occurrence (accepted drafts past it are cut), stop with reason "eos", and keep the cache consistent
+    target = tiny_target(eos=False)
+    prompt = PROMPTS[0]
+    reference = vanilla_tokens(target, prompt, BUDGET)
+    target.eos_ids = frozenset({reference[eos_at]})
+    method = build_example(name, target)
+    gen = method.generate(prompt, BUDGET, GREEDY)
+    assert gen.token_ids == reference[: reference.index(reference[eos_at]) + 1]
+    assert gen.stop_reason == "eos"
+    check_generation(gen, method, prompt.shape[1], BUDGET)
+
+
+# ------------------------------------------------------------------------------------------------ oracle drafts
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_oracle_drafts_are_accepted_to_full_depth(name):
+    # the deepest path of every tree the method proposes is the target's own continuation: verification must
+    # accept exactly that depth at every step (a verifier that stops early, a wrong mask or position would accept
+    # less), the method's accept/draft-cache logic must follow the long accepts, and the output is vanilla's
+    target = tiny_target(eos=False)
+    if not isinstance(build_example(name, target), SpeculativeMethod):
+        pytest.skip(f"{name} is not a SpeculativeMethod: it proposes no draft tree to make an oracle of")
+    steps = 0
+    for prompt in PROMPTS:
+        method = build_example(name, target)
+        continuation = vanilla_tokens(target, prompt, BUDGET + 64)
+        path_lengths = install_oracle(method, continuation)
+        gen = method.generate(prompt, BUDGET, GREEDY)
+        assert gen.token_ids == continuation[:BUDGET]
+        assert path_lengths == gen.draft_depths  # the rewritten path is the deepest one
+        assert gen.accepted_drafts == gen.draft_depths, "a step accepted less than the oracle path"
+        check_generation(gen, method, prompt.shape[1], BUDGET)
+        steps += gen.steps
+    # non-vacuous: the trees were deep enough for long accepts (more than 2 tokens per target forward overall)
+    assert len(PROMPTS) * BUDGET / steps > 2, (name, steps)
+
+
+# ------------------------------------------------------------------------------------------------ sampled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_sampling_matches_the_target_distribution(name, sampling):
+    # prefill + one or two verifications make the first three tokens; a wrong draft_probs row, a sibling drawn
+    # with replacement, a biased residual or bonus, or pruning at top_p shows up in their joint distribution
+    options = SMALL_VOCAB_OPTIONS.get(name, {})
+    if not build_example(name, sampling_target(), SAMPLE_SEED, **options).lossless:
+        pytest.skip(f"{name} with options {options} says it is not lossless (lossless=False)")
+    assert method_pvalue(name, sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_sampled_test_rejects_a_lossy_verifier():
+    # the same statistic on Medusa's typical acceptance (lossy at T > 0, and labelled so) must fail, or the test
+    # above could not fail either
+    options = {**SMALL_VOCAB_OPTIONS["medusa"], "acceptance": "typical"}
+    assert not build_example("medusa", sampling_target(), **options).lossless
+    assert method_pvalue("medusa", SAMPLINGS[0], N_SAMPLES, SAMPLE_SEED, **options) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------ coverage
+
+
+THROWAWAY = '''
+from harness.engine.method import Generation, Method
+from harness.engine.speculative import SpeculativeMethod
+from harness.engine.tree import chain_tree
+from harness.registry import register_method
+
+
+@register_method("throwaway_repeat")
+class RepeatRoot(SpeculativeMethod):
+    """Drafts the pending token twice."""
+
+    def propose(self, root, sampling, generator):
+        return chain_tree([root, root])
+
+
+@register_method("throwaway_broken")
+class Broken(Method):
+    """Answers with token 7 whatever the target says."""
+
+    def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
+        return Generation([7] * max_new_tokens, [1] * max_new_tokens, "max_new_tokens")
+
+
+@register_method("throwaway_needs_a_checkpoint")
+class NeedsCheckpoint(SpeculativeMethod):
+    """Loads a head in its constructor and does not override Method.example."""
+
+    def __init__(self, target, options=None):
+        raise FileNotFoundError("no head at /nowhere")
+'''
+
+
+@pytest.fixture()
+def throwaway_methods(tmp_path, monkeypatch):
+    """A module outside the repository that registers three methods on import; registry and sys.modules are
+    restored afterwards."""
+    (tmp_path / "throwaway_methods.py").write_text(textwrap.dedent(THROWAWAY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(METHODS, "_entries", dict(METHODS._entries))
+    yield importlib.import_module("throwaway_methods")
+    sys.modules.pop("throwaway_methods", None)
+
+
+def test_a_method_registered_in_its_own_module_is_covered(throwaway_methods):
+    # the parameter list is the registry, not a hand-written list: a method registered only in its own file is in
+    # it, its greedy check runs (and passes for a lossless method, fails for a wrong one), and a method that needs
+    # a checkpoint without overriding Method.example fails with a message saying so instead of being skipped
+    names = registered_methods()
+    assert {"throwaway_repeat", "throwaway_broken", "throwaway_needs_a_checkpoint"} <= set(names)
+    assert set(METHOD_NAMES) <= set(names)
+    assert_greedy_equals_vanilla("throwaway_repeat")
+    with pytest.raises(AssertionError, match="prompt"):
+        assert_greedy_equals_vanilla("throwaway_broken")
+    with pytest.raises(AssertionError, match=r"'throwaway_needs_a_checkpoint'.*FileNotFoundError: no head at "
+                                             r"/nowhere.*must override Method\.example"):
+        assert_greedy_equals_vanilla("throwaway_needs_a_checkpoint")
+
+
+def test_collected_methods_are_the_registry():
+    # the built-in methods are all collected; test doubles registered by test modules (defined under tests.) are not
+    assert {"vanilla", "pld", "eagle1", "eagle2", "jakiro", "jakiro_star", "medusa"} <= set(METHOD_NAMES)
+    assert all(not METHODS.get(n).__module__.startswith("tests.") for n in METHOD_NAMES)
