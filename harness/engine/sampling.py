@@ -74,3 +74,10 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     if params.greedy:
         return logits.argmax(-1)
     return sample(logits_to_probs(logits, params), generator)
+
+
+def logit_margins(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(top-1 minus top-2, top-1)`` of ``logits [..., V]`` in float32, each ``[...]``: how close the greedy choice
+    was to a tie. Example: [1.0, 3.0, 2.5] -> (0.5, 3.0)."""
+    top = torch.topk(logits, 2, dim=-1).values.float()  # [..., 2]
+    return top[..., 0] - top[..., 1], top[..., 0]
