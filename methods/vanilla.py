@@ -27,6 +27,7 @@ class Vanilla(Method):
         out: list[int] = []
         margins: list[float] = []
         tops: list[float] = []
+        runner_ups: list[int] = []
         stop = "max_new_tokens"
         # greedy: the token and its logit margin come back in one transfer per step
         packed = pack_dtype(model.config.vocab_size)
@@ -38,11 +39,13 @@ class Vanilla(Method):
             prefill = time.perf_counter() - t0
             while len(out) < max_new_tokens:
                 if sampling.greedy:
-                    margin, top = logit_margins(logits[0])
-                    t, m, best = fetch(torch.stack([tok[0].to(packed), margin.to(packed), top.to(packed)]))
+                    margin, top, second = logit_margins(logits[0])
+                    t, m, best, runner_up = fetch(torch.stack([tok[0].to(packed), margin.to(packed), top.to(packed),
+                                                               second.to(packed)]))
                     t = int(t)
                     margins.append(float(f"{m:.6g}"))
                     tops.append(float(f"{best:.6g}"))
+                    runner_ups.append(int(runner_up))
                 else:
                     t = int(tok)
                 out.append(t)
@@ -54,4 +57,4 @@ class Vanilla(Method):
                 logits = model(tok.view(1, 1), cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
                 tok = next_token(logits, sampling, generator)
         return Generation(token_ids=out, accept_lengths=[1] * len(out), stop_reason=stop, prefill_time_s=prefill,
-                          logit_margins=margins, logit_tops=tops)
+                          logit_margins=margins, logit_tops=tops, logit_runner_ups=runner_ups)

@@ -241,11 +241,12 @@ class SpeculativeMethod(Method):
             last = out.logits[0, -1]  # [V]
             root_dev = next_token(last, sampling, generator).view(1)  # [1] on the logits' device
             if sampling.greedy:
-                margin, top = logit_margins(last)
-                x0, m0, top0 = fetch(torch.stack([root_dev[0].to(packed_dtype), margin.to(packed_dtype),
-                                                  top.to(packed_dtype)]))
+                margin, top, second = logit_margins(last)
+                x0, m0, top0, second0 = fetch(torch.stack([root_dev[0].to(packed_dtype), margin.to(packed_dtype),
+                                                           top.to(packed_dtype), second.to(packed_dtype)]))
                 stats.margins.append(m0)
                 stats.tops.append(top0)
+                stats.runner_ups.append(int(second0))
                 x0 = int(x0)
             else:
                 x0 = int(fetch(root_dev)[0])
@@ -287,25 +288,27 @@ class SpeculativeMethod(Method):
                 logits = out.logits[0]  # [N+1, V]
                 if fast:
                     on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
-                    margin, top = logit_margins(logits)  # [N+1] each
+                    margin, top, second = logit_margins(logits)  # [N+1] each
                     here = logits.device  # with a device map the logits live on the last shard
                     packed = torch.cat([flags.to(here, packed_dtype), depth.max().view(1).to(here, packed_dtype),
                                         bonus_dev.to(packed_dtype),
                                         torch.where(on_path, tokens.to(here), -1).to(packed_dtype),
-                                        margin.to(packed_dtype), top.to(packed_dtype)])
+                                        margin.to(packed_dtype), top.to(packed_dtype), second.to(packed_dtype)])
                     values = fetch(packed)
                     self._raise_if_bad(values[:2], tree, vocab)
                     tree_depth, bonus = int(values[2]), int(values[3])
                     accepted = values[4: 4 + n]
                     path = [i for i, t in enumerate(accepted) if t >= 0]
                     path_tokens = [int(accepted[i]) for i in path]
-                    slot_margins, slot_tops = values[4 + n: 5 + 2 * n], values[5 + 2 * n:]
+                    slot_margins = values[4 + n: 5 + 2 * n]
+                    slot_tops = values[5 + 2 * n: 6 + 3 * n]
+                    slot_seconds = values[6 + 3 * n:]
                     root_dev = bonus_dev.to(device)
                 else:
                     path, bonus = self.verify(tree, logits, sampling, generator)
                     host = fetch(torch.cat([depth.max().view(1), tokens]))
                     tree_depth, path_tokens = int(host[0]), [host[1 + i] for i in path]
-                    slot_margins = slot_tops = None
+                    slot_margins = slot_tops = slot_seconds = None
                     root_dev = upload([bonus], device)
                 clock.mark("verify_s")
                 new = path_tokens + [bonus]
@@ -316,6 +319,7 @@ class SpeculativeMethod(Method):
                 if slot_margins is not None:
                     stats.margins.extend(slot_margins[s] for s in keep)
                     stats.tops.extend(slot_tops[s] for s in keep)
+                    stats.runner_ups.extend(int(slot_seconds[s]) for s in keep)
                 compact_cache(cache, committed, keep)
                 committed += len(keep)
                 emitted.extend(kept)
@@ -337,6 +341,7 @@ class SpeculativeMethod(Method):
                           prefill_time_s=prefill_s, accepted_drafts=stats.accepted_drafts,
                           draft_depths=stats.draft_depths, timings=timings, counters=counters,
                           logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
+                          logit_runner_ups=stats.runner_ups,
                           timings_synchronised=clock.sync)
 
     def _features(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -365,6 +370,7 @@ class _TurnStats:
         self.draft_depths: list[int] = []
         self.margins: list[float] = []
         self.tops: list[float] = []
+        self.runner_ups: list[int] = []
         self.target_forwards = 0
         self.tree_tokens = 0
 

@@ -295,7 +295,8 @@ class Eagle1(EagleMethodBase):
         return DraftTree(tokens=tokens, parents=plan.parents)
 
     def greedy_root(self, root: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stable-KV update; the root's predicted feature ``[1, H]`` and its ``width`` best tokens ``[1, width]``."""
+        """The stable-KV update: the root's predicted feature ``[1, H]`` and its ``width`` best tokens
+        ``[1, width]``."""
         h0 = self.extend_stable(root)[None]  # [1, H]
         return h0, torch.topk(self.lm_head(h0).float(), width, dim=-1).indices
 

@@ -180,24 +180,24 @@ def eagle_config_for(target_config, bias: bool = True, hidden_size: int | None =
     tc = target_config.get_text_config(decoder=True) if hasattr(target_config, "get_text_config") else target_config
     kind = type(tc).__name__
     config_hidden = _field(tc, ("hidden_size", "n_embd", "d_model", "dim"))
-    H = hidden_size or config_hidden
-    if H is None:
+    width = hidden_size or config_hidden
+    if width is None:
         raise HeadConfigError(f"cannot shape a draft head for {kind}: it has no hidden_size (nor n_embd, d_model)")
     V = _field(tc, ("vocab_size",))
     if V is None:
         raise HeadConfigError(f"cannot shape a draft head for {kind}: it has no vocab_size")
     heads = _field(tc, ("num_attention_heads", "n_head", "num_heads"))
-    head_dim = _field(tc, ("head_dim",)) if H == config_hidden else None
-    if heads is None or (head_dim is None and H % heads):
-        heads, head_dim = default_heads(H), None
-    head_dim = head_dim or H // heads
+    head_dim = _field(tc, ("head_dim",)) if width == config_hidden else None
+    if heads is None or (head_dim is None and width % heads):
+        heads, head_dim = default_heads(width), None
+    head_dim = head_dim or width // heads
     kv = _field(tc, ("num_key_value_heads", "num_kv_heads")) if heads == _field(tc, ("num_attention_heads",)) else None
     if kv is None or heads % kv:
         kv = heads
     act = _field(tc, ("hidden_act", "hidden_activation"))
     fields = dict(
-        vocab_size=V, hidden_size=H,
-        intermediate_size=_field(tc, ("intermediate_size", "ffn_dim", "n_inner")) or 4 * H,
+        vocab_size=V, hidden_size=width,
+        intermediate_size=_field(tc, ("intermediate_size", "ffn_dim", "n_inner")) or 4 * width,
         num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
         rms_norm_eps=_field(tc, ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")) or 1e-6,
         hidden_act=act if isinstance(act, str) and act in ACT2FN else "silu",

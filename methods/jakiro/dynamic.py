@@ -243,7 +243,8 @@ class Jakiro(MoEDraft, Eagle2):
         out = self.stable_outputs(root, **self._outputs_needed(0))
         stable_len = self.cache.length
         device = out.mixture.device
-        frontier = _Frontier(index=[-1], tokens=torch.full((1,), root, device=device), scores=torch.zeros(1, device=device),
+        frontier = _Frontier(index=[-1], tokens=torch.full((1,), root, device=device),
+                             scores=torch.zeros(1, device=device),
                              features=out.mixture)
         level, kv = 0, self.cache.kv
         while True:
