@@ -45,13 +45,13 @@ def config_for(arch: str, window: int | None = None):
 
 
 def tiny_causal_lm(arch: str, window: int | None = None, seed: int = 0, attn: str | None = None,
-                   dtype: torch.dtype = torch.float32) -> Target:
+                   dtype: torch.dtype = torch.float32, device: str = "cpu") -> Target:
     """A random ``arch`` target without tokenizer and without EOS (turns run to their budget). Gemma 2 runs
     ``eager`` (transformers refuses sdpa for it); the others ``sdpa`` unless ``attn`` says otherwise."""
     torch.manual_seed(seed)
     config = config_for(arch, window)
     attn = attn or ("eager" if arch == "gemma2" else "sdpa")
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     target = target_from_model(model, tokenizer=None, name=f"tiny-{arch}")
     target.eos_ids = frozenset()
