@@ -250,3 +250,14 @@ def test_opt_heads_build_and_train(tmp_path):
     prompt = target.render_chat([{"role": "user", "content": "say ab 3"}])
     target.eos_ids = frozenset()
     assert method.generate(prompt, 20, GREEDY).token_ids == Vanilla(target).generate(prompt, 20, GREEDY).token_ids
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_tree_size_timing_runs_on_windowed_models(arch):
+    """eagle2's total_tokens=-1 times verification forwards with the engine's own masks and compaction: a
+    full-prefix 4D mask on a sliding cache (context 12 > window 5) raised a size mismatch, and Gemma 2 needs the
+    per-layer-type dict."""
+    from harness.engine.autotune import time_tree_sizes
+
+    timings = time_tree_sizes(tiny_causal_lm(arch, 5), sizes=(4, 9), repeats=1, context_len=12)
+    assert sorted(timings) == [4, 9] and all(v > 0 for v in timings.values())
