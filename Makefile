@@ -10,7 +10,7 @@ export DRAFTBENCH_DATA
 TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
 comma := ,
 
-.PHONY: setup demo test test-fast bench clean-venv
+.PHONY: setup demo test test-fast bench gpu-check clean-venv
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ bench: setup
 	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py -q --benchmark-enable \
 	  --benchmark-autosave --benchmark-group-by=group $(BENCH_FLAGS) \
 	  $(if $(BENCH_SAVED),--benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL))
+
+# on a CUDA machine: GPU-marked tests, fp32 losslessness, the bf16 divergence report, memory/NVML/energy, synchronised
+# timers and host syncs per step, PASS/FAIL per check in a few minutes (harness/gpucheck.py; GPU_CHECK_ARGS="--json out.json")
+gpu-check: setup
+	$(BIN)/python -m harness.gpucheck $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -100,6 +100,26 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto") from None
 
 
+def attention_backends() -> list[str]:
+    """The ``attn_implementation`` names transformers knows (plus ``auto``: let transformers choose, sdpa where
+    the model supports it, else eager). A kernels-hub id (``org/repo``) is accepted as well."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ["auto", "eager", *ALL_ATTENTION_FUNCTIONS.keys()]
+
+
+def check_attn_implementation(name: str) -> None:
+    """Raise ``ValueError`` naming ``attn_implementation`` (and the close matches) for a backend nobody knows."""
+    known = attention_backends()
+    if not isinstance(name, str) or not (name in known or "/" in name):
+        import difflib
+
+        close = difflib.get_close_matches(str(name), known, 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown attn_implementation {name!r}{hint}; known: {', '.join(known)} "
+                         "or a kernels-hub id org/repo")
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,6 +143,16 @@ class Target:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where the logits (and the features the draft heads read) come out: the ``lm_head``'s device. Equal to
+        ``device`` unless a device map put the last layers on another GPU."""
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        weight = getattr(head, "weight", None)
+        if weight is None or weight.device.type == "meta":
+            return self.device
+        return weight.device
 
     def render_chat(self, messages: list[dict], system_prompt: str | None = None) -> torch.Tensor:
         """Token ids ``[1, P]`` of ``messages`` in the tokenizer's chat template, ready for the assistant's turn.
@@ -217,21 +247,29 @@ def resolve_target_path(name: str) -> str:
 
 
 def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "auto",
-                device_map: str | None = None, attn_implementation: str = "sdpa") -> Target:
+                device_map: str | None = None, attn_implementation: str = "auto",
+                max_memory: dict | None = None) -> Target:
     """Load a target by embedded alias, Hugging Face id or local folder.
 
     ``device_map`` (e.g. ``"auto"``) spreads a large model over several GPUs through accelerate; then ``device``
-    names where inputs are placed (the embedding's device). A target that cannot be found raises
+    names where inputs are placed (the embedding's device), and ``max_memory`` (accelerate's ``{gpu: bytes}``)
+    may restrict the GPUs it uses. ``attn_implementation``: ``auto`` (transformers' choice: sdpa where supported,
+    else eager, as for Gemma 2), ``eager``, ``sdpa``, ``flash_attention_2``... (see :func:`attention_backends`). A target that cannot be found raises
     :class:`TargetError` with one line saying what was tried.
     """
+    check_attn_implementation(attn_implementation)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     path = resolve_target_path(name)
-    kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
+    kwargs = dict(dtype=torch_dtype)
+    if attn_implementation != "auto":
+        kwargs["attn_implementation"] = attn_implementation
     if device_map:
         kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = max_memory
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from harness.engine.hostio import upload
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, chain_tree
@@ -45,13 +47,14 @@ def lookup_draft(context: list[int], max_ngram: int, min_ngram: int, num_draft_t
 
     An occurrence must end before the last token (so that at least one token follows it). Example: context
     [1, 2, 3, 1, 2], n=2 -> [1, 2] occurs at position 0, followed by [3, 1, 2] -> with num_draft_tokens 2: [3, 1].
+    Runs on the host (numpy): the context is host data, and a device lookup would cost a round trip per step.
     """
-    seq = torch.tensor(context, dtype=torch.long)  # [L]
+    seq = np.asarray(context, dtype=np.int64)  # [L]
     length = seq.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = seq.unfold(0, n, 1)[: length - n]  # [L-n, n]: every n-gram that has a token after it
-        hits = (windows == seq[-n:]).all(dim=1).nonzero()
-        if hits.numel():
+        windows = np.lib.stride_tricks.sliding_window_view(seq, n)[: length - n]  # [L-n, n]: n-grams with a successor
+        hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+        if hits.size:
             start = int(hits[-1]) + n
             return context[start: start + num_draft_tokens]
     return []
@@ -67,7 +70,8 @@ class PromptLookup(SpeculativeMethod):
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         o = self.options
         draft = lookup_draft(self.context + [root], o.max_ngram, o.min_ngram, o.num_draft_tokens)
-        return chain_tree(draft)
+        device = self.target.device if self.target is not None else "cpu"  # model-free use (tests)
+        return chain_tree(upload(draft, device))
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
         self.context.extend(tokens)

@@ -11,8 +11,9 @@ import time
 import torch
 from transformers import DynamicCache
 
+from harness.engine.hostio import fetch, pack_dtype
 from harness.engine.method import Generation, Method
-from harness.engine.sampling import SamplingParams, next_token
+from harness.engine.sampling import SamplingParams, logit_margins, next_token
 from harness.measure.trackers import device_sync
 from harness.registry import register_method
 
@@ -24,7 +25,12 @@ class Vanilla(Method):
         model, eos = self.target.model, self.target.eos_ids
         cache = DynamicCache(config=model.config)
         out: list[int] = []
+        margins: list[float] = []
+        tops: list[float] = []
+        runner_ups: list[int] = []
         stop = "max_new_tokens"
+        # greedy: the token and its logit margin come back in one transfer per step
+        packed = pack_dtype(model.config.vocab_size)
         with torch.inference_mode():
             t0 = time.perf_counter()
             logits = model(prompt_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
@@ -32,7 +38,16 @@ class Vanilla(Method):
             device_sync(prompt_ids.device)
             prefill = time.perf_counter() - t0
             while len(out) < max_new_tokens:
-                t = int(tok)
+                if sampling.greedy:
+                    margin, top, second = logit_margins(logits[0])
+                    t, m, best, runner_up = fetch(torch.stack([tok[0].to(packed), margin.to(packed), top.to(packed),
+                                                               second.to(packed)]))
+                    t = int(t)
+                    margins.append(float(f"{m:.6g}"))
+                    tops.append(float(f"{best:.6g}"))
+                    runner_ups.append(int(runner_up))
+                else:
+                    t = int(tok)
                 out.append(t)
                 if t in eos:
                     stop = "eos"
@@ -41,4 +56,5 @@ class Vanilla(Method):
                     break
                 logits = model(tok.view(1, 1), cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
                 tok = next_token(logits, sampling, generator)
-        return Generation(token_ids=out, accept_lengths=[1] * len(out), stop_reason=stop, prefill_time_s=prefill)
+        return Generation(token_ids=out, accept_lengths=[1] * len(out), stop_reason=stop, prefill_time_s=prefill,
+                          logit_margins=margins, logit_tops=tops, logit_runner_ups=runner_ups)

@@ -26,7 +26,7 @@ LAYERS = [
     ("harness.registry",),
     ("harness.run",),
     ("harness.train",),
-    ("harness.cli", "harness"),
+    ("harness.cli", "harness.gpucheck", "harness"),
 ]
 
 

@@ -104,7 +104,8 @@ def test_energy_per_token():
 
 
 def test_peak_memory_prefers_cuda_when_present():
-    # on CPU only RSS exists; on GPU the device's reserved memory is the limiting one
+    # on CPU only RSS exists; on GPU the device's peak allocated memory is the headline (reserved would depend on
+    # the allocator cache that earlier methods left behind)
     assert M.peak_memory([5, 7], [None, None]) == 7
     assert M.peak_memory([5, 7], [3, None]) == 3
     assert M.peak_memory([None], [None]) is None

@@ -62,7 +62,7 @@ RECORDS = [
     rec(*V, "s2", "q3", 0, 3, 1.0, [7, 8, 9], [1, 1, 1]),
     rec(*V, "s2", "q3", 1, 3, 2.0, [1, 1, 2], [1, 1, 1], score=1.0, score_name="exact"),
     rec(*MT, "s1", "q1", 0, 4, 0.5, [1, 2, 3, 4], [1, 3], [2], [3], method_options=MEDUSA_OPTS,
-        energy_j=2.0, cuda_peak_reserved_bytes=5000, timings={"draft_s": 0.1}),
+        energy_j=2.0, cuda_peak_allocated_bytes=5000, cuda_peak_reserved_bytes=6000, timings={"draft_s": 0.1}),
     rec(*MT, "s1", "q2", 0, 2, 0.1, [5, 6], [1, 1], [0], [3], method_options=MEDUSA_OPTS),
     {"run_id": "run-1", "status": "error", "error": {"type": "RuntimeError", "message": "boom"},
      "method": "medusa", "label": "medusa-typical", "lossless": False, "method_options": MEDUSA_OPTS,
@@ -119,7 +119,8 @@ def test_summary_numbers_match_hand_computation():
     assert [m1["acc@1"], m1["acc@2"], m1["acc@3"]] == pytest.approx([1.0, 1.0, 0.0])
     assert m1["lossless_share"] == pytest.approx(1.0)
     assert m1["energy_per_token_j"] == pytest.approx(0.5)  # 2 J / 4 tokens
-    assert m1["peak_memory_bytes"] == 5000  # CUDA reserved wins over RSS when present
+    assert m1["peak_memory_bytes"] == 5000  # CUDA peak allocated wins over RSS when present
+    assert m1["peak_reserved_bytes"] == 6000  # reserved (allocator cache included) is reported beside it
     assert m2["speedup"] == pytest.approx(3.0) and m2["tau"] == pytest.approx(1.2)
     assert m2["tau_script"] == pytest.approx(2.0)
     assert [m2["acc@1"], m2["acc@2"], m2["acc@3"]] == pytest.approx([1 / 3, 0.0, 0.0])

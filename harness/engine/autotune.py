@@ -21,8 +21,9 @@ import weakref
 import torch
 from transformers import DynamicCache
 
-from harness.engine.speculative import tree_mask_4d
-from harness.engine.tree import tree_position_ids
+from harness.engine.kv import attention_layout, compact_cache, prepare_cache
+from harness.engine.speculative import verification_masks
+from harness.engine.tree import ancestor_matrix, slot_depths
 from harness.measure.trackers import device_sync
 from harness.models import Target
 
@@ -61,15 +62,18 @@ def time_tree_sizes(target: Target, sizes: tuple[int, ...] | list[int] = EAGLE_T
     vocab = model.config.vocab_size
     device = target.device
     cache = DynamicCache(config=model.config)
+    layout = attention_layout(cache)
     timings: dict[int, float] = {}
     with torch.inference_mode():
         context = (torch.arange(context_len, device=device) * 7919 % vocab)[None]  # [1, C] arbitrary fixed tokens
         model(context, cache=cache, use_cache=True, logits_to_keep=1)
+        prepare_cache(cache)
         for size in sizes:
-            parents = bench_tree_parents(size)
+            ancestors = ancestor_matrix(bench_tree_parents(size).to(device))
+            depth = slot_depths(ancestors)
             ids = (torch.arange(size, device=device) * 104729 % vocab)[None]  # [1, size]
-            pos = tree_position_ids(parents, context_len).to(device)[None]  # [1, size]
-            mask = tree_mask_4d(context_len, parents, target.dtype, device)
+            pos = (depth + context_len)[None]  # [1, size]
+            mask = verification_masks(layout, cache, ancestors, depth, context_len, target.dtype)
             elapsed = 0.0
             for run in range(repeats + 1):
                 device_sync(device)
@@ -78,7 +82,7 @@ def time_tree_sizes(target: Target, sizes: tuple[int, ...] | list[int] = EAGLE_T
                 device_sync(device)
                 if run > 0:  # run 0 warms up
                     elapsed += time.perf_counter() - t0
-                cache.crop(-size)  # drop the tree slots again (5.24: crop(-n) removes the last n)
+                compact_cache(cache, context_len, [])  # drop the tree slots again (sliding layers included)
             timings[size] = elapsed / repeats
     per_model[key] = timings
     return dict(timings)

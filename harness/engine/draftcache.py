@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.engine.hostio import upload
+
 
 @dataclass(frozen=True)
 class DraftKV:
@@ -82,12 +84,12 @@ class DraftCache:
     def commit(self, tokens: list[int], hidden: torch.Tensor) -> None:
         """``tokens`` = [root] + accepted drafts were committed, with their features ``hidden [A, H]``."""
         self.features = hidden
-        self.tokens = torch.tensor(tokens[1:], dtype=torch.long, device=hidden.device)  # [A-1]
+        self.tokens = upload(tokens[1:], hidden.device)  # [A-1], queued without a stream synchronisation
 
     def pending(self, root: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pairs to run next: (features [n, H], tokens [n] (the last one is ``root``), positions [n])."""
         feats = self.features
-        root_t = torch.tensor([root], dtype=torch.long, device=feats.device)
+        root_t = torch.full((1,), root, dtype=torch.long, device=feats.device)  # a fill kernel, not a copy
         tokens = torch.cat([self.tokens.to(feats.device), root_t])
         pos = torch.arange(self.length, self.length + feats.shape[0], device=feats.device)
         return feats, tokens, pos

@@ -32,6 +32,12 @@ class Generation:
     accepted_drafts[j]: for verification step j (prefill excluded), how many draft tokens verification accepted,
         before any cut at EOS/budget. Per-position acceptance comes from this.
     draft_depths[j]: the depth of the tree proposed at step j (the most tokens it could have accepted).
+    logit_margins[k], logit_tops[k], logit_runner_ups[k] (greedy decoding only, else empty): the target's logits
+        that chose token k: top-1 minus top-2, the top-1 value (float32 of the model's logits) and the top-2 token.
+        A greedy method whose output differs from vanilla's is told apart from a near tie by these (see
+        :func:`harness.measure.metrics.divergence`).
+    timings_synchronised: whether ``timings`` were measured with a device synchronisation at every mark (None when
+        the method has no timing split).
     """
 
     token_ids: list[int]
@@ -42,6 +48,10 @@ class Generation:
     draft_depths: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    logit_margins: list[float] = field(default_factory=list)
+    logit_tops: list[float] = field(default_factory=list)
+    logit_runner_ups: list[int] = field(default_factory=list)
+    timings_synchronised: bool | None = None
 
     @property
     def steps(self) -> int:

@@ -74,3 +74,11 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     if params.greedy:
         return logits.argmax(-1)
     return sample(logits_to_probs(logits, params), generator)
+
+
+def logit_margins(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(top-1 minus top-2, top-1, the top-2 token)`` of ``logits [..., V]``, each ``[...]`` (values in float32):
+    how close the greedy choice was to a tie, and with which token. Example: [1.0, 3.0, 2.5] -> (0.5, 3.0, 2)."""
+    top = torch.topk(logits, 2, dim=-1)  # [..., 2]
+    values = top.values.float()
+    return values[..., 0] - values[..., 1], values[..., 0], top.indices[..., 1]

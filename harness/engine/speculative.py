@@ -28,17 +28,31 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
   additive one. The engine therefore builds a float mask in the model dtype (0 = attend, dtype min = blocked),
   which is correct for both. flash-attention backends cannot take an arbitrary 4D mask and are refused.
   Explicit ``position_ids`` are used for RoPE; the cache appends the new K/V after the committed ones.
+- Sliding-window attention: a model whose layers all slide (Mistral, Mixtral, Phi-3 with ``sliding_window``) takes
+  one 4D mask; a model with mixed layers (Gemma 2/3, Qwen2/3 with sliding layers) takes ``attention_mask`` as a
+  dict ``{"full_attention": mask, "sliding_attention": mask}`` and hands each layer its type's mask (models that
+  check ``isinstance(attention_mask, dict)``). A 4D mask bypasses the window, so the engine applies it itself
+  (:func:`harness.engine.tree.windowed_tree_mask`: a slot at position p sees keys at positions > p - window), and
+  the sliding caches record their past during a verification forward (:mod:`harness.engine.kv`). Chunked and
+  linear-attention layers are refused.
 - ``output_hidden_states=True`` returns ``num_layers + 1`` tensors and the last one is the output of the final
   norm (``capture_outputs(tie_last_hidden_states=True)`` overwrites it with ``last_hidden_state``), i.e. the input
   of ``lm_head``: ``lm_head(hidden_states[-1]) == logits``. 5.24 also accepts a selection, so the engine asks for
   ``output_hidden_states=[-1]`` and only the post-norm features are kept (the other entries are None).
-- Sliding-window caches (``DynamicSlidingWindowLayer``) are not compacted: those models are refused by
-  :func:`harness.engine.kv.compact_cache`.
+
+Host round trips: the masks, position ids and (at temperature 0) the acceptance walk are computed on the device
+(:func:`harness.engine.tree.ancestor_matrix`, :func:`harness.engine.verify.verify_greedy_on_device`), and what the
+host needs from a greedy step (the accepted tokens, the bonus, the tree's depth and validity flags, the logit
+margins) comes back in ONE transfer (:func:`harness.engine.hostio.fetch`); the compaction index goes to each device
+once, without a stream synchronisation. ``tests/test_syncs.py`` counts what is left per step.
+A method whose ``verify`` must also run at temperature 0 sets ``greedy_argmax = False`` (then the engine calls it
+and reads its result on the host).
 
 Timings: ``draft_s`` (propose, begin and accept), ``verify_s`` (the target forward and the acceptance walk),
 ``overhead_s`` (everything else in the loop: masks, cache compaction, bookkeeping). The device is synchronised
-around each part only when profiling (``options.profile`` or the ``profile`` attribute; default: on for CPU,
-where synchronising is free, off otherwise). Without it, on an asynchronous device the split is indicative only.
+around each part only when profiling (``options.profile`` or the ``profile`` attribute, which the runner sets from
+the run's ``profile`` option; default: on for CPU, where synchronising is free, off otherwise). Without it, on an
+asynchronous device the split is indicative only; ``Generation.timings_synchronised`` says which it was.
 """
 
 from __future__ import annotations
@@ -49,35 +63,71 @@ from typing import ClassVar
 import torch
 from transformers import DynamicCache
 
-from harness.engine.kv import compact_cache
+from harness.engine.hostio import fetch, pack_dtype, upload
+from harness.engine.kv import (
+    AttentionLayout,
+    attention_layout,
+    cached_length,
+    check_layer_types,
+    compact_cache,
+    prepare_cache,
+)
 from harness.engine.method import Generation, Method, cut_at_stop
-from harness.engine.sampling import SamplingParams, next_token
+from harness.engine.sampling import SamplingParams, logit_margins, next_token
 from harness.engine.tree import (
     DraftTree,
+    ancestor_matrix,
     check_tree,
-    depths,
-    tree_attention_mask,
-    tree_position_ids,
+    slot_depths,
+    tree_flags,
+    windowed_tree_mask,
 )
-from harness.engine.verify import verify_greedy, verify_sampling
+from harness.engine.verify import verify_greedy, verify_greedy_on_device, verify_sampling
 from harness.measure.trackers import device_sync
 
-FLASH_BACKENDS = ("flash_attention_2", "flash_attention_3", "flash_attention_4", "paged_attention")
+# the attention backends that take the verification forward's 4D float mask (flash kernels know only causal and
+# sliding masks; flex attention wants a BlockMask; paged attention has no per-query mask)
+TREE_BACKENDS = ("eager", "sdpa")
+
+
+def check_tree_backend(target, method: str) -> None:
+    """Raise ``ValueError`` with the reason when ``target`` runs an attention backend tree verification cannot use."""
+    impl = getattr(getattr(getattr(target, "model", None), "config", None), "_attn_implementation", None)
+    if impl is not None and impl not in TREE_BACKENDS:
+        raise ValueError(f"method {method!r} verifies a draft tree with a 4D attention mask, which attn_implementation "
+                         f"{impl!r} cannot take (only eager and sdpa take an arbitrary mask; flash kernels know only "
+                         f"causal and sliding ones); load the target with attn_implementation 'sdpa' or 'eager'")
 
 
 def tree_mask_4d(committed_len: int, parents: torch.Tensor, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
-    """Additive attention mask ``[1, 1, N+1, committed_len + N + 1]`` for one verification forward.
+    """Additive attention mask ``[1, 1, N+1, committed_len + N + 1]`` for one verification forward (full attention).
 
     Every tree slot sees the whole committed prefix and, inside the tree block, its ancestors and itself.
     Example: committed_len 2, parents [-1, -1] -> rows (0 = attend, m = dtype min)
     [[0, 0, 0, m, m], [0, 0, 0, 0, m], [0, 0, 0, m, 0]].
     """
-    n1 = parents.shape[0] + 1
-    allowed = tree_attention_mask(parents.cpu())  # [N+1, N+1]
-    mask = torch.zeros(n1, committed_len + n1, dtype=dtype)  # [N+1, C+N+1]
-    mask[:, committed_len:] = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
-    return mask.to(device)[None, None]
+    ancestors = ancestor_matrix(parents.to(device))
+    return windowed_tree_mask(ancestors, slot_depths(ancestors), committed_len, committed_len, None, dtype)
+
+
+def verification_masks(layout: AttentionLayout, cache, ancestors: torch.Tensor, depth: torch.Tensor, committed: int,
+                       dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The ``attention_mask`` argument of a verification forward: one mask, or a dict per layer type (see the module
+    docstring). A sliding layer type's mask covers the committed positions its cache holds."""
+    masks = {}
+    for kind in layout.types:
+        window = layout.window[kind]
+        kept = committed if window is None else cached_length(cache, layout.first_layer[kind])
+        masks[kind] = windowed_tree_mask(ancestors, depth, committed, kept, window, dtype)
+    return masks if layout.per_type else masks[layout.types[0]]
+
+
+def layer_types(config) -> list[str] | None:
+    """The decoder's per-layer attention types as transformers' ``DynamicCache`` derives them from ``config``."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0]
 
 
 class _Clock:
@@ -105,21 +155,31 @@ class SpeculativeMethod(Method):
 
     Class attributes: ``proposal`` = "deterministic" (the tree is a function of the context: top-k, lookup,
     static trees) or "sampled" (children drawn without replacement from ``DraftTree.draft_probs``);
-    ``needs_hidden_states`` = True makes the engine pass the target's post-norm last hidden states.
+    ``needs_hidden_states`` = True makes the engine pass the target's post-norm last hidden states (on
+    :attr:`feature_device`); ``greedy_argmax`` = True (default): at temperature 0 verification is the argmax walk,
+    computed on the device by the engine (:meth:`verify` is then not called).
     Methods increment ``self.counters["draft_forwards"]`` (and any other counter they like); the engine resets
     ``counters`` at the start of every turn and adds ``target_forwards`` and ``tree_tokens``.
     A method with a non-lossless acceptance rule (Medusa's typical acceptance) overrides :meth:`verify` and
-    ``lossless``.
+    ``lossless``. Trees are best proposed on the target's device (the engine moves them otherwise).
     """
 
     proposal: ClassVar[str] = "deterministic"
     needs_hidden_states: ClassVar[bool] = False
+    greedy_argmax: ClassVar[bool] = True
     profile: bool | None = None
     last_cache_length: int | None = None
 
     def __init__(self, target, options=None):
         super().__init__(target, options)
         self.counters: dict[str, int] = {}
+        check_tree_backend(target, self.name)  # before a run starts, not at its first turn
+
+    @property
+    def feature_device(self) -> torch.device:
+        """Where the target's features are handed to the method (and its draft modules live): the device of the
+        target's ``lm_head`` (with a device map, the last shard; the features are moved there once per step)."""
+        return self.target.output_device
 
     # ---- the three verbs a method implements -------------------------------------------------------------------
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
@@ -152,13 +212,11 @@ class SpeculativeMethod(Method):
     def _check_inputs(self, prompt_ids: torch.Tensor) -> None:
         if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] < 1:
             raise ValueError(f"prompt_ids must be [1, P] with P >= 1 (batch size 1), got {tuple(prompt_ids.shape)}")
-        impl = getattr(self.target.model.config, "_attn_implementation", None)
-        if impl in FLASH_BACKENDS:
-            raise ValueError(f"attn_implementation {impl!r} cannot take the tree attention mask; load the target "
-                             "with attn_implementation='sdpa' or 'eager'")
+        check_tree_backend(self.target, self.name)
         if self.proposal not in ("deterministic", "sampled"):
             raise ValueError(f"{type(self).__name__}.proposal must be 'deterministic' or 'sampled', "
                              f"got {self.proposal!r}")
+        check_layer_types(layer_types(self.target.model.config))
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:
@@ -172,51 +230,104 @@ class SpeculativeMethod(Method):
             return Generation(token_ids=[], accept_lengths=[], stop_reason="max_new_tokens")
         want_hidden = [-1] if self.needs_hidden_states else False
         cache = DynamicCache(config=model.config)
-        clock = _Clock(prompt_ids.device, self._profiling())
+        layout = attention_layout(cache)
+        device = prompt_ids.device
+        clock = _Clock(device, self._profiling())
         stats = _TurnStats()
+        packed_dtype = pack_dtype(vocab)  # one host transfer per step packs ids and margins
         with torch.inference_mode():
             t0 = clock.last
             out = model(prompt_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden, logits_to_keep=1)
-            x0 = int(next_token(out.logits[0, -1], sampling, generator))
+            last = out.logits[0, -1]  # [V]
+            root_dev = next_token(last, sampling, generator).view(1)  # [1] on the logits' device
+            if sampling.greedy:
+                margin, top, second = logit_margins(last)
+                x0, m0, top0, second0 = fetch(torch.stack([root_dev[0].to(packed_dtype), margin.to(packed_dtype),
+                                                           top.to(packed_dtype), second.to(packed_dtype)]))
+                stats.margins.append(m0)
+                stats.tops.append(top0)
+                stats.runner_ups.append(int(second0))
+                x0 = int(x0)
+            else:
+                x0 = int(fetch(root_dev)[0])
             clock.mark("prefill_s")
             prefill_s = clock.last - t0
+            prepare_cache(cache)
             committed = prompt_ids.shape[1]
             stats.target_forwards = 1
             emitted, stop = cut_at_stop([x0], 0, max_new_tokens, eos)
             stats.accept_lengths.append(len(emitted))
             if stop is None:
-                self.begin(prompt_ids, out.hidden_states[-1][0] if want_hidden else None)
+                self.begin(prompt_ids, self._features(out.hidden_states[-1][0]) if want_hidden else None)
                 clock.mark("draft_s")
             del out
             root = x0
+            fast = sampling.greedy and self.greedy_argmax
             while stop is None:
                 tree = self.propose(root, sampling, generator)
                 clock.mark("draft_s")
-                check_tree(tree, vocab)
+                check_tree(tree, None, values=False)
                 if self.proposal == "sampled" and tree.draft_probs is None and len(tree):
                     raise ValueError(f"{type(self).__name__} declares proposal='sampled' but its DraftTree has no "
                                      "draft_probs")
+                if tree.draft_probs is not None and tree.draft_probs.shape[1] != vocab:
+                    check_tree(tree, vocab, values=False)
                 n = len(tree)
-                device = prompt_ids.device
-                ids = torch.cat([torch.tensor([root], device=device), tree.tokens.to(device)])[None]  # [1, N+1]
-                pos = tree_position_ids(tree.parents.cpu(), committed).to(device)[None]  # [1, N+1]
-                mask = tree_mask_4d(committed, tree.parents, self.target.dtype, device)
+                parents, tokens = tree.parents.to(device), tree.tokens.to(device)
+                ancestors = ancestor_matrix(parents)  # [N+1, N+1]
+                depth = slot_depths(ancestors)        # [N+1]
+                flags = tree_flags(DraftTree(tokens, parents), vocab)  # [2]
+                if not fast:  # the method's verify reads the tree on the host: check it first
+                    self._raise_if_bad(fetch(flags), tree, vocab)
+                ids = torch.cat([root_dev.to(device), tokens.clamp(0, vocab - 1)])[None]  # [1, N+1]
+                pos = (depth + committed)[None]  # [1, N+1]
+                mask = verification_masks(layout, cache, ancestors, depth, committed, self.target.dtype)
                 clock.mark("overhead_s")
                 out = model(ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
                             output_hidden_states=want_hidden)
-                path, bonus = self.verify(tree, out.logits[0], sampling, generator)
+                logits = out.logits[0]  # [N+1, V]
+                if fast:
+                    on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
+                    margin, top, second = logit_margins(logits)  # [N+1] each
+                    here = logits.device  # with a device map the logits live on the last shard
+                    packed = torch.cat([flags.to(here, packed_dtype), depth.max().view(1).to(here, packed_dtype),
+                                        bonus_dev.to(packed_dtype),
+                                        torch.where(on_path, tokens.to(here), -1).to(packed_dtype),
+                                        margin.to(packed_dtype), top.to(packed_dtype), second.to(packed_dtype)])
+                    values = fetch(packed)
+                    self._raise_if_bad(values[:2], tree, vocab)
+                    tree_depth, bonus = int(values[2]), int(values[3])
+                    accepted = values[4: 4 + n]
+                    path = [i for i, t in enumerate(accepted) if t >= 0]
+                    path_tokens = [int(accepted[i]) for i in path]
+                    slot_margins = values[4 + n: 5 + 2 * n]
+                    slot_tops = values[5 + 2 * n: 6 + 3 * n]
+                    slot_seconds = values[6 + 3 * n:]
+                    root_dev = bonus_dev.to(device)
+                else:
+                    path, bonus = self.verify(tree, logits, sampling, generator)
+                    host = fetch(torch.cat([depth.max().view(1), tokens]))
+                    tree_depth, path_tokens = int(host[0]), [host[1 + i] for i in path]
+                    slot_margins = slot_tops = slot_seconds = None
+                    root_dev = upload([bonus], device)
                 clock.mark("verify_s")
-                tokens = tree.tokens.tolist()
-                new = [tokens[i] for i in path] + [bonus]
+                new = path_tokens + [bonus]
                 kept, stop = cut_at_stop(new, len(emitted), max_new_tokens, eos)
                 keep = [0] + [i + 1 for i in path]
                 # the last emitted token stays pending (not in the cache); a cut drops the slots after it
                 keep = keep[: len(kept)]
+                if slot_margins is not None:
+                    stats.margins.extend(slot_margins[s] for s in keep)
+                    stats.tops.extend(slot_tops[s] for s in keep)
+                    stats.runner_ups.extend(int(slot_seconds[s]) for s in keep)
                 compact_cache(cache, committed, keep)
                 committed += len(keep)
                 emitted.extend(kept)
-                stats.step(n, int(depths(tree.parents.cpu()).max()) if n else 0, len(path), len(kept))
-                hidden = out.hidden_states[-1][0, keep] if want_hidden else None
+                stats.step(n, tree_depth if n else 0, len(path), len(kept))
+                hidden = None
+                if want_hidden:
+                    features = out.hidden_states[-1][0]  # [N+1, H]
+                    hidden = self._features(features.index_select(0, upload(keep, features.device)))
                 del out
                 clock.mark("overhead_s")
                 if stop is None:
@@ -228,7 +339,26 @@ class SpeculativeMethod(Method):
         counters = {**self.counters, "target_forwards": stats.target_forwards, "tree_tokens": stats.tree_tokens}
         return Generation(token_ids=emitted, accept_lengths=stats.accept_lengths, stop_reason=stop,
                           prefill_time_s=prefill_s, accepted_drafts=stats.accepted_drafts,
-                          draft_depths=stats.draft_depths, timings=timings, counters=counters)
+                          draft_depths=stats.draft_depths, timings=timings, counters=counters,
+                          logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
+                          logit_runner_ups=stats.runner_ups,
+                          timings_synchronised=clock.sync)
+
+    def _features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's features on :attr:`feature_device` (a no-op unless a device map split the target)."""
+        return hidden.to(self.feature_device, non_blocking=True)
+
+    @staticmethod
+    def _raise_if_bad(flags: list, tree: DraftTree, vocab: int) -> None:
+        """``flags`` from :func:`harness.engine.tree.tree_flags`: on a bad tree, let :func:`check_tree` name it."""
+        if any(flags):
+            check_tree(tree, vocab)
+            raise ValueError("DraftTree failed the device-side checks (parents order or token range)")
+
+
+def _rounded(values: list[float]) -> list[float]:
+    """Logit margins and tops kept to 6 significant digits (enough to tell a tie from a disagreement)."""
+    return [float(f"{v:.6g}") for v in values]
 
 
 class _TurnStats:
@@ -238,6 +368,9 @@ class _TurnStats:
         self.accept_lengths: list[int] = []
         self.accepted_drafts: list[int] = []
         self.draft_depths: list[int] = []
+        self.margins: list[float] = []
+        self.tops: list[float] = []
+        self.runner_ups: list[int] = []
         self.target_forwards = 0
         self.tree_tokens = 0
 

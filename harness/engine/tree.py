@@ -50,8 +50,11 @@ def chain_tree(tokens: torch.Tensor | list[int], draft_probs: torch.Tensor | Non
     return DraftTree(tokens=tokens, parents=parents, draft_probs=draft_probs)
 
 
-def check_tree(tree: DraftTree, vocab_size: int | None = None) -> None:
-    """Raise ``ValueError`` naming the field when ``tree`` breaks the :class:`DraftTree` contract."""
+def check_tree(tree: DraftTree, vocab_size: int | None = None, values: bool = True) -> None:
+    """Raise ``ValueError`` naming the field when ``tree`` breaks the :class:`DraftTree` contract.
+
+    ``values=False`` checks only shapes and dtypes (no host read of the tensors: the engine checks parents and
+    token ids on the device with :func:`tree_flags`)."""
     tokens, parents = tree.tokens, tree.parents
     if tokens.dim() != 1 or parents.dim() != 1 or tokens.shape != parents.shape:
         raise ValueError(f"DraftTree.tokens and .parents must both be 1-D of the same length, got shapes "
@@ -59,14 +62,15 @@ def check_tree(tree: DraftTree, vocab_size: int | None = None) -> None:
     if tokens.dtype != torch.long or parents.dtype != torch.long:
         raise ValueError(f"DraftTree.tokens/.parents must be torch.long, got {tokens.dtype}/{parents.dtype}")
     n = tokens.shape[0]
-    par = parents.tolist()
-    bad = [i for i, p in enumerate(par) if not -1 <= p < i]
-    if bad:
-        raise ValueError(f"DraftTree.parents must satisfy -1 <= parents[i] < i (topological order); "
-                         f"node {bad[0]} has parent {par[bad[0]]}")
-    if vocab_size is not None and n and not (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
-        raise ValueError(f"DraftTree.tokens must be ids in [0, {vocab_size}), got min {int(tokens.min())} "
-                         f"max {int(tokens.max())}")
+    if values:
+        par = parents.tolist()
+        bad = [i for i, p in enumerate(par) if not -1 <= p < i]
+        if bad:
+            raise ValueError(f"DraftTree.parents must satisfy -1 <= parents[i] < i (topological order); "
+                             f"node {bad[0]} has parent {par[bad[0]]}")
+        if vocab_size is not None and n and not (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
+            raise ValueError(f"DraftTree.tokens must be ids in [0, {vocab_size}), got min {int(tokens.min())} "
+                             f"max {int(tokens.max())}")
     if tree.draft_probs is not None:
         shape = tuple(tree.draft_probs.shape)
         if len(shape) != 2 or shape[0] != n + 1 or (vocab_size is not None and shape[1] != vocab_size):
@@ -115,6 +119,72 @@ def tree_position_ids(parents: torch.Tensor, offset: int) -> torch.Tensor:
     """Position id of every slot, ``[N+1]``: ``offset`` for the root, ``offset + depth`` for node i (slot i+1)."""
     root = torch.zeros(1, dtype=torch.long, device=parents.device)
     return torch.cat([root, depths(parents)]) + offset
+
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """:func:`tree_attention_mask` computed where ``parents`` lives, without reading a value on the host.
+
+    Pointer jumping: after round k every slot's row holds its ancestors up to distance 2^k - 1 (and the root) and
+    ``up`` points 2^k levels up, so ceil(log2(N + 1)) rounds close every path. A parent index outside
+    ``[-1, i)`` is clamped (so the kernels stay in range); :func:`tree_flags` reports it.
+    Example: parents [-1, 0] -> [[1,0,0],[1,1,0],[1,1,1]].
+    """
+    n = parents.shape[0]
+    device = parents.device
+    slots = torch.arange(n + 1, device=device)
+    up = torch.cat([slots[:1], (parents + 1).clamp(min=0)])  # [N+1] parent slot; the root points at itself
+    up = torch.minimum(up, (slots - 1).clamp(min=0))          # a parent at or after its child is cut to the root side
+    mask = torch.eye(n + 1, dtype=torch.bool, device=device)  # [N+1, N+1]
+    mask[:, 0] = True
+    for _ in range(math.ceil(math.log2(n + 1))):
+        mask = mask | mask[up]
+        up = up[up]
+    return mask
+
+
+def slot_depths(ancestors: torch.Tensor) -> torch.Tensor:
+    """Depth of every slot ``[N+1]`` (root 0) from :func:`ancestor_matrix`: the number of proper ancestors."""
+    return ancestors.sum(-1) - 1
+
+
+def tree_flags(tree: DraftTree, vocab_size: int) -> torch.Tensor:
+    """``[2]`` long on the tree's device: (some parent breaks ``-1 <= parents[i] < i``, some token is outside
+    ``[0, vocab_size)``), computed without a host read; the engine reads it with the step's one transfer and then
+    lets :func:`check_tree` name the field."""
+    n = tree.parents.shape[0]
+    order = torch.arange(n, device=tree.parents.device)
+    bad_parent = ((tree.parents < -1) | (tree.parents >= order)).any()
+    bad_token = ((tree.tokens < 0) | (tree.tokens >= vocab_size)).any().to(tree.parents.device)
+    return torch.stack([bad_parent, bad_token]).long()
+
+
+def windowed_tree_mask(ancestors: torch.Tensor, depth: torch.Tensor, committed: int, kept: int,
+                       window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``[1, 1, N+1, kept + N+1]`` of one attention layer type for the verification forward.
+
+    Columns: the last ``kept`` committed positions the layer's cache holds (positions ``committed - kept ..
+    committed - 1``), then the ``N + 1`` tree slots. Slot r sits at position ``committed + depth[r]``. Without a
+    window (``None``) it sees every cached position and its ancestors-or-self; with a sliding window W it sees a
+    key at position q only when ``q > position - W`` (transformers' ``sliding_window_overlay``), for committed
+    keys and in-tree ancestors alike. Built on the device of ``ancestors``; 0 = attend, dtype min = blocked.
+
+    Example: committed 3, kept 3, window 2, parents [-1] (root + one child, depths [0, 1]) ->
+    root row sees positions 2 (committed) and 3 (itself); the child (position 4) sees only itself and the root.
+    """
+    device = ancestors.device
+    slots = ancestors.shape[0]
+    blocked = torch.finfo(dtype).min
+    if window is None:
+        prefix = torch.ones(slots, kept, dtype=torch.bool, device=device)  # [N+1, kept]
+        inside = ancestors
+    else:
+        key_pos = torch.arange(committed - kept, committed, device=device)      # [kept]
+        query_pos = depth + committed                                           # [N+1]
+        prefix = key_pos[None, :] > (query_pos[:, None] - window)              # [N+1, kept]
+        inside = ancestors & ((depth[:, None] - depth[None, :]) < window)       # [N+1, N+1]
+    allowed = torch.cat([prefix, inside], dim=1)  # [N+1, kept + N+1]
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero, torch.full((), blocked, dtype=dtype, device=device))[None, None]
 
 
 def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:

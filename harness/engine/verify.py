@@ -41,6 +41,31 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int
         slot = nxt + 1
 
 
+def verify_greedy_on_device(tree: DraftTree, logits: torch.Tensor,
+                            ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`verify_greedy` computed where the logits live, without reading a value on the host.
+
+    ``ancestors [N+1, N+1]`` is :func:`harness.engine.tree.ancestor_matrix` of the tree. A node is on the accepted
+    path when it and each of its ancestors is the first child (in rank order) whose token is its parent slot's
+    argmax: exactly the nodes the walk of :func:`verify_greedy` visits. Returns ``(on_path [N] bool,
+    bonus [1] long, best [N+1])``: the accepted nodes, the argmax of the deepest accepted slot (slot 0 when none is
+    accepted) and every slot's argmax. Example (``verify_greedy``'s): tokens [5, 6, 7], parents [-1, -1, 1],
+    argmax per slot [6, 9, 7, 0] -> on_path [False, True, True], bonus [0].
+    """
+    best = logits.argmax(-1)  # [N+1]
+    n = len(tree)
+    device = best.device
+    parents, tokens = tree.parents.to(device), tree.tokens.to(device)
+    order = torch.arange(n, device=device)
+    match = tokens == best[(parents + 1).clamp(min=0)]  # [N] the node is its parent slot's argmax
+    earlier_sibling = (parents[:, None] == parents[None, :]) & (order[None, :] < order[:, None])  # [N, N]
+    first = match & ~(earlier_sibling & match[None, :]).any(1)  # [N]
+    on_path = ~(ancestors[1:, 1:].to(device) & ~first[None, :]).any(1)  # [N]
+    root = torch.zeros(1, dtype=torch.long, device=device)
+    last = torch.cat([root, torch.where(on_path, order + 1, 0)]).max()  # the deepest accepted slot (0 = root)
+    return on_path, best[last].view(1), best
+
+
 def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
     """One U[0, 1) draw from ``generator`` (on the generator's own device when it has one)."""
     dev = generator.device if generator is not None else device

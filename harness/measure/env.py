@@ -63,7 +63,7 @@ def device_info(device: torch.device | str) -> dict:
                     cuda_version=torch.version.cuda, gpu_count=torch.cuda.device_count())
         from harness.measure.trackers import Nvml
 
-        info.update(Nvml(idx).info())
+        info.update(Nvml([idx]).info())
     else:
         info["device_name"] = info["cpu"]
     return info

@@ -360,17 +360,27 @@ def energy_per_token(energy_j: Number | Sequence[Number | None] | None,
 
 
 def peak_memory(peak_rss_bytes: Sequence[Number | None] | None = None,
-                cuda_peak_reserved_bytes: Sequence[Number | None] | None = None) -> int | None:
-    """Peak memory in bytes: the max of CUDA reserved memory if any turn has it, else the max of process RSS.
+                cuda_peak_allocated_bytes: Sequence[Number | None] | None = None) -> int | None:
+    """Peak memory in bytes: the max of CUDA peak *allocated* memory if any turn has it, else the max of process RSS.
 
     On a GPU the device memory is what limits a method (host RSS is mostly the Python process); on CPU RSS is all
-    there is. None when neither was measured. Example: rss [5, 7], cuda [None, None] -> 7; rss [5, 7], cuda [3] -> 3.
+    there is. Allocated, not reserved: reserved memory includes the caching allocator's free blocks, which depend
+    on what ran before (the runner empties the cache between methods, and reports reserved beside it, see
+    :func:`peak_reserved`). None when neither was measured.
+    Example: rss [5, 7], cuda [None, None] -> 7; rss [5, 7], cuda [3] -> 3.
     """
-    for values in (cuda_peak_reserved_bytes, peak_rss_bytes):
+    for values in (cuda_peak_allocated_bytes, peak_rss_bytes):
         present = [v for v in _as_list(values) if not _missing(v)] if values is not None else []
         if present:
             return int(max(present))
     return None
+
+
+def peak_reserved(cuda_peak_reserved_bytes: Sequence[Number | None] | None) -> int | None:
+    """Max CUDA peak *reserved* memory (allocated + the allocator's cache) over turns; None when not measured.
+    Example: [3, None, 8] -> 8."""
+    present = [v for v in _as_list(cuda_peak_reserved_bytes) if not _missing(v)] if cuda_peak_reserved_bytes else []
+    return int(max(present)) if present else None
 
 
 def quality(scores: Iterable[Number | None]) -> float | None:
@@ -464,3 +474,100 @@ def paired_change(new: PerQuestion, base: PerQuestion, n_boot: int = 2000,
     (0.9, 0.9, 0.9).
     """
     return speedup_geomean(new, base, n_boot=n_boot, seed=seed)
+
+
+# ---- greedy divergence from the baseline: a near tie that rounding flipped, or a real disagreement ----------------
+# Relative precision (machine epsilon) of the dtypes a target runs in: the spacing of representable logits near x
+# is about eps * |x|.
+DTYPE_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+# A margin within this many epsilons of the top logit counts as a tie that rounding can flip: the tree forward and
+# one-token decoding sum in different orders, so their logits differ by a few units in the last place.
+TIE_ULPS = 4
+
+
+def tie_tolerance(dtype: str, top_logit: float) -> float:
+    """The largest top-1 minus top-2 logit margin that is a tie within ``dtype``'s rounding noise:
+    ``TIE_ULPS * DTYPE_EPS[dtype] * max(|top_logit|, 1)``.
+
+    Example: bfloat16, top logit 20 -> 4 * 2^-7 * 20 = 0.625; float32, top logit 20 -> 9.5e-6.
+    """
+    if dtype not in DTYPE_EPS:
+        raise ValueError(f"tie_tolerance: unknown dtype {dtype!r}; known: {', '.join(DTYPE_EPS)}")
+    return TIE_ULPS * DTYPE_EPS[dtype] * max(abs(float(top_logit)), 1.0)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two token sequences differ (the shorter one's length when it is a prefix of the
+    other), None when they are equal. Example: [5, 6, 7], [5, 9, 7] -> 1; [5, 6], [5, 6, 7] -> 2."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if int(x) != int(y):
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
+    """How a greedy turn of a method departs from the baseline's turn (same question, turn, seed): None when the
+    ``output_ids`` are equal, else
+
+    ``{"position": k, "token", "baseline_token", "method_margin", "baseline_margin", "tolerance", "kind"}``
+
+    with k = :func:`first_divergence`, each run's top-1 minus top-2 logit margin at k (``logit_margins`` of the
+    records: how close that run's target was to choosing another token), the tie tolerance of the record's dtype
+    (:func:`tie_tolerance` at the larger top logit, ``logit_tops``) and ``kind``:
+
+    - "tie": both margins are within the tolerance and the two tokens swapped places (each run's runner-up,
+      ``logit_runner_ups``, is the other run's choice): the runs' logits differ by rounding and a near tie
+      flipped. Expected now and then in bf16/fp16 (a tree forward and one-token decoding sum in other orders);
+      not a bug.
+    - "disagreement": a margin exceeds the tolerance, or the other run's token was not even the runner-up: the
+      target was confident in one run. A bug, or a method that is not lossless.
+    - "unknown": no margins recorded (sampling, or records written before margins were).
+
+    Example: ids [5, 6, 7] vs [5, 9, 7], margins [.., 0.25, ..] and [.., 0.5, ..], tops 20, runner-ups 9 and 6,
+    bfloat16 -> position 1, tolerance 0.625, kind "tie".
+    """
+    ids, ref = method.get("output_ids") or [], baseline.get("output_ids") or []
+    k = first_divergence(ids, ref)
+    if k is None:
+        return None
+
+    def at(rec: Mapping[str, Any], field: str) -> float | None:
+        values = rec.get(field)
+        if values is None or isinstance(values, float) or k >= len(values) or _missing(values[k]):
+            return None
+        return float(values[k])
+
+    token = int(ids[k]) if k < len(ids) else None
+    baseline_token = int(ref[k]) if k < len(ref) else None
+    mm, bm = at(method, "logit_margins"), at(baseline, "logit_margins")
+    tops = [t for t in (at(method, "logit_tops"), at(baseline, "logit_tops")) if t is not None]
+    dtype = str(method.get("dtype") or baseline.get("dtype") or "")
+    tol = tie_tolerance(dtype, max(abs(t) for t in tops)) if tops and dtype in DTYPE_EPS else None
+    m_second, b_second = at(method, "logit_runner_ups"), at(baseline, "logit_runner_ups")
+    swapped = (m_second is None or b_second is None
+               or (int(m_second) == baseline_token and int(b_second) == token))
+    if mm is None or bm is None or tol is None:
+        kind = "unknown"
+    else:
+        kind = "tie" if mm <= tol and bm <= tol and swapped else "disagreement"
+    return {"position": k, "token": token, "baseline_token": baseline_token,
+            "method_margin": mm, "baseline_margin": bm, "tolerance": tol, "kind": kind}
+
+
+def divergences(method_turns: Iterable[Mapping[str, Any]],
+                baseline_turns: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`divergence` of every method turn that differs from its baseline turn (matched on
+    ``LOSSLESS_KEY``, as :func:`lossless_share`), each with that key's fields. Temperature 0 only."""
+    reference = {}
+    for rec in baseline_turns:
+        if rec.get("output_ids") is not None:
+            reference.setdefault(_lossless_key(rec), rec)
+    out = []
+    for rec in method_turns:
+        ref = reference.get(_lossless_key(rec))
+        if ref is None or rec.get("output_ids") is None:
+            continue
+        d = divergence(rec, ref)
+        if d is not None:
+            out.append({**{f: rec[f] for f in LOSSLESS_KEY}, **d})
+    return out

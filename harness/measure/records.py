@@ -38,9 +38,14 @@ wall_time_s, prefill_time_s synchronised wall time of the turn (prefill included
 stop_reason                 "eos" or "max_new_tokens"
 output_text, output_ids     the generated text and token ids
 rss_bytes, peak_rss_bytes   process RSS after the turn; lifetime peak RSS
-cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memory (None on CPU)
+cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memory, summed over a device map's
+                            GPUs (None on CPU)
 energy_j, mean_power_w      NVML energy over the turn and energy / wall time (None without a GPU)
+nvml_devices                PCI bus ids of the NVML boards read (None without NVML)
 timings, counters           method-specific breakdown (e.g. draft_s, verify_s; draft_forwards)
+timings_synchronised        whether the timings split was measured with a device sync at each mark (None: no split)
+logit_margins, logit_tops,  greedy only (else None): per emitted token, the target's top-1 minus top-2 logit, the
+logit_runner_ups            top-1 logit and the top-2 token (``harness.measure.metrics.divergence``)
 score, score_name           quality of the answer where the suite has a scorer (on the last turn)
 score_error                 why scoring failed (then ``score`` is None and ``status`` stays "ok": the generation
                             is measured, its quality is not); None otherwise

@@ -5,7 +5,8 @@
     tables/turns.parquet, turns.csv          one row per turn (turns_table)
     tables/questions.parquet, questions.csv  one row per (label, method, suite, temperature, question)
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
-    tables/summary.md                        provenance header + paper_table
+    tables/summary.md                        provenance header + paper_table (+ divergence note)
+    tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
@@ -225,7 +226,9 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
     baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
     output ids); energy_per_token_j;
-    peak_memory_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
+    divergent_turns and divergent_ties (temperature 0: turns that differ from the baseline, and how many of them
+    are near ties within the dtype's noise); peak_memory_bytes (CUDA peak allocated, else RSS) and
+    peak_reserved_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
     draft); lossless (the method's declared flag).
     """
     questions = questions_table(turns)
@@ -263,8 +266,10 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "quality": M.quality(ok["score"]) if not score_failed.loc[g.index].any() else math.nan,
             "lossless_share": (M.lossless_share(ok.to_dict("records"), base_ok.to_dict("records"))
                                if float(temp) == 0.0 else math.nan),
+            **_divergence_counts(ok, base_ok, temp),
             "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
-            "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_reserved_bytes"])),
+            "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_allocated_bytes"])),
+            "peak_reserved_bytes": M.peak_reserved(list(ok["cuda_peak_reserved_bytes"])),
             "lossless": _lossless_flag(g["lossless"]),
         }
         acc = M.acceptance_per_position(accepted, depths, max_pos=depth)
@@ -273,7 +278,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
         row.update({f"acc_cond@{i + 1}": v for i, v in enumerate(cond)})
         rows.append(row)
     df = pd.DataFrame(rows)
-    for col in ("quality", "energy_per_token_j", "peak_memory_bytes"):
+    for col in ("quality", "energy_per_token_j", "peak_memory_bytes", "peak_reserved_bytes"):
         if col in df.columns:
             df[col] = df[col].astype(float)
     return df
@@ -329,6 +334,46 @@ def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
+
+
+def _divergence_counts(ok: pd.DataFrame, base_ok: pd.DataFrame, temp: float) -> dict[str, float]:
+    """``divergent_turns`` (turns whose output differs from the baseline's) and how many of them are near ties
+    (``divergent_ties``, :func:`harness.measure.metrics.divergence`); NaN at temperature > 0."""
+    if float(temp) != 0.0:
+        return {"divergent_turns": math.nan, "divergent_ties": math.nan}
+    found = M.divergences(ok.to_dict("records"), base_ok.to_dict("records"))
+    return {"divergent_turns": float(len(found)), "divergent_ties": float(sum(d["kind"] == "tie" for d in found))}
+
+
+def divergence_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.DataFrame:
+    """One row per measured temperature-0 turn whose output differs from the baseline label's: label, method,
+    suite, question_id, turn, seed, the first differing position, both tokens, both runs' logit margins there,
+    the dtype's tie tolerance and the kind ("tie" within rounding noise / "disagreement" / "unknown"), from
+    :func:`harness.measure.metrics.divergences`."""
+    columns = ["label", "method", "suite", "question_id", "turn", "seed", "position", "token", "baseline_token",
+               "method_margin", "baseline_margin", "tolerance", "kind"]
+    ok = turns[_measured(turns) & (turns["temperature"].astype(float) == 0.0)]
+    base = ok[ok["label"] == baseline_label].to_dict("records")
+    rows = []
+    for (label, method), g in ok[ok["label"] != baseline_label].groupby(["label", "method"], sort=False):
+        for d in M.divergences(g.to_dict("records"), base):
+            rows.append({"label": label, "method": method, **d})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def divergence_note(divergence: pd.DataFrame) -> str:
+    """Markdown lines under the paper table when some greedy turn differs from the baseline (empty otherwise)."""
+    if divergence.empty:
+        return ""
+    lines = ["", "**Greedy divergence from the baseline** (first differing token; logit margin = top-1 minus top-2 "
+                 "of the target in each run; a tie is within the dtype's rounding noise, see "
+                 "`harness/measure/metrics.py` `tie_tolerance`):", ""]
+    for label, g in divergence.groupby("label", sort=False):
+        counts = g["kind"].value_counts()
+        lines.append(f"- {label}: {len(g)} turn(s) differ: {int(counts.get('tie', 0))} tie(s) within noise, "
+                     f"{int(counts.get('disagreement', 0))} disagreement(s), {int(counts.get('unknown', 0))} "
+                     "without margins")
+    return "\n".join(lines) + "\n"
 
 
 def histogram_table(turns: pd.DataFrame) -> pd.DataFrame:
@@ -602,9 +647,13 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         paths["categories_csv"] = tables / "categories.csv"
     histogram_table(turns).to_csv(tables / "accept_hist.csv", index=False)
     paths["accept_hist_csv"] = tables / "accept_hist.csv"
+    divergence = divergence_table(turns, baseline)
+    divergence.to_csv(tables / "divergence.csv", index=False)
+    paths["divergence_csv"] = tables / "divergence.csv"
     md = tables / "summary.md"
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                   f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
+                  f"{divergence_note(divergence)}"
                   + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""),
                   encoding="utf-8")
     paths["summary_md"] = md

@@ -44,6 +44,8 @@ class RunConfig:
     dtype: str = "auto"                   # auto = float32 on CPU, bfloat16 on GPU
     device: str = "auto"                  # auto, cpu, cuda, cuda:1
     device_map: str | None = None         # e.g. "auto": spread a large target over GPUs with accelerate
+    attn_implementation: str = "auto"     # auto (transformers' choice), eager, sdpa, flash_attention_2, ...
+    profile: str = "auto"                 # synchronise the draft/verify/overhead split: auto (= on for CPU), on, off
     methods: list[MethodSpec] = field(default_factory=lambda: [MethodSpec("vanilla")])
     suites: list[str] = field(default_factory=lambda: ["mt_bench"])
     limit: int | None = None              # first N questions of each suite
@@ -95,6 +97,13 @@ class RunConfig:
                 raise ConfigError(str(e)) from None
         need(self.dtype in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "dtype",
              f"unknown dtype {self.dtype!r}")
+        need(self.profile in ("auto", "on", "off"), "profile", f"must be auto, on or off, got {self.profile!r}")
+        from harness.models import check_attn_implementation
+
+        try:
+            check_attn_implementation(self.attn_implementation)
+        except ValueError as e:
+            raise ConfigError(f"run.attn_implementation: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -177,6 +186,8 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
                 value = [value]
             kwargs[name] = [_method_spec(m, f"run.methods[{i}]") for i, m in enumerate(value)]
         else:
+            if name == "profile" and isinstance(value, bool):  # YAML reads on/off as booleans
+                value = "on" if value else "off"
             kwargs[name] = _check_type(value, fields[name].type, f"run.{name}")
     if isinstance(kwargs.get("questions"), list):
         kwargs["questions"] = [str(q) for q in kwargs["questions"]]

@@ -37,7 +37,7 @@ from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
 from harness.measure.records import RecordStore, dumps_json, question_key
-from harness.measure.trackers import Tracker
+from harness.measure.trackers import Tracker, model_devices, release_cached_memory
 from harness.models import Target, load_target
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
@@ -116,6 +116,8 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
         "config_digest": config.digest(),
         "target": {"name": target.name, "path": target.path, "dtype": str(target.dtype).replace("torch.", ""),
                    "model_type": getattr(target.config, "model_type", None),
+                   "attn_implementation": getattr(target.config, "_attn_implementation", None),
+                   "devices": [str(d) for d in model_devices(target.model, target.device)],
                    "num_parameters": sum(p.numel() for p in target.model.parameters()),
                    "source": json.loads(source.read_text()) if source.exists() else None},
         "suites": {s.name: {"version": s.version, "source": str(s.source), "sha256": s.sha256,
@@ -174,6 +176,9 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
                 cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
                 energy_j=m.energy_j, mean_power_w=m.mean_power_w, timings=gen.timings, counters=gen.counters,
+                timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
+                logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
+                logit_runner_ups=gen.logit_runner_ups or None,
             )
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
@@ -312,11 +317,19 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     try:
         if target is None:
             device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
-            target = load_target(config.target, config.dtype, device, config.device_map)
+            max_memory = None
+            if config.device_map and dist.world > 1:  # each process spreads its target over its own GPUs only
+                gpus = process_gpus(dist.rank, dist.world, torch.cuda.device_count())
+                max_memory = {i: torch.cuda.mem_get_info(i)[0] for i in gpus}
+                device = f"cuda:{gpus[0]}"
+            target = load_target(config.target, config.dtype, device, config.device_map,
+                                 config.attn_implementation, max_memory)
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
+        for method in methods.values():
+            method.profile = PROFILE[config.profile]
         if manifest is None and dist.rank == 0:
             manifest = build_manifest(config, run_dir, target, suites, methods)
             manifest["processes"] = dist.world
@@ -361,10 +374,12 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     dist.barrier()
     done = store.done_keys({(s.name, q.question_id): len(q.turns) for s in suites for q in s.questions})
     dist.barrier()  # every process has read the same records before any appends: they split the same pending list
-    tracker = Tracker(target.device)
+    devices = model_devices(target.model, target.device)
+    tracker = Tracker(target.device, devices)
 
     for spec in config.methods:
         method = methods[spec.label]
+        release_cached_memory(devices)  # a method's peak memory must not include the cache earlier ones left
         _warm_up(method, target, config, suites, tracker)
         for temperature in config.temperatures:
             sampling = SamplingParams(temperature, config.top_p, config.top_k)
@@ -382,6 +397,21 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                             _show_speed(bar, recs)
                             if on_question is not None:
                                 on_question(recs)
+
+
+PROFILE = {"auto": None, "on": True, "off": False}  # RunConfig.profile -> SpeculativeMethod.profile
+
+
+def process_gpus(rank: int, world: int, count: int) -> list[int]:
+    """The GPUs process ``rank`` of ``world`` may spread a device-mapped target over: a contiguous, disjoint share
+    of the ``count`` visible GPUs (the first ``count % world`` processes get one more).
+    Example: 8 GPUs, 3 processes -> [0, 1, 2], [3, 4, 5], [6, 7]."""
+    if count < world:
+        raise ConfigError(f"run.device_map: {world} data-parallel processes need at least {world} GPUs (one each), "
+                          f"found {count}")
+    base, extra = divmod(count, world)
+    start = rank * base + min(rank, extra)
+    return list(range(start, start + base + (rank < extra)))
 
 
 def _key(ctx: TurnContext, q) -> tuple:

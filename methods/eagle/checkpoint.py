@@ -108,7 +108,7 @@ def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead
     embed, share = head_embedding(sd, target)
     head = head_cls(config, embed, shares_target_embedding=share)
     head.load_state_dict(sd, strict=False)  # strictness was checked above; embed_tokens is set separately
-    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    return head.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
 
 
 def eagle_config_json(config: LlamaConfig) -> dict:

@@ -19,6 +19,7 @@ import torch
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
+from harness.engine.hostio import upload
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
@@ -158,6 +159,33 @@ class EagleMethodBase(SpeculativeMethod):
         return out[0], kv
 
 
+@dataclass
+class _Level:
+    """One draft forward of :meth:`Eagle1.propose_greedy`: the nodes run (``batch [b]``), their mask over the
+    temporary KV (``cols [b, columns]``), the row of each one's parent in the previous level's output
+    (``parent_rows [b]``), and where their top-k go (``children``, ``child_rows``, ``child_ranks``, ``width``)."""
+
+    batch: torch.Tensor
+    cols: torch.Tensor
+    parent_rows: torch.Tensor
+    children: torch.Tensor
+    child_rows: torch.Tensor
+    child_ranks: torch.Tensor
+    width: int
+
+
+@dataclass
+class GreedyPlan:
+    """The root's children (as in :class:`_Level`), then one :class:`_Level` per draft forward, and the parents."""
+
+    children: torch.Tensor
+    child_rows: torch.Tensor
+    child_ranks: torch.Tensor
+    width: int
+    levels: list[_Level]
+    parents: torch.Tensor
+
+
 @register_method("eagle1")
 class Eagle1(EagleMethodBase):
     """EAGLE-1: a static tree (default ``mc_sim_7b_63``, 25 nodes, depth 5) filled level by level.
@@ -175,8 +203,10 @@ class Eagle1(EagleMethodBase):
     def __init__(self, target: Target, options=None, head: EagleHead | None = None, folder: Path | None = None):
         super().__init__(target, options, head, folder)
         self.parents, self.ranks = tree_from_choices(static_tree_choices(self.options.tree, "tree"))
-        self.children = children_lists(self.parents)
+        self.parent_list: list[int] = self.parents.tolist()  # host copies for the host-side loops
+        self.children = children_lists(self.parent_list)
         self.node_depths = depths(self.parents).tolist()
+        self._plans: dict[torch.device, GreedyPlan] = {}
         widest = max(len(kids) for kids in self.children)
         vocab = self.lm_head.size
         if widest > vocab:
@@ -210,19 +240,87 @@ class Eagle1(EagleMethodBase):
 
         Example: parents [-1, 0, 0], col_of {0: 0}, batch [1, 2] -> [[T, T, F], [T, F, T]].
         """
-        cols = torch.zeros(len(batch), len(col_of) + len(batch), dtype=torch.bool, device=device)
+        cols = torch.zeros(len(batch), len(col_of) + len(batch), dtype=torch.bool)  # built on the host
         for r, i in enumerate(batch):
-            a = int(self.parents[i])
+            a = self.parent_list[i]
             while a >= 0:
                 cols[r, col_of[a]] = True
-                a = int(self.parents[a])
+                a = self.parent_list[a]
             cols[r, len(col_of) + r] = True
-        return cols
+        return cols.to(device, non_blocking=True)
+
+    def greedy_plan(self, device: torch.device) -> GreedyPlan:
+        """The level-by-level schedule of the full tree (every node filled, as at temperature 0), on ``device``
+        once: the forwards then need no host read and no per-node write."""
+        if device in self._plans:
+            return self._plans[device]
+        levels = []
+        col_of: dict[int, int] = {}
+        previous: list[int] = []
+        for level in range(1, max(self.node_depths, default=0)):
+            batch = self.level_batch(level, [True] * len(self.node_depths))
+            if not batch:
+                break
+            cols = self.level_mask(batch, col_of, device)
+            parent_rows = [previous.index(self.parent_list[i]) if level > 1 else 0 for i in batch]
+            for i in batch:
+                col_of[i] = len(col_of)
+            levels.append(_Level(upload(batch, device), cols, upload(parent_rows, device),
+                                 *self._child_slots(batch, device)))
+            previous = batch
+        plan = GreedyPlan(*self._child_slots([-1], device), levels, self.parents.to(device))
+        self._plans[device] = plan
+        return plan
+
+    def _child_slots(self, rows: list[int],
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Children of the nodes ``rows`` (-1 = the root): (child node ids, the row of their parent, their rank,
+        the widest row), so that ``tokens[children] = topk(logits, width)[parent_row, rank]`` fills them."""
+        children, parent_rows, ranks = [], [], []
+        for r, node in enumerate(rows):
+            for rank, child in enumerate(self.children[node + 1]):
+                children.append(child)
+                parent_rows.append(r)
+                ranks.append(rank)
+        width = max((len(self.children[node + 1]) for node in rows), default=0)
+        return upload(children, device), upload(parent_rows, device), upload(ranks, device), width
+
+    def propose_greedy(self, root: int) -> DraftTree:
+        """Temperature 0: every node is filled with its parent's top-k (the same tree :meth:`propose` builds), one
+        batched draft forward and one scatter per level, no host read (:meth:`greedy_root` and
+        :meth:`greedy_level` are the head-specific parts)."""
+        device = self.target.output_device
+        plan = self.greedy_plan(device)
+        tokens = torch.zeros(len(self.node_depths), dtype=torch.long, device=device)  # [N]
+        out, top = self.greedy_root(root, plan.width)  # [1, H], [1, width]
+        stable_len = self.cache.length
+        tokens[plan.children] = top[plan.child_rows, plan.child_ranks]
+        kv = self.cache.kv
+        for level, step in enumerate(plan.levels, start=1):
+            feats = out[step.parent_rows]  # [b, H] each node's parent's predicted feature
+            pos = torch.full((step.batch.shape[0],), stable_len + level - 1, dtype=torch.long, device=device)
+            out, kv, top = self.greedy_level(feats, tokens[step.batch], pos, kv, step.cols, step.width)
+            tokens[step.children] = top[step.child_rows, step.child_ranks]
+        return DraftTree(tokens=tokens, parents=plan.parents)
+
+    def greedy_root(self, root: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stable-KV update: the root's predicted feature ``[1, H]`` and its ``width`` best tokens
+        ``[1, width]``."""
+        h0 = self.extend_stable(root)[None]  # [1, H]
+        return h0, torch.topk(self.lm_head(h0).float(), width, dim=-1).indices
+
+    def greedy_level(self, feats: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor, kv: DraftKV,
+                     cols: torch.Tensor, width: int) -> tuple[torch.Tensor, DraftKV, torch.Tensor]:
+        """One level's draft forward: (predicted features [b, H], kv, each row's ``width`` best tokens [b, width])."""
+        out, kv = self.tree_forward(feats, toks, pos, kv, cols)
+        return out, kv, torch.topk(self.lm_head(out).float(), width, dim=-1).indices
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         self._proposal = "deterministic" if sampling.greedy else "sampled"
+        if sampling.greedy:
+            return self.propose_greedy(root)
         n = len(self.node_depths)
-        device = self.target.device
+        device = self.target.output_device
         tokens = torch.zeros(n, dtype=torch.long, device=device)  # [N]
         alive = [False] * n
         rows: list[torch.Tensor | None] = [None] * (n + 1)  # q per slot (sampled only)
@@ -266,7 +364,7 @@ class Eagle1(EagleMethodBase):
             if not batch:
                 break
             cols = self.level_mask(batch, col_of, device)
-            feats = torch.stack([out_of[int(self.parents[i])] for i in batch])  # [b, H]
+            feats = torch.stack([out_of[self.parent_list[i]] for i in batch])  # [b, H]
             pos = torch.full((len(batch),), stable_len + level - 1, dtype=torch.long, device=device)
             out, logits, kv = draft_level(feats, tokens[batch], pos, kv, cols)
             for r, i in enumerate(batch):
@@ -278,7 +376,7 @@ class Eagle1(EagleMethodBase):
         """The tree restricted to the nodes that got a token, with ``draft_probs`` rows (zero for leaves) if sampled."""
         ordered = [i for i, a in enumerate(alive) if a]  # a dead node is never expanded: its subtree is dead too
         new_index = {old: j for j, old in enumerate(ordered)}
-        parents = torch.tensor([new_index.get(int(self.parents[i]), -1) for i in ordered], dtype=torch.long)
+        parents = torch.tensor([new_index.get(self.parent_list[i], -1) for i in ordered], dtype=torch.long)
         tree_tokens = tokens[ordered] if ordered else tokens[:0]
         probs = None
         if self._proposal == "sampled":

@@ -99,12 +99,16 @@ class EagleHead(nn.Module):
     @classmethod
     def for_target(cls, target: Target, bias: bool = True, **overrides) -> EagleHead:
         """A randomly initialised head shaped for ``target`` that shares its embedding (for training and tests)."""
+        overrides.setdefault("hidden_size", target.model.get_output_embeddings().weight.shape[1])
         head = cls(eagle_config_for(target.config, bias=bias, **overrides), target.model.get_input_embeddings())
-        return head.to(device=target.device, dtype=target.dtype)
+        return head.to(device=target.output_device, dtype=target.dtype)
 
     def fuse(self, features: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """``fc(concat(embed(x_{t+1}), f_t))``: features [B, S, H], token_ids [B, S] -> [B, S, H]."""
-        emb = self.embed_tokens(token_ids).to(features.dtype)  # [B, S, H]
+        table = self.embed_tokens.weight
+        if table.device != token_ids.device and table.device.type != "meta":  # device map: the embedding's GPU
+            token_ids = token_ids.to(table.device)
+        emb = self.embed_tokens(token_ids).to(features.device, features.dtype)  # [B, S, H]
         return self.fc(torch.cat([emb, features], dim=-1))
 
     def attend(self, x: torch.Tensor, position_ids: torch.Tensor, kv: DraftKV | None,
@@ -137,16 +141,67 @@ class EagleHead(nn.Module):
         return self.feed_forward(h), new_kv
 
 
-def eagle_config_for(target_config, bias: bool = True, **overrides) -> LlamaConfig:
-    """A one-layer EAGLE head config shaped like ``target_config`` (a LLaMA-style transformers config)."""
-    tc = target_config
+class HeadConfigError(ValueError):
+    """A target config lacks a field a draft head cannot do without; the message names it."""
+
+
+def _field(config, names: tuple[str, ...]):
+    """The first of ``names`` that ``config`` sets (not None), else None."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def default_heads(hidden: int) -> int:
+    """A head count for a draft attention of width ``hidden`` when the target has none that fits: 64-wide heads
+    when ``hidden`` allows, else the largest of 16, 8, 4, 2, 1 dividing it. Example: 4096 -> 64; 48 -> 16."""
+    for h in (hidden // 64 if hidden % 64 == 0 else 0, 16, 8, 4, 2, 1):
+        if h >= 1 and hidden % h == 0:
+            return h
+    return 1
+
+
+def eagle_config_for(target_config, bias: bool = True, hidden_size: int | None = None, **overrides) -> LlamaConfig:
+    """A one-layer EAGLE head config shaped like ``target_config``, any causal LM's config.
+
+    The head reads only the target's last hidden state, so it needs: ``hidden_size`` (the width of the features
+    and embeddings; pass the ``lm_head`` input width when it differs from the config's, as OPT's
+    ``word_embed_proj_dim``), ``vocab_size``, and, with defaults when the target has none: attention heads
+    (``num_attention_heads``/``n_head``, else :func:`default_heads`), ``head_dim``, key/value heads,
+    ``intermediate_size`` (``ffn_dim`` for OPT, ``n_inner``, else 4 x hidden), the norm epsilon
+    (``rms_norm_eps``/``layer_norm_eps``/``layer_norm_epsilon``, else 1e-6), the activation (``hidden_act``/
+    ``hidden_activation``, else SiLU), ``max_position_embeddings`` (``n_positions``, else 4096) and the RoPE base
+    (:func:`rope_theta`). A missing hidden size or vocabulary size raises :class:`HeadConfigError` naming it.
+    """
+    from transformers.activations import ACT2FN
+
+    tc = target_config.get_text_config(decoder=True) if hasattr(target_config, "get_text_config") else target_config
+    kind = type(tc).__name__
+    config_hidden = _field(tc, ("hidden_size", "n_embd", "d_model", "dim"))
+    width = hidden_size or config_hidden
+    if width is None:
+        raise HeadConfigError(f"cannot shape a draft head for {kind}: it has no hidden_size (nor n_embd, d_model)")
+    V = _field(tc, ("vocab_size",))
+    if V is None:
+        raise HeadConfigError(f"cannot shape a draft head for {kind}: it has no vocab_size")
+    heads = _field(tc, ("num_attention_heads", "n_head", "num_heads"))
+    head_dim = _field(tc, ("head_dim",)) if width == config_hidden else None
+    if heads is None or (head_dim is None and width % heads):
+        heads, head_dim = default_heads(width), None
+    head_dim = head_dim or width // heads
+    kv = _field(tc, ("num_key_value_heads", "num_kv_heads")) if heads == _field(tc, ("num_attention_heads",)) else None
+    if kv is None or heads % kv:
+        kv = heads
+    act = _field(tc, ("hidden_act", "hidden_activation"))
     fields = dict(
-        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
-        num_attention_heads=tc.num_attention_heads,
-        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
-        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), hidden_act=getattr(tc, "hidden_act", "silu"),
-        max_position_embeddings=tc.max_position_embeddings,
+        vocab_size=V, hidden_size=width,
+        intermediate_size=_field(tc, ("intermediate_size", "ffn_dim", "n_inner")) or 4 * width,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+        rms_norm_eps=_field(tc, ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")) or 1e-6,
+        hidden_act=act if isinstance(act, str) and act in ACT2FN else "silu",
+        max_position_embeddings=_field(tc, ("max_position_embeddings", "n_positions")) or 4096,
         rope_theta=rope_theta(tc),
     )
     fields.update(overrides)

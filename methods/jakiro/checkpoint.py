@@ -102,7 +102,7 @@ def load_jakiro_head(folder: str | Path, target: Target, kind: str = "jakiro") -
     leftover = sorted(set(missing) - {"embed_tokens.weight"}) + sorted(unexpected)
     if leftover:  # cannot happen after check_state_dict unless the module and the key list disagree
         raise CheckpointError(f"{what} {path}: keys not matched by the module: {', '.join(leftover)}")
-    return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    return head.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
 
 
 def jakiro_config_json(head: JakiroHead) -> dict:

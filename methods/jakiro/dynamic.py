@@ -11,6 +11,7 @@ import torch
 
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftvocab import check_draft_vocab
+from harness.engine.hostio import upload
 from harness.engine.method import build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
@@ -138,7 +139,7 @@ class _Candidates:
             while a >= 0:
                 cols[r, self.column[a]] = True
                 a = self.parents[a]
-        return cols.to(device)
+        return cols.to(device, non_blocking=True)
 
 
 @dataclass
@@ -253,7 +254,8 @@ class Jakiro(MoEDraft, Eagle2):
         out = self.stable_outputs(root, **self._outputs_needed(0))
         stable_len = self.cache.length
         device = out.mixture.device
-        frontier = _Frontier(index=[-1], tokens=torch.tensor([root], device=device), scores=torch.zeros(1, device=device),
+        frontier = _Frontier(index=[-1], tokens=torch.full((1,), root, device=device),
+                             scores=torch.zeros(1, device=device),
                              features=out.mixture)
         level, kv = 0, self.cache.kv
         while True:
@@ -273,17 +275,17 @@ class Jakiro(MoEDraft, Eagle2):
             level = cands.levels[nxt.index[0]]
             nodes = [i for f in to_run for i in f.index]
             cols = cands.ancestry(nodes, device)
-            pos = torch.tensor([stable_len - 1 + cands.levels[i] for i in nodes], device=device)
+            pos = upload([stable_len - 1 + cands.levels[i] for i in nodes], device)
             feats = torch.cat([f.features for f in to_run])
             toks = torch.cat([f.tokens for f in to_run])
             out, kv = self.tree_outputs(feats, toks, pos, kv, cols, **self._outputs_needed(level))
             out = out.rows(slice(len(nodes) - len(nxt.index), len(nodes)))
             frontier = nxt
-        parents = torch.tensor(cands.parents, dtype=torch.long, device=device)
+        parents = upload(cands.parents, device)
         return DynamicCandidates(torch.cat(cands.tokens), torch.cat(cands.scores), parents)
 
 
 def _parent_rows(cands: _Candidates, nodes: list[int], rows: list[int], device: torch.device) -> torch.Tensor:
     """For each of ``nodes``, the position of its parent in the frontier list ``rows`` (-1 = the root's row 0)."""
     where = {c: r for r, c in enumerate(rows)}
-    return torch.tensor([where[cands.parents[c]] for c in nodes], dtype=torch.long, device=device)
+    return upload([where[cands.parents[c]] for c in nodes], device)

@@ -75,12 +75,13 @@ class JakiroHead(EagleHead):
                    experts_per_tok: int = 2, expert_intermediate_size: int | None = None,
                    **overrides) -> JakiroHead:
         """A randomly initialised head shaped for ``target`` sharing its embedding (training, tests)."""
+        overrides.setdefault("hidden_size", target.model.get_output_embeddings().weight.shape[1])
         config = eagle_config_for(target.config, bias=bias, num_local_experts=num_experts,
                                   num_experts_per_tok=experts_per_tok,
-                                  expert_intermediate_size=expert_intermediate_size or target.config.hidden_size,
+                                  expert_intermediate_size=expert_intermediate_size or overrides["hidden_size"],
                                   **overrides)
         head = cls(config, target.model.get_input_embeddings(), kind=kind)
-        return head.to(device=target.device, dtype=target.dtype)
+        return head.to(device=target.output_device, dtype=target.dtype)
 
     @property
     def moe(self) -> JakiroMoE:

@@ -102,8 +102,8 @@ class MoEOutput:
 class JakiroMoE(nn.Module):
     """``gate`` (router, ``num_experts + 2`` outputs when ``contrastive_router``) and ``experts``.
 
-    ``experts_per_tok`` (K) may be changed after loading (an inference-time ablation), 1 <= K <= N. Only the
-    experts some position needs are run (each densely over all positions).
+    ``experts_per_tok`` (K) may be changed after loading (an inference-time ablation), 1 <= K <= N. Every expert
+    runs densely over all positions (no host read of the router's choice).
     """
 
     def __init__(self, hidden: int, num_experts: int, experts_per_tok: int, make_expert, contrastive_router: bool):
@@ -123,9 +123,9 @@ class JakiroMoE(nn.Module):
         r = self.gate(u)  # [..., N(+2)]
         ids, weights = select_experts(r, self.num_experts, self.experts_per_tok)  # [..., K]
         pair = contrast_pair(r, self.num_experts) if contrast else None          # [..., 2]
-        needed = set(ids.unique().tolist()) | (set(pair.unique().tolist()) if pair is not None else set())
-        all_out = torch.stack([self.experts[i](u) if i in needed else torch.zeros_like(u)
-                               for i in range(self.num_experts)])  # [N, ..., H]
+        # every expert runs densely: choosing only the needed ones would read the router's choice on the host
+        # (a device round trip per draft forward); N is small and the unused outputs are never gathered
+        all_out = torch.stack([expert(u) for expert in self.experts])  # [N, ..., H]
         chosen = gather_experts(all_out, ids)  # [..., K, H]
         mixture = (weights[..., None] * chosen).sum(-2)  # [..., H]
         c = None

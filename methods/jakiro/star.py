@@ -58,17 +58,23 @@ def fold_joint(probs_2v: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def joint_topk_distinct(joint_logits: torch.Tensor, vocab: int, count: int) -> torch.Tensor:
-    """T = 0: the ``count`` best distinct tokens of the joint (expert, token) logits ``[R*V]``, ``[<=count]``.
+    """T = 0: the ``count`` best distinct tokens of the joint (expert, token) logits ``[R*V]``, ``[count]``.
     Example: V = 3, logits [5, 1, 0, 4, 6, 0] -> pairs by value: (e1, 1), (e0, 0), (e1, 0), ... -> [1, 0, 2]."""
-    # each token occurs at most R times, so the best count * R pairs hold at least count distinct tokens
-    best = torch.topk(joint_logits, min(count * (joint_logits.shape[0] // vocab), joint_logits.shape[0]))
-    seen: list[int] = []
-    for t in (best.indices % vocab).tolist():
-        if t not in seen:
-            seen.append(t)
-            if len(seen) == count:
-                break
-    return torch.tensor(seen, dtype=torch.long, device=joint_logits.device)
+    return joint_topk_distinct_rows(joint_logits.reshape(1, -1, vocab), count)[0]
+
+
+def joint_topk_distinct_rows(expert_logits: torch.Tensor, count: int) -> torch.Tensor:
+    """:func:`joint_topk_distinct` of every row of ``expert_logits [n, R, V]`` -> ``[n, count]``, on the device.
+
+    Each token occurs at most R times in a row, so the best ``count * R`` pairs hold at least ``count`` distinct
+    tokens (``count <= V``); a pair whose token an earlier (better) pair already has is pushed back by a stable sort.
+    """
+    n, R, V = expert_logits.shape
+    best = torch.topk(expert_logits.reshape(n, R * V), min(count * R, R * V), dim=-1).indices % V  # [n, m]
+    same = best[:, :, None] == best[:, None, :]  # [n, m, m]
+    dup = (same & torch.ones_like(same[0]).tril(-1)).any(-1)  # [n, m] an earlier pair has this token
+    order = torch.sort(dup.to(torch.int8), dim=-1, stable=True).indices[:, :count]  # [n, count]
+    return best.gather(1, order)
 
 
 def published_star_bookkeeping(joint_probs: torch.Tensor, drawn: torch.Tensor, expert_logits: torch.Tensor,
@@ -183,10 +189,21 @@ class JakiroStar(MoEDraft, Eagle1):
         tokens, q_tilde, residual = published_star_bookkeeping(probs, drawn, expert_logits, V)
         return tokens, residual, q_tilde.tolist()
 
+    def greedy_root(self, root: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        out0 = self.stable_outputs(root, experts=True)
+        return out0.experts[:, 0], joint_topk_distinct_rows(self._expert_logits(out0), width)
+
+    def greedy_level(self, feats, toks, pos, kv, cols, width):
+        out, kv = self.tree_outputs(feats, toks, pos, kv, cols, experts=True)
+        return out.experts[:, 0], kv, joint_topk_distinct_rows(self._expert_logits(out), width)
+
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         self._proposal = "deterministic" if sampling.greedy else "sampled"
+        if sampling.greedy:
+            self._q_tilde = []
+            return self.propose_greedy(root)
         n = len(self.node_depths)
-        device = self.target.device
+        device = self.target.output_device
         tokens = torch.zeros(n, dtype=torch.long, device=device)  # [N]
         alive = [False] * n
         rows: list[torch.Tensor | None] = [None] * (n + 1)

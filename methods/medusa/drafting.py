@@ -68,7 +68,12 @@ def fill_medusa_tree(head_logits: torch.Tensor, levels: torch.Tensor, ranks: tor
     Example: head 0 top list [7, 3, ...], head 1 top list [9, 4, ...]; nodes (level, rank) = (1,0), (1,1), (2,1)
     -> tokens [7, 3, 4].
     """
-    top = torch.topk(head_logits, int(ranks.max()) + 1, dim=-1).indices  # [K, R]
+    return fill_from_top(head_logits, levels, ranks, int(ranks.max()) + 1)
+
+
+def fill_from_top(head_logits: torch.Tensor, levels: torch.Tensor, ranks: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`fill_medusa_tree` with the largest rank + 1 given (no host read of ``ranks``)."""
+    top = torch.topk(head_logits, width, dim=-1).indices  # [K, width]
     return top[levels - 1, ranks]
 
 
@@ -103,6 +108,10 @@ class Medusa(SpeculativeMethod):
                                "(these have their own lm_heads)")
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.options.draft_vocab, folder, "medusa")
         self.feature: torch.Tensor | None = None
+        # the static tree on the heads' device once (not copied every step)
+        device = self.feature_device
+        self.width = int(self.ranks.max()) + 1
+        self._tree = (self.parents.to(device), self.levels.to(device), self.ranks.to(device))
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options) -> Medusa:
@@ -130,13 +139,12 @@ class Medusa(SpeculativeMethod):
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         logits = self.heads(self.feature[None].to(self.target.dtype), self.lm_head)[:, 0]  # [K, V]
         self.counters["draft_forwards"] = self.counters.get("draft_forwards", 0) + 1
-        device = logits.device
-        tokens = fill_medusa_tree(logits, self.levels.to(device), self.ranks.to(device))
-        return DraftTree(tokens=tokens, parents=self.parents.to(device))
+        parents, levels, ranks = self._tree
+        return DraftTree(tokens=fill_from_top(logits, levels, ranks, self.width), parents=parents)
 
     def verify(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
                generator: torch.Generator | None) -> tuple[list[int], int]:
-        if self.options.acceptance == "typical":
+        if self.options.acceptance == "typical" and not sampling.greedy:  # at T=0 typical acceptance is greedy
             return verify_typical(tree, logits, sampling, self.options.posterior_threshold,
                                   self.options.posterior_alpha, generator)
         return super().verify(tree, logits, sampling, generator)

@@ -127,7 +127,7 @@ def load_medusa_heads(folder: str | Path, target: Target) -> MedusaHeads:
                      f"Medusa heads {path} (target {target.name!r}: hidden {H}, vocab {V})")
     heads = MedusaHeads(H, V, num_heads, num_layers, share)
     heads.heads.load_state_dict(sd, strict=True)
-    return heads.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    return heads.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
 
 
 def save_medusa_heads(heads: MedusaHeads, folder: str | Path, base_model: str, dtype: torch.dtype = torch.float16,

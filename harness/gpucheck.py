@@ -1,0 +1,294 @@
+"""``make gpu-check``: what only a GPU can show, checked in a few minutes on any CUDA machine.
+
+    python -m harness.gpucheck                  # on cuda (the default model, shipped heads)
+    python -m harness.gpucheck --device cpu --dry   # the same code paths on CPU, shorter (the slow test runs it)
+
+Checks, each printed as ``PASS`` / ``FAIL`` / ``SKIP`` with its numbers, exit status 1 if any failed:
+
+1. ``gpu-tests``: the tests marked ``gpu`` (``pytest -m gpu``; skipped where no ``tests/`` folder is present).
+2. ``lossless-fp32``: every registered method, greedy, equals vanilla token for token on the default model in
+   float32 (the exactness the CPU tests prove, on the GPU's kernels), with drafts accepted.
+3. ``divergence-bf16``: the same in bfloat16, where a tree forward and one-token decoding round differently: the
+   divergence report (:func:`harness.measure.metrics.divergences`) gives each differing turn's first position
+   and both runs' logit margins; a near tie within bf16 noise passes, a disagreement fails.
+4. ``memory-energy``: peak allocated and reserved memory, NVML memory, energy and mean power are present and
+   plausible (allocated > the weights, reserved >= allocated, 1 W < power < 2000 W), with the boards named.
+5. ``timers``: with ``profile`` on the draft/verify/overhead split is synchronised and sums to the turn's wall
+   time minus the prefill (within 10 %); with it off the records say so.
+6. ``host-syncs``: round trips per verification step of EAGLE-2, counted with :mod:`harness.measure.syncs` and, on
+   CUDA, with ``torch.cuda.set_sync_debug_mode`` (which also sees syncs inside torch and transformers).
+
+``--json PATH`` writes every result (for a closing note or a CI artifact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.engine.sampling import SamplingParams
+from harness.measure import metrics as M
+from harness.measure.syncs import StepSyncProbe
+from harness.measure.trackers import Tracker, model_devices
+from harness.models import DEFAULT_TARGET, load_target
+from harness.registry import get_method, method_names
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain in three sentences why the sky is blue.",
+    "List five prime numbers and say why each is prime.",
+]
+GREEDY = SamplingParams()
+SYNC_BOUND = 3  # CUDA syncs per EAGLE-2 step allowed (the CPU-counted loop makes 1; see tests/test_syncs.py)
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # PASS / FAIL / SKIP
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def check_gpu_tests(device: str) -> Result:
+    if not (REPO / "tests").is_dir():
+        return Result("gpu-tests", "SKIP", "no tests/ folder next to the harness (installed package)")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode == 5 or (proc.returncode == 0 and "passed" not in tail):
+        return Result("gpu-tests", "SKIP", f"nothing ran on {device}: {tail}")
+    status = "PASS" if proc.returncode == 0 else "FAIL"
+    return Result("gpu-tests", status, tail, {"output": proc.stdout[-4000:]})
+
+
+def _methods(target, names: list[str] | None = None) -> dict[str, Any]:
+    """Every registered method (or ``names``) with its default options (shipped heads), vanilla first."""
+    out = {}
+    for name in ["vanilla", *[n for n in names or method_names() if n != "vanilla"]]:
+        try:
+            out[name] = get_method(name).create(target, {})
+        except Exception as e:  # a plugin without a head for this target: reported, not fatal
+            out[name] = e
+    return out
+
+
+def _records(target, methods: dict, prompts: list[str], budget: int) -> dict[str, list[dict]]:
+    """Greedy records (the fields the metrics read) of every method on every prompt."""
+    dtype = str(target.dtype).replace("torch.", "")
+    out: dict[str, list[dict]] = {}
+    for name, method in methods.items():
+        if isinstance(method, Exception):
+            continue
+        recs = []
+        for i, text in enumerate(prompts):
+            prompt = target.render_chat([{"role": "user", "content": text}])
+            gen = method.generate(prompt, budget, GREEDY)
+            recs.append({"suite": "gpu-check", "question_id": str(i), "turn": 0, "temperature": 0.0, "seed": 0,
+                         "dtype": dtype, "output_ids": gen.token_ids, "accepted_drafts": gen.accepted_drafts,
+                         "logit_margins": gen.logit_margins, "logit_tops": gen.logit_tops,
+                         "logit_runner_ups": gen.logit_runner_ups})
+        out[name] = recs
+    return out
+
+
+def check_lossless(target, methods: dict, prompts: list[str], budget: int) -> Result:
+    recs = _records(target, methods, prompts, budget)
+    base = recs["vanilla"]
+    rows, bad = {}, []
+    for name, method in methods.items():
+        if name == "vanilla":
+            continue
+        if isinstance(method, Exception):
+            rows[name] = f"not built: {method}"
+            continue
+        share = M.lossless_share(recs[name], base)
+        accepted = sum(sum(r["accepted_drafts"]) for r in recs[name])
+        lossless = getattr(method, "lossless", True)
+        rows[name] = {"lossless_share": share, "accepted_drafts": accepted, "declared_lossless": lossless,
+                      "divergences": M.divergences(recs[name], base)}
+        if lossless and share != 1.0:
+            bad.append(f"{name} lossless_share {share:.3f}")
+    detail = "; ".join(f"{n}: " + (v if isinstance(v, str) else f"share {v['lossless_share']:.2f}, "
+                                   f"{v['accepted_drafts']} drafts accepted") for n, v in rows.items())
+    return Result("lossless-fp32", "FAIL" if bad else "PASS", "; ".join(bad) or detail, rows)
+
+
+def check_divergence(target, methods: dict, prompts: list[str], budget: int) -> Result:
+    recs = _records(target, methods, prompts, budget)
+    found = {name: M.divergences(r, recs["vanilla"]) for name, r in recs.items() if name != "vanilla"}
+    shares = {name: M.lossless_share(r, recs["vanilla"]) for name, r in recs.items() if name != "vanilla"}
+    disagreements = [(n, d) for n, ds in found.items() for d in ds
+                     if d["kind"] != "tie" and getattr(methods[n], "lossless", True)]
+    lines = [f"{n}: share {shares[n]:.2f}, " + ", ".join(
+        f"q{d['question_id']}@{d['position']} {d['kind']} (margins {d['method_margin']} / {d['baseline_margin']}, "
+        f"tol {d['tolerance']:.3g})" for d in ds) if ds else f"{n}: share {shares[n]:.2f}" for n, ds in found.items()]
+    status = "FAIL" if disagreements else "PASS"
+    return Result("divergence-bf16", status, "; ".join(lines), {"divergences": found, "lossless_share": shares})
+
+
+def check_memory_energy(target, methods: dict, prompt_text: str, budget: int) -> Result:
+    devices = model_devices(target.model, target.device)
+    if not any(d.type == "cuda" for d in devices):
+        return Result("memory-energy", "SKIP", f"no CUDA device ({target.device}): nothing to read")
+    tracker = Tracker(target.device, devices)
+    weights = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    prompt = target.render_chat([{"role": "user", "content": prompt_text}])
+    problems, data = [], {}
+    for name in ("vanilla", "eagle2"):
+        method = methods.get(name)
+        if method is None or isinstance(method, Exception):
+            continue
+        with tracker.track() as m:
+            method.generate(prompt, budget, GREEDY)
+        data[name] = vars(m)
+        if not (m.cuda_peak_allocated_bytes or 0) > weights:
+            problems.append(f"{name}: peak allocated {m.cuda_peak_allocated_bytes} <= weights {weights}")
+        if (m.cuda_peak_reserved_bytes or 0) < (m.cuda_peak_allocated_bytes or 0):
+            problems.append(f"{name}: reserved {m.cuda_peak_reserved_bytes} < allocated")
+        if not m.nvml_used_bytes:
+            problems.append(f"{name}: no NVML memory reading ({tracker.nvml.error if tracker.nvml else 'no NVML'})")
+        if m.energy_j is None or not (1.0 < (m.mean_power_w or 0) < 2000.0):
+            problems.append(f"{name}: energy {m.energy_j} J, mean power {m.mean_power_w} W")
+    detail = "; ".join(problems) or "; ".join(
+        f"{n}: {d['cuda_peak_allocated_bytes'] / 2**20:.0f} MiB allocated, {d['cuda_peak_reserved_bytes'] / 2**20:.0f}"
+        f" MiB reserved, {d['energy_j']:.2f} J, {d['mean_power_w']:.0f} W on {d['nvml_devices']}"
+        for n, d in data.items())
+    return Result("memory-energy", "FAIL" if problems else "PASS", detail, data)
+
+
+def check_timers(target, methods: dict, prompt_text: str, budget: int) -> Result:
+    method = methods.get("eagle2")
+    if method is None or isinstance(method, Exception):
+        return Result("timers", "SKIP", f"eagle2 not available: {method}")
+    tracker = Tracker(target.device, model_devices(target.model, target.device))
+    prompt = target.render_chat([{"role": "user", "content": prompt_text}])
+    data = {}
+    try:
+        for flag in (True, False):
+            method.profile = flag
+            with tracker.track() as m:
+                gen = method.generate(prompt, budget, GREEDY)
+            split = sum(gen.timings.values())
+            data[flag] = {"synchronised": gen.timings_synchronised, "split_s": split,
+                          "wall_minus_prefill_s": m.wall_time_s - gen.prefill_time_s}
+    finally:
+        method.profile = None
+    on, off = data[True], data[False]
+    gap = abs(on["split_s"] - on["wall_minus_prefill_s"])
+    ok = on["synchronised"] is True and off["synchronised"] is False and gap <= 0.1 * on["wall_minus_prefill_s"]
+    detail = (f"profile on: split {on['split_s'] * 1e3:.1f} ms vs wall - prefill {on['wall_minus_prefill_s'] * 1e3:.1f}"
+              f" ms (synchronised={on['synchronised']}); profile off: synchronised={off['synchronised']}")
+    return Result("timers", "PASS" if ok else "FAIL", detail, {str(k): v for k, v in data.items()})
+
+
+def check_host_syncs(target, methods: dict, prompt_text: str, budget: int) -> Result:
+    method = methods.get("eagle2")
+    if method is None or isinstance(method, Exception):
+        return Result("host-syncs", "SKIP", f"eagle2 not available: {method}")
+    prompt = target.render_chat([{"role": "user", "content": prompt_text}])
+    with StepSyncProbe(target.model) as probe:
+        method.generate(prompt, budget, GREEDY)
+    counted = max(probe.per_forward[1:], default=0)
+    data: dict[str, Any] = {"counted_per_step": probe.per_forward, "events": dict(probe.events)}
+    detail = f"counted (reads + uploads) per step: max {counted}"
+    ok = counted <= 1
+    if target.device.type == "cuda":
+        marks: list[int] = []
+        forward = target.model.forward
+
+        def probed(*args, **kwargs):
+            marks.append(len(caught))
+            return forward(*args, **kwargs)
+
+        target.model.forward = probed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                method.generate(prompt, budget, GREEDY)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                del target.model.forward
+        syncs = [b - a for a, b in zip(marks, marks[1:] + [len(caught)])]
+        where = sorted({str(w.message).splitlines()[0][:80] for w in caught})
+        data.update(cuda_per_step=syncs, cuda_messages=where)
+        detail += f"; CUDA sync debug mode per step: max {max(syncs[1:], default=0)} (bound {SYNC_BOUND})"
+        ok = ok and max(syncs[1:], default=0) <= SYNC_BOUND
+    return Result("host-syncs", "PASS" if ok else "FAIL", detail, data)
+
+
+def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts: list[str], budget: int):
+    """The checks on the float32 target, one :class:`Result` at a time (the target is freed afterwards)."""
+    target = load_target(target_name, "float32", device, attn_implementation="sdpa")
+    methods = _methods(target, names)
+    yield _guarded("lossless-fp32", lambda: check_lossless(target, methods, prompts, budget))
+    yield _guarded("memory-energy", lambda: check_memory_energy(target, methods, prompts[0], budget))
+    yield _guarded("timers", lambda: check_timers(target, methods, prompts[0], budget))
+    yield _guarded("host-syncs", lambda: check_host_syncs(target, methods, prompts[0], budget))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.gpucheck", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--dry", action="store_true", help="one short prompt (a quick structure check, e.g. on CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--methods", help="comma-separated method names (default: every registered method)")
+    p.add_argument("--skip-tests", action="store_true", help="do not run the pytest -m gpu step")
+    p.add_argument("--json", help="write every result to this file")
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"gpu-check: error: --device {args.device} but torch sees no CUDA device "
+              f"(torch {torch.__version__}, CUDA {torch.version.cuda})", file=sys.stderr)
+        return 2
+    budget = args.max_new_tokens or (8 if args.dry else 64)
+    prompts = PROMPTS[:1] if args.dry else PROMPTS
+    names = [n.strip() for n in args.methods.split(",") if n.strip()] if args.methods else None
+    t0 = time.perf_counter()
+    results: list[Result] = []
+
+    def report(result: Result) -> None:
+        results.append(result)
+        print(f"{result.status:<5}{result.name:<17}{result.detail}", flush=True)
+
+    print(f"gpu-check on {args.device} ({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}), "
+          f"torch {torch.__version__}, target {args.target}, {budget} tokens x {len(prompts)} prompts", flush=True)
+    report(Result("gpu-tests", "SKIP", "--skip-tests") if args.skip_tests else check_gpu_tests(args.device))
+    for result in fp32_checks(args.target, args.device, names, prompts, budget):
+        report(result)
+    bf16 = load_target(args.target, "bfloat16", args.device, attn_implementation="sdpa")
+    report(_guarded("divergence-bf16", lambda: check_divergence(bf16, _methods(bf16, names), prompts, budget)))
+    failed = [r.name for r in results if r.status == "FAIL"]
+    print(f"gpu-check: {'FAIL ' + ', '.join(failed) if failed else 'PASS'} "
+          f"({sum(r.status == 'PASS' for r in results)} passed, {sum(r.status == 'SKIP' for r in results)} skipped, "
+          f"{len(failed)} failed) in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps([vars(r) for r in results], indent=1, default=str))
+    return 1 if failed else 0
+
+
+def _guarded(name: str, check) -> Result:
+    """A check that raises is a FAIL with the error, and the other checks still run."""
+    try:
+        return check()
+    except Exception as e:
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return Result(name, "FAIL", f"{type(e).__name__}: {e} at {os.path.basename(where.filename)}:{where.lineno}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Counting the host-device round trips of a decoding loop, on any device (CUDA's sync debug mode needs a GPU).
+
+On an accelerator every read of a tensor's value by Python (``.item()``, ``.tolist()``, ``int(t)``, ``if t:``,
+``.cpu()``, ``nonzero``, boolean-mask indexing) waits for the queued kernels to finish, and so does every copy of
+Python data to the device (``torch.tensor(values, device=...)``: a pageable host-to-device copy synchronises the
+stream). A step loop that does 45 of them per target forward spends a large part of a 7B model's step waiting.
+
+:class:`HostSyncCounter` is a ``TorchFunctionMode`` that sees every such call whatever the device, so a CPU test can
+count them: it counts
+
+- *reads*: a tensor value brought to the host (the functions in :data:`READS`, and ``__getitem__`` /
+  ``__setitem__`` with a boolean tensor index, whose result shape depends on the values);
+- *uploads*: ``torch.tensor`` / ``torch.as_tensor`` built from (non-empty) Python data with an explicit
+  ``device=`` (the idiom that becomes a synchronising host-to-device copy on CUDA).
+
+What it cannot see on CPU: ``tensor.to(device)`` of a host tensor (a no-op there) and syncs inside C++ kernels;
+``make gpu-check`` counts those with ``torch.cuda.set_sync_debug_mode`` on a real GPU.
+:class:`StepSyncProbe` splits the counts per target forward (one verification step = one forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+READS = frozenset({
+    "item", "tolist", "__int__", "__float__", "__bool__", "__index__", "__complex__", "__array__", "numpy", "cpu",
+    "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "equal", "allclose",
+})
+UPLOADS = frozenset({"tensor", "as_tensor"})
+
+
+def _empty(data) -> bool:
+    """An empty list / tuple: ``torch.tensor([], device=...)`` allocates, there is nothing to copy."""
+    return isinstance(data, (list, tuple)) and len(data) == 0
+
+
+def _has_bool_index(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """Counts host reads and uploads (see the module docstring) while active; ``events`` names them.
+
+    Example::
+
+        with HostSyncCounter() as c:
+            x = torch.arange(3); x.tolist(); int(x[0]); torch.tensor([1], device="cpu")
+        c.reads == 2, c.uploads == 1
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+        self.uploads = 0
+        self.events: Counter[str] = Counter()
+        self.paused = False  # set by StepSyncProbe.paused(): work that is not part of the measured loop
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.uploads
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if self.paused:
+            pass
+        elif name in READS or (name in ("__getitem__", "__setitem__") and len(args) > 1 and _has_bool_index(args[1])):
+            self.reads += 1
+            self.events[name] += 1
+        elif name in UPLOADS and kwargs.get("device") is not None and not _empty(args[0] if args else None):
+            self.uploads += 1
+            self.events[f"{name}(device=...)"] += 1
+        return func(*args, **kwargs)
+
+
+class StepSyncProbe:
+    """Host syncs between consecutive forwards of ``model``: ``per_forward[i]`` = reads + uploads from the start of
+    forward i to the start of forward i + 1 (the last entry runs to the end of the probe).
+
+    For a speculative turn, forward 0 is the prefill and forward i >= 1 is verification step i, so
+    ``per_forward[i]`` covers step i's verification, compaction, the method's ``accept`` and the next ``propose``.
+    Usage::
+
+        with StepSyncProbe(target.model) as probe:
+            method.generate(...)
+        probe.per_forward  # e.g. [2, 1, 1, 1, ...]
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.counter = HostSyncCounter()
+        self.marks: list[int] = []
+        self.per_forward: list[int] = []
+
+    def __enter__(self) -> StepSyncProbe:
+        forward = self.model.forward
+
+        def probed(*args, **kwargs):
+            if not self.counter.paused:
+                self.marks.append(self.counter.total)
+            return forward(*args, **kwargs)
+
+        self.model.forward = probed  # the instance attribute shadows the class method; removed on exit
+        self.counter.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.counter.__exit__(*exc)
+        del self.model.forward
+        ends = self.marks[1:] + [self.counter.total]
+        self.per_forward = [b - a for a, b in zip(self.marks, ends)]
+
+    @property
+    def events(self) -> Counter[str]:
+        return self.counter.events
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Neither count nor mark forwards inside (a test oracle's own reference forwards)."""
+        self.counter.paused = True
+        try:
+            yield
+        finally:
+            self.counter.paused = False

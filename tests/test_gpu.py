@@ -1,0 +1,95 @@
+"""What only a CUDA device shows (run by ``make gpu-check``; skipped without CUDA): losslessness on the GPU's
+kernels, host syncs seen by CUDA's own sync debug mode, memory and NVML readings, synchronised timings."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from harness.engine.sampling import SamplingParams
+from harness.measure.trackers import Nvml, Tracker, pci_bus_id
+from methods.vanilla import Vanilla
+from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+GREEDY = SamplingParams()
+PROMPT = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]]
+CASES = [("llama", None), ("mistral", 6), ("gemma2", 5), ("gemma3", 5)]
+
+
+@pytest.mark.parametrize("arch, window", CASES, ids=[f"{a}-w{w}" for a, w in CASES])
+@pytest.mark.parametrize("name", TREE_METHODS)
+def test_every_method_greedy_equals_vanilla_on_cuda(arch, window, name):
+    """fp32 on CUDA: a tree forward and one-token decoding use other kernels than on CPU; greedy outputs must
+    still be equal (a wrong mask, window or compaction shows here as on CPU; a near tie would too, so a failure
+    here needs the divergence report's margins before it is called a bug)."""
+    target = tiny_causal_lm(arch, window, device="cuda")
+    prompt = torch.tensor(PROMPT, device="cuda")
+    want = Vanilla(target).generate(prompt, 30, GREEDY).token_ids
+    assert tree_method(name, target).generate(prompt, 30, GREEDY).token_ids == want
+
+
+def test_step_loop_syncs_counted_by_cuda():
+    """CUDA's sync debug mode sees every synchronising call, including inside torch and transformers: an EAGLE-2
+    step on a 2-layer model makes at most 3 (the loop itself makes 1; tests/test_syncs.py pins that on CPU)."""
+    target = tiny_causal_lm("llama", device="cuda")
+    method = tree_method("eagle2", target)
+    prompt = torch.tensor(PROMPT, device="cuda")
+    method.generate(prompt, 8, GREEDY)  # warm-up: lazy inits
+    marks: list[int] = []
+    forward = target.model.forward
+
+    def probed(*args, **kwargs):
+        marks.append(len(caught))
+        return forward(*args, **kwargs)
+
+    target.model.forward = probed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            method.generate(prompt, 24, GREEDY)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            del target.model.forward
+    per_step = [b - a for a, b in zip(marks, marks[1:] + [len(caught)])][1:]
+    assert per_step and max(per_step) <= 3, (per_step, sorted({str(w.message)[:120] for w in caught}))
+
+
+def test_memory_and_nvml_readings_on_cuda():
+    """Peak allocated memory covers at least the weights, reserved is at least allocated, and NVML reads the
+    board torch uses (matched by PCI bus id: the board's name is torch's device name)."""
+    target = tiny_causal_lm("llama", device="cuda")
+    weights = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    tracker = Tracker("cuda:0")
+    with tracker.track() as m:
+        Vanilla(target).generate(torch.tensor(PROMPT, device="cuda"), 16, GREEDY)
+    assert m.cuda_peak_allocated_bytes >= weights
+    assert m.cuda_peak_reserved_bytes >= m.cuda_peak_allocated_bytes
+    nvml = Nvml([0])
+    if nvml.error and "pynvml" in nvml.error:
+        pytest.skip(f"NVML unavailable: {nvml.error}")
+    assert nvml.devices == [pci_bus_id(torch.cuda.get_device_properties(0))], nvml.error
+    name = nvml.info().get("gpu_name", "")
+    assert (name and name in torch.cuda.get_device_name(0)) or torch.cuda.get_device_name(0) in name
+    assert m.nvml_used_bytes and m.nvml_devices == nvml.devices
+    assert m.energy_j is not None and m.energy_j >= 0
+
+
+def test_timings_are_synchronised_when_profiling_on_cuda():
+    """profile on: draft + verify + overhead sum to the turn's wall time minus the prefill (each part was
+    synchronised); profile off: the record says the split is not synchronised."""
+    target = tiny_causal_lm("llama", device="cuda")
+    method = tree_method("eagle2", target)
+    prompt = torch.tensor(PROMPT, device="cuda")
+    tracker = Tracker("cuda:0")
+    method.profile = True
+    with tracker.track() as m:
+        gen = method.generate(prompt, 24, GREEDY)
+    assert gen.timings_synchronised is True
+    assert sum(gen.timings.values()) == pytest.approx(m.wall_time_s - gen.prefill_time_s, rel=0.1)
+    method.profile = False
+    assert method.generate(prompt, 8, GREEDY).timings_synchronised is False

@@ -1,0 +1,101 @@
+"""Host-device round trips of the step loop, counted on CPU (:mod:`harness.measure.syncs`).
+
+On a GPU each value read by Python (``.item()``, ``.tolist()``, ``int(t)``) or synchronising upload stalls the
+device queue; a 32-layer EAGLE-2 step used to make ~45 of them. These tests pin the number per verification step,
+so a change that adds one fails here (with the events that were counted).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.engine.kv import compact_cache
+from harness.engine.sampling import SamplingParams
+from harness.measure.syncs import HostSyncCounter, StepSyncProbe
+from methods.vanilla import Vanilla
+from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
+from tests.test_engine import PROMPT, OracleBranched
+
+GREEDY = SamplingParams()
+# host round trips per verification step at temperature 0: the engine's one batched transfer, plus what a method's
+# drafting still reads (Jakiro's dynamic tree reads each level's kept candidates: depth + 1 levels, 4 here)
+PER_STEP = {"vanilla": 1, "pld": 1, "eagle1": 1, "eagle2": 1, "medusa": 1, "jakiro": 5, "jakiro_star": 1}
+# up to the first verification forward: the prefill's token, plus the first proposal's own reads (PLD reads the
+# prompt once; Jakiro's first tree costs what every later one does)
+PREFILL = {"pld": 2, "jakiro": 5}
+
+
+def test_counter_counts_reads_and_uploads():
+    """The docstring example: two value reads and one upload are counted; creating tensors on the host, empty
+    uploads and device-side arithmetic are not."""
+    with HostSyncCounter() as c:
+        x = torch.arange(3)
+        x.tolist()
+        int(x[0])
+        torch.tensor([1], device="cpu")
+        torch.tensor([], device="cpu")
+        y = x * 2 + 1
+        _ = y[y > 2]  # a boolean index: the result's shape depends on the values
+    assert (c.reads, c.uploads) == (3, 1)
+    assert c.events == {"tolist": 1, "__int__": 1, "tensor(device=...)": 1, "__getitem__": 1}
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    """A 32-layer Llama (hidden 32): per-layer host work would show as 32 per step."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from harness.models import target_from_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=32, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    target = target_from_model(AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False), None)
+    target.eos_ids = frozenset()
+    return target
+
+
+@pytest.mark.parametrize("name", ("vanilla",) + TREE_METHODS)
+def test_host_syncs_per_step_are_bounded(deep_target, name):
+    """Greedy decoding of 24 tokens on a 32-layer model: every verification step makes exactly PER_STEP[name]
+    host round trips, whatever the layer count (masks, positions and acceptance are on the device, the host needs
+    one transfer, compaction uploads its index once without a stream sync)."""
+    method = Vanilla(deep_target) if name == "vanilla" else tree_method(name, deep_target)
+    with StepSyncProbe(deep_target.model) as probe:
+        method.generate(PROMPT, 24, GREEDY)
+    steps = probe.per_forward[1:]
+    assert len(steps) >= 4
+    assert probe.per_forward[0] == PREFILL.get(name, 1), dict(probe.events)
+    assert max(steps) == PER_STEP[name], (steps, dict(probe.events))
+
+
+def test_accepted_paths_add_no_syncs():
+    """An oracle tree accepts deep, non-contiguous paths every step (compaction gathers slots in every layer,
+    sliding ones included): still one round trip per step (the oracle's own reference forwards are paused)."""
+    target = tiny_causal_lm("mistral", 6)
+    probe = StepSyncProbe(target.model)
+
+    class Quiet(OracleBranched):
+        def greedy_continuation(self, root, n):
+            with probe.paused():
+                return super().greedy_continuation(root, n)
+
+    with probe:
+        gen = Quiet(target).generate(PROMPT, 24, GREEDY)
+    assert sum(gen.accepted_drafts) >= 16
+    assert probe.per_forward[1:] == [1] * (len(gen.accept_lengths) - 1), dict(probe.events)
+
+
+def test_compaction_reads_nothing_and_uploads_once_per_device():
+    """compact_cache on 32 layers with a non-contiguous keep: no host read, no synchronising upload (the index is
+    built once and copied with non_blocking); the old code made one upload per layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i in range(32):
+        cache.update(torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4), i)
+    with HostSyncCounter() as c:
+        compact_cache(cache, 5, [0, 2, 4])
+    assert c.total == 0, dict(c.events)
+    assert cache.get_seq_length() == 8
