@@ -1,6 +1,7 @@
-"""Tiny random causal LMs of several architectures, and every tree method on them with random draft heads.
+"""Tiny random causal LMs of several architectures, and every registered tree method on them with random draft heads
+(``Method.example``).
 
-Used by the sliding-window / any-architecture tests and by ``tools/gpu_check.py --dry``. Nothing is downloaded:
+Used by the sliding-window / any-architecture tests, the divergence and GPU tests. Nothing is downloaded:
 each model is built from a config (2 layers, hidden 32, vocabulary 64) with a fixed seed.
 """
 
@@ -17,7 +18,10 @@ from transformers import (
     Qwen2Config,
 )
 
+from harness.engine.speculative import SpeculativeMethod
 from harness.models import Target, target_from_model
+from harness.registry import get_method
+from tests.helpers import build_example, registered_methods
 
 VOCAB, HIDDEN = 64, 32
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
@@ -58,43 +62,14 @@ def tiny_causal_lm(arch: str, window: int | None = None, seed: int = 0, attn: st
     return target
 
 
-def _random(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    for p in module.parameters():
-        if p.requires_grad:
-            torch.nn.init.normal_(p, std=std)
-    return module.eval().requires_grad_(False)
+# options that keep the trees small on a CPU; every other method runs with its defaults
+SMALL_TREES = {"eagle2": dict(total_tokens=16, depth=3, top_k=4), "jakiro": dict(total_tokens=16, depth=3, top_k=4)}
 
 
 def tree_method(name: str, target: Target, seed: int = 1):
-    """Method ``name`` on ``target`` with a random draft head and small trees (fast on a CPU)."""
-    from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options
-    from methods.eagle.head import EagleHead
-    from methods.jakiro.dynamic import Jakiro, JakiroOptions
-    from methods.jakiro.head import JakiroHead
-    from methods.jakiro.star import JakiroStar, JakiroStarOptions
-    from methods.medusa.drafting import Medusa, MedusaOptions
-    from methods.medusa.heads import MedusaHeads
-    from methods.pld import PromptLookup
-
-    lm_head = target.model.get_output_embeddings().weight  # [V, H]
-    V, H = lm_head.shape
-    small = dict(total_tokens=16, depth=3, top_k=4)
-    if name == "pld":
-        return PromptLookup(target)
-    if name == "eagle1":
-        return Eagle1(target, Eagle1Options(), head=_random(EagleHead.for_target(target), seed))
-    if name == "eagle2":
-        return Eagle2(target, Eagle2Options(**small), head=_random(EagleHead.for_target(target), seed))
-    if name == "medusa":
-        heads = MedusaHeads(H, V, 4, 1, False).to(target.output_device, target.dtype)
-        return Medusa(target, MedusaOptions(), heads=_random(heads, seed, std=0.3))
-    if name == "jakiro":
-        return Jakiro(target, JakiroOptions(**small), head=_random(JakiroHead.for_target(target), seed))
-    if name == "jakiro_star":
-        head = _random(JakiroHead.for_target(target, kind="jakiro_star"), seed)
-        return JakiroStar(target, JakiroStarOptions(), head=head)
-    raise ValueError(f"unknown tree method {name!r}")
+    """Registered method ``name`` on ``target``, built by ``Method.example`` (random draft parts, small trees)."""
+    return build_example(name, target, seed, **SMALL_TREES.get(name, {}))
 
 
-TREE_METHODS = ("pld", "eagle1", "eagle2", "medusa", "jakiro", "jakiro_star")
+# every registered tree-drafting method, read at collection time: a new one is covered by construction
+TREE_METHODS = tuple(name for name in registered_methods() if issubclass(get_method(name), SpeculativeMethod))

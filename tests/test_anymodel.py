@@ -12,6 +12,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import verification_masks
 from harness.engine.tree import ancestor_matrix, slot_depths, windowed_tree_mask
 from harness.models import check_attn_implementation
+from harness.registry import get_method
 from methods.vanilla import Vanilla
 from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
 from tests.test_engine import PROMPT, OracleBranched, OracleChain
@@ -190,7 +191,7 @@ def test_tree_methods_refuse_flash_backends_with_the_reason():
     target = tiny_causal_lm("llama")
     target.model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="flash_attention_2.*only eager and sdpa take an arbitrary mask"):
-        tree_method("eagle2", target)
+        get_method("eagle2").example(target, seed=1, total_tokens=16, depth=3, top_k=4)
     Vanilla(target)  # vanilla needs no tree mask
 
 

@@ -120,10 +120,10 @@ class Medusa(SpeculativeMethod):
         lm_heads would outweigh a small target); no checkpoint is read."""
         opts = build_options(cls.Options, options, f"method {cls.name!r}")
         parents, _ = medusa_tree(opts.tree, "tree")
-        hidden, vocab = target.config.hidden_size, target.config.vocab_size
+        vocab, hidden = target.model.get_output_embeddings().weight.shape  # the lm_head's input width (OPT: not H)
         with seeded(seed):
             heads = MedusaHeads(hidden, vocab, num_heads=int(depths(parents).max()), share_lm_head=True)
-        heads = heads.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        heads = heads.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
         return cls(target, opts, heads=heads)
 
     @property
