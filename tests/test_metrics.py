@@ -30,14 +30,6 @@ def test_tau_pooled_per_step_and_vanilla_is_one():
     assert math.isnan(M.tau([]))
 
 
-def test_tau_script_drops_one_step_per_turn():
-    # 11 / ((3-1) + (2-1)) = 11 / 3: larger than tau, which is why it lives in its own column
-    assert M.tau_script([[1, 3, 2], [1, 4]]) == pytest.approx(11 / 3)
-    assert M.tau_script([[1, 1, 1, 1]]) == pytest.approx(4 / 3)
-    # a prefill-only turn has no verification step: nothing to divide by
-    assert math.isnan(M.tau_script([[1]]))
-
-
 def test_speedup_ratio_of_means_pairs_questions():
     # question "c" has no baseline and "d" has no method value: both dropped; (30+10)/2 / ((10+10)/2) = 2
     method = {"a": 30.0, "b": 10.0, "c": 99.0}

@@ -6,12 +6,14 @@ so the whole question must be left out of medusa's measurements and of the pairi
 
 Hand-computed expectations:
   vanilla s1: q1 4 tok / 2.0 s = 2.0 tok/s, q2 (2+2) / (0.25+0.25) = 8.0 -> mean 5.0; tau 8/8 = 1;
-              tau_script 8 / (3+1+1) = 1.6
+              tau_script (EAGLE scripts: mean over questions of Σ S / Σ (K - 1)): q1 3 / 2 = 1.5, q2 has no
+              second verification step in any turn (Σ (K - 1) = 0) and is skipped -> 1.5
   vanilla s2: q3 (3+3) / (1.0+2.0) = 2.0 tok/s
   medusa  s1: q1 4 / 0.5 = 8.0, q2 errored (dropped) -> speed-up on q1 only: 8 / 2 = 4.0 (unpaired: 8 / 5);
-              tau 4 / 2 steps = 2.0 (with q2's ok turn it would be 6 / 4); tau_script 4 / 1 = 4.0;
+              tau 4 / 2 steps = 2.0 (with q2's ok turn it would be 6 / 4); tau_script: q1's one verification step
+              gives Σ (K - 1) = 0 -> NaN;
               acc@1..3 from (accepted 2, depth 3) = 1, 1, 0
-  medusa  s2: q3 6 / (0.5+0.5) = 6.0 -> speed-up 6 / 2 = 3.0; tau (3+3) / (2+3) = 1.2; tau_script 6 / (1+2) = 2;
+  medusa  s2: q3 6 / (0.5+0.5) = 6.0 -> speed-up 6 / 2 = 3.0; tau (3+3) / (2+3) = 1.2; tau_script (2 + 2) / (0 + 1) = 4;
               steps (1, 3), (0, 3), (0, 2): acc@1 = 1/3, acc@2 = 0/3, acc@3 = 0/2; lossless share: turn 0 differs,
               turn 1 equal -> 0.5
   paper table mean column for medusa: speed-up (4 + 3) / 2 = 3.5, tau (2.0 + 1.2) / 2 = 1.6
@@ -110,19 +112,19 @@ def test_summary_numbers_match_hand_computation():
     v1, m1, m2 = row(s, "vanilla", "s1"), row(s, "medusa-typical", "s1"), row(s, "medusa-typical", "s2")
     assert (v1["n_questions"], v1["n_turns"], v1["n_errors"]) == (2, 3, 0)
     assert v1["tokens_per_s"] == pytest.approx(5.0) and v1["tau"] == pytest.approx(1.0)
-    assert v1["tau_script"] == pytest.approx(1.6) and v1["speedup"] == pytest.approx(1.0)
+    assert v1["tau_script"] == pytest.approx(1.5) and v1["speedup"] == pytest.approx(1.0)
     # the errored question is dropped from medusa's measurements and from the pairing with vanilla
     assert (m1["n_questions"], m1["n_turns"], m1["n_errors"]) == (1, 1, 1)
     assert m1["tokens_per_s"] == pytest.approx(8.0) and m1["speedup"] == pytest.approx(4.0)
     assert (m1["speedup_gmean"], m1["speedup_ci_lo"], m1["speedup_ci_hi"]) == pytest.approx((4.0, 4.0, 4.0))
-    assert m1["tau"] == pytest.approx(2.0) and m1["tau_script"] == pytest.approx(4.0)
+    assert m1["tau"] == pytest.approx(2.0) and math.isnan(m1["tau_script"])
     assert [m1["acc@1"], m1["acc@2"], m1["acc@3"]] == pytest.approx([1.0, 1.0, 0.0])
     assert m1["lossless_share"] == pytest.approx(1.0)
     assert m1["energy_per_token_j"] == pytest.approx(0.5)  # 2 J / 4 tokens
     assert m1["peak_memory_bytes"] == 5000  # CUDA peak allocated wins over RSS when present
     assert m1["peak_reserved_bytes"] == 6000  # reserved (allocator cache included) is reported beside it
     assert m2["speedup"] == pytest.approx(3.0) and m2["tau"] == pytest.approx(1.2)
-    assert m2["tau_script"] == pytest.approx(2.0)
+    assert m2["tau_script"] == pytest.approx(4.0)
     assert [m2["acc@1"], m2["acc@2"], m2["acc@3"]] == pytest.approx([1 / 3, 0.0, 0.0])
     # conditional position 3 needs a step that accepted 2 and drafted 3: none here
     assert m2["acc_cond@2"] == pytest.approx(0.0) and math.isnan(m2["acc_cond@3"])

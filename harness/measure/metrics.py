@@ -75,22 +75,6 @@ def tau(accept_lengths_lists: Iterable[Sequence[int]]) -> float:
     return sum(sum(a) for a in lists) / steps if steps else math.nan
 
 
-def tau_script(accept_lengths_lists: Iterable[Sequence[int]]) -> float:
-    """The EAGLE/Jakiro scripts' τ variant: Σ new tokens / Σ (steps − 1), pooled.
-
-    Those scripts divide by the verification-loop index at exit, one step fewer than the steps taken, so each turn
-    loses one step from the denominator and the value is larger than :func:`tau` (by +0.1 to +0.4 on their
-    published outputs; their ``evaluation/speed_accept_len.py``). Reported in its own column only so that numbers can be compared
-    with the papers'. Note: the scripts also average per question (a mean of ratios), leave the prefill token out of
-    the numerator and divide by the loop index (one less than the verification steps); this pooled column only
-    approximates them, and :func:`tau_eagle_script` is the exact convention, for comparing with a paper's cells.
-    Example: [[1, 3, 2], [1, 4]] -> (6 + 5) / (2 + 1) = 3.667; vanilla [[1, 1, 1, 1]] -> 4 / 3.
-    """
-    lists = [list(a) for a in accept_lengths_lists]
-    steps = sum(max(len(a) - 1, 0) for a in lists)
-    return sum(sum(a) for a in lists) / steps if steps else math.nan
-
-
 PerQuestionTurns = Mapping[Any, Sequence[Sequence[int]]]
 
 

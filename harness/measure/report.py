@@ -199,6 +199,14 @@ def _per_question_tps(questions: pd.DataFrame) -> pd.Series:
     return pd.Series(questions["tokens_per_s"].to_numpy(dtype=float), index=questions["question_id"].to_numpy())
 
 
+def _turns_per_question(turns: pd.DataFrame) -> dict[Any, list[list[int]]]:
+    """question id -> the accept_lengths of its turns (the input of the per-question τ conventions)."""
+    out: dict[Any, list[list[int]]] = {}
+    for qid, lengths in zip(turns["question_id"], turns["accept_lengths"]):
+        out.setdefault(qid, []).append(list(lengths))
+    return out
+
+
 def _lists(col: pd.Series) -> list[list[int]]:
     """A list column as plain lists, None (not recorded) as []."""
     return [list(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else [] for v in col]
@@ -222,7 +230,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
 
     Columns: n_questions (measured), n_turns (measured), n_errors (error records), n_incomplete (questions with a
     missing turn record, left out), n_score_errors (answers whose scorer failed); tokens_per_s (mean over
-    questions), tau, tau_script; speedup (ratio of means) and speedup_gmean with its bootstrap CI
+    questions), tau, tau_script (the EAGLE/Jakiro scripts' convention, :func:`harness.measure.metrics.tau_eagle_script`); speedup (ratio of means) and speedup_gmean with its bootstrap CI
     (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
     baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
     output ids); energy_per_token_j;
@@ -258,7 +266,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "n_score_errors": int(score_failed.loc[g.index].sum()),
             "tokens_per_s": M.mean_tokens_per_second(tps),
             "tau": M.tau(_lists(ok["accept_lengths"])),
-            "tau_script": M.tau_script(_lists(ok["accept_lengths"])),
+            "tau_script": M.tau_eagle_script(_turns_per_question(ok)),
             "speedup": M.speedup_ratio_of_means(tps, base_tps),
             "speedup_gmean": gmean,
             "speedup_ci_lo": lo,
