@@ -99,9 +99,10 @@ def check_shared_vocabulary(target: Target, draft: Target, where: str) -> None:
 
 @register_method("sps")
 class Sps(SpeculativeMethod):
-    """Speculative sampling with a draft model (see the module docstring). ``draft`` may be passed in-process (a
-    :class:`harness.models.Target`, e.g. a tiny model in tests); otherwise option ``draft`` is loaded with the
-    target's dtype and device."""
+    """SpS: a separate draft model proposes a chain of k tokens (lossless at every temperature; Spec-Bench's SpS).
+
+    See the module docstring. ``draft`` may be passed in-process (a :class:`harness.models.Target`, e.g. a tiny model
+    in tests); otherwise option ``draft`` is loaded with the target's dtype and device."""
 
     Options = SpsOptions
 

@@ -52,8 +52,10 @@ class Eagle3Options:
 
 @register_method("eagle3")
 class Eagle3(Eagle2):
-    """EAGLE-3 (arXiv:2503.01840) on EAGLE-2's dynamic tree; see the module docstring. ``head`` may be passed
-    directly (tests, training loops); otherwise it is loaded from ``options.head``."""
+    """EAGLE-3 (arXiv:2503.01840): three fused target levels and an own reduced vocabulary, on EAGLE-2's tree.
+
+    See the module docstring. ``head`` may be passed directly (tests, training loops); otherwise it is loaded from
+    ``options.head``."""
 
     Options = Eagle3Options
 
