@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from harness.engine.hostio import upload
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
@@ -167,7 +168,7 @@ class Sps(SpeculativeMethod):
             self.cache.crop(-extra)
         else:
             self.cache.crop(0)  # sliding-window layers drop what they no longer need
-        self.pending = torch.tensor(tokens[1 + kept:], dtype=torch.long, device=self.draft.device)
+        self.pending = upload(tokens[1 + kept:], self.draft.device)  # queued without a stream synchronisation
         if self.options.schedule != "constant":  # transformers' heuristic: +2 after a full accept, else -1
             self.k = self.k + 2 if accepted == self.k else max(1, self.k - 1)
 

@@ -94,7 +94,15 @@ def tree_method(name: str, target: Target, seed: int = 1):
     if name == "jakiro_star":
         head = _random(JakiroHead.for_target(target, kind="jakiro_star"), seed)
         return JakiroStar(target, JakiroStarOptions(), head=head)
+    if name == "eagle3":  # a random half of the vocabulary as the draft vocabulary
+        from methods.eagle3.drafting import Eagle3
+
+        return Eagle3.example(target, seed, **small)
+    if name == "sps":  # a random one-layer draft of the same architecture (sliding layers included)
+        from methods.sps import Sps
+
+        return Sps.example(target, seed, k=4)
     raise ValueError(f"unknown tree method {name!r}")
 
 
-TREE_METHODS = ("pld", "eagle1", "eagle2", "medusa", "jakiro", "jakiro_star")
+TREE_METHODS = ("pld", "eagle1", "eagle2", "medusa", "jakiro", "jakiro_star", "eagle3", "sps")

@@ -53,7 +53,7 @@ from harness.engine.speculative import resolve_hidden_layers
 from harness.models import Target
 from methods.eagle.checkpoint import head_embedding
 from methods.eagle.head import rope_theta
-from methods.eagle3.head import LEVELS, Eagle3Head
+from methods.eagle3.head import LEVELS, Eagle3Head, target_residual_width
 
 EAGLE3_WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
 EAGLE3_REQUIRED_CONFIG = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "draft_vocab_size")
@@ -146,12 +146,14 @@ def load_eagle3_head(folder: str | Path, target: Target) -> Eagle3Head:
     """Load a published-format EAGLE-3 head for ``target`` (on the target's output device and dtype).
 
     The target must have the head's ``vocab_size`` and a hidden size equal to ``target_hidden_size`` (default
-    ``hidden_size``). A draft of another width than the target must ship its own ``embed_tokens.weight``.
+    ``hidden_size``). A draft of another width than the target's token embedding must ship its own
+    ``embed_tokens.weight``.
     """
     folder = Path(folder)
     where = str(folder / "config.json")
     config = eagle3_config_from_json(read_config(folder, "EAGLE-3 head"), where)
-    V, H = target_vocab_hidden(target)
+    V, _ = target_vocab_hidden(target)
+    H, E = target_residual_width(target), target.model.get_input_embeddings().weight.shape[1]
     if (config.target_hidden_size, config.vocab_size) != (H, V):
         raise CheckpointError(
             f"{where}: head target_hidden_size={config.target_hidden_size}, vocab_size={config.vocab_size} do not "
@@ -165,7 +167,7 @@ def load_eagle3_head(folder: str | Path, target: Target) -> Eagle3Head:
         except ValueError as e:
             raise CheckpointError(f"{where}: {LAYER_IDS}: {e}") from None
     sd, path = read_weights(folder, EAGLE3_WEIGHT_FILES, "EAGLE-3 head")
-    own_width = config.hidden_size != H
+    own_width = config.hidden_size != E  # the target's embedding cannot be shared
     check_state_dict(sd, expected_eagle3_shapes(config), f"EAGLE-3 head {path}",
                      optional=frozenset() if own_width else frozenset({"embed_tokens.weight"}))
     kept = check_vocab_maps(sd["d2t"], sd["t2d"], f"EAGLE-3 head {path}")

@@ -32,6 +32,15 @@ from methods.eagle.head import EagleAttention, SharesTargetEmbedding, eagle_conf
 LEVELS = 3  # feature levels fused by fc (low, mid, high)
 
 
+def target_residual_width(target: Target) -> int:
+    """Width of the target's decoder residual stream (its hidden states entering the layers): ``hidden_size``."""
+    text = target.model.config.get_text_config(decoder=True)
+    for name in ("hidden_size", "n_embd", "d_model", "dim"):
+        if getattr(text, name, None):
+            return int(getattr(text, name))
+    raise ValueError(f"cannot tell the hidden size of {type(text).__name__} (no hidden_size, n_embd, d_model)")
+
+
 class Eagle3DecoderLayer(nn.Module):
     """EAGLE-3's ``midlayer``: RMSNorm'd embedding and feature concatenated into a ``2H``-input attention, residual on
     the feature, then ``post_attention_layernorm`` + SwiGLU MLP with a residual. Parameter names as published."""
@@ -79,13 +88,16 @@ class Eagle3Head(SharesTargetEmbedding):
     def for_target(cls, target: Target, kept: torch.Tensor | None = None, **overrides) -> Eagle3Head:
         """A randomly initialised head shaped for ``target`` that shares its embedding (training and tests).
 
-        ``kept``: the sorted target ids of the draft vocabulary (default: all of them, Vd = V).
+        ``kept``: the sorted target ids of the draft vocabulary (default: all of them, Vd = V). The head is as wide
+        as the target's token embedding (it shares it); ``fc`` reads three levels of the decoder's residual stream,
+        ``target_hidden_size`` wide (the same width except for models that project their embeddings, as OPT).
         """
-        V, H = target.model.get_output_embeddings().weight.shape
+        V = target.model.get_output_embeddings().weight.shape[0]
+        width = target.model.get_input_embeddings().weight.shape[1]
         kept = torch.arange(V) if kept is None else torch.as_tensor(kept, dtype=torch.long)
-        overrides.setdefault("hidden_size", H)
-        config = eagle_config_for(target.config, draft_vocab_size=int(kept.shape[0]), target_hidden_size=H,
-                                  **overrides)
+        overrides.setdefault("hidden_size", width)
+        config = eagle_config_for(target.config, draft_vocab_size=int(kept.shape[0]),
+                                  target_hidden_size=target_residual_width(target), **overrides)
         head = cls(config, target.model.get_input_embeddings())
         head.set_vocabulary(kept)
         return head.to(device=target.output_device, dtype=target.dtype)
