@@ -125,9 +125,9 @@ def reference_eagle3(sd: dict, embed: torch.Tensor, levels: torch.Tensor, tokens
 
 
 def test_published_checkpoint_loads_and_matches_a_hand_written_head(tmp_path):
-    # the stand-in (published key names, shapes, d2t/t2d buffers, config without rope_theta) must load strictly and
-    # compute what the published architecture computes; a swapped norm, a missing residual, the target's RoPE base
-    # or a wrong embedding/feature order in the 2H attention input would change the logits
+    """The stand-in (published key names, shapes, d2t/t2d buffers, config without rope_theta) must load strictly and
+    compute what the published architecture computes; a swapped norm, a missing residual, the target's RoPE base
+    or a wrong embedding/feature order in the 2H attention input would change the logits"""
     target = tiny_target()
     sd = published_eagle3_folder(tmp_path)
     head = load_eagle3_head(tmp_path, target)
@@ -146,7 +146,7 @@ def test_published_checkpoint_loads_and_matches_a_hand_written_head(tmp_path):
 
 
 def test_rope_theta_and_layer_ids_are_read_from_the_config(tmp_path):
-    # a config that sets rope_theta (and the optional fused-layer ids) must be obeyed, not replaced by defaults
+    """A config that sets rope_theta (and the optional fused-layer ids) must be obeyed, not replaced by defaults"""
     target = tiny_target()
     published_eagle3_folder(tmp_path, {**PUBLISHED_CONFIG, "rope_theta": 500000.0,
                                        "eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
@@ -167,8 +167,8 @@ def test_rope_theta_and_layer_ids_are_read_from_the_config(tmp_path):
     (lambda sd: sd.update({"t2d": sd["t2d"].float()}), r"t2d must be a bool mask"),
 ])
 def test_a_wrong_checkpoint_fails_naming_the_key(tmp_path, edit, message):
-    # strict loading: a renamed, missing, mis-shaped or extra key, or inconsistent vocabulary maps, must fail with
-    # the key in the message (the released loader uses strict=False and would keep random weights)
+    """Strict loading: a renamed, missing, mis-shaped or extra key, or inconsistent vocabulary maps, must fail with
+    the key in the message (the released loader uses strict=False and would keep random weights)"""
     published_eagle3_folder(tmp_path, edit=edit)
     with pytest.raises(CheckpointError, match=message):
         load_eagle3_head(tmp_path, tiny_target())
@@ -181,13 +181,15 @@ def test_a_wrong_checkpoint_fails_naming_the_key(tmp_path, edit, message):
     ({**PUBLISHED_CONFIG, "draft_vocab_size": 200}, r"draft_vocab_size=200 exceeds vocab_size=128"),
 ])
 def test_a_wrong_config_fails_naming_the_field(tmp_path, config, message):
+    """A config.json without draft_vocab_size, for another target's vocabulary, with two layers or a draft
+    vocabulary larger than the target's must be refused naming the field, before any weight is read."""
     published_eagle3_folder(tmp_path, config)
     with pytest.raises(CheckpointError, match=message):
         load_eagle3_head(tmp_path, tiny_target())
 
 
 def test_check_vocab_maps_literal():
-    # docstring example: d2t [1, 3] with t2d marking {1, 4} is the vocabulary [1, 4]; d2t [1, 2] is not
+    """Docstring example: d2t [1, 3] with t2d marking {1, 4} is the vocabulary [1, 4]; d2t [1, 2] is not"""
     t2d = torch.tensor([False, True, False, False, True, False])
     assert check_vocab_maps(torch.tensor([1, 3]), t2d, "x").tolist() == [1, 4]
     with pytest.raises(CheckpointError, match="d2t and t2d disagree"):
@@ -195,8 +197,8 @@ def test_check_vocab_maps_literal():
 
 
 def test_save_writes_the_published_keys_and_round_trips(tmp_path):
-    # what `draftbench train eagle3` writes must be the published layout (no embedding when it is the target's) and
-    # must load back to the same head
+    """What `draftbench train eagle3` writes must be the published layout (no embedding when it is the target's) and
+    must load back to the same head"""
     target = tiny_target()
     torch.manual_seed(0)
     head = Eagle3Head.for_target(target, torch.tensor(KEPT)).eval()
@@ -235,9 +237,9 @@ def scratch_log_probs(head: Eagle3Head, levels: torch.Tensor, prompt: torch.Tens
 
 
 def test_candidates_equal_a_from_scratch_computation(tmp_path):
-    # EAGLE-2's expansion on the EAGLE-3 head: every candidate's cumulative score must be what a from-scratch run
-    # along its ancestor chain gives, and its token a target id of the draft vocabulary. Pins the fc projection on
-    # the stable positions only, the feedback of the head's own outputs, the positions and the d2t mapping
+    """EAGLE-2's expansion on the EAGLE-3 head: every candidate's cumulative score must be what a from-scratch run
+    along its ancestor chain gives, and its token a target id of the draft vocabulary. Pins the fc projection on
+    the stable positions only, the feedback of the head's own outputs, the positions and the d2t mapping"""
     target = tiny_target(eos=False)
     published_eagle3_folder(tmp_path)
     method = Eagle3(target, Eagle3Options(head=str(tmp_path), depth=2, top_k=3, total_tokens=8))
@@ -260,8 +262,8 @@ def test_candidates_equal_a_from_scratch_computation(tmp_path):
 
 
 def test_the_engine_hands_eagle3_the_three_levels_it_was_built_for():
-    # on an 8-layer target the head reads the inputs of layers 2, 4 and 5 (2, L/2, L-3); the method must get exactly
-    # those, concatenated, for the prompt it begins with, and its greedy output is vanilla's
+    """On an 8-layer target the head reads the inputs of layers 2, 4 and 5 (2, L/2, L-3); the method must get exactly
+    those, concatenated, for the prompt it begins with, and its greedy output is vanilla's"""
     target = tiny_target(eos=False, layers=8)
     method = get_method("eagle3").example(target, total_tokens=8, depth=2, top_k=3)
     assert method.hidden_layers == (2, 4, 5)
@@ -278,7 +280,7 @@ def test_the_engine_hands_eagle3_the_three_levels_it_was_built_for():
 
 
 def test_options_are_validated(tmp_path):
-    # a top_k wider than the head's draft vocabulary cannot be filled; bad tree sizes are named
+    """A top_k wider than the head's draft vocabulary cannot be filled; bad tree sizes are named"""
     target = tiny_target()
     published_eagle3_folder(tmp_path)
     with pytest.raises(OptionsError, match=r"top_k=17 exceeds the head's draft vocabulary \(16 tokens\)"):
@@ -320,10 +322,10 @@ def small_config(**kw):
 
 @pytest.mark.slow
 def test_train_eagle3_smoke(tmp_path):
-    # `draftbench train eagle3` end to end on a tiny model: 100 steps of the training-time test (3 unrolled steps)
-    # over a 40-token draft vocabulary taken from the data's counts must lower the loss and lift the held-out top-1
-    # accuracy far above a random head's (0.04 / 0.0 / 0.0 at positions 1-3 on this data), write the head in the
-    # published format with its vocabulary maps and fused-layer ids, and the saved head must draft losslessly
+    """`draftbench train eagle3` end to end on a tiny model: 100 steps of the training-time test (3 unrolled steps)
+    over a 40-token draft vocabulary taken from the data's counts must lower the loss and lift the held-out top-1
+    accuracy far above a random head's (0.04 / 0.0 / 0.0 at positions 1-3 on this data), write the head in the
+    published format with its vocabulary maps and fused-layer ids, and the saved head must draft losslessly"""
     from harness.train.loop import LOG_FILE, train
 
     target = tiny_target(eos=False, init=0.3)  # peaked next-token distributions: something to learn
@@ -350,8 +352,8 @@ def test_train_eagle3_smoke(tmp_path):
 
 
 def test_train_eagle3_refuses_data_without_the_levels(tmp_path):
-    # a dataset built without --layers has only the post-norm feature: training must stop at once, saying how to
-    # build the right one, not fail inside the loss
+    """A dataset built without --layers has only the post-norm feature: training must stop at once, saying how to
+    build the right one, not fail inside the loss"""
     from harness.train.loop import train
 
     target = tiny_target()
@@ -362,8 +364,8 @@ def test_train_eagle3_refuses_data_without_the_levels(tmp_path):
 
 
 def test_eagle3_loss_of_one_step_is_the_restricted_soft_cross_entropy(tmp_path):
-    # length 1: the loss is -sum_v p_v log q_v averaged over loss positions whose target token is in the draft
-    # vocabulary, with p the target's softmax over the kept ids renormalised and q the draft's; computed by hand
+    """Length 1: the loss is -sum_v p_v log q_v averaged over loss positions whose target token is in the draft
+    vocabulary, with p the target's softmax over the kept ids renormalised and q the draft's; computed by hand"""
     from harness.train.dataset import FeatureDataset, collate
     from harness.train.features import dataset_token_counts, read_manifest
     from harness.train.objectives import get_objective

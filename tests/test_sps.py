@@ -39,9 +39,9 @@ def truncated_draft(target, layers: int = 1):
 
 
 def test_the_draft_cache_is_the_committed_text_after_every_step():
-    # after each verification the draft's cache must hold exactly the committed tokens it has run (its keys equal
-    # to a fresh forward over them) and the rest must be pending: a crop by the wrong amount, or a rejected draft
-    # left in the cache, would shift every later draft position and make the draft see text that was not emitted
+    """After each verification the draft's cache must hold exactly the committed tokens it has run (its keys equal
+    to a fresh forward over them) and the rest must be pending: a crop by the wrong amount, or a rejected draft
+    left in the cache, would shift every later draft position and make the draft see text that was not emitted"""
     target = tiny_target(eos=False, layers=3)
     method = Sps(target, SpsOptions(k=4, schedule="constant"), draft=truncated_draft(target))
     committed: list[int] = []
@@ -71,9 +71,9 @@ def test_the_draft_cache_is_the_committed_text_after_every_step():
 
 
 def test_sampled_chain_carries_the_drafts_shaped_distribution():
-    # at T > 0 row i of draft_probs must be the distribution token i was drawn from: the draft's logits after
-    # prompt + root + the earlier drafts, with the run's temperature and top-p. A row off by one position or
-    # without the sampling shape makes the rejection rule biased (the chi-square test in test_lossless.py)
+    """At T > 0 row i of draft_probs must be the distribution token i was drawn from: the draft's logits after
+    prompt + root + the earlier drafts, with the run's temperature and top-p. A row off by one position or
+    without the sampling shape makes the rejection rule biased (the chi-square test in test_lossless.py)"""
     target = tiny_target(eos=False)
     method = get_method("sps").example(target, seed=3, k=3, schedule="constant")
     sampling = SamplingParams(temperature=0.7, top_p=0.9)
@@ -96,7 +96,7 @@ def test_sampled_chain_carries_the_drafts_shaped_distribution():
     ("constant", [5, 5, 5, 5, 5, 5, 5]),        # 1 + 6 x 6 tokens, then the 7th step is cut at 40
 ])
 def test_chain_length_schedule(schedule, depths):
-    # with oracle drafts every chain is fully accepted: the heuristic grows it by 2 each step, constant keeps k
+    """With oracle drafts every chain is fully accepted: the heuristic grows it by 2 each step, constant keeps k"""
     target = tiny_target(eos=False)
     method = get_method("sps").example(target, schedule=schedule)
     continuation = get_method("vanilla").create(target).generate(PROMPT, 80, GREEDY).token_ids
@@ -106,8 +106,8 @@ def test_chain_length_schedule(schedule, depths):
 
 
 def test_heuristic_shrinks_on_rejection_and_persists_across_turns_unless_transient():
-    # random drafts are rejected: k goes 5, 4, 3, 2, 1, 1 ... and "heuristic" (transformers' persistent schedule)
-    # starts the next turn where the last ended, "heuristic_transient" starts again from k
+    """Random drafts are rejected: k goes 5, 4, 3, 2, 1, 1 ... and "heuristic" (transformers' persistent schedule)
+    starts the next turn where the last ended, "heuristic_transient" starts again from k"""
     target = tiny_target(eos=False)
     for schedule, second_turn_start in (("heuristic", 1), ("heuristic_transient", 5)):
         method = get_method("sps").example(target, schedule=schedule)
@@ -117,8 +117,8 @@ def test_heuristic_shrinks_on_rejection_and_persists_across_turns_unless_transie
 
 
 def test_a_draft_of_another_vocabulary_is_refused():
-    # SpS compares token ids: a draft over another vocabulary must be refused with one line saying so, both when
-    # only the output sizes are known and when the tokenizers differ (the first differing token is named)
+    """SpS compares token ids: a draft over another vocabulary must be refused with one line saying so, both when
+    only the output sizes are known and when the tokenizers differ (the first differing token is named)"""
     target = tiny_target(vocab=64, tokenizer=False)
     small = target_from_model(tiny_llama(vocab_size=48, special_ids=False), None, name="small")
     with pytest.raises(OptionsError, match=r"method 'sps': vocabulary sizes differ \(target 64, draft 48 output "):
@@ -136,8 +136,8 @@ def test_a_draft_of_another_vocabulary_is_refused():
 
 
 def test_a_draft_with_padded_output_rows_is_cut_to_the_target_vocabulary():
-    # same tokenizer, but the draft's lm_head has 16 padding rows more (as model families pad to a multiple):
-    # its logits are cut to the target's 128 ids, so proposals stay valid ids and the output is vanilla's
+    """Same tokenizer, but the draft's lm_head has 16 padding rows more (as model families pad to a multiple):
+    its logits are cut to the target's 128 ids, so proposals stay valid ids and the output is vanilla's"""
     target = tiny_target(eos=False)
     draft = target_from_model(tiny_llama(vocab_size=144, seed=4, layers=1), target.tokenizer, name="padded")
     method = Sps(target, SpsOptions(k=3), draft=draft)
@@ -147,8 +147,8 @@ def test_a_draft_with_padded_output_rows_is_cut_to_the_target_vocabulary():
 
 
 def test_option_draft_loads_a_folder_with_the_targets_dtype(tmp_path):
-    # `--opt sps.draft=FOLDER`: the draft is loaded like a target (config + weights + tokenizer) on the target's
-    # device and dtype, and its name is in the run's description, so a table row says which draft it was
+    """`--opt sps.draft=FOLDER`: the draft is loaded like a target (config + weights + tokenizer) on the target's
+    device and dtype, and its name is in the run's description, so a table row says which draft it was"""
     target = tiny_target(eos=False)
     draft = truncated_draft(target)
     draft.model.save_pretrained(tmp_path / "draft")
