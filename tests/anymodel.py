@@ -63,7 +63,8 @@ def tiny_causal_lm(arch: str, window: int | None = None, seed: int = 0, attn: st
 
 
 # options that keep the trees small on a CPU; every other method runs with its defaults
-SMALL_TREES = {"eagle2": dict(total_tokens=16, depth=3, top_k=4), "jakiro": dict(total_tokens=16, depth=3, top_k=4)}
+SMALL_TREES = {name: dict(total_tokens=16, depth=3, top_k=4) for name in ("eagle2", "eagle3", "jakiro")}
+SMALL_TREES["sps"] = dict(k=4)
 
 
 def tree_method(name: str, target: Target, seed: int = 1):

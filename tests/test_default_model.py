@@ -31,6 +31,7 @@ SMALL_STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, de
 SMALL = {
     "eagle1": {"tree": SMALL_STATIC_TREE},
     "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "eagle3": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro_star": {"tree": SMALL_STATIC_TREE},
     "medusa": {"tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]},
@@ -88,6 +89,8 @@ def random_heads(real_target, tmp_path_factory):
     """Untrained heads for the default model, written with the published-format savers."""
     from methods.eagle.checkpoint import save_eagle_head
     from methods.eagle.head import EagleHead
+    from methods.eagle3.checkpoint import default_layer_ids, save_eagle3_head
+    from methods.eagle3.head import Eagle3Head
     from methods.jakiro.checkpoint import save_jakiro_head
     from methods.jakiro.head import JakiroHead
     from methods.medusa.heads import MedusaHeads, save_medusa_heads
@@ -95,6 +98,9 @@ def random_heads(real_target, tmp_path_factory):
     root = tmp_path_factory.mktemp("heads")
     torch.manual_seed(0)
     save_eagle_head(EagleHead.for_target(real_target), root / "eagle")
+    V = real_target.config.vocab_size
+    save_eagle3_head(Eagle3Head.for_target(real_target, torch.sort(torch.randperm(V)[:4096]).values), root / "eagle3",
+                     default_layer_ids(real_target))
     save_jakiro_head(JakiroHead.for_target(real_target), root / "jakiro")
     save_jakiro_head(JakiroHead.for_target(real_target, kind="jakiro_star",
                                            expert_intermediate_size=real_target.config.intermediate_size),
@@ -108,6 +114,7 @@ def random_heads(real_target, tmp_path_factory):
 CASES = [  # the published formats (and Jakiro's modes) on the real model; every method is in the tests above
     ("eagle1", {"head": "eagle"}),
     ("eagle2", {"head": "eagle"}),
+    ("eagle3", {"head": "eagle3"}),
     ("medusa", {"head": "medusa"}),
     ("jakiro", {"head": "jakiro", "mode": "hybrid"}),
     ("jakiro", {"head": "jakiro", "mode": "ar"}),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.engine.sampling import SamplingParams
-from harness.engine.speculative import SpeculativeMethod, tree_mask_4d
+from harness.engine.speculative import SpeculativeMethod, resolve_hidden_layers, tree_mask_4d
 from harness.engine.tree import DraftTree, chain_tree
 from harness.engine.verify import verify_typical
 from methods.pld import PromptLookup
@@ -198,6 +198,60 @@ def test_hidden_states_are_post_norm_features_of_committed_tokens():
         out = target.model(committed, output_hidden_states=True)
     torch.testing.assert_close(got, out.hidden_states[-1][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(target.model.lm_head(got), out.logits[0], atol=1e-4, rtol=1e-4)
+
+
+class LevelRecorder(HiddenRecorder):
+    """Reads three hidden-state levels: the embedding output, the input of layer 2 and the post-norm feature."""
+
+    hidden_layers = (0, 2, -1)
+
+
+def test_declared_hidden_layers_are_handed_over_concatenated():
+    # a method that declares hidden_layers (EAGLE-3 fuses three levels) must receive, for exactly the committed
+    # positions, those hidden states side by side in the declared order; a wrong index, order or row would differ
+    # from a plain forward over the committed text
+    target = tiny_target(vocab=64, tokenizer=False, layers=3)
+    method = LevelRecorder(target)
+    gen = method.generate(PROMPT, 21, GREEDY)
+    assert gen.token_ids == Vanilla.create(target).generate(PROMPT, 21, GREEDY).token_ids
+    got = torch.cat(method.features)  # [n, 3 * 32]
+    committed = torch.cat([PROMPT, torch.tensor([gen.token_ids[: got.shape[0] - PROMPT.shape[1]]])], dim=1)
+    with torch.inference_mode():
+        states = target.model(committed, output_hidden_states=True).hidden_states
+    assert got.shape == (committed.shape[1], 3 * 32)
+    torch.testing.assert_close(got, torch.cat([states[0][0], states[2][0], states[3][0]], dim=-1),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_hidden_layers_out_of_range_are_refused():
+    # a level the target does not have must be named before anything runs, not fail inside transformers
+    method = LevelRecorder(engine_target())
+    method.hidden_layers = (0, 7)
+    with pytest.raises(ValueError, match=r"hidden_layers must be non-empty indices of the target's 3 hidden states, "
+                                         r"got \(0, 7\)"):
+        method.generate(PROMPT, 5, GREEDY)
+
+
+@pytest.mark.parametrize("spec, layers, expected", [
+    ("low,mid,high", 32, (2, 16, 29)),   # EAGLE-3's levels on a 32-layer LLaMA
+    ("low,mid,high", 30, (2, 15, 27)),   # SmolLM2-135M
+    ("low,mid,high", 2, (1, 1, 1)),      # tiny models: clipped to existing layer inputs, non-decreasing
+    ("low,mid,high", 6, (2, 3, 3)),
+    ("0, last", 4, (0, -1)),
+    ([3, -1], 4, (3, -1)),
+])
+def test_resolve_hidden_layers_literal(spec, layers, expected):
+    # the named levels are the inputs of layers 2, L//2, L-3 (EAGLE-3's modeling_llama_kv); a wrong formula would
+    # train and draft on other layers than the published heads read
+    assert resolve_hidden_layers(spec, layers) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("low,top", "'top' is neither an integer nor one of low, mid, high, last"),
+                                           ("9", "index 9 is out of range for a target with 4 layers"),
+                                           ("", "'' is neither")])
+def test_resolve_hidden_layers_names_the_bad_entry(spec, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_hidden_layers(spec, 4)
 
 
 def test_tree_mask_4d_literal():

@@ -53,6 +53,7 @@ SMALL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 SMALL_VOCAB_OPTIONS = {
     "eagle1": {"tree": SMALL_TREE},
     "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "eagle3": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro_star": {"tree": SMALL_TREE},
     "medusa": {"tree": [[0], [1], [0, 0], [1, 0], [0, 1]]},
@@ -215,5 +216,6 @@ def test_a_method_registered_in_its_own_module_is_covered(throwaway_methods):
 
 def test_collected_methods_are_the_registry():
     # the built-in methods are all collected; test doubles registered by test modules (defined under tests.) are not
-    assert {"vanilla", "pld", "eagle1", "eagle2", "jakiro", "jakiro_star", "medusa"} <= set(METHOD_NAMES)
+    builtin = {"vanilla", "pld", "eagle1", "eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "sps"}
+    assert builtin <= set(METHOD_NAMES)
     assert all(not METHODS.get(n).__module__.startswith("tests.") for n in METHOD_NAMES)

@@ -27,8 +27,8 @@ SHIPPED = {
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (1, 1, 1),
-    "spec_bench_a100": (7, 4, 56),
-    "spec_bench_rtx3090": (7, 4, 56),
+    "spec_bench_a100": (7, 5, 56),
+    "spec_bench_rtx3090": (7, 5, 56),
 }
 
 
@@ -111,7 +111,7 @@ _DELETE = object()
 
 
 @pytest.mark.parametrize("path, value, message", [
-    ("rows.0.method", "eagle3", r"rows\[0\]\.method: unknown method 'eagle3'"),
+    ("rows.0.method", "no_such_method", r"rows\[0\]\.method: unknown method 'no_such_method'"),
     ("rows.0.options.depth", 0, r"rows\[0\]\.options: depth must be >= 1, got 0"),
     ("rows.0.options.dept", 5, r"rows\[0\]\.options: unknown option 'dept' \(did you mean 'depth'\?\)"),
     ("rows.0.options.head", "x", r"rows\[0\]\.options\.head: name the head in the row's `head` field"),

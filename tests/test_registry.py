@@ -77,7 +77,7 @@ def test_example_defaults_to_create_with_validated_options():
         get_method("vanilla").example(None, depth=3)
 
 
-@pytest.mark.parametrize("name", ["eagle2", "jakiro", "jakiro_star", "medusa"])
+@pytest.mark.parametrize("name", ["eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "sps"])
 def test_example_draft_parts_are_seeded_and_leave_the_global_rng_alone(name):
     # the same seed gives the same random head, another seed another one, and the caller's random stream is
     # neither consumed nor reseeded (a test drawing random numbers after building a method is unaffected)
@@ -86,7 +86,7 @@ def test_example_draft_parts_are_seeded_and_leave_the_global_rng_alone(name):
     shared = target.model.get_input_embeddings().weight
 
     def weights(method):
-        module = getattr(method, "head", None) or method.heads
+        module = getattr(method, "head", None) or getattr(method, "heads", None) or method.draft.model
         return torch.cat([p.flatten() for p in module.parameters() if p is not shared])
 
     torch.manual_seed(123)

@@ -94,6 +94,32 @@ def test_build_writes_shards_manifest_and_post_norm_features(tmp_path, convs_fil
     torch.testing.assert_close(target.model.lm_head(hidden[: off[1]].float()), out.logits[0], atol=2e-2, rtol=1e-2)
 
 
+def test_build_with_layers_stores_the_requested_levels(tmp_path, convs_file):
+    # `data build --layers low,mid,high` (what `train eagle3` reads): on a 4-layer target the levels are the inputs
+    # of layers 2, 2, 1 -> clipped (2, 2, 2); use explicit indices to see distinct ones. The stored levels must be
+    # those hidden states of the same forward, side by side, aligned with the tokens; the manifest records them,
+    # a resume with other layers is refused and the training view hands them over with every item
+    target = tiny_target(layers=4)
+    m = build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+                      progress=False, layers="0,2,mid")
+    assert m["hidden_layers"] == [0, 2, 2] and m["settings"]["layers"] == [0, 2, 2]
+    with safe_open(str(tmp_path / "d" / m["shards"][0]["file"]), framework="pt") as f:
+        ids, levels, off = f.get_tensor("input_ids").long(), f.get_tensor("levels"), f.get_tensor("offsets")
+    assert levels.dtype == torch.float16 and levels.shape == (ids.shape[0], 3 * 32)
+    with torch.no_grad():
+        states = target.model(ids[: off[1]][None], output_hidden_states=True).hidden_states
+    expected = torch.cat([states[0][0], states[2][0], states[2][0]], dim=-1)
+    torch.testing.assert_close(levels[: off[1]].float(), expected, atol=2e-3, rtol=1e-3)
+    item = FeatureDataset(tmp_path / "d", noise="none")[0]
+    assert item["levels"].shape == (item["features"].shape[0], 96)
+    with pytest.raises(ValueError, match=r"layers: \[0, 2, 2\] -> \[2, 2, 2\]"):
+        build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+                      progress=False, layers="low,mid,high")
+    plain = build_dataset(target, [convs_file], tmp_path / "p", max_len=64, shard_size=3, eval_questions=NO_EVAL,
+                          progress=False)
+    assert "hidden_layers" not in plain and "levels" not in FeatureDataset(tmp_path / "p", noise="none")[0]
+
+
 def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
     target = tiny_target()
     calls = {"n": 0}

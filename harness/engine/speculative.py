@@ -38,7 +38,10 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
 - ``output_hidden_states=True`` returns ``num_layers + 1`` tensors and the last one is the output of the final
   norm (``capture_outputs(tie_last_hidden_states=True)`` overwrites it with ``last_hidden_state``), i.e. the input
   of ``lm_head``: ``lm_head(hidden_states[-1]) == logits``. 5.24 also accepts a selection, so the engine asks for
-  ``output_hidden_states=[-1]`` and only the post-norm features are kept (the other entries are None).
+  ``output_hidden_states=[-1]`` and only the post-norm features are kept (the other entries are None). Entry i < L
+  (of L decoder layers) is the input of layer i (entry 0: the embedding output). A method that reads other levels
+  (EAGLE-3 fuses a low, a middle and a high layer, arXiv:2503.01840 Sec. 3) declares them in ``hidden_layers``
+  (:func:`resolve_hidden_layers`); only those are kept, and the method receives them concatenated in that order.
 
 Host round trips: the masks, position ids and (at temperature 0) the acceptance walk are computed on the device
 (:func:`harness.engine.tree.ancestor_matrix`, :func:`harness.engine.verify.verify_greedy_on_device`), and what the
@@ -123,6 +126,41 @@ def verification_masks(layout: AttentionLayout, cache, ancestors: torch.Tensor, 
     return masks if layout.per_type else masks[layout.types[0]]
 
 
+def resolve_hidden_layers(spec, num_layers: int) -> tuple[int, ...]:
+    """The ``output_hidden_states`` indices named by ``spec`` for a decoder of ``num_layers`` layers.
+
+    ``spec``: a comma-separated string or a sequence of integers and names. An integer i is the hidden state with
+    that index (0 = the embedding output, i < L = the input of layer i, -1 or L = the output of the final norm);
+    ``low``, ``mid`` and ``high`` are EAGLE-3's feature levels, the inputs of layers 2, L // 2 and L - 3
+    (arXiv:2503.01840 Sec. 3; released code ``eagle/traineagle3/modeling_llama_kv.py``), each clipped to [low, L - 1]
+    so that models with fewer than 6 layers get valid, non-decreasing levels; ``last`` is -1.
+    Examples: ("low,mid,high", 32) -> (2, 16, 29); ("low,mid,high", 30) -> (2, 15, 27); ("low,mid,high", 2) ->
+    (1, 1, 1); ("0,last", 4) -> (0, -1). A bad entry raises ``ValueError`` naming it.
+    """
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"hidden layers: the target must have at least one decoder layer, got {num_layers!r}")
+    items = [x.strip() for x in spec.split(",")] if isinstance(spec, str) else list(spec)
+    if not items:
+        raise ValueError("hidden layers: expected at least one entry (an index, low, mid, high or last)")
+    low = min(2, num_layers - 1)
+    mid = min(max(num_layers // 2, low), num_layers - 1)
+    named = {"low": low, "mid": mid, "high": min(max(num_layers - 3, mid), num_layers - 1), "last": -1}
+    out = []
+    for item in items:
+        if isinstance(item, str) and item in named:
+            out.append(named[item])
+            continue
+        try:
+            index = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"hidden layers: {item!r} is neither an integer nor one of low, mid, high, last") from None
+        if not -(num_layers + 1) <= index <= num_layers:
+            raise ValueError(f"hidden layers: index {index} is out of range for a target with {num_layers} layers "
+                             f"(hidden states 0..{num_layers}, or negative from the end)")
+        out.append(index)
+    return tuple(out)
+
+
 def layer_types(config) -> list[str] | None:
     """The decoder's per-layer attention types as transformers' ``DynamicCache`` derives them from ``config``."""
     from transformers.cache_utils import get_layer_types_and_kwargs
@@ -155,8 +193,11 @@ class SpeculativeMethod(Method):
 
     Class attributes: ``proposal`` = "deterministic" (the tree is a function of the context: top-k, lookup,
     static trees) or "sampled" (children drawn without replacement from ``DraftTree.draft_probs``);
-    ``needs_hidden_states`` = True makes the engine pass the target's post-norm last hidden states (on
-    :attr:`feature_device`); ``greedy_argmax`` = True (default): at temperature 0 verification is the argmax walk,
+    ``needs_hidden_states`` = True makes the engine pass the target's features (on :attr:`feature_device`): by
+    default the post-norm last hidden state (``hidden_layers = (-1,)``); a method that reads other levels sets
+    ``hidden_layers`` (indices of ``output_hidden_states``, e.g. from :func:`resolve_hidden_layers`, possibly per
+    instance) and receives ``[n, len(hidden_layers) * H]``, the levels concatenated in that order;
+    ``greedy_argmax`` = True (default): at temperature 0 verification is the argmax walk,
     computed on the device by the engine (:meth:`verify` is then not called).
     Methods increment ``self.counters["draft_forwards"]`` (and any other counter they like); the engine resets
     ``counters`` at the start of every turn and adds ``target_forwards`` and ``tree_tokens``.
@@ -166,6 +207,7 @@ class SpeculativeMethod(Method):
 
     proposal: ClassVar[str] = "deterministic"
     needs_hidden_states: ClassVar[bool] = False
+    hidden_layers: tuple[int, ...] = (-1,)
     greedy_argmax: ClassVar[bool] = True
     profile: bool | None = None
     last_cache_length: int | None = None
@@ -183,7 +225,8 @@ class SpeculativeMethod(Method):
 
     # ---- the three verbs a method implements -------------------------------------------------------------------
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """A new turn: ``prompt_ids [1, P]`` are committed; ``hidden [P, H]`` their target features (or None)."""
+        """A new turn: ``prompt_ids [1, P]`` are committed; ``hidden [P, H]`` their target features (or None;
+        ``[P, len(hidden_layers) * H]`` for a method that reads several levels)."""
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         """A draft tree below ``root`` (the pending token: emitted, not yet run through the target)."""
@@ -217,6 +260,12 @@ class SpeculativeMethod(Method):
             raise ValueError(f"{type(self).__name__}.proposal must be 'deterministic' or 'sampled', "
                              f"got {self.proposal!r}")
         check_layer_types(layer_types(self.target.model.config))
+        if self.needs_hidden_states:
+            layers = self.target.model.config.get_text_config(decoder=True).num_hidden_layers
+            bad = [i for i in self.hidden_layers if not isinstance(i, int) or not -(layers + 1) <= i <= layers]
+            if not self.hidden_layers or bad:
+                raise ValueError(f"{type(self).__name__}.hidden_layers must be non-empty indices of the target's "
+                                 f"{layers + 1} hidden states, got {tuple(self.hidden_layers)!r}")
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:
@@ -228,7 +277,7 @@ class SpeculativeMethod(Method):
         self.last_cache_length = None
         if max_new_tokens <= 0:
             return Generation(token_ids=[], accept_lengths=[], stop_reason="max_new_tokens")
-        want_hidden = [-1] if self.needs_hidden_states else False
+        want_hidden = list(self.hidden_layers) if self.needs_hidden_states else False
         cache = DynamicCache(config=model.config)
         layout = attention_layout(cache)
         device = prompt_ids.device
@@ -258,7 +307,7 @@ class SpeculativeMethod(Method):
             emitted, stop = cut_at_stop([x0], 0, max_new_tokens, eos)
             stats.accept_lengths.append(len(emitted))
             if stop is None:
-                self.begin(prompt_ids, self._features(out.hidden_states[-1][0]) if want_hidden else None)
+                self.begin(prompt_ids, self._features(out.hidden_states) if want_hidden else None)
                 clock.mark("draft_s")
             del out
             root = x0
@@ -326,8 +375,7 @@ class SpeculativeMethod(Method):
                 stats.step(n, tree_depth if n else 0, len(path), len(kept))
                 hidden = None
                 if want_hidden:
-                    features = out.hidden_states[-1][0]  # [N+1, H]
-                    hidden = self._features(features.index_select(0, upload(keep, features.device)))
+                    hidden = self._features(out.hidden_states, keep)  # [len(keep), len(hidden_layers) * H]
                 del out
                 clock.mark("overhead_s")
                 if stop is None:
@@ -344,9 +392,19 @@ class SpeculativeMethod(Method):
                           logit_runner_ups=stats.runner_ups,
                           timings_synchronised=clock.sync)
 
-    def _features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's features on :attr:`feature_device` (a no-op unless a device map split the target)."""
-        return hidden.to(self.feature_device, non_blocking=True)
+    def _features(self, states: tuple, keep: list[int] | None = None) -> torch.Tensor:
+        """The levels ``hidden_layers`` of ``states`` (a forward's ``hidden_states``; batch row 0), the rows ``keep``
+        (all when None), concatenated on :attr:`feature_device` (moving them is a no-op unless a device map split
+        the target): ``[rows, len(hidden_layers) * H]``. With the default ``(-1,)`` this is the post-norm feature."""
+        parts, index = [], {}
+        for layer in self.hidden_layers:
+            features = states[layer][0]  # [S, H]
+            if keep is not None:
+                if features.device not in index:  # one upload per device, not per level
+                    index[features.device] = upload(keep, features.device)
+                features = features.index_select(0, index[features.device])
+            parts.append(features.to(self.feature_device, non_blocking=True))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     @staticmethod
     def _raise_if_bad(flags: list, tree: DraftTree, vocab: int) -> None:

@@ -38,6 +38,8 @@ def add_data_cli(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=512, help="per regenerated turn (with --self-distill)")
     p.add_argument("--distill-batch", type=int, default=16, help="prompts generated together (with --self-distill)")
     p.add_argument("--shard-size", type=int, default=256, help="conversations per shard file")
+    p.add_argument("--layers", help="also store these hidden-state levels, e.g. low,mid,high (what `train eagle3` "
+                                    "reads: the inputs of layers 2, L/2, L-3) or indices 2,15,27")
     p.add_argument("--fail-on-contamination", action="store_true",
                    help="fail listing overlaps with evaluation questions instead of dropping them")
     p.add_argument("--data-dir", help="evaluation data and GSM8K train split (default: $DRAFTBENCH_DATA)")
@@ -84,7 +86,7 @@ def cmd_build(args) -> int:
     m = build_dataset(target, args.sources or ["sharegpt"], args.out, max_len=args.max_len, limit=args.limit,
                       self_distill=args.self_distill, max_new_tokens=args.max_new_tokens, shard_size=args.shard_size,
                       drop_contaminated=not args.fail_on_contamination, data_dir=args.data_dir,
-                      progress=not args.no_progress, distill_batch=args.distill_batch)
+                      progress=not args.no_progress, distill_batch=args.distill_batch, layers=args.layers)
     print(f"{args.out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shard(s); "
           f"{m['contaminated_dropped']} dropped as contaminated")
     return 0

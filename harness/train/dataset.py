@@ -45,7 +45,8 @@ class FeatureDataset(torch.utils.data.Dataset):
     conversations in build order (EAGLE holds out the last 5% of its file list; ShareGPT is already shuffled).
     noise: "eagle" (published ``U(-0.5,0.5)*0.2*512/S``), "none", or a float = fixed scale ``U(-0.5,0.5)*scale``.
     Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] and
-    token_mask [S] (unshifted).
+    token_mask [S] (unshifted); for a dataset built with ``layers`` also levels [S, k*H] (aligned with features,
+    noised the same way; :attr:`hidden_layers` lists the hidden-state indices).
     """
 
     def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
@@ -59,6 +60,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         self.data_dir = Path(data_dir)
         self.manifest = read_manifest(self.data_dir, max_shards)
         self.noise, self.max_len = noise, max_len
+        self.hidden_layers: list[int] | None = self.manifest.get("hidden_layers")
         index: list[tuple[str, int, int]] = []
         for s in self.manifest["shards"]:
             with safe_open(str(self.data_dir / s["file"]), framework="pt") as f:
@@ -83,12 +85,26 @@ class FeatureDataset(torch.utils.data.Dataset):
             hidden = f.get_slice("hidden")[a:b].float()
         return ids, hidden, mask
 
+    def levels(self, i: int) -> torch.Tensor:
+        """Stored levels [S, k*H] fp32 of item ``i`` (a dataset built with ``layers``), cut at ``max_len``."""
+        from safetensors import safe_open
+
+        file, a, b = self.index[i]
+        if self.max_len is not None:
+            b = min(b, a + self.max_len)
+        with safe_open(str(self.data_dir / file), framework="pt") as f:
+            return f.get_slice("levels")[a:b].float()
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ids, hidden, mask = self.raw(i)
         item = shift_for_eagle(ids, hidden, mask)
+        if self.hidden_layers:
+            item["levels"] = self.levels(i)
         if self.noise != "none":
             scale = None if self.noise == "eagle" else float(self.noise)
-            item["features"] = hidden + eagle_noise(tuple(hidden.shape), hidden.shape[0], scale)
+            for key in ("features", "levels") if self.hidden_layers else ("features",):
+                x = hidden if key == "features" else item[key]
+                item[key] = x + eagle_noise(tuple(x.shape), x.shape[0], scale)
         return item
 
 

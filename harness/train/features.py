@@ -11,6 +11,10 @@ scripts, with the fixes noted below):
 4. **Features.** One target forward per conversation; stored: ``input_ids``, ``loss_mask`` and the target's last
    hidden state AFTER the final norm (the ``lm_head`` input, ``base_model(...).last_hidden_state``; the test
    checks that it equals ``output_hidden_states[-1]`` and that ``lm_head`` of it gives the logits) as fp16.
+   ``layers`` (off by default) also stores other hidden-state levels from the same forward, concatenated in the
+   given order (``levels``): EAGLE-3 heads read the inputs of layers 2, L/2 and L-3 (``layers="low,mid,high"``,
+   :func:`harness.engine.speculative.resolve_hidden_layers`; arXiv:2503.01840 Sec. 3). The manifest records the
+   resolved indices (``hidden_layers``); datasets built without them read as before.
 
 On-disk layout (``out_dir``)::
 
@@ -19,6 +23,7 @@ On-disk layout (``out_dir``)::
         input_ids  int32  [T]         T = total tokens of the shard
         loss_mask  uint8  [T]
         hidden     fp16   [T, H]
+        levels     fp16   [T, k*H]    only with ``layers`` (k levels, in the manifest's ``hidden_layers`` order)
         offsets    int64  [n + 1]     conversation i is rows offsets[i]:offsets[i+1]
         (metadata "ids": JSON list of conversation ids)
 
@@ -40,6 +45,7 @@ from typing import Any
 
 import torch
 
+from harness.engine.speculative import resolve_hidden_layers
 from harness.models import Target
 from harness.train.sources import (
     SOURCES,
@@ -180,6 +186,17 @@ def target_features(target: Target, input_ids: list[int]) -> torch.Tensor:
     return h[0].to("cpu", torch.float16)
 
 
+def target_feature_levels(target: Target, input_ids: list[int],
+                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`target_features` and, from the same forward, the hidden states ``layers`` (indices of
+    ``output_hidden_states``) concatenated: ids [S] -> (fp16 [S, H], fp16 [S, len(layers) * H]) on CPU."""
+    ids = torch.tensor([input_ids], dtype=torch.long, device=target.device)  # [1, S]
+    with torch.inference_mode():
+        out = target.model.base_model(input_ids=ids, use_cache=False, output_hidden_states=list(layers))
+    levels = torch.cat([out.hidden_states[i][0].to("cpu") for i in layers], dim=-1)  # [S, k*H]
+    return out.last_hidden_state[0].to("cpu", torch.float16), levels.to(torch.float16)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Build
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,20 +231,24 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}.safetensors"
 
 
-def write_shard(path: Path, items: list[tuple[str, list[int], list[int], torch.Tensor]], hidden_size: int) -> None:
-    """Write ``(id, input_ids, loss_mask, hidden [S, H])`` items as one safetensors file, atomically (tmp + rename)."""
+def write_shard(path: Path, items: list[tuple], hidden_size: int, levels: int = 0) -> None:
+    """Write ``(id, input_ids, loss_mask, hidden [S, H])`` items, or ``(..., levels [S, levels * H])`` ones when
+    ``levels`` > 0, as one safetensors file, atomically (tmp + rename)."""
     from safetensors.torch import save_file
 
-    lengths = [len(ids) for _, ids, _, _ in items]
+    lengths = [len(it[1]) for it in items]
     offsets = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)  # [n + 1]
     tensors = {
-        "input_ids": torch.tensor([t for _, ids, _, _ in items for t in ids], dtype=torch.int32),
-        "loss_mask": torch.tensor([t for _, _, m, _ in items for t in m], dtype=torch.uint8),
-        "hidden": torch.cat([h for *_, h in items]) if items else torch.zeros(0, hidden_size, dtype=torch.float16),
+        "input_ids": torch.tensor([t for it in items for t in it[1]], dtype=torch.int32),
+        "loss_mask": torch.tensor([t for it in items for t in it[2]], dtype=torch.uint8),
+        "hidden": torch.cat([it[3] for it in items]) if items else torch.zeros(0, hidden_size, dtype=torch.float16),
         "offsets": offsets,
     }
+    if levels:
+        tensors["levels"] = torch.cat([it[4] for it in items]) if items else \
+            torch.zeros(0, levels * hidden_size, dtype=torch.float16)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"ids": json.dumps([cid for cid, *_ in items])})
+    save_file(tensors, str(tmp), metadata={"ids": json.dumps([it[0] for it in items])})
     os.replace(tmp, path)
 
 
@@ -258,9 +279,12 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
                   limit: int | None = None, self_distill: bool = False, max_new_tokens: int = 512,
                   shard_size: int = 256, drop_contaminated: bool = True,
                   eval_questions: dict[str, list[str]] | None = None, data_dir: str | Path | None = None,
-                  command: str | None = None, progress: bool = True, distill_batch: int = 16) -> dict[str, Any]:
+                  command: str | None = None, progress: bool = True, distill_batch: int = 16,
+                  layers: str | list | None = None) -> dict[str, Any]:
     """Build (or resume) a feature dataset in ``out_dir`` and return its manifest (see the module docstring).
 
+    ``layers``: also store these hidden-state levels (:func:`harness.engine.speculative.resolve_hidden_layers`,
+    e.g. ``"low,mid,high"`` for EAGLE-3); None (default) stores the post-norm feature only.
     ``limit``: at most this many conversations per source. ``distill_batch``: prompts per batched generation with
     ``self_distill`` (a speed knob only; not part of the settings a resume must match). ``eval_questions``: prompt -> evaluation ids for the
     contamination check (default :func:`evaluation_questions` of ``data_dir``).
@@ -283,18 +307,24 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         selection += kept
         dropped.update(drop)
     hidden_size = target.model.get_output_embeddings().weight.shape[1]
+    levels = None
+    if layers is not None:
+        levels = resolve_hidden_layers(layers, target.model.config.get_text_config(decoder=True).num_hidden_layers)
     settings = {
         "format": FORMAT_VERSION, "sources": sources, "limit": limit, "max_len": max_len, "self_distill": self_distill,
         "max_new_tokens": max_new_tokens if self_distill else None, "shard_size": shard_size,
         "drop_contaminated": drop_contaminated, "target_config_sha256": config_sha256(target.config),
         **tokenizer_hashes(target.tokenizer),
         "selection_sha256": _sha256_bytes("\n".join(c.id for c in selection).encode()),
+        "layers": list(levels) if levels else None,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = _resume_state(out_dir, settings)
     manifest = {
         "settings": settings, "target": target.name, "hidden_size": hidden_size, "hidden_dtype": "float16",
         "feature": "last hidden state after the final norm (lm_head input)",
+        **({"hidden_layers": list(levels), "levels": "hidden states entering these layers, concatenated"}
+           if levels else {}),
         "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "contaminated_dropped": len(dropped), "contaminated_ids": dict(sorted(dropped.items())),
         "eval_prompts_checked": len(questions), "selected": len(selection), "shards": shards, "complete": False,
@@ -311,10 +341,11 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         for conv, messages in zip(convs, all_messages):
             ids, mask = render_with_mask(target.tokenizer, messages, max_len) if messages else ([], [])
             if any(mask):  # a first prompt longer than max_len leaves nothing to learn from
-                items.append((conv.id, ids, mask, target_features(target, ids)))
+                feats = target_feature_levels(target, ids, levels) if levels else (target_features(target, ids),)
+                items.append((conv.id, ids, mask, *feats))
             bar.update(1)
         path = out_dir / shard_name(k)
-        write_shard(path, items, hidden_size)
+        write_shard(path, items, hidden_size, len(levels) if levels else 0)
         shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
                        "tokens": sum(len(i[1]) for i in items), "selection_range": [k * shard_size,
                                                                                      min((k + 1) * shard_size, len(selection))]})
@@ -369,7 +400,7 @@ def merge_datasets(sources: list[str | Path], out_dir: str | Path, command: str 
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: {src} is not a feature dataset")
         manifests.append((src, json.loads(path.read_text(encoding="utf-8"))))
-    keys = ("target_config_sha256", "chat_template_sha256", "vocab_sha256")
+    keys = ("target_config_sha256", "chat_template_sha256", "vocab_sha256", "layers")
     src0, m0 = manifests[0]
     for src, m in manifests[1:]:
         diff = [k for k in keys if m["settings"].get(k) != m0["settings"].get(k)]
@@ -390,8 +421,9 @@ def merge_datasets(sources: list[str | Path], out_dir: str | Path, command: str 
     manifest = {
         "settings": {"format": FORMAT_VERSION, "merged": True, **{k: m0["settings"].get(k) for k in keys}},
         "target": m0["target"], "hidden_size": m0["hidden_size"], "hidden_dtype": m0["hidden_dtype"],
-        "feature": m0["feature"], "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "sources": origins, "contaminated_dropped": sum(m.get("contaminated_dropped", 0) for _, m in manifests),
+        "feature": m0["feature"], **{k: m0[k] for k in ("hidden_layers", "levels") if k in m0},
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "sources": origins,
+        "contaminated_dropped": sum(m.get("contaminated_dropped", 0) for _, m in manifests),
         "shards": shards, "complete": True,
     }
     _write_json(out_dir / MANIFEST, _with_totals(manifest))

@@ -229,6 +229,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     cfg = (config or TrainConfig()).resolved(cls.defaults)
     out_dir, data_dir = Path(out_dir), Path(data_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
+    objective.check_data(manifest, str(data_dir))
     counts = dataset_token_counts(data_dir, objective.lm_head.weight.shape[0], cfg.max_shards)
     objective.set_token_counts(counts)
     hidden = target.model.get_output_embeddings().weight.shape[1]

@@ -63,6 +63,10 @@ class Objective:
     def create(cls, target: Target, options: dict[str, Any] | None = None) -> Objective:
         return cls(target, build_options(cls.Options, options, f"objective {cls.name!r}"))
 
+    def check_data(self, manifest: dict[str, Any], where: str) -> None:
+        """Raise ``ValueError`` when the feature dataset described by ``manifest`` (in folder ``where``) lacks what
+        this objective reads (e.g. the extra hidden-state levels of EAGLE-3); called by :func:`train` first."""
+
     def build_head(self) -> nn.Module:
         raise NotImplementedError
 

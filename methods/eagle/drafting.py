@@ -69,12 +69,17 @@ class Eagle2Options:
     def __post_init__(self):
         check_head_option(self.head)
         check_draft_vocab(self.draft_vocab, self.top_k)
-        if self.total_tokens != -1 and self.total_tokens < 2:
-            raise ValueError(f"total_tokens must be >= 2 (root included) or -1 (automatic), got {self.total_tokens}")
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        check_dynamic_tree(self.total_tokens, self.depth, self.top_k)
+
+
+def check_dynamic_tree(total_tokens: int, depth: int, top_k: int) -> None:
+    """EAGLE-2's dynamic-tree options: ``total_tokens`` >= 2 (root included) or -1, ``depth`` and ``top_k`` >= 1."""
+    if total_tokens != -1 and total_tokens < 2:
+        raise ValueError(f"total_tokens must be >= 2 (root included) or -1 (automatic), got {total_tokens}")
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
 
 
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
@@ -144,6 +149,13 @@ class EagleMethodBase(SpeculativeMethod):
     def log_probs(self, features: torch.Tensor) -> torch.Tensor:
         """Draft log-probabilities ``[..., V]`` (fp32) of predicted features ``[..., H]`` through the target lm_head."""
         return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+
+    def top_tokens(self, features: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft's ``k`` best next tokens after each of ``features [..., H]``: (log-probs ``[..., k]`` fp32,
+        target token ids ``[..., k]``), best first. The head-specific step of EAGLE-2's expansion
+        (:meth:`Eagle2.expand`); EAGLE-3 overrides it (its own lm_head over a reduced vocabulary, ids mapped by d2t)."""
+        scores, tokens = torch.topk(self.log_probs(features), k, dim=-1)
+        return scores, tokens
 
     def tree_forward(self, features: torch.Tensor, tokens: torch.Tensor, position: torch.Tensor,
                      kv: DraftKV, tree_cols: torch.Tensor) -> tuple[torch.Tensor, DraftKV]:
@@ -432,7 +444,7 @@ class Eagle2(EagleMethodBase):
         h0 = self.extend_stable(root)  # [H]
         stable_len = self.cache.length
         device = h0.device
-        scores, frontier_tok = torch.topk(self.log_probs(h0), k)  # [k], [k] level 1; scores = cumulative log-probs
+        scores, frontier_tok = self.top_tokens(h0, k)  # [k], [k] level 1; scores = cumulative log-probs
         rec_tokens, rec_scores = [frontier_tok], [scores]
         rec_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
         frontier_idx = torch.arange(k, device=device)  # [k] candidate index of each frontier node
@@ -443,7 +455,7 @@ class Eagle2(EagleMethodBase):
         for i in range(depth):
             pos = torch.full((k,), stable_len + i, dtype=torch.long, device=device)
             out, kv = self.tree_forward(frontier_in, frontier_tok, pos, kv, tree_cols)  # [k, H]
-            child_lp, child_tok = torch.topk(self.log_probs(out), k, dim=-1)  # [k, k]
+            child_lp, child_tok = self.top_tokens(out, k)  # [k, k]
             cum = (child_lp + scores[:, None]).flatten()  # [k*k] row r = children of frontier node r
             rec_tokens.append(child_tok.flatten())
             rec_scores.append(cum)

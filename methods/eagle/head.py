@@ -25,22 +25,27 @@ from harness.models import Target
 
 
 class EagleAttention(nn.Module):
-    """LLaMA self-attention (RoPE, GQA, no biases) over explicit K/V tensors, with a boolean mask."""
+    """LLaMA self-attention (RoPE, GQA, no biases) over explicit K/V tensors, with a boolean mask.
 
-    def __init__(self, config: LlamaConfig):
+    ``input_size``: the width the q/k/v projections read (default ``hidden_size``; EAGLE-3's layer reads the
+    normed embedding and the normed feature side by side, ``2 * hidden_size``, arXiv:2503.01840 Sec. 3)."""
+
+    def __init__(self, config: LlamaConfig, input_size: int | None = None):
         super().__init__()
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
         self.head_dim = config.head_dim
         H = config.hidden_size
-        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=False)
+        width = input_size or H
+        self.q_proj = nn.Linear(width, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: DraftKV | None,
                 attn_mask: torch.Tensor) -> tuple[torch.Tensor, DraftKV]:
-        """x [B, S, H], cos/sin [B, S, D], attn_mask bool [S, kv_len + S] (True = may attend) -> ([B, S, H], kv + S)."""
+        """x [B, S, input_size], cos/sin [B, S, D], attn_mask bool [S, kv_len + S] (True = may attend) ->
+        ([B, S, H], kv + S)."""
         B, S, _ = x.shape
         q = self.q_proj(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, h, S, D]
         k = self.k_proj(x).view(B, S, self.n_kv, self.head_dim).transpose(1, 2)     # [B, h_kv, S, D]
@@ -66,7 +71,25 @@ class EagleDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
 
-class EagleHead(nn.Module):
+class SharesTargetEmbedding(nn.Module):
+    """A draft module whose ``embed_tokens`` is usually the TARGET's own embedding (``shares_target_embedding``):
+    ``.to()``, ``.float()``, ``.half()`` ... leave that shared module alone, since converting it would change the
+    target (e.g. ``head.float()`` on a bf16 target); the head casts the embeddings it reads instead."""
+
+    shares_target_embedding: bool = True
+
+    def _apply(self, fn, recurse=True):
+        if not self.shares_target_embedding:
+            return super()._apply(fn, recurse)
+        modules = self._modules
+        object.__setattr__(self, "_modules", {k: m for k, m in modules.items() if k != "embed_tokens"})
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            object.__setattr__(self, "_modules", modules)
+
+
+class EagleHead(SharesTargetEmbedding):
     """The EAGLE-1/2 draft head (see the module docstring). Parameter names match the published checkpoints.
 
     ``embed_tokens`` is frozen; it is usually the target's own module (``shares_target_embedding``), so the head
@@ -83,18 +106,6 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * H, H, bias=bool(getattr(config, "bias", True)))
         self.layers = nn.ModuleList([EagleDecoderLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
-
-    def _apply(self, fn, recurse=True):
-        """``.to()``, ``.float()``, ``.half()`` ... leave a shared embedding alone: it is the TARGET's module, and
-        converting it would change the target (e.g. ``head.float()`` on a bf16 target). :meth:`fuse` casts."""
-        if not self.shares_target_embedding:
-            return super()._apply(fn, recurse)
-        modules = self._modules
-        object.__setattr__(self, "_modules", {k: m for k, m in modules.items() if k != "embed_tokens"})
-        try:
-            return super()._apply(fn, recurse)
-        finally:
-            object.__setattr__(self, "_modules", modules)
 
     @classmethod
     def for_target(cls, target: Target, bias: bool = True, **overrides) -> EagleHead:

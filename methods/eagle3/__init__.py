@@ -1,0 +1,15 @@
+"""EAGLE-3: a draft head that fuses three feature levels of the target and scores its own reduced vocabulary
+(``head``), its published checkpoint format (``checkpoint``), the method ``eagle3`` on EAGLE-2's dynamic tree
+(``drafting``) and the training objective ``eagle3`` with the training-time test (``objective``).
+
+Paper: EAGLE-3, Li et al., arXiv:2503.01840 (multi-layer feature fusion and the training-time test, Sec. 3).
+Released code: github.com/SafeAILab/EAGLE (``eagle/model/cnets.py``, ``eagle/traineagle3/``). The tree is EAGLE-2's
+(arXiv:2406.16858), shared with :mod:`methods.eagle`.
+"""
+
+from methods.eagle3 import drafting, objective  # noqa: F401  (register eagle3 and the eagle3 objective)
+from methods.eagle3.checkpoint import load_eagle3_head, save_eagle3_head
+from methods.eagle3.drafting import Eagle3
+from methods.eagle3.head import Eagle3Head
+
+__all__ = ["Eagle3", "Eagle3Head", "load_eagle3_head", "save_eagle3_head"]
