@@ -15,6 +15,7 @@ from harness.run.config import (
     parse_assignment,
     preset_names,
 )
+from harness.run.sweep import add_cli_sweeps
 from harness.train.cli import add_data_cli, add_train_cli
 
 RUN_FLAGS = {  # flag -> (config field, how to parse the text)
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
+    r.add_argument("--sweep", action="append", default=[], metavar="LABEL.OPTION=V1,V2", help="a grid of option values")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run (same configuration)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--no-report", action="store_true", help="do not build tables and plots at the end")
@@ -77,7 +79,7 @@ def config_from_args(args) -> RunConfig:  # noqa: F821
     for item in args.set:
         key, value = parse_assignment(item)
         data[key] = value
-    cfg = config_from_dict(data)
+    cfg = config_from_dict(add_cli_sweeps(data, args.sweep))
     for item in args.opt:
         key, value = parse_assignment(item)
         label, _, option = key.partition(".")
