@@ -144,3 +144,39 @@ def test_mean_tokens_per_second_skips_unmeasured():
 def test_suite_mean_is_equal_weight():
     assert M.suite_mean([2.0, 3.0, float("nan"), None]) == pytest.approx(2.5)
     assert math.isnan(M.suite_mean([None]))
+
+
+def test_tau_ci_pools_and_resamples_questions():
+    # tau is the pooled (4 + 2) / 4 = 1.5 (a mean of per-question taus would also be 1.5 here, but not below);
+    # resamples can only be 1.0, 1.5 or 2.0; equal questions leave no spread
+    tau, lo, hi = M.tau_ci([[[1, 3]], [[1, 1]]], n_boot=500, seed=1)
+    assert tau == pytest.approx(1.5) and 1.0 <= lo <= 1.5 <= hi <= 2.0
+    assert M.tau_ci([[[1, 3]], [[1, 3]]]) == pytest.approx((2.0, 2.0, 2.0))
+    # pooled over turns of unequal length: (1+3+2+1+4) / 5 = 2.2, not mean(2.0, 2.5) = 2.25
+    assert M.tau_ci([[[1, 3, 2], [1, 4]]])[0] == pytest.approx(2.2)
+    assert all(math.isnan(v) for v in M.tau_ci([]))
+
+
+def test_speedup_ratio_ci_pairs_questions():
+    # the point estimate is the paper's ratio of means on shared questions (c dropped): mean(30, 10) / 10 = 2.0;
+    # resampling keeps pairs, so the band lies within the per-question ratios 1.0 and 3.0
+    s, lo, hi = M.speedup_ratio_ci({"a": 30.0, "b": 10.0, "c": 99.0}, {"a": 10.0, "b": 10.0}, n_boot=500)
+    assert s == pytest.approx(2.0) and 1.0 <= lo <= 2.0 <= hi <= 3.0
+    assert M.speedup_ratio_ci({"a": 4.0}, {"a": 2.0}) == pytest.approx((2.0, 2.0, 2.0))
+    assert all(math.isnan(v) for v in M.speedup_ratio_ci({"a": 1.0}, {"b": 1.0}))
+
+
+def test_per_verification_step_excludes_the_prefill():
+    # 9 draft forwards over 3 + 1 verification steps = 2.25; counting the prefill would give 9 / 6 = 1.5
+    assert M.per_verification_step([6, 3], [[1, 2, 3, 1], [1, 4]]) == pytest.approx(2.25)
+    assert M.per_verification_step([6, None], [[1, 2, 3, 1], [1, 4]]) == pytest.approx(2.0)
+    assert math.isnan(M.per_verification_step([1], [[1]]))
+    with pytest.raises(ValueError, match="2 totals but 1 turns"):
+        M.per_verification_step([1, 2], [[1, 2]])
+
+
+def test_first_difference():
+    assert M.first_difference([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert M.first_difference([5, 6], [5, 6, 7]) == 2
+    assert M.first_difference("ab", "ab") is None
+    assert M.first_difference("Once upOn", "Once upon") == 7

@@ -285,3 +285,84 @@ def lossless_share(method_turns: Iterable[Mapping[str, Any]],
         total += 1
         same += [int(t) for t in ids] == ref
     return same / total if total else math.nan
+
+
+def _bootstrap_rows(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """Question indices ``[n_boot, n]`` drawn with replacement (numpy generator seeded with ``seed``)."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def tau_ci(per_question_accept_lengths: Sequence[Iterable[Sequence[int]]], n_boot: int = 2000,
+           seed: int = 0) -> tuple[float, float, float]:
+    """:func:`tau` with a percentile-bootstrap 95% CI over questions: ``(tau, lo, hi)``.
+
+    Input: one entry per question, each the ``accept_lengths`` lists of that question's turns. tau is pooled over
+    every step of every question (exactly :func:`tau`); the CI resamples questions with replacement ``n_boot``
+    times, recomputes the pooled ratio Σ tokens / Σ steps of the resample, and takes its 2.5th and 97.5th
+    percentiles. Questions, not steps, are resampled because the steps of one answer are not independent.
+    Example: questions [[[1, 3]], [[1, 1]]] -> tau (4 + 2) / 4 = 1.5; a resample gives 2.0 (first question twice),
+    1.0 (second twice) or 1.5, so lo >= 1.0 and hi <= 2.0. NaN triple when no question has a step.
+    """
+    questions = [[list(a) for a in q] for q in per_question_accept_lengths]
+    tokens = np.array([sum(sum(a) for a in q) for q in questions], dtype=float)   # [Q]
+    steps = np.array([sum(len(a) for a in q) for q in questions], dtype=float)    # [Q]
+    keep = steps > 0
+    tokens, steps = tokens[keep], steps[keep]
+    if not len(steps):
+        return math.nan, math.nan, math.nan
+    idx = _bootstrap_rows(len(steps), n_boot, seed)
+    boot = tokens[idx].sum(axis=1) / steps[idx].sum(axis=1)                            # [n_boot]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(tokens.sum() / steps.sum()), float(lo), float(hi)
+
+
+def speedup_ratio_ci(method_tps: PerQuestion, baseline_tps: PerQuestion, n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """:func:`speedup_ratio_of_means` with a paired percentile-bootstrap 95% CI: ``(speedup, lo, hi)``.
+
+    Over the shared questions (as :func:`speedup_ratio_of_means`), resample questions with replacement ``n_boot``
+    times, keeping each question's method and baseline values together, and take the 2.5th and 97.5th percentiles
+    of mean(method) / mean(baseline) of the resamples. This is the band of the ablation plots, around the same
+    number the paper table shows. Example: method {a: 30, b: 10}, baseline {a: 10, b: 10} -> 2.0, resamples give
+    1.0 (b, b), 2.0 or 3.0 (a, a), so lo >= 1.0 and hi <= 3.0. NaN triple when no question is shared.
+    """
+    m, b = _paired(method_tps, baseline_tps)
+    if not len(m):
+        return math.nan, math.nan, math.nan
+    idx = _bootstrap_rows(len(m), n_boot, seed)
+    boot = m[idx].mean(axis=1) / b[idx].mean(axis=1)                                   # [n_boot]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(m.mean() / b.mean()), float(lo), float(hi)
+
+
+def per_verification_step(totals: Sequence[Number | None], accept_lengths_lists: Iterable[Sequence[int]]) -> float:
+    """A per-turn total spread over verification steps: Σ totals / Σ (len(accept_lengths) − 1), pooled over turns.
+
+    Used for draft forwards per step (``counters.draft_forwards``) and draft / verify milliseconds per step
+    (``timings.draft_s`` / ``timings.verify_s`` x 1000): the prefill is not a verification step. Turns whose
+    total is missing are skipped on both sides. NaN when no step remains.
+    Example: draft forwards [6, 3] over accept_lengths [[1, 2, 3, 1], [1, 4]] -> 9 / (3 + 1) = 2.25.
+    """
+    lists = [list(a) for a in accept_lengths_lists]
+    values = list(totals)
+    if len(values) != len(lists):
+        raise ValueError(f"per_verification_step: {len(values)} totals but {len(lists)} turns")
+    pairs = [(v, max(len(a) - 1, 0)) for v, a in zip(values, lists) if not _missing(v)]
+    steps = sum(s for _, s in pairs)
+    return sum(v for v, _ in pairs) / steps if steps else math.nan
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """Index of the first position where two sequences (token ids, or text) differ; None when they are equal.
+
+    When one is a prefix of the other the index is the shorter one's length. The losslessness audit uses it on a
+    method's and the baseline's ``output_ids`` (the first differing token) and ``output_text`` (where to centre
+    the side-by-side view). Example: [5, 6, 7] vs [5, 6, 9, 1] -> 2; [5, 6] vs [5, 6, 7] -> 2; "ab" vs "ab" -> None.
+    """
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n

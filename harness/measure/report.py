@@ -7,6 +7,11 @@
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
     tables/summary.md                        provenance header + paper_table
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; per-position acceptance
+    tables/ablation.csv, plots/ablation_*    when options differ between entries of a method (harness.measure.ablation)
+    report.html                              all of it on one self-contained page (harness.measure.html)
+
+Options that differ between entries of one method (ablation knobs) get their own ``opt.<name>`` column in the
+questions and summary tables, taken from the records' ``method_options``.
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
 
@@ -28,6 +33,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.ablation import with_knobs, write_ablation
+from harness.measure.html import write_html_report
 from harness.measure.records import RECORDS_FILE, read_records, record_files
 
 MANIFEST_FILE = "manifest.json"
@@ -477,8 +484,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         raise ValueError(f"{run_dir / RECORDS_FILE}: contains no complete record")
 
     turns = turns_table(records, manifest)
-    questions = questions_table(turns)
-    summary = summary_table(turns, baseline_label=baseline)
+    questions = with_knobs(questions_table(turns), turns)   # one opt.<knob> column per ablated option
+    summary = with_knobs(summary_table(turns, baseline_label=baseline), turns)
     tables, plots = run_dir / "tables", run_dir / "plots"
     tables.mkdir(exist_ok=True)
     plots.mkdir(exist_ok=True)
@@ -501,5 +508,9 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ):
         if written is not None:
             paths[f"plot_{name}"] = written
+    paths |= write_ablation(run_dir, turns[_measured(turns)], baseline)
+    paths["report_html"] = write_html_report(run_dir, manifest, turns, _measured(turns), questions, summary,
+                                             paper_table(summary, baseline), baseline,
+                                             {k: v for k, v in paths.items() if k.startswith("plot_")})
     return paths
 

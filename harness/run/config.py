@@ -60,7 +60,7 @@ class RunConfig:
     threads: int | None = None            # torch CPU threads (None = torch's default)
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
     output_dir: str = "results"
-    sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` were expanded from (a record, never re-expanded)
+    sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` came from (a record; never re-expanded)
 
     def __post_init__(self):
         self.validate()
