@@ -180,3 +180,14 @@ def test_first_difference():
     assert M.first_difference([5, 6], [5, 6, 7]) == 2
     assert M.first_difference("ab", "ab") is None
     assert M.first_difference("Once upOn", "Once upon") == 7
+
+
+def test_acceptance_per_position_ci_matches_the_pooled_rate():
+    # the rate is the pooled acceptance_per_position of all steps; the band comes from resampling questions
+    out = M.acceptance_per_position_ci([[[2]], [[0]]], [[[3]], [[3]]], max_pos=3, n_boot=500)
+    assert out[0][0] == pytest.approx(0.5) and 0.0 <= out[0][1] <= 0.5 <= out[0][2] <= 1.0
+    assert out[2] == pytest.approx((0.0, 0.0, 0.0))
+    acc, depths = [[[2, 0], [1]], [[3]]], [[[3, 3], [1]], [[4]]]
+    pooled = M.acceptance_per_position([a for q in acc for a in q], [d for q in depths for d in q], max_pos=4)
+    got = [r for r, _, _ in M.acceptance_per_position_ci(acc, depths, max_pos=4, n_boot=10)]
+    assert got == pytest.approx(pooled)

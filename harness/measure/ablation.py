@@ -7,7 +7,8 @@ checkpoint's N). Knobs are found from the records only, never parsed back from l
 
 ``ablation_table`` has one row per (label, method, suite, temperature) of a drafting method: the knob values, τ with
 its bootstrap CI (:func:`harness.measure.metrics.tau_ci`), the speed-up (ratio of means) with its paired bootstrap CI
-(:func:`harness.measure.metrics.speedup_ratio_ci`), acceptance per draft position, and per verification step the
+(:func:`harness.measure.metrics.speedup_ratio_ci`), acceptance per draft position with its CI
+(:func:`harness.measure.metrics.acceptance_per_position_ci`), and per verification step the
 draft forwards and the draft / verify / overhead milliseconds (:func:`harness.measure.metrics.per_verification_step`).
 
 Plots put a knob X on the x axis, with one line per value of a second knob L where that gives two lines of at least
@@ -138,8 +139,13 @@ def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot:
                "draft_ms_per_step": M.per_verification_step(ms["draft"], lengths),
                "verify_ms_per_step": M.per_verification_step(ms["verify"], lengths),
                "overhead_ms_per_step": M.per_verification_step(ms["overhead"], lengths)}
-        acc = M.acceptance_per_position(_lists(g["accepted_drafts"]), _lists(g["draft_depths"]), max_pos=depth)
-        row.update({f"acc@{i + 1}": v for i, v in enumerate(acc)})
+        by_q = list(g.groupby("question_id", sort=False))
+        acc = M.acceptance_per_position_ci([_lists(x["accepted_drafts"]) for _, x in by_q],
+                                           [_lists(x["draft_depths"]) for _, x in by_q], max_pos=depth,
+                                           n_boot=n_boot, seed=seed)
+        row.update({f"acc@{i + 1}": v for i, (v, _, _) in enumerate(acc)})
+        row.update({f"acc@{i + 1}_ci_lo": lo for i, (_, lo, _) in enumerate(acc)})
+        row.update({f"acc@{i + 1}_ci_hi": hi for i, (_, _, hi) in enumerate(acc)})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -268,10 +274,11 @@ def plot_knob(table: pd.DataFrame, knobs: Sequence[str], x: str, path: Path, tit
 
 
 def plot_knob_acceptance(table: pd.DataFrame, knobs: Sequence[str], x: str, path: Path, title: str) -> Path | None:
-    """Acceptance at each draft position against knob ``x``: one panel per line value, one line per position."""
+    """Acceptance at each draft position against knob ``x`` (95% CI bands): one panel per line value, one line per
+    position."""
     line = _line_knob(table, knobs, x)
     sl = plot_slice(table, knobs, x, line)
-    positions = [c for c in sl.columns if c.startswith("acc@") and sl[c].notna().any()]
+    positions = [c for c in sl.columns if c.startswith("acc@") and "_ci_" not in c and sl[c].notna().any()]
     if sl[x].map(str).nunique() < 2 or not positions:
         return None
     groups = _series(sl, x, line)
@@ -281,7 +288,9 @@ def plot_knob_acceptance(table: pd.DataFrame, knobs: Sequence[str], x: str, path
         _, pos, _ = _x_positions(g[x])
         g = g.assign(_x=g[x].map(lambda v, pos=pos: pos[str(v)])).sort_values("_x")
         for c in positions:
-            ax.plot(g["_x"], g[c], marker="o", label=f"position {c[4:]}")
+            drawn = ax.plot(g["_x"], g[c], marker="o", label=f"position {c[4:]}")[0]
+            if f"{c}_ci_lo" in g.columns:
+                ax.fill_between(g["_x"], g[f"{c}_ci_lo"], g[f"{c}_ci_hi"], alpha=0.15, color=drawn.get_color())
         ax.set_ylim(0, 1.02)
         _axis(ax, g, x, "acceptance rate")
         if name:

@@ -366,3 +366,40 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
         if a[i] != b[i]:
             return i
     return None if len(a) == len(b) else n
+
+
+def acceptance_per_position_ci(per_question_accepted: Sequence[Iterable[Sequence[int]]],
+                               per_question_depths: Sequence[Iterable[Sequence[int]]], max_pos: int,
+                               n_boot: int = 2000, seed: int = 0) -> list[tuple[float, float, float]]:
+    """:func:`acceptance_per_position` at positions 1..max_pos with a percentile-bootstrap 95% CI over questions:
+    ``[(rate, lo, hi)]``.
+
+    Input: one entry per question, each the ``accepted_drafts`` (resp. ``draft_depths``) lists of its turns. The rate
+    pools every step (exactly :func:`acceptance_per_position`); the CI resamples questions with replacement and
+    recomputes #steps with accepted >= i / #steps with depth >= i of the resample (resamples where no step drafted
+    that deep are left out). Example: questions with accepted [[2]] and [[0]], depths [[3]] and [[3]] -> position 1:
+    rate 1/2, resamples 0, 1/2 or 1 -> (0.5, lo >= 0, hi <= 1); position 3: (0.0, 0.0, 0.0).
+    """
+    if len(per_question_accepted) != len(per_question_depths):
+        raise ValueError(f"{len(per_question_accepted)} questions of accepted_drafts but "
+                         f"{len(per_question_depths)} of draft_depths")
+    num = np.zeros((len(per_question_accepted), max_pos))                 # [Q, P] steps with accepted >= i
+    den = np.zeros((len(per_question_accepted), max_pos))                 # [Q, P] steps with depth >= i
+    for q, (acc_lists, depth_lists) in enumerate(zip(per_question_accepted, per_question_depths)):
+        acc, depth = _steps(acc_lists, depth_lists)
+        for i in range(1, max_pos + 1):
+            num[q, i - 1], den[q, i - 1] = (acc >= i).sum(), (depth >= i).sum()
+    if not len(num):
+        return [(math.nan, math.nan, math.nan)] * max_pos
+    idx = _bootstrap_rows(len(num), n_boot, seed)
+    b_num, b_den = num[idx].sum(axis=1), den[idx].sum(axis=1)             # [n_boot, P]
+    out = []
+    for i in range(max_pos):
+        total = den[:, i].sum()
+        if not total:
+            out.append((math.nan, math.nan, math.nan))
+            continue
+        ok = b_den[:, i] > 0
+        lo, hi = np.percentile(b_num[ok, i] / b_den[ok, i], [2.5, 97.5])
+        out.append((float(num[:, i].sum() / total), float(lo), float(hi)))
+    return out
