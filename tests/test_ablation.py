@@ -90,6 +90,8 @@ def test_write_report_adds_knob_columns_ablation_table_and_plots(tmp_path):
     assert {"opt.mode", "opt.total_tokens"} <= set(summary.columns)
     assert "opt.mode" in pd.read_csv(run / "tables" / "questions.csv").columns
     assert len(pd.read_csv(paths["ablation_csv"])) == 4
+    md = paths["summary_md"].read_text()
+    assert "| C | ar | 8 | 1.44 [" in md and "| 1.17 [" in md  # C's tau and speed-up with their knobs
     for knob in ("mode", "total_tokens"):
         for suffix in ("", "_acceptance", "_cost"):
             png = run / "plots" / f"ablation_jakiro_{knob}{suffix}.png"

@@ -369,3 +369,27 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
                 if written is not None:
                     paths[f"plot_{stem}{suffix}"] = written
     return paths
+
+
+def ablation_markdown(turns: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """A Markdown table of the ablation (one row per drafting entry: its knobs, τ and speed-up with 95% CIs,
+    acc@1, draft forwards and draft / verify ms per step), "" when the run has no knob. ``turns``: measured."""
+    if not knob_names(turns):
+        return ""
+    table = ablation_table(turns, baseline_label)
+    if table.empty:
+        return ""
+    knobs = [k for k in table.columns if k.startswith(OPT)]
+    head = ["label", *[_name(k) for k in knobs], "τ [95% CI]", f"speed-up vs {baseline_label} [95% CI]", "acc@1",
+            "draft fwd / step", "draft ms / step", "verify ms / step"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * (1 + len(knobs)) + "|---:" * 6 + "|"]
+    for r in table.to_dict("records"):
+        cells = [str(r["label"]), *[str(r[k]) for k in knobs],
+                 f"{_fmt(r['tau'])} [{_fmt(r['tau_ci_lo'])}, {_fmt(r['tau_ci_hi'])}]",
+                 f"{_fmt(r['speedup'])} [{_fmt(r['speedup_ci_lo'])}, {_fmt(r['speedup_ci_hi'])}]",
+                 _fmt(r.get("acc@1")), _fmt(r["draft_forwards_per_step"]), _fmt(r["draft_ms_per_step"]),
+                 _fmt(r["verify_ms_per_step"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    suites = ", ".join(f"{s} (T={t:g})" for s, t in dict.fromkeys(zip(table["suite"], table["temperature"])))
+    return (f"**Ablation** ({suites}; knobs from the records' options; CIs: percentile bootstrap over questions)\n\n"
+            + "\n".join(lines) + "\n")

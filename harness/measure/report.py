@@ -33,7 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
-from harness.measure.ablation import with_knobs, write_ablation
+from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
 from harness.measure.html import write_html_report
 from harness.measure.records import RECORDS_FILE, read_records, record_files
 
@@ -497,7 +497,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     paths["accept_hist_csv"] = tables / "accept_hist.csv"
     md = tables / "summary.md"
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}\n"
-                  f"{paper_table(summary, baseline)}", encoding="utf-8")
+                  f"{paper_table(summary, baseline)}\n{ablation_markdown(turns[_measured(turns)], baseline)}",
+                  encoding="utf-8")
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),
