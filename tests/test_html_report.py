@@ -106,6 +106,8 @@ def test_report_in_headless_chromium(run, chromium, tmp_path):
                     checked += 1
         assert checked >= 5 * 10
         assert rows["D"]["speedup"]["t"] == "2.833" and rows["D"]["opt.mode"]["t"] == "ar"
+        # the ablation pivot (mode rows x total_tokens columns) shows D's "tau / speed-up"
+        assert "2.17 / 2.83" in b.evaluate("document.getElementById('ablation').textContent")
 
         b.evaluate("[...document.querySelectorAll('#summary-table th')].find(h => h.textContent === 'tau').click()")
         taus = [float(r["tau"]["v"]) for r in _rows(b, "summary-table")]
