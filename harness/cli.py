@@ -20,6 +20,7 @@ from harness.run.config import (
     preset_names,
 )
 from harness.run.reproduce import add_reproduce_cli, cmd_report_against
+from harness.run.sweep import add_cli_sweeps
 from harness.train.cli import add_data_cli, add_train_cli
 
 RUN_FLAGS = {  # flag -> (config field, how to parse the text)
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
+    r.add_argument("--sweep", action="append", default=[], metavar="LABEL.OPTION=V1,V2", help="a grid of option values")
     r.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an interrupted run: its configuration comes from RUN_DIR/manifest.json, so only "
                         f"{' and '.join('--' + f.replace('_', '-') for f in RESUME_FLAGS)} may be given with it")
@@ -93,7 +95,7 @@ def config_from_args(args) -> RunConfig:  # noqa: F821
     for item in args.set:
         key, value = parse_assignment(item)
         data[key] = value
-    cfg = config_from_dict(data)
+    cfg = config_from_dict(add_cli_sweeps(data, args.sweep))
     for item in args.opt:
         key, value = parse_assignment(item)
         label, _, option = key.partition(".")

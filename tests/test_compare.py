@@ -34,7 +34,8 @@ from harness.measure.baseline import (
     save_baseline,
     slugify,
 )
-from harness.measure.compare import Thresholds, compare_sides, first_difference, format_markdown, text_context
+from harness.measure.compare import Thresholds, compare_sides, format_markdown, text_context
+from harness.measure.metrics import first_difference
 
 QUESTIONS = ["1", "2", "3", "4", "5", "6", "7", "8"]
 NOISE_A = [1.000, 1.015, 0.985, 1.010, 0.990, 1.020, 0.980, 1.005]

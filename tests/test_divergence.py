@@ -23,9 +23,9 @@ def test_tie_tolerance_and_first_divergence_literals():
     assert M.tie_tolerance("bfloat16", 20.0) == pytest.approx(0.625)
     assert M.tie_tolerance("float32", -20.0) == pytest.approx(4 * 2**-23 * 20)
     assert M.tie_tolerance("float16", 0.1) == pytest.approx(4 * 2**-10)  # scale at least 1
-    assert M.first_divergence([5, 6, 7], [5, 9, 7]) == 1
-    assert M.first_divergence([5, 6], [5, 6, 7]) == 2
-    assert M.first_divergence([5, 6], [5, 6]) is None
+    assert M.first_difference([5, 6, 7], [5, 9, 7]) == 1
+    assert M.first_difference([5, 6], [5, 6, 7]) == 2
+    assert M.first_difference([5, 6], [5, 6]) is None
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         M.tie_tolerance("int8", 1.0)
 

@@ -493,6 +493,16 @@ def test_registered_with_validated_options(greedy_setup):
     assert described["options"]["mode"] == "ar" and described["lossless"] is True
 
 
+def test_describe_records_the_checkpoint_expert_counts():
+    """With num_experts / experts_per_tok left null the records must carry the checkpoint's N and K: an expert-count
+    ablation's table column comes from here; null there would leave the N axis empty."""
+    target = tiny_target()
+    described = Jakiro(target, JakiroOptions(), head=random_head(target, num_experts=3, experts_per_tok=2)).describe()
+    assert (described["options"]["num_experts"], described["options"]["experts_per_tok"]) == (3, 2)
+    described = Jakiro(target, JakiroOptions(experts_per_tok=1), head=random_head(target, num_experts=3)).describe()
+    assert (described["options"]["num_experts"], described["options"]["experts_per_tok"]) == (3, 1)
+
+
 def test_experts_per_tok_option_changes_k():
     target = tiny_target()
     head = random_head(target, num_experts=3, experts_per_tok=2)
@@ -501,10 +511,12 @@ def test_experts_per_tok_option_changes_k():
 
 
 def test_ablation_preset():
+    """The mode ablation is a grid over the same head: hybrid, ar, parallel and hybrid without contrast."""
     cfg = config_from_dict(load_preset_dict("jakiro_ablation"))
-    assert [m.label for m in cfg.methods] == ["vanilla", "eagle2", "jakiro_hybrid", "jakiro_ar", "jakiro_no_contrast"]
+    assert [m.label for m in cfg.methods] == ["vanilla", "eagle2", "jakiro[mode=hybrid]", "jakiro[mode=ar]",
+                                              "jakiro[mode=parallel]", "jakiro[contrastive=off]"]
     assert cfg.suites == ["mt_bench"]
-    assert cfg.methods[4].options == {"mode": "hybrid", "contrastive": "off"}
+    assert cfg.methods[5].options == {"mode": "hybrid", "contrastive": "off"}
 
 
 # ------------------------------------------------------------------------------------------------ objective

@@ -189,3 +189,50 @@ def test_measured_vs_reported():
     assert all(math.isnan(x) for x in M.measured_vs_reported(None, 3.0))
     assert all(math.isnan(x) for x in M.measured_vs_reported(2.0, float("nan")))
     assert M.measured_vs_reported(1.0, 0.0)[0] == 1.0 and math.isnan(M.measured_vs_reported(1.0, 0.0)[1])
+
+
+def test_tau_ci_pools_and_resamples_questions():
+    # tau is the pooled (4 + 2) / 4 = 1.5 (a mean of per-question taus would also be 1.5 here, but not below);
+    # resamples can only be 1.0, 1.5 or 2.0; equal questions leave no spread
+    tau, lo, hi = M.tau_ci([[[1, 3]], [[1, 1]]], n_boot=500, seed=1)
+    assert tau == pytest.approx(1.5) and 1.0 <= lo <= 1.5 <= hi <= 2.0
+    assert M.tau_ci([[[1, 3]], [[1, 3]]]) == pytest.approx((2.0, 2.0, 2.0))
+    # pooled over turns of unequal length: (1+3+2+1+4) / 5 = 2.2, not mean(2.0, 2.5) = 2.25
+    assert M.tau_ci([[[1, 3, 2], [1, 4]]])[0] == pytest.approx(2.2)
+    assert all(math.isnan(v) for v in M.tau_ci([]))
+
+
+def test_speedup_ratio_ci_pairs_questions():
+    # the point estimate is the paper's ratio of means on shared questions (c dropped): mean(30, 10) / 10 = 2.0;
+    # resampling keeps pairs, so the band lies within the per-question ratios 1.0 and 3.0
+    s, lo, hi = M.speedup_ratio_ci([({"a": 30.0, "b": 10.0, "c": 99.0}, {"a": 10.0, "b": 10.0})], n_boot=500)
+    assert s == pytest.approx(2.0) and 1.0 <= lo <= 2.0 <= hi <= 3.0
+    assert M.speedup_ratio_ci([({"a": 4.0}, {"a": 2.0})]) == pytest.approx((2.0, 2.0, 2.0))
+    assert all(math.isnan(v) for v in M.speedup_ratio_ci([({"a": 1.0}, {"b": 1.0})]))
+
+
+def test_per_verification_step_excludes_the_prefill():
+    # 9 draft forwards over 3 + 1 verification steps = 2.25; counting the prefill would give 9 / 6 = 1.5
+    assert M.per_verification_step([6, 3], [[1, 2, 3, 1], [1, 4]]) == pytest.approx(2.25)
+    assert M.per_verification_step([6, None], [[1, 2, 3, 1], [1, 4]]) == pytest.approx(2.0)
+    assert math.isnan(M.per_verification_step([1], [[1]]))
+    with pytest.raises(ValueError, match="2 totals but 1 turns"):
+        M.per_verification_step([1, 2], [[1, 2]])
+
+
+def test_first_difference():
+    assert M.first_difference([5, 6, 7], [5, 6, 9, 1]) == 2
+    assert M.first_difference([5, 6], [5, 6, 7]) == 2
+    assert M.first_difference("ab", "ab") is None
+    assert M.first_difference("Once upOn", "Once upon") == 7
+
+
+def test_acceptance_per_position_ci_matches_the_pooled_rate():
+    # the rate is the pooled acceptance_per_position of all steps; the band comes from resampling questions
+    out = M.acceptance_per_position_ci([[[2]], [[0]]], [[[3]], [[3]]], max_pos=3, n_boot=500)
+    assert out[0][0] == pytest.approx(0.5) and 0.0 <= out[0][1] <= 0.5 <= out[0][2] <= 1.0
+    assert out[2] == pytest.approx((0.0, 0.0, 0.0))
+    acc, depths = [[[2, 0], [1]], [[3]]], [[[3, 3], [1]], [[4]]]
+    pooled = M.acceptance_per_position([a for q in acc for a in q], [d for q in depths for d in q], max_pos=4)
+    got = [r for r, _, _ in M.acceptance_per_position_ci(acc, depths, max_pos=4, n_boot=10)]
+    assert got == pytest.approx(pooled)

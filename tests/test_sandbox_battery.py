@@ -23,8 +23,8 @@ import textwrap
 
 import pytest
 
-from harness.sandbox import landlock_abi, run_untrusted
 from harness.run.suites import Question
+from harness.sandbox import landlock_abi, run_untrusted
 from suites.scoring import HUMANEVAL_INSTRUCTION, humaneval_pass_at_1, humaneval_problems
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's kernel layers are Linux's")

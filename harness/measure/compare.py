@@ -119,19 +119,10 @@ def cell_name(label: str, suite: str, temperature: float) -> str:
     return f"{label} / {suite} / T={float(temperature):g}"
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first position where two sequences differ (the shorter one's length when one is a prefix of
-    the other); None when they are equal. Example: [1, 2, 3] vs [1, 5] -> 1; [1, 2] vs [1, 2, 3] -> 2."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def text_context(base_text: str, new_text: str, width: int = CONTEXT_CHARS) -> tuple[int, str, str]:
     """(first differing character, BASE excerpt, NEW excerpt): ``width`` characters before it and after it on each
     side, the position marked with ``⟨⟩``. Example: ("the cat", "the cow") -> (5, "the c⟨⟩at", "the c⟨⟩ow")."""
-    pos = first_difference(list(base_text), list(new_text))
+    pos = M.first_difference(list(base_text), list(new_text))
     pos = len(base_text) if pos is None else pos
     start = max(0, pos - width)
 
@@ -204,7 +195,7 @@ def _outputs(name: str, bt: pd.DataFrame, nt: pd.DataFrame, base: Side, new: Sid
               "new_tokens": int(first["new_tokens_n"])}
     if base.has_outputs and new.has_outputs:
         ids_b, ids_n = list(first["output_ids_b"] or []), list(first["output_ids_n"] or [])
-        pos = first_difference(ids_b, ids_n)
+        pos = M.first_difference(ids_b, ids_n)
         char, ex_b, ex_n = text_context(str(first["output_text_b"] or ""), str(first["output_text_n"] or ""))
         detail.update(token=pos, char=char, base_text=ex_b, new_text=ex_n)
         text = (f"first at {where}, token {pos} (character {char}): BASE {ex_b!r} NEW {ex_n!r}")

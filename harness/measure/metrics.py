@@ -480,22 +480,13 @@ def tie_tolerance(dtype: str, top_logit: float) -> float:
     return TIE_ULPS * DTYPE_EPS[dtype] * max(abs(float(top_logit)), 1.0)
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """The first position where two token sequences differ (the shorter one's length when it is a prefix of the
-    other), None when they are equal. Example: [5, 6, 7], [5, 9, 7] -> 1; [5, 6], [5, 6, 7] -> 2."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if int(x) != int(y):
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
     """How a greedy turn of a method departs from the baseline's turn (same question, turn, seed): None when the
     ``output_ids`` are equal, else
 
     ``{"position": k, "token", "baseline_token", "method_margin", "baseline_margin", "tolerance", "kind"}``
 
-    with k = :func:`first_divergence`, each run's top-1 minus top-2 logit margin at k (``logit_margins`` of the
+    with k = :func:`first_difference`, each run's top-1 minus top-2 logit margin at k (``logit_margins`` of the
     records: how close that run's target was to choosing another token), the tie tolerance of the record's dtype
     (:func:`tie_tolerance` at the larger top logit, ``logit_tops``) and ``kind``:
 
@@ -511,7 +502,7 @@ def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[s
     bfloat16 -> position 1, tolerance 0.625, kind "tie".
     """
     ids, ref = method.get("output_ids") or [], baseline.get("output_ids") or []
-    k = first_divergence(ids, ref)
+    k = first_difference(ids, ref)
     if k is None:
         return None
 
@@ -554,4 +545,103 @@ def divergences(method_turns: Iterable[Mapping[str, Any]],
         d = divergence(rec, ref)
         if d is not None:
             out.append({**{f: rec[f] for f in LOSSLESS_KEY}, **d})
+    return out
+
+
+def _bootstrap_rows(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """Question indices ``[n_boot, n]`` drawn with replacement (numpy generator seeded with ``seed``)."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def tau_ci(per_question_accept_lengths: Sequence[Iterable[Sequence[int]]], n_boot: int = 2000,
+           seed: int = 0) -> tuple[float, float, float]:
+    """:func:`tau` with a percentile-bootstrap 95% CI over questions: ``(tau, lo, hi)``.
+
+    Input: one entry per question, each the ``accept_lengths`` lists of that question's turns. tau is pooled over
+    every step of every question (exactly :func:`tau`); the CI resamples questions with replacement ``n_boot``
+    times, recomputes the pooled ratio Σ tokens / Σ steps of the resample, and takes its 2.5th and 97.5th
+    percentiles. Questions, not steps, are resampled because the steps of one answer are not independent.
+    Example: questions [[[1, 3]], [[1, 1]]] -> tau (4 + 2) / 4 = 1.5; a resample gives 2.0 (first question twice),
+    1.0 (second twice) or 1.5, so lo >= 1.0 and hi <= 2.0. NaN triple when no question has a step.
+    """
+    questions = [[list(a) for a in q] for q in per_question_accept_lengths]
+    tokens = np.array([sum(sum(a) for a in q) for q in questions], dtype=float)   # [Q]
+    steps = np.array([sum(len(a) for a in q) for q in questions], dtype=float)    # [Q]
+    keep = steps > 0
+    tokens, steps = tokens[keep], steps[keep]
+    if not len(steps):
+        return math.nan, math.nan, math.nan
+    idx = _bootstrap_rows(len(steps), n_boot, seed)
+    boot = tokens[idx].sum(axis=1) / steps[idx].sum(axis=1)                            # [n_boot]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(tokens.sum() / steps.sum()), float(lo), float(hi)
+
+
+def per_verification_step(totals: Sequence[Number | None], accept_lengths_lists: Iterable[Sequence[int]]) -> float:
+    """A per-turn total spread over verification steps: Σ totals / Σ (len(accept_lengths) − 1), pooled over turns.
+
+    Used for draft forwards per step (``counters.draft_forwards``) and draft / verify milliseconds per step
+    (``timings.draft_s`` / ``timings.verify_s`` x 1000): the prefill is not a verification step. Turns whose
+    total is missing are skipped on both sides. NaN when no step remains.
+    Example: draft forwards [6, 3] over accept_lengths [[1, 2, 3, 1], [1, 4]] -> 9 / (3 + 1) = 2.25.
+    """
+    lists = [list(a) for a in accept_lengths_lists]
+    values = list(totals)
+    if len(values) != len(lists):
+        raise ValueError(f"per_verification_step: {len(values)} totals but {len(lists)} turns")
+    pairs = [(v, max(len(a) - 1, 0)) for v, a in zip(values, lists) if not _missing(v)]
+    steps = sum(s for _, s in pairs)
+    return sum(v for v, _ in pairs) / steps if steps else math.nan
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """Index of the first position where two sequences (token ids, or text) differ; None when they are equal.
+
+    When one is a prefix of the other the index is the shorter one's length. The losslessness audit uses it on a
+    method's and the baseline's ``output_ids`` (the first differing token) and ``output_text`` (where to centre
+    the side-by-side view). Example: [5, 6, 7] vs [5, 6, 9, 1] -> 2; [5, 6] vs [5, 6, 7] -> 2; "ab" vs "ab" -> None.
+    """
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n
+
+
+def acceptance_per_position_ci(per_question_accepted: Sequence[Iterable[Sequence[int]]],
+                               per_question_depths: Sequence[Iterable[Sequence[int]]], max_pos: int,
+                               n_boot: int = 2000, seed: int = 0) -> list[tuple[float, float, float]]:
+    """:func:`acceptance_per_position` at positions 1..max_pos with a percentile-bootstrap 95% CI over questions:
+    ``[(rate, lo, hi)]``.
+
+    Input: one entry per question, each the ``accepted_drafts`` (resp. ``draft_depths``) lists of its turns. The rate
+    pools every step (exactly :func:`acceptance_per_position`); the CI resamples questions with replacement and
+    recomputes #steps with accepted >= i / #steps with depth >= i of the resample (resamples where no step drafted
+    that deep are left out). Example: questions with accepted [[2]] and [[0]], depths [[3]] and [[3]] -> position 1:
+    rate 1/2, resamples 0, 1/2 or 1 -> (0.5, lo >= 0, hi <= 1); position 3: (0.0, 0.0, 0.0).
+    """
+    if len(per_question_accepted) != len(per_question_depths):
+        raise ValueError(f"{len(per_question_accepted)} questions of accepted_drafts but "
+                         f"{len(per_question_depths)} of draft_depths")
+    num = np.zeros((len(per_question_accepted), max_pos))                 # [Q, P] steps with accepted >= i
+    den = np.zeros((len(per_question_accepted), max_pos))                 # [Q, P] steps with depth >= i
+    for q, (acc_lists, depth_lists) in enumerate(zip(per_question_accepted, per_question_depths)):
+        acc, depth = _steps(acc_lists, depth_lists)
+        for i in range(1, max_pos + 1):
+            num[q, i - 1], den[q, i - 1] = (acc >= i).sum(), (depth >= i).sum()
+    if not len(num):
+        return [(math.nan, math.nan, math.nan)] * max_pos
+    idx = _bootstrap_rows(len(num), n_boot, seed)
+    b_num, b_den = num[idx].sum(axis=1), den[idx].sum(axis=1)             # [n_boot, P]
+    out = []
+    for i in range(max_pos):
+        total = den[:, i].sum()
+        if not total:
+            out.append((math.nan, math.nan, math.nan))
+            continue
+        ok = b_den[:, i] > 0
+        lo, hi = np.percentile(b_num[ok, i] / b_den[ok, i], [2.5, 97.5])
+        out.append((float(num[:, i].sum() / total), float(lo), float(hi)))
     return out

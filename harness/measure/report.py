@@ -8,6 +8,11 @@
     tables/summary.md                        provenance header + paper_table (+ divergence note)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
+    tables/ablation.csv, plots/ablation_*    when options differ between entries of a method (harness.measure.ablation)
+    report.html                              all of it on one self-contained page (harness.measure.html)
+
+Options that differ between entries of one method (ablation knobs) get their own ``opt.<name>`` column in the
+questions and summary tables, taken from the records' ``method_options``.
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
 
@@ -34,6 +39,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
+from harness.measure.html import write_html_report
 from harness.measure.records import RECORDS_FILE, RecordsRead, load_records, record_files
 
 MANIFEST_FILE = "manifest.json"
@@ -640,8 +647,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         raise ValueError(f"{run_dir / RECORDS_FILE}: contains no complete record")
 
     turns = turns_table(records, manifest)
-    questions = questions_table(turns)
-    summary = summary_table(turns, baseline_label=baseline)
+    questions = with_knobs(questions_table(turns), turns)   # one opt.<knob> column per ablated option
+    summary = with_knobs(summary_table(turns, baseline_label=baseline), turns)
     tables, plots = run_dir / "tables", run_dir / "plots"
     tables.mkdir(exist_ok=True)
     plots.mkdir(exist_ok=True)
@@ -661,7 +668,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     md = tables / "summary.md"
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                   f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
-                  f"{divergence_note(divergence)}"
+                  f"{divergence_note(divergence)}\n{ablation_markdown(turns[_measured(turns)], baseline)}"
                   + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""),
                   encoding="utf-8")
     paths["summary_md"] = md
@@ -674,5 +681,9 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ):
         if written is not None:
             paths[f"plot_{name}"] = written
+    paths |= write_ablation(run_dir, turns[_measured(turns)], baseline)
+    paths["report_html"] = write_html_report(run_dir, manifest, turns, _measured(turns), questions, summary,
+                                             paper_table(summary, baseline), baseline,
+                                             {k: v for k, v in paths.items() if k.startswith("plot_")})
     return paths
 

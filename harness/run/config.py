@@ -2,7 +2,8 @@
 
 A preset is a short YAML file; ``include: other.yaml`` (or a list) composes presets, later keys win. Every value is
 validated and a bad one raises :class:`ConfigError` naming the field, e.g. ``run.temperatures[1]: must be >= 0``.
-Built-in presets live in ``harness/run/presets/`` and are named without the extension (``--preset demo``).
+A ``sweep:`` key expands method entries into grids (:mod:`harness.run.sweep`). Built-in presets live in
+``harness/run/presets/`` and are named without the extension (``--preset demo``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class RunConfig:
     threads: int | None = None            # torch CPU threads (None = torch's default)
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
     output_dir: str = "results"
+    sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` came from (a record; never re-expanded)
 
     def __post_init__(self):
         self.validate()
@@ -174,11 +176,13 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields) - {"sweep"})
     if unknown:
         hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, fields, 1)) else "")
                  for u in unknown]
         raise ConfigError(f"run: unknown field {', '.join(hints)}")
+    data = dict(data)
+    sweep = data.pop("sweep", None)
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         if name == "methods":
@@ -191,7 +195,22 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
             kwargs[name] = _check_type(value, fields[name].type, f"run.{name}")
     if isinstance(kwargs.get("questions"), list):
         kwargs["questions"] = [str(q) for q in kwargs["questions"]]
+    if sweep is not None:
+        kwargs["methods"], kwargs["sweep_spec"] = _expand_sweep(kwargs.get("methods") or [MethodSpec("vanilla")], sweep)
     return RunConfig(**kwargs)
+
+
+def _expand_sweep(methods: list[MethodSpec], raw: Any) -> tuple[list[MethodSpec], list[dict]]:
+    """``methods`` with the ``sweep:`` grids expanded (:mod:`harness.run.sweep`), and the normalised grids."""
+    from harness.registry import get_method
+    from harness.run import sweep as S
+
+    try:
+        grids = S.normalize(raw)
+        entries = S.expand([(m.name, m.label, m.options) for m in methods], grids, lambda n: get_method(n).Options)
+    except S.SweepError as e:
+        raise ConfigError(str(e)) from e
+    return [MethodSpec(n, lab, o) for n, lab, o in entries], grids
 
 
 def resolve_preset(name_or_path: str) -> Path:

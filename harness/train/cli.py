@@ -120,6 +120,8 @@ def add_train_cli(subparsers) -> None:
     p.add_argument("--no-resume", action="store_true", help="fail instead of continuing a run in --out")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="objective option")
+    p.add_argument("--sweep", action="append", default=[], metavar="OPTION=V1,V2",
+                   help="train one head per value into OUT/OPTION=VALUE/ (harness.train.sweep)")
     p.set_defaults(func=cmd_train)
 
 
@@ -141,9 +143,23 @@ def cmd_train(args) -> int:
     device = "cpu" if cfg.cpu or not torch.cuda.is_available() else f"cuda:{_local_rank()}"
     target = load_target(args.target, dtype="float32", device=device)
     out = args.out or str(Path("train-runs") / f"{args.objective}-{Path(args.target).name}")
+    if args.sweep:
+        return _train_sweep(args, target, out, cfg)
     recipe = train(args.objective, target, args.data, out, cfg)
     if _local_rank() == 0:
         print(f"{out}: {recipe['steps']} steps in {recipe['wall_time_s']:.1f} s; held-out {recipe['final_eval']}")
+    return 0
+
+
+def _train_sweep(args, target, out: str, cfg: TrainConfig) -> int:
+    from harness.train.sweep import parse_grid, train_sweep
+
+    argv = sys.argv[1:]
+    argv = argv[argv.index("train") + 1:] if "train" in argv else argv
+    rows = train_sweep(args.objective, target, args.data, out, cfg, parse_grid(args.sweep), argv)
+    for row in rows:
+        print(f"{Path(out) / row['folder']}: {row['steps']} steps in {row['wall_time_s']:.1f} s; "
+              f"held-out {row['final_eval']}")
     return 0
 
 

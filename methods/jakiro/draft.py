@@ -18,6 +18,15 @@ class MoEDraft:
     head: JakiroHead
     cache: DraftCache
 
+    def describe(self) -> dict:
+        """The options with the expert counts in effect: ``num_experts`` / ``experts_per_tok`` null (= the
+        checkpoint's) are recorded as the checkpoint's N and K, so a sweep over heads gets an ``opt.num_experts``
+        column from the head itself, never from a folder name or label."""
+        described = super().describe()
+        described["options"] = {**described["options"], "num_experts": self.head.moe.num_experts,
+                                "experts_per_tok": self.options.experts_per_tok or self.head.config.num_experts_per_tok}
+        return described
+
     def stable_outputs(self, root: int, contrast: bool = False, experts: bool = False) -> JakiroOutputs:
         """Run the positions committed since the last cycle (the last paired with ``root``) into the stable KV; the
         outputs of the last position only (``mixture [1, H]`` etc.)."""

@@ -19,10 +19,12 @@ from methods.jakiro.head import JakiroHead
 class JakiroObjectiveOptions:
     """Jakiro training (released ``jakiro/train/main.py``): ``L = v_weight (vloss_M + c vloss_C) + p_weight (ploss_M + c ploss_C)`` with
     c = ``contrast_weight`` (0.5 published; 0 trains without the contrastive output, Table 4's "without both").
-    ``num_experts`` N, ``experts_per_tok`` K, ``expert_intermediate_size`` (None = H, as released)."""
+    ``num_experts`` N, ``experts_per_tok`` K (None = min(2, N): the released K = 2, and all of them when N = 1, so an
+    expert-count sweep ``--sweep num_experts=1,2,3,4`` needs no second flag), ``expert_intermediate_size``
+    (None = H, as released)."""
 
     num_experts: int = 2
-    experts_per_tok: int = 2
+    experts_per_tok: int | None = None
     expert_intermediate_size: int | None = None
     p_weight: float = 0.1
     v_weight: float = 1.0
@@ -31,7 +33,9 @@ class JakiroObjectiveOptions:
     train_vocab: int = 0  # as the eagle objective's: 0 = full vocabulary (published)
 
     def __post_init__(self):
-        if self.num_experts < 1 or not 1 <= self.experts_per_tok <= self.num_experts:
+        if isinstance(self.num_experts, int) and self.num_experts >= 1 and self.experts_per_tok is None:
+            self.experts_per_tok = min(2, self.num_experts)
+        if self.num_experts < 1 or self.experts_per_tok is None or not 1 <= self.experts_per_tok <= self.num_experts:
             raise ValueError(f"need num_experts >= 1 and 1 <= experts_per_tok <= num_experts, got "
                              f"num_experts={self.num_experts}, experts_per_tok={self.experts_per_tok}")
         if self.expert_intermediate_size is not None and self.expert_intermediate_size < 1:
