@@ -314,6 +314,18 @@ def test_cli_exit_codes_and_formats(tmp_path, base, capsys):
     assert "--tau-rtol must be in [0, 1), got 2.0" in capsys.readouterr().err
 
 
+def test_cli_html_page_shows_the_verdict_the_cells_and_the_findings(tmp_path, base, capsys):
+    """`--html-out` writes one self-contained page (the CI artifact a reviewer opens): without the verdict, the failing
+    cell or the findings table it would hide the regression; with a network reference it would not open offline."""
+    slow = write_run(tmp_path, "slow", NOISE_C, NOISE_D, slowdown=1.25)
+    page = tmp_path / "out" / "compare.html"
+    assert main(["compare", str(base), str(slow), "--html-out", str(page)]) == 1
+    capsys.readouterr()
+    html = page.read_text()
+    assert "draftbench compare: FAIL" in html and "eagle2 / s1 / T=0" in html and ">Findings<" in html
+    assert "http://" not in html and "https://" not in html
+
+
 def test_cli_baseline_save_names_the_folder_from_the_preset(tmp_path, base, capsys):
     """`baseline save RUN` must put the baseline where `compare` and the workflows look: ROOT/<device>/<preset>."""
     assert main(["baseline", "save", str(base), "--root", str(tmp_path / "bl")]) == 0

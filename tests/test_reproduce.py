@@ -173,5 +173,6 @@ def test_offline_reproduction_of_a_stand_in_table(tmp_path, data_dir, capsys):
     assert manifest["config"]["chat_template"] == "vicuna_v1.1" and manifest["config"]["max_new_tokens"] == 32
     assert (run_dir / "tables" / "against_standin_eagle2.csv").exists()
     assert (run_dir / "plots" / "against_standin_eagle2.png").exists()
+    assert "EAGLE-2 Vicuna-7B" in (run_dir / "against_standin_eagle2.html").read_text()  # the page of the comparison
     assert main(["report", str(run_dir), "--against", str(STANDIN)]) == 0
     assert " vs 3.63 (" in capsys.readouterr().out

@@ -55,6 +55,7 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure.baseline import CELL, TURN, Side, load_side
+from harness.measure.html import write_tables_page
 from harness.measure.report import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
@@ -468,6 +469,16 @@ FORMATS = {"table": format_text, "markdown": format_markdown,
            "json": lambda cmp: json.dumps(to_json(cmp), indent=1, ensure_ascii=False) + "\n"}
 
 
+def write_html(cmp: Comparison, path: str | Path) -> Path:
+    """The comparison as one self-contained page (:func:`harness.measure.html.write_tables_page`): the Markdown
+    report (verdict, findings, warnings) as notes, then the cells and the findings as sortable tables."""
+    findings = pd.DataFrame([asdict(f) for f in cmp.findings], columns=["cell", "rule", "message", "fails"])
+    verdict = "PASS" if not cmp.failures else "FAIL"
+    return write_tables_page(path, f"draftbench compare: {verdict}", {"Cells": pd.DataFrame(cmp.rows),
+                                                                      "Findings": findings},
+                             notes=format_markdown(cmp), subtitle=f"BASE {cmp.base.path} vs NEW {cmp.new.path}")
+
+
 def cmd_compare(args) -> int:
     th = Thresholds(tau_rtol=args.tau_rtol, speed_tol=args.speed_tol, gate_speed=not args.no_speed,
                     tps_tol=args.tps_tol, quality_tol=args.quality_tol, gate_outputs=not args.no_outputs,
@@ -480,6 +491,9 @@ def cmd_compare(args) -> int:
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(FORMATS[fmt](cmp), encoding="utf-8")
+    if args.html_out:
+        Path(args.html_out).parent.mkdir(parents=True, exist_ok=True)
+        write_html(cmp, args.html_out)
     return cmp.exit_code
 
 
@@ -507,4 +521,5 @@ def add_compare_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--format", choices=sorted(FORMATS), default="table", help="stdout format (default table)")
     c.add_argument("--markdown-out", metavar="PATH", help="also write the Markdown report to PATH")
     c.add_argument("--json-out", metavar="PATH", help="also write the JSON report to PATH")
+    c.add_argument("--html-out", metavar="PATH", help="also write a self-contained HTML page to PATH")
     c.set_defaults(func=cmd_compare)

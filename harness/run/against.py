@@ -33,6 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.html import write_tables_page
 from harness.measure.records import read_records
 from harness.measure.report import read_manifest, turns_table
 from harness.run.published import Column, Table
@@ -368,6 +369,9 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     plot = plot_against(df, plots / f"{stem}.png", f"{run_dir.name} vs {table.id}")
     if plot is not None:
         paths["against_plot"] = plot
+    paths["against_html"] = write_tables_page(
+        run_dir / f"{stem}.html", f"{run_dir.name} vs {table.id}", {"Measured vs reported": df}, notes=md,
+        plots={"measured vs reported": plot} if plot is not None else None, subtitle=table.cite())
     return {"frame": df, "markdown": md, "paths": paths}
 
 
