@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--questions", type=_csv(str), help="comma-separated question ids")
     r.add_argument("--temperature", "--temperatures", dest="temperatures", type=_csv(float))
     r.add_argument("--seeds", type=_csv(int))
+    r.add_argument("--runtime", type=_csv(str), metavar="eager|compiled|eager,compiled",
+                   help="how the target's forward runs: eager (default), compiled (torch.compile), or both side by "
+                        "side (every method once per runtime; compiled labels end in @compiled)")
     for flag, (_, kind) in RUN_FLAGS.items():
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
@@ -85,7 +88,7 @@ def config_from_args(args) -> RunConfig:  # noqa: F821
     for flag, (field, _) in RUN_FLAGS.items():
         if getattr(args, flag) is not None:
             data[field] = getattr(args, flag)
-    for field in ("suites", "questions", "temperatures", "seeds"):
+    for field in ("suites", "questions", "temperatures", "seeds", "runtime"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     if args.methods is not None:
