@@ -174,6 +174,7 @@ class CompiledRunner(TargetRunner):
         self._compiled = torch.compile(self.model, backend=self._backend, dynamic=False if self.static else None,
                                        fullgraph=True)
         self._static_cache: StaticCache | None = None
+        self._hooks_ready = False
 
     # ---- compilation --------------------------------------------------------------------------------------------
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
@@ -201,6 +202,12 @@ class CompiledRunner(TargetRunner):
             with torch.inference_mode():
                 ids = ids.clone()
         kwargs.setdefault("output_hidden_states", False)  # vanilla's calls and the engine's then share graphs
+        if kwargs["output_hidden_states"] and not self._hooks_ready:
+            # transformers installs its hidden-state hooks at the first forward that asks for hidden states, under
+            # a lock dynamo cannot trace: let one eager, cache-less one-token forward install them
+            with torch.inference_mode():
+                self.model(ids[:, :1], use_cache=False, output_hidden_states=kwargs["output_hidden_states"])
+            self._hooks_ready = True
         if not self.static:
             _mark_dynamic(ids, cache, kwargs)
         if self.cudagraphs:
