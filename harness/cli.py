@@ -175,6 +175,8 @@ def cmd_list(args) -> int:
         print(f"  {name:<14}{info.get('records', '?'):>4} questions  scorer={info.get('scorer')}  "
               f"{info.get('description', '')}")
     print("presets:\n  " + ", ".join(preset_names()))
+    print("runtimes (--runtime, or a method entry's runtime):\n  eager (default): the model as loaded; compiled: "
+          "its forward through torch.compile (harness/engine/runtime.py)")
     from harness.models import EMBEDDED_TARGETS
 
     print("embedded targets:")

@@ -161,7 +161,9 @@ class CompiledRunner(TargetRunner):
                              f"{sorted({str(d) for d in self.model.hf_device_map.values()})} by a device map")
         self.static = device.type == "cuda" if static is None else bool(static)
         self.cudagraphs = self.static and device.type == "cuda"
-        self.freezing = device.type == "cpu"
+        # freezing makes the weights graph constants (and lets inductor pack them); it would freeze a static cache's
+        # buffers too (dynamo lifts static-address tensors like parameters), so the static flavour does without
+        self.freezing = device.type == "cpu" and not self.static
         self.onednn = self.freezing and onednn_packing_available()
         if self.static:
             layout = attention_layout(DynamicCache(config=self.model.config))
