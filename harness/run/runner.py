@@ -1,11 +1,14 @@
 """The one run loop: method x temperature x seed x repeat x suite x question, one record per turn.
 
-Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every timed turn is bracketed
-by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn (exception or out-of-memory)
-becomes an error record and the run goes on; a failing scorer becomes the record's ``score_error``. Records of a
-question are appended together, so a killed or interrupted run can be resumed (``draftbench run --resume RUN_DIR``)
-with no lost and no duplicated records: the resumed run re-runs every question that is not complete, after checking
-that the suites' files still have the checksums the manifest recorded.
+Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every method entry runs under
+its runtime (``RunConfig.entries``: eager, or the target's compiled forward, :mod:`harness.engine.runtime`); a
+compiled runtime builds its graphs at their first call, which is warm-up too: a question during which a graph still
+compiled is measured again, and the records report compilation separately (``compile_s``, ``turn_compile_s``).
+Every timed turn is bracketed by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn
+(exception or out-of-memory) becomes an error record and the run goes on; a failing scorer becomes the record's
+``score_error``. Records of a question are appended together, so a killed or interrupted run can be resumed
+(``draftbench run --resume RUN_DIR``) with no lost and no duplicated records: the resumed run re-runs every question
+that is not complete, after checking that the suites' files still have the checksums the manifest recorded.
 
 The run directory is created (atomically, with a unique name) before the target is loaded, so a bad output directory
 fails at once; it is removed again, if still empty, when the run fails before its manifest is written.
