@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--questions", type=_csv(str), help="comma-separated question ids")
     r.add_argument("--temperature", "--temperatures", dest="temperatures", type=_csv(float))
     r.add_argument("--seeds", type=_csv(int))
+    r.add_argument("--runtime", type=_csv(str), metavar="eager|compiled|eager,compiled",
+                   help="how the target's forward runs: eager (default), compiled (torch.compile), or both side by "
+                        "side (every method once per runtime; compiled labels end in @compiled)")
     for flag, (_, kind) in RUN_FLAGS.items():
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
@@ -87,7 +90,7 @@ def config_from_args(args) -> RunConfig:  # noqa: F821
     for flag, (field, _) in RUN_FLAGS.items():
         if getattr(args, flag) is not None:
             data[field] = getattr(args, flag)
-    for field in ("suites", "questions", "temperatures", "seeds"):
+    for field in ("suites", "questions", "temperatures", "seeds", "runtime"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     if args.methods is not None:
@@ -174,6 +177,8 @@ def cmd_list(args) -> int:
         print(f"  {name:<14}{info.get('records', '?'):>4} questions  scorer={info.get('scorer')}  "
               f"{info.get('description', '')}")
     print("presets:\n  " + ", ".join(preset_names()))
+    print("runtimes (--runtime, or a method entry's runtime):\n  eager (default): the model as loaded; compiled: "
+          "its forward through torch.compile (harness/engine/runtime.py)")
     from harness.models import EMBEDDED_TARGETS
 
     print("embedded targets:")

@@ -17,6 +17,10 @@ Checks, each printed as ``PASS`` / ``FAIL`` / ``SKIP`` with its numbers, exit st
    time minus the prefill (within 10 %); with it off the records say so.
 6. ``host-syncs``: round trips per verification step of EAGLE-2, counted with :mod:`harness.measure.syncs` and, on
    CUDA, with ``torch.cuda.set_sync_debug_mode`` (which also sees syncs inside torch and transformers).
+7. ``compiled-fp32``: ``runtime: compiled`` (on CUDA: static cache, tree buckets, CUDA graphs;
+   :mod:`harness.engine.runtime`) gives vanilla, PLD and EAGLE-2 the eager greedy tokens in float32 (a near tie
+   within the dtype's noise passes, as in check 3), with compile times and vanilla's and EAGLE-2's tokens/s eager
+   and compiled in its data. On CPU it is skipped unless ``--compiled`` (tests/test_runtime.py covers CPU).
 
 ``--json PATH`` writes every result (for a closing note or a CI artifact).
 """
@@ -39,7 +43,7 @@ import torch
 from harness.engine.sampling import SamplingParams
 from harness.measure import metrics as M
 from harness.measure.syncs import StepSyncProbe
-from harness.measure.trackers import Tracker, model_devices
+from harness.measure.trackers import Tracker, device_sync, model_devices
 from harness.models import DEFAULT_TARGET, load_target
 from harness.registry import get_method, method_names
 
@@ -229,7 +233,44 @@ def check_host_syncs(target, methods: dict, prompt_text: str, budget: int) -> Re
     return Result("host-syncs", "PASS" if ok else "FAIL", detail, data)
 
 
-def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts: list[str], budget: int):
+COMPILED_METHODS = ("vanilla", "pld", "eagle2")
+
+
+def check_compiled(target, prompts: list[str], budget: int) -> Result:
+    """Greedy tokens of ``COMPILED_METHODS`` compiled vs eager, and their speeds (second turn of each, after the
+    first compiled its graphs)."""
+    eager, compiled, speed, compile_s = {}, {}, {}, {}
+    for name in COMPILED_METHODS:
+        try:
+            method = get_method(name).create(target, {})
+        except Exception as e:  # no shipped head for this target: that method is left out
+            speed[name] = f"not built: {e}"
+            continue
+        for runtime, recs in (("eager", eager), ("compiled", compiled)):
+            method.runtime = runtime
+            out = _records(target, {name: method}, prompts, budget)[name]
+            recs[name] = out
+            prompt = target.render_chat([{"role": "user", "content": prompts[0]}])
+            device_sync(target.device)
+            t0 = time.perf_counter()
+            gen = method.generate(prompt, budget, GREEDY)
+            device_sync(target.device)
+            speed[f"{name}@{runtime}"] = len(gen.token_ids) / (time.perf_counter() - t0)
+        compile_s[name] = round(method.target_runner.compile_s, 1)
+    found = {n: M.divergences(compiled[n], eager[n]) for n in compiled}
+    shares = {n: M.lossless_share(compiled[n], eager[n]) for n in compiled}
+    bad = [f"{n} q{d['question_id']}@{d['position']} {d['kind']}" for n, ds in found.items() for d in ds
+           if d["kind"] != "tie"]
+    fast = ", ".join(f"{k} {v:.1f}" for k, v in speed.items() if isinstance(v, float))
+    detail = (f"eager-token share {', '.join(f'{n} {v:.2f}' for n, v in shares.items())}; tok/s {fast}; "
+              f"compile s {compile_s}")
+    data = {"runner": target.runners["compiled"].describe() if "compiled" in target.runners else None,
+            "eager_match_share": shares, "divergences": found, "tokens_per_s": speed, "compile_s": compile_s}
+    return Result("compiled-fp32", "FAIL" if bad else "PASS", ("; ".join(bad) + "; " if bad else "") + detail, data)
+
+
+def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts: list[str], budget: int,
+                compiled: bool = False):
     """The checks on the float32 target, one :class:`Result` at a time (the target is freed afterwards)."""
     target = load_target(target_name, "float32", device, attn_implementation="sdpa")
     methods = _methods(target, names)
@@ -237,6 +278,11 @@ def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts:
     yield _guarded("memory-energy", lambda: check_memory_energy(target, methods, prompts[0], budget))
     yield _guarded("timers", lambda: check_timers(target, methods, prompts[0], budget))
     yield _guarded("host-syncs", lambda: check_host_syncs(target, methods, prompts[0], budget))
+    if compiled or target.device.type == "cuda":
+        yield _guarded("compiled-fp32", lambda: check_compiled(target, prompts, budget))
+    else:
+        yield Result("compiled-fp32", "SKIP", "on CPU only with --compiled (minutes of compilation; "
+                                              "tests/test_runtime.py covers the CPU runtime)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--methods", help="comma-separated method names (default: every registered method)")
     p.add_argument("--skip-tests", action="store_true", help="do not run the pytest -m gpu step")
+    p.add_argument("--compiled", action="store_true", help="run the compiled-runtime check on CPU too")
     p.add_argument("--json", help="write every result to this file")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -266,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check on {args.device} ({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}), "
           f"torch {torch.__version__}, target {args.target}, {budget} tokens x {len(prompts)} prompts", flush=True)
     report(Result("gpu-tests", "SKIP", "--skip-tests") if args.skip_tests else check_gpu_tests(args.device))
-    for result in fp32_checks(args.target, args.device, names, prompts, budget):
+    for result in fp32_checks(args.target, args.device, names, prompts, budget, args.compiled):
         report(result)
     bf16 = load_target(args.target, "bfloat16", args.device, attn_implementation="sdpa")
     report(_guarded("divergence-bf16", lambda: check_divergence(bf16, _methods(bf16, names), prompts, budget)))

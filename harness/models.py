@@ -139,6 +139,8 @@ class Target:
     dtype: torch.dtype
     device: torch.device
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    # runtime name -> the runner that calls the model (harness.engine.runtime.target_runner fills it)
+    runners: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def config(self):
@@ -254,8 +256,8 @@ def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "
     ``device_map`` (e.g. ``"auto"``) spreads a large model over several GPUs through accelerate; then ``device``
     names where inputs are placed (the embedding's device), and ``max_memory`` (accelerate's ``{gpu: bytes}``)
     may restrict the GPUs it uses. ``attn_implementation``: ``auto`` (transformers' choice: sdpa where supported,
-    else eager, as for Gemma 2), ``eager``, ``sdpa``, ``flash_attention_2``... (see :func:`attention_backends`). A target that cannot be found raises
-    :class:`TargetError` with one line saying what was tried.
+    else eager, as for Gemma 2), ``eager``, ``sdpa``, ``flash_attention_2``... (see :func:`attention_backends`).
+    A target that cannot be found raises :class:`TargetError` with one line saying what was tried.
     """
     check_attn_implementation(attn_implementation)
     from transformers import AutoModelForCausalLM, AutoTokenizer

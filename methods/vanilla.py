@@ -1,7 +1,8 @@
 """Vanilla autoregressive decoding with a KV cache: the baseline every speedup is measured against.
 
 It must be at least as fast as ``model.generate`` (benchmarked in ``tests/test_bench_vanilla.py``) and, greedy,
-produce exactly ``generate(do_sample=False)``'s tokens.
+produce exactly ``generate(do_sample=False)``'s tokens. The target runs through the method's runner
+(:mod:`harness.engine.runtime`): with ``runtime: eager`` that is the model itself.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
 
 from harness.engine.hostio import fetch, pack_dtype
 from harness.engine.method import Generation, Method
@@ -23,7 +23,8 @@ class Vanilla(Method):
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:
         model, eos = self.target.model, self.target.eos_ids
-        cache = DynamicCache(config=model.config)
+        runner = self.target_runner  # eager: the model itself; compiled: its compiled forward
+        cache = runner.new_cache(prompt_ids.shape[1] + max_new_tokens)
         out: list[int] = []
         margins: list[float] = []
         tops: list[float] = []
@@ -33,7 +34,7 @@ class Vanilla(Method):
         packed = pack_dtype(model.config.vocab_size)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            logits = model(prompt_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = runner.forward(prompt_ids, cache, prefill=True, logits_to_keep=1).logits[:, -1]
             tok = next_token(logits, sampling, generator)
             device_sync(prompt_ids.device)
             prefill = time.perf_counter() - t0
@@ -54,7 +55,7 @@ class Vanilla(Method):
                     break
                 if len(out) >= max_new_tokens:
                     break
-                logits = model(tok.view(1, 1), cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                logits = runner.forward(tok.view(1, 1), cache, logits_to_keep=1).logits[:, -1]
                 tok = next_token(logits, sampling, generator)
         return Generation(token_ids=out, accept_lengths=[1] * len(out), stop_reason=stop, prefill_time_s=prefill,
                           logit_margins=margins, logit_tops=tops, logit_runner_ups=runner_ups)

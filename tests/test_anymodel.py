@@ -7,9 +7,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from harness.engine.kv import attention_layout, check_layer_types, compact_cache, prepare_cache
+from harness.engine.kv import (
+    attention_layout,
+    check_layer_types,
+    compact_cache,
+    prepare_cache,
+    verification_masks,
+)
 from harness.engine.sampling import SamplingParams
-from harness.engine.speculative import verification_masks
 from harness.engine.tree import ancestor_matrix, slot_depths, windowed_tree_mask
 from harness.models import check_attn_implementation
 from harness.registry import get_method

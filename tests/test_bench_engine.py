@@ -6,7 +6,9 @@ Measure, save, and compare with the previous save of this machine:  ``make bench
 Groups:
   verify-forward  one target forward over k = 1, 2, 4, ..., 64 tree slots (root included; k = 1 is a plain decoding
                   step) after a 300-token prefix, with the engine's 4D tree mask and tree positions, the cache cropped
-                  back after each: the verify-cost curve that decides how big a draft tree can pay off
+                  back after each: the verify-cost curve that decides how big a draft tree can pay off; once per
+                  runtime (``eager``: the model; ``compiled``: its compiled forward through the same runner the engine
+                  uses, harness/engine/runtime.py, compiled in the untimed first round)
   draft-step      one ``propose`` of each shipped head (eagle2, jakiro, medusa) with the CPU gate's options
                   (harness/run/presets/ci_gate.yaml), right after ``begin`` on a real prompt
   tree            EAGLE-2's dynamic tree selection over 4 levels of top-10 candidates; a 63-node static tree
@@ -24,10 +26,18 @@ import torch
 from transformers import DynamicCache
 
 from harness.engine.autotune import bench_tree_parents
-from harness.engine.kv import compact_cache
+from harness.engine.kv import attention_layout, compact_cache
+from harness.engine.runtime import RUNTIMES, target_runner
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import tree_mask_4d
-from harness.engine.tree import STATIC_TREES, check_tree, select_dynamic_tree, tree_from_choices, tree_position_ids
+from harness.engine.tree import (
+    STATIC_TREES,
+    ancestor_matrix,
+    check_tree,
+    select_dynamic_tree,
+    slot_depths,
+    tree_from_choices,
+)
 from harness.registry import get_method
 from harness.run.config import load_preset_dict
 
@@ -54,25 +64,29 @@ def prefix_cache(real_target):
 
 @pytest.mark.slow
 @pytest.mark.benchmark(group="verify-forward")
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("slots", TREE_SLOTS)
-def test_bench_verify_forward(benchmark, real_target, prefix_cache, slots):
-    """One verification forward over ``slots`` tree slots (branching 4, breadth first); a forward that returned
-    other than one logit row per slot, or left the cache longer than the prefix, would not be the engine's step."""
-    model, V = real_target.model, real_target.model.config.vocab_size
+def test_bench_verify_forward(benchmark, real_target, prefix_cache, slots, runtime):
+    """One verification forward over ``slots`` tree slots (branching 4, breadth first) through the engine's runner
+    for ``runtime``; a forward that returned other than one logit row per slot (the compiled runtime may pad the
+    tree, never drop a slot), or left the cache longer than the prefix, would not be the engine's step."""
+    V = real_target.model.config.vocab_size
+    runner = target_runner(real_target, runtime)
     parents = bench_tree_parents(slots, branching=4)  # [slots - 1]
+    ancestors = ancestor_matrix(parents)
+    layout = attention_layout(prefix_cache)
     ids = (torch.arange(slots) * 104729 % V)[None]  # [1, slots]
-    pos = tree_position_ids(parents, PREFIX)[None]
-    mask = tree_mask_4d(PREFIX, parents, real_target.dtype, real_target.device)
 
     def forward():
         with torch.inference_mode():
-            out = model(ids, attention_mask=mask, position_ids=pos, cache=prefix_cache, use_cache=True)
-        prefix_cache.crop(-slots)  # transformers 5.24: crop(-n) drops the last n positions
-        return tuple(out.logits.shape)
+            x, pos, mask = runner.verify_inputs(ids, ancestors, slot_depths(ancestors), PREFIX, layout, prefix_cache)
+            out = runner.forward(x, prefix_cache, attention_mask=mask, position_ids=pos)
+            compact_cache(prefix_cache, PREFIX, [])  # drop the tree (and any pad slots) again
+        return tuple(out.logits[:, :slots].shape)
 
     assert _pedantic(benchmark, forward, rounds=20) == (1, slots, V)
     assert prefix_cache.get_seq_length() == PREFIX
-    benchmark.extra_info.update(slots=slots, prefix=PREFIX)
+    benchmark.extra_info.update(slots=slots, prefix=PREFIX, runtime=runtime)
 
 
 @pytest.mark.slow

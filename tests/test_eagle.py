@@ -474,7 +474,8 @@ def test_eagle2_automatic_tree_size(monkeypatch):
     """total_tokens=-1 takes the size chosen from the timings and records it in the turn's counters."""
     import harness.engine.autotune as autotune
 
-    monkeypatch.setattr(autotune, "time_tree_sizes", lambda target: {40: 1.0, 48: 1.0, 50: 1.0, 56: 1.0, 60: 1.02})
+    monkeypatch.setattr(autotune, "time_tree_sizes",
+                        lambda target, runtime="eager": {40: 1.0, 48: 1.0, 50: 1.0, 56: 1.0, 60: 1.02})
     target = tiny_target(eos=False)
     gen = eagle2(target, random_head(target), total_tokens=-1).generate(PROMPT, 4, GREEDY)
     assert gen.counters["total_tokens"] == 60

@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_cpu(tmp_path):
-    """Every check prints PASS/SKIP/FAIL and the run exits 0 when nothing failed; memory/energy (CUDA only) is a
-    SKIP with the reason; the JSON report has one entry per check. A check that crashes would be a FAIL."""
+    """Every check prints PASS/SKIP/FAIL and the run exits 0 when nothing failed; memory/energy (CUDA only) and the
+    compiled runtime (CUDA, or --compiled) are SKIPs with the reason; the JSON report has one entry per check. A
+    check that crashes would be a FAIL."""
     out = tmp_path / "gpucheck.json"
     cmd = [sys.executable, "-m", "harness.gpucheck", "--device", "cpu", "--dry", "--skip-tests",
            "--methods", "vanilla,pld,eagle2", "--json", str(out)]
@@ -25,10 +26,11 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {r["name"]: r for r in json.loads(out.read_text())}
-    assert list(results) == ["gpu-tests", "lossless-fp32", "memory-energy", "timers", "host-syncs", "divergence-bf16"]
+    assert list(results) == ["gpu-tests", "lossless-fp32", "memory-energy", "timers", "host-syncs", "compiled-fp32",
+                             "divergence-bf16"]
     assert {n: r["status"] for n, r in results.items()} == {
         "gpu-tests": "SKIP", "lossless-fp32": "PASS", "memory-energy": "SKIP", "timers": "PASS",
-        "host-syncs": "PASS", "divergence-bf16": "PASS"}
+        "host-syncs": "PASS", "compiled-fp32": "SKIP", "divergence-bf16": "PASS"}
     assert results["lossless-fp32"]["data"]["eagle2"]["lossless_share"] == 1.0
     assert "gpu-check: PASS" in proc.stdout
 

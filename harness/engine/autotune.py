@@ -19,10 +19,9 @@ import time
 import weakref
 
 import torch
-from transformers import DynamicCache
 
 from harness.engine.kv import attention_layout, compact_cache, prepare_cache
-from harness.engine.speculative import verification_masks
+from harness.engine.runtime import target_runner
 from harness.engine.tree import ancestor_matrix, slot_depths
 from harness.measure.trackers import device_sync
 from harness.models import Target
@@ -42,12 +41,13 @@ def bench_tree_parents(size: int, branching: int = 10) -> torch.Tensor:
 
 
 def time_tree_sizes(target: Target, sizes: tuple[int, ...] | list[int] = EAGLE_TREE_SIZES, repeats: int = 10,
-                    context_len: int = 256) -> dict[int, float]:
+                    context_len: int = 256, runtime: str = "eager") -> dict[int, float]:
     """Mean seconds of one target verification forward over each tree size (root included), after a context.
 
     The target first runs over ``context_len`` tokens; then, per size, one untimed warm-up forward and ``repeats``
     timed ones, each with the engine's 4D tree mask and tree position ids, the device synchronised around each
-    and the cache cropped back to the context after each.
+    and the cache cropped back to the context after each. Every forward goes through the runner of ``runtime``
+    (:mod:`harness.engine.runtime`), as the method's own verification forwards do.
     """
     sizes = tuple(int(s) for s in sizes)
     if not sizes or min(sizes) < 1:
@@ -55,30 +55,30 @@ def time_tree_sizes(target: Target, sizes: tuple[int, ...] | list[int] = EAGLE_T
     if repeats < 1 or context_len < 1:
         raise ValueError(f"repeats and context_len must be >= 1, got {repeats}, {context_len}")
     model = target.model
-    key = (str(target.device), str(target.dtype), sizes, repeats, context_len)
+    runner = target_runner(target, runtime)
+    key = (str(target.device), str(target.dtype), sizes, repeats, context_len, runtime)
     per_model = _TIMINGS.setdefault(model, {})
     if key in per_model:
         return dict(per_model[key])
     vocab = model.config.vocab_size
     device = target.device
-    cache = DynamicCache(config=model.config)
+    cache = runner.new_cache(context_len + max(sizes))
     layout = attention_layout(cache)
     timings: dict[int, float] = {}
     with torch.inference_mode():
         context = (torch.arange(context_len, device=device) * 7919 % vocab)[None]  # [1, C] arbitrary fixed tokens
-        model(context, cache=cache, use_cache=True, logits_to_keep=1)
+        runner.forward(context, cache, prefill=True, logits_to_keep=1)
         prepare_cache(cache)
         for size in sizes:
             ancestors = ancestor_matrix(bench_tree_parents(size).to(device))
             depth = slot_depths(ancestors)
-            ids = (torch.arange(size, device=device) * 104729 % vocab)[None]  # [1, size]
-            pos = (depth + context_len)[None]  # [1, size]
-            mask = verification_masks(layout, cache, ancestors, depth, context_len, target.dtype)
+            tokens = (torch.arange(size, device=device) * 104729 % vocab)[None]  # [1, size]
+            ids, pos, mask = runner.verify_inputs(tokens, ancestors, depth, context_len, layout, cache)
             elapsed = 0.0
             for run in range(repeats + 1):
                 device_sync(device)
                 t0 = time.perf_counter()
-                model(ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+                runner.forward(ids, cache, attention_mask=mask, position_ids=pos)
                 device_sync(device)
                 if run > 0:  # run 0 warms up
                     elapsed += time.perf_counter() - t0

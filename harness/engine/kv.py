@@ -12,6 +12,11 @@ their *past recording* on after the prefill (transformers' own mechanism for rol
 verification forward appends the tree after the ``window - 1`` committed positions instead of cutting the
 committed ones; :func:`compact_cache` then keeps the accepted slots and cuts the layer back to ``window - 1``
 positions, with ``cumulative_length`` = the committed length, exactly the state vanilla decoding would have.
+
+A transformers ``StaticCache`` (the compiled runtime's static flavour, :mod:`harness.engine.runtime`) keeps fixed
+``[B, H, max_cache_len, D]`` buffers and writes each forward at ``cumulative_length`` (a tensor, so that compiled
+graphs do not specialise on it); compaction moves the kept slots inside the buffer and sets ``cumulative_length``
+to the committed length in place. The positions beyond it hold stale K/V, which every mask blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.engine.hostio import upload
+from harness.engine.tree import windowed_tree_mask
 
 # cache layer types whose attention the tree masks reproduce (transformers' ``layer_types`` names)
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -47,7 +53,8 @@ class AttentionLayout:
 
 def attention_layout(cache) -> AttentionLayout:
     """The :class:`AttentionLayout` of a transformers ``DynamicCache`` built from the model config
-    (``DynamicCache(config=...)``): full layers are ``DynamicLayer``, sliding ones ``DynamicSlidingWindowLayer``.
+    (``DynamicCache(config=...)``): full layers are ``DynamicLayer``, sliding ones ``DynamicSlidingWindowLayer``; a
+    ``StaticCache``'s full layers are ``StaticLayer`` (its sliding layers are refused).
 
     Raises ``ValueError`` naming the layer for anything the tree masks do not reproduce (chunked attention,
     linear-attention / recurrent layers) and for two windows under one layer type.
@@ -57,7 +64,7 @@ def attention_layout(cache) -> AttentionLayout:
     first: dict[str, int] = {}
     for i, layer in enumerate(getattr(cache, "layers", [])):
         kind = type(layer).__name__
-        if kind == "DynamicLayer":
+        if kind in ("DynamicLayer", "StaticLayer"):
             name, w = "full_attention", None
         elif kind == "DynamicSlidingWindowLayer":
             name, w = "sliding_attention", int(layer.sliding_window)
@@ -89,6 +96,27 @@ def prepare_cache(cache) -> None:
             layer.activate_past_recording()
 
 
+def verification_masks(layout: AttentionLayout, cache, ancestors: torch.Tensor, depth: torch.Tensor, committed: int,
+                       dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The ``attention_mask`` argument of a verification forward: one mask, or a dict per layer type (see
+    :mod:`harness.engine.speculative`). A sliding layer type's mask covers the committed positions its cache holds."""
+    masks = {}
+    for kind in layout.types:
+        window = layout.window[kind]
+        kept = committed if window is None else cached_length(cache, layout.first_layer[kind])
+        masks[kind] = windowed_tree_mask(ancestors, depth, committed, kept, window, dtype)
+    return masks if layout.per_type else masks[layout.types[0]]
+
+
+def static_cache_length(tokens: int, minimum: int = 1024) -> int:
+    """``max_cache_len`` of a static cache for a turn of ``tokens`` positions (prompt, new tokens, tree slots): the
+    next power of two, at least ``minimum``, so that few cache shapes (and compiled graphs) exist.
+    Examples: (300, 1024) -> 1024; (1500, 1024) -> 2048; (4096, 1024) -> 4096."""
+    if tokens < 1:
+        raise ValueError(f"a cache must hold at least one position, got {tokens}")
+    return max(minimum, 1 << (tokens - 1).bit_length())
+
+
 def cached_length(cache, layer: int) -> int:
     """Positions currently held by cache layer ``layer`` (a sliding layer holds at most ``window - 1``)."""
     entry = cache.layers[layer]
@@ -101,10 +129,11 @@ def compact_cache(cache, prev_len: int, keep: torch.Tensor | list[int]) -> None:
     """Keep tree slots ``keep`` (0 = root; in this order) after the ``prev_len`` committed positions of every layer.
 
     Works in place on a transformers ``DynamicCache`` (``cache.layers[i].keys/.values`` shaped
-    ``[B, n_kv_heads, S, head_dim]``). Example: prev_len 5, 4 tree slots (S = 9), keep [0, 2] -> positions
-    [0..4, 5, 7] remain (S = 7). A sliding-window layer (past recording on, see :func:`prepare_cache`) holds fewer
-    committed positions than ``prev_len``; its tree slots are the last ``cumulative_length - prev_len`` entries,
-    and after the selection it is cut back to its last ``window - 1`` positions.
+    ``[B, n_kv_heads, S, head_dim]``) or ``StaticCache`` (fixed S; ``cumulative_length`` becomes prev_len + kept).
+    Example: prev_len 5, 4 tree slots (S = 9), keep [0, 2] -> positions [0..4, 5, 7] remain (S = 7).
+    A sliding-window layer (past recording on, see :func:`prepare_cache`) holds fewer committed positions than
+    ``prev_len``; its tree slots are the last ``cumulative_length - prev_len`` entries, and after the selection it
+    is cut back to its last ``window - 1`` positions.
 
     ``keep`` is a host list (or tensor, read once); the index goes to each device once (not once per layer) and is
     uploaded without synchronising the stream.
@@ -118,12 +147,13 @@ def compact_cache(cache, prev_len: int, keep: torch.Tensor | list[int]) -> None:
     for i, layer in enumerate(layers):
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
-        seq = layer.keys.shape[-2]
+        static = type(layer).__name__ == "StaticLayer"
+        seq = layer.keys.shape[-2]  # positions held (a static buffer's whole length: its fill is not read back)
         sliding = getattr(layer, "is_sliding", False)
         if sliding:
-            if not layer.record_past:
+            if static or not layer.record_past:
                 raise ValueError(f"compact_cache: sliding-window layer {i} does not record its past; call "
-                                 "prepare_cache after the prefill")
+                                 "prepare_cache after the prefill (static sliding caches are not supported)")
             base = seq - (layer.cumulative_length - prev_len)  # committed positions this layer holds
         else:
             base = prev_len
@@ -139,6 +169,9 @@ def compact_cache(cache, prev_len: int, keep: torch.Tensor | list[int]) -> None:
             # index_select copies the kept slots first, so the in-place write cannot read what it overwrites
             layer.keys[:, :, base:end] = layer.keys.index_select(2, idx)
             layer.values[:, :, base:end] = layer.values.index_select(2, idx)
+        if static:  # fixed buffers: only the length moves (in place: compiled graphs hold the tensor)
+            layer.cumulative_length.fill_(end)
+            continue
         start = max(0, end - (layer.sliding_window - 1)) if sliding else 0
         layer.keys = layer.keys[:, :, start:end]
         layer.values = layer.values[:, :, start:end]

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness.engine.runtime import TargetRunner, target_runner
 from harness.engine.sampling import SamplingParams
 from harness.models import Target
 
@@ -188,6 +189,7 @@ class Method:
     name: ClassVar[str] = "?"
     Options: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
+    runtime: str = "eager"  # how the target's forward runs (harness.engine.runtime.RUNTIMES); the harness sets it
 
     def __init__(self, target: Target, options=None):
         self.target = target
@@ -212,9 +214,16 @@ class Method:
     def lossless(self) -> bool:
         return True
 
+    @property
+    def target_runner(self) -> TargetRunner:
+        """The seam every target forward goes through: eager or compiled, per :attr:`runtime` (shared by the methods
+        of one runtime on this target)."""
+        return target_runner(self.target, self.runtime)
+
     def describe(self) -> dict[str, Any]:
-        """What goes into the manifest and every table row: the options and the lossless flag."""
-        return {"method": self.name, "lossless": self.lossless, "options": dataclasses.asdict(self.options)}
+        """What goes into the manifest and every table row: the options, the lossless flag and the runtime."""
+        return {"method": self.name, "lossless": self.lossless, "options": dataclasses.asdict(self.options),
+                "runtime": self.runtime}
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:

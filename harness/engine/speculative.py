@@ -17,6 +17,10 @@ and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
    compacted to the committed prefix + root + accepted path (:func:`harness.engine.kv.compact_cache`); ``accept`` is
    called and the bonus becomes the next root.
 
+Every target forward goes through the method's :attr:`~harness.engine.method.Method.target_runner`
+(:mod:`harness.engine.runtime`): the model itself (``runtime: eager``), or its compiled forward, which may pad a
+tree with slots no real slot sees and may keep a ``StaticCache`` (``runtime: compiled``).
+
 After a turn the cache holds exactly ``P + len(token_ids) - 1`` positions: everything emitted except the last,
 pending token (``last_cache_length`` records it).
 
@@ -64,13 +68,10 @@ import time
 from typing import ClassVar
 
 import torch
-from transformers import DynamicCache
 
 from harness.engine.hostio import fetch, pack_dtype, upload
 from harness.engine.kv import (
-    AttentionLayout,
     attention_layout,
-    cached_length,
     check_layer_types,
     compact_cache,
     prepare_cache,
@@ -112,18 +113,6 @@ def tree_mask_4d(committed_len: int, parents: torch.Tensor, dtype: torch.dtype,
     """
     ancestors = ancestor_matrix(parents.to(device))
     return windowed_tree_mask(ancestors, slot_depths(ancestors), committed_len, committed_len, None, dtype)
-
-
-def verification_masks(layout: AttentionLayout, cache, ancestors: torch.Tensor, depth: torch.Tensor, committed: int,
-                       dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
-    """The ``attention_mask`` argument of a verification forward: one mask, or a dict per layer type (see the module
-    docstring). A sliding layer type's mask covers the committed positions its cache holds."""
-    masks = {}
-    for kind in layout.types:
-        window = layout.window[kind]
-        kept = committed if window is None else cached_length(cache, layout.first_layer[kind])
-        masks[kind] = windowed_tree_mask(ancestors, depth, committed, kept, window, dtype)
-    return masks if layout.per_type else masks[layout.types[0]]
 
 
 def resolve_hidden_layers(spec, num_layers: int) -> tuple[int, ...]:
@@ -211,6 +200,7 @@ class SpeculativeMethod(Method):
     greedy_argmax: ClassVar[bool] = True
     profile: bool | None = None
     last_cache_length: int | None = None
+    max_tree_slots: int = 128  # the most slots (root included) a verification forward may take: static cache room
 
     def __init__(self, target, options=None):
         super().__init__(target, options)
@@ -271,14 +261,15 @@ class SpeculativeMethod(Method):
                  generator: torch.Generator | None = None) -> Generation:
         """Speculative decoding of one turn (see the module docstring for the exact steps)."""
         self._check_inputs(prompt_ids)
-        model, eos = self.target.model, self.target.eos_ids
-        vocab = model.config.vocab_size
+        runner, eos = self.target_runner, self.target.eos_ids
+        vocab = self.target.model.config.vocab_size
         self.counters = {"draft_forwards": 0}
         self.last_cache_length = None
         if max_new_tokens <= 0:
             return Generation(token_ids=[], accept_lengths=[], stop_reason="max_new_tokens")
         want_hidden = list(self.hidden_layers) if self.needs_hidden_states else False
-        cache = DynamicCache(config=model.config)
+        # room for the prompt, the new tokens and one tree beyond them (a static cache is allocated once)
+        cache = runner.new_cache(prompt_ids.shape[1] + max_new_tokens + self.max_tree_slots)
         layout = attention_layout(cache)
         device = prompt_ids.device
         clock = _Clock(device, self._profiling())
@@ -286,7 +277,7 @@ class SpeculativeMethod(Method):
         packed_dtype = pack_dtype(vocab)  # one host transfer per step packs ids and margins
         with torch.inference_mode():
             t0 = clock.last
-            out = model(prompt_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden, logits_to_keep=1)
+            out = runner.forward(prompt_ids, cache, prefill=True, output_hidden_states=want_hidden, logits_to_keep=1)
             last = out.logits[0, -1]  # [V]
             root_dev = next_token(last, sampling, generator).view(1)  # [1] on the logits' device
             if sampling.greedy:
@@ -329,12 +320,12 @@ class SpeculativeMethod(Method):
                 if not fast:  # the method's verify reads the tree on the host: check it first
                     self._raise_if_bad(fetch(flags), tree, vocab)
                 ids = torch.cat([root_dev.to(device), tokens.clamp(0, vocab - 1)])[None]  # [1, N+1]
-                pos = (depth + committed)[None]  # [1, N+1]
-                mask = verification_masks(layout, cache, ancestors, depth, committed, self.target.dtype)
+                # eager: position ids depth + committed and the tree mask; compiled: the same, padded (runtime.py)
+                ids, pos, mask = runner.verify_inputs(ids, ancestors, depth, committed, layout, cache)
                 clock.mark("overhead_s")
-                out = model(ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                            output_hidden_states=want_hidden)
-                logits = out.logits[0]  # [N+1, V]
+                out = runner.forward(ids, cache, attention_mask=mask, position_ids=pos,
+                                     output_hidden_states=want_hidden)
+                logits = out.logits[0, : n + 1]  # [N+1, V] (a compiled forward may have run pad slots after them)
                 if fast:
                     on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
                     margin, top, second = logit_margins(logits)  # [N+1] each
@@ -382,7 +373,7 @@ class SpeculativeMethod(Method):
                     self.accept([root] + new[:-1], hidden, bonus)
                     clock.mark("draft_s")
                 root = bonus
-        self.last_cache_length = cache.get_seq_length()
+        self.last_cache_length = int(cache.get_seq_length())
         timings = {k: clock.totals.get(k, 0.0) for k in ("draft_s", "verify_s", "overhead_s")}
         counters = {**self.counters, "target_forwards": stats.target_forwards, "tree_tokens": stats.tree_tokens}
         return Generation(token_ids=emitted, accept_lengths=stats.accept_lengths, stop_reason=stop,

@@ -166,8 +166,9 @@ class Side:
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps"]].sum().reset_index())
         questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
         questions["speedup"] = math.nan
-        for (_, suite, temp), g in questions.groupby(CELL, sort=False):
-            base = questions[(questions["label"] == label) & (questions["suite"] == suite)
+        bases = R.baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
+        for (cell_label, suite, temp), g in questions.groupby(CELL, sort=False):
+            base = questions[(questions["label"] == bases.get(cell_label, label)) & (questions["suite"] == suite)
                              & (questions["temperature"] == temp)]
             if base.empty:
                 continue

@@ -42,6 +42,12 @@ cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memor
                             GPUs (None on CPU)
 energy_j, mean_power_w      NVML energy over the turn and energy / wall time (None without a GPU)
 nvml_devices                PCI bus ids of the NVML boards read (None without NVML)
+runtime                     how the target's forward ran: ``eager`` or ``compiled`` (harness/engine/runtime.py;
+                            the manifest's ``runtimes`` says how it was compiled); absent in older runs = eager
+compile_s                   seconds this label's runtime spent compiling in this process before the turn (its
+                            warm-up and any discarded attempt); never part of ``wall_time_s``
+turn_compile_s              seconds of compilation inside this turn's ``wall_time_s`` (0 unless a turn compiled
+                            again after the harness's retries; then its speed is not a steady-state number)
 timings, counters           method-specific breakdown (e.g. draft_s, verify_s; draft_forwards)
 timings_synchronised        whether the timings split was measured with a device sync at each mark (None: no split)
 logit_margins, logit_tops,  greedy only (else None): per emitted token, the target's top-1 minus top-2 logit, the
@@ -75,6 +81,16 @@ WARN_LINES_PER_FILE = 5
 
 class CorruptRecordWarning(UserWarning):
     """A line of a records file that is not a JSON object (skipped; the lines after it are still read)."""
+
+
+def runtime_label(label: str, runtime: str | None) -> str:
+    """The label of an entry measured under ``runtime``: eager (or unknown: records made before runtimes existed)
+    keeps ``label``; any other runtime appends ``@<runtime>`` unless the label already ends with it.
+    Examples: ("vanilla", "eager") -> "vanilla"; ("vanilla", "compiled") -> "vanilla@compiled";
+    ("fast@compiled", "compiled") -> "fast@compiled"."""
+    if runtime in (None, "eager") or label.endswith(f"@{runtime}"):
+        return label
+    return f"{label}@{runtime}"
 
 
 def question_key(rec: Mapping[str, Any]) -> tuple:

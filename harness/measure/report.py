@@ -19,7 +19,10 @@ Every number is computed by a :mod:`harness.measure.metrics` function; this modu
 Which turns are measured: a question with any error turn is left out of every measurement (its other turns
 would give a partial question), and is counted in ``n_errors``; so is an incomplete question (a turn's record is
 missing, :mod:`harness.measure.records`), counted in ``n_incomplete``. A question's tokens/s pools all its turns over
-seeds and repeats. Speed-ups compare a label with the baseline label on the same suite, temperature and questions.
+seeds and repeats. Speed-ups compare a label with the baseline label on the same suite, temperature and questions;
+a label measured under another runtime than eager (``runtime`` of its records, e.g. ``eagle2@compiled``) is
+compared with the baseline of its own runtime (``vanilla@compiled``) when the run has one (:func:`baseline_labels`),
+and ``speedup_vs_eager`` gives every label's ratio to the eager baseline as well.
 Quality is the mean score of the measured questions, and NaN when any answer of the group failed to score
 (``n_score_errors``): a mean over the answers that happened to score would look like a result.
 Unreadable record lines, superseded attempts and incomplete questions are listed in ``summary.md``'s header.
@@ -41,7 +44,7 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
 from harness.measure.html import write_html_report
-from harness.measure.records import RECORDS_FILE, RecordsRead, load_records, record_files
+from harness.measure.records import RECORDS_FILE, RecordsRead, load_records, record_files, runtime_label
 
 MANIFEST_FILE = "manifest.json"
 GROUP = ["label", "method", "suite", "temperature"]
@@ -54,7 +57,7 @@ BASE_COLUMNS = (
     "new_tokens", "steps", "accept_lengths", "accepted_drafts", "draft_depths", "wall_time_s", "prefill_time_s",
     "stop_reason", "output_text", "output_ids", "rss_bytes", "peak_rss_bytes", "cuda_peak_allocated_bytes",
     "cuda_peak_reserved_bytes", "nvml_used_bytes", "energy_j", "mean_power_w", "score", "score_name", "timestamp",
-    "score_error", "question_turns", "attempt",
+    "score_error", "question_turns", "attempt", "runtime", "compile_s", "turn_compile_s",
 )
 LIST_COLUMNS = ("accept_lengths", "accepted_drafts", "draft_depths", "output_ids")
 # nested dict fields of a record -> prefix of their dotted columns
@@ -230,6 +233,28 @@ def _lossless_flag(values: pd.Series) -> bool | None:
     return all(present) if present else None
 
 
+def label_runtimes(turns: pd.DataFrame) -> dict[str, str]:
+    """label -> the runtime its records name (``eager`` for records made before runtimes existed)."""
+    out: dict[str, str] = {}
+    for label, runtime in zip(turns["label"], turns["runtime"]):
+        if label not in out or out[label] == "eager":
+            out[label] = runtime if isinstance(runtime, str) and runtime else "eager"
+    return out
+
+
+def baseline_labels(turns: pd.DataFrame, baseline_label: str = "vanilla") -> dict[str, str]:
+    """label -> the label its speed-up is measured against: the baseline of its own runtime
+    (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for ``eagle2@compiled``) when the
+    run measured one, else ``baseline_label``. Example: labels vanilla, vanilla@compiled, pld@compiled (runtime
+    compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled, pld@compiled: vanilla@compiled}."""
+    runtimes = label_runtimes(turns)
+    out = {}
+    for label, runtime in runtimes.items():
+        own = runtime_label(baseline_label, runtime)
+        out[label] = own if own in runtimes else baseline_label
+    return out
+
+
 def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
                   seed: int = 0) -> pd.DataFrame:
     """One row per (label, method, suite, temperature) with every headline number, all from
@@ -237,29 +262,40 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
 
     Columns: n_questions (measured), n_turns (measured), n_errors (error records), n_incomplete (questions with a
     missing turn record, left out), n_score_errors (answers whose scorer failed); tokens_per_s (mean over
-    questions), tau, tau_script (the EAGLE/Jakiro scripts' convention, :func:`harness.measure.metrics.tau_eagle_script`); speedup (ratio of means) and speedup_gmean with its bootstrap CI
+    questions), tau, tau_script (the EAGLE/Jakiro scripts' convention,
+    :func:`harness.measure.metrics.tau_eagle_script`); speedup (ratio of means) and speedup_gmean with its bootstrap CI
     (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
     baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
     output ids); energy_per_token_j;
     divergent_turns and divergent_ties (temperature 0: turns that differ from the baseline, and how many of them
     are near ties within the dtype's noise); peak_memory_bytes (CUDA peak allocated, else RSS) and
     peak_reserved_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
-    draft); lossless (the method's declared flag).
+    draft); lossless (the method's declared flag); runtime, baseline (the label the speed-up, lossless share and
+    divergence are measured against: the baseline of the row's runtime, :func:`baseline_labels`),
+    speedup_vs_eager (ratio of means vs the eager ``baseline_label``: for a compiled row, its speed-up over eager
+    decoding) and eager_match_share (temperature 0: share of turns whose output equals the eager baseline's),
+    compile_s (the most compile seconds any of the label's records reports: warm-up, never inside a turn's wall
+    time) and turn_compile_s (compilation left inside measured turns, normally 0).
     """
     questions = questions_table(turns)
     measured = _measured(turns)
     score_failed = _score_failed(turns)
     depth = _max_depth(turns)
+    runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
     rows = []
+
+    def at(frame: pd.DataFrame, label: str, suite, temp) -> pd.DataFrame:
+        return frame[(frame["label"] == label) & (frame["suite"] == suite) & (frame["temperature"] == temp)]
+
     for key, g in turns.groupby(GROUP, dropna=False, sort=False):
         label, _, suite, temp = key
         ok = g[measured.loc[g.index]]
-        q = questions[(questions["label"] == label) & (questions["suite"] == suite)
-                      & (questions["temperature"] == temp)]
-        base_q = questions[(questions["label"] == baseline_label) & (questions["suite"] == suite)
-                           & (questions["temperature"] == temp)]
-        base_ok = turns[measured & (turns["label"] == baseline_label) & (turns["suite"] == suite)
-                        & (turns["temperature"] == temp)]
+        base = bases.get(label, baseline_label)
+        q = at(questions, label, suite, temp)
+        base_q = at(questions, base, suite, temp)
+        base_ok = at(turns[measured], base, suite, temp)
+        eager_q = at(questions, baseline_label, suite, temp)
+        eager_ok = at(turns[measured], baseline_label, suite, temp)
         tps, base_tps = _per_question_tps(q), _per_question_tps(base_q)
         gmean, lo, hi = M.speedup_geomean(tps, base_tps, n_boot=n_boot, seed=seed)
         accepted, depths = _lists(ok["accepted_drafts"]), _lists(ok["draft_depths"])
@@ -286,6 +322,13 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_allocated_bytes"])),
             "peak_reserved_bytes": M.peak_reserved(list(ok["cuda_peak_reserved_bytes"])),
             "lossless": _lossless_flag(g["lossless"]),
+            "runtime": runtimes.get(label, "eager"),
+            "baseline": base,
+            "speedup_vs_eager": M.speedup_ratio_of_means(tps, _per_question_tps(eager_q)),
+            "eager_match_share": (M.lossless_share(ok.to_dict("records"), eager_ok.to_dict("records"))
+                                  if float(temp) == 0.0 else math.nan),
+            "compile_s": _max_float(g["compile_s"]),
+            "turn_compile_s": _sum_float(ok["turn_compile_s"]),
         }
         acc = M.acceptance_per_position(accepted, depths, max_pos=depth)
         cond = M.conditional_acceptance_per_position(accepted, depths, max_pos=depth)
@@ -297,6 +340,16 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
         if col in df.columns:
             df[col] = df[col].astype(float)
     return df
+
+
+def _max_float(col: pd.Series) -> float:
+    values = pd.to_numeric(col, errors="coerce").dropna()
+    return float(values.max()) if len(values) else math.nan
+
+
+def _sum_float(col: pd.Series) -> float:
+    values = pd.to_numeric(col, errors="coerce").dropna()
+    return float(values.sum()) if len(values) else math.nan
 
 
 def category_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.DataFrame:
@@ -311,13 +364,14 @@ def category_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.D
     cat_of = turns.groupby(["suite", "question_id"], sort=False)["category"].first()
     questions["category"] = [cat_of.get((s, q)) for s, q in zip(questions["suite"], questions["question_id"])]
     measured = _measured(turns)
+    bases = baseline_labels(turns, baseline_label)
     rows = []
     for suite, sq in questions.groupby("suite", sort=False):
         cats = [c for c in dict.fromkeys(sq["category"]) if c is not None]
         if len(cats) < 2:
             continue
         for (label, method, temp), g in sq.groupby(["label", "method", "temperature"], sort=False, dropna=False):
-            base = sq[(sq["label"] == baseline_label) & (sq["temperature"] == temp)]
+            base = sq[(sq["label"] == bases.get(label, baseline_label)) & (sq["temperature"] == temp)]
             for cat in cats:
                 q, b = g[g["category"] == cat], base[base["category"] == cat]
                 ids = set(q["question_id"])
@@ -361,17 +415,21 @@ def _divergence_counts(ok: pd.DataFrame, base_ok: pd.DataFrame, temp: float) -> 
 
 
 def divergence_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.DataFrame:
-    """One row per measured temperature-0 turn whose output differs from the baseline label's: label, method,
+    """One row per measured temperature-0 turn whose output differs from its baseline's (the baseline label of its
+    runtime, :func:`baseline_labels`): label, method,
     suite, question_id, turn, seed, the first differing position, both tokens, both runs' logit margins there,
     the dtype's tie tolerance and the kind ("tie" within rounding noise / "disagreement" / "unknown"), from
     :func:`harness.measure.metrics.divergences`."""
     columns = ["label", "method", "suite", "question_id", "turn", "seed", "position", "token", "baseline_token",
                "method_margin", "baseline_margin", "tolerance", "kind"]
     ok = turns[_measured(turns) & (turns["temperature"].astype(float) == 0.0)]
-    base = ok[ok["label"] == baseline_label].to_dict("records")
+    bases = baseline_labels(turns, baseline_label)
     rows = []
-    for (label, method), g in ok[ok["label"] != baseline_label].groupby(["label", "method"], sort=False):
-        for d in M.divergences(g.to_dict("records"), base):
+    for (label, method), g in ok.groupby(["label", "method"], sort=False):
+        base = bases.get(label, baseline_label)
+        if label == base:
+            continue
+        for d in M.divergences(g.to_dict("records"), ok[ok["label"] == base].to_dict("records")):
             rows.append({"label": label, "method": method, **d})
     return pd.DataFrame(rows, columns=columns)
 
@@ -413,40 +471,82 @@ def _cell(speedup: float | None, tau: float | None) -> str:
 
 def _row_order(summary: pd.DataFrame, baseline_label: str) -> list[str]:
     labels = list(dict.fromkeys(summary["label"]))
-    return sorted(labels, key=lambda lab: lab != baseline_label)
+    bases = set(summary["baseline"]) if "baseline" in summary else set()
+    return sorted(labels, key=lambda lab: lab not in bases | {baseline_label})
+
+
+def _runtimes(summary: pd.DataFrame) -> list[str]:
+    """The runtimes of a summary's rows, eager first (["eager"] for summaries made before runtimes existed)."""
+    if "runtime" not in summary:
+        return ["eager"]
+    found = list(dict.fromkeys(r if isinstance(r, str) else "eager" for r in summary["runtime"]))
+    return sorted(found, key=lambda r: r != "eager")
 
 
 def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
     """Markdown pivot: labels (rows) × suites (columns), cells "speed-up× / tau", plus an equal-weight mean
-    column (:func:`harness.measure.metrics.suite_mean`); one table per temperature. Labels whose method is not lossless
-    carry "†" and a footnote. Example cell: "2.41× / 3.52"; "n/a / 3.52" when there is no baseline."""
+    column (:func:`harness.measure.metrics.suite_mean`); one table per temperature, and per runtime when the run
+    measured another runtime than eager: such a table compares its labels with the baseline of its own runtime and
+    adds the mean speed-up over the eager baseline (so runtimes are never mixed in one column). Labels whose method
+    is not lossless carry "†" and a footnote. Example cell: "2.41× / 3.52"; "n/a / 3.52" when there is no
+    baseline."""
     if summary.empty:
         return "_No measured turns._\n"
     suites = list(dict.fromkeys(summary["suite"]))
+    runtimes = _runtimes(summary)
     lossy = False
     parts = []
     for temp in sorted(summary["temperature"].dropna().unique()):
-        at = summary[summary["temperature"] == temp]
-        lines = [f"**Temperature {temp:g}** — cells: speed-up vs `{baseline_label}` (ratio of mean tokens/s on "
-                 "the same questions) × / τ (mean accepted length per target forward, bonus token included)", "",
-                 "| method | " + " | ".join(suites) + " | mean |",
-                 "|---|" + "---:|" * (len(suites) + 1)]
-        for label in _row_order(at, baseline_label):
-            rows = at[at["label"] == label]
-            mark = ""
-            if rows["lossless"].eq(False).any():
-                mark, lossy = " †", True
-            cells = []
-            for suite in suites:
-                r = rows[rows["suite"] == suite]
-                cells.append(_cell(r["speedup"].iloc[0], r["tau"].iloc[0]) if len(r) else "")
-            mean = _cell(M.suite_mean(rows["speedup"]), M.suite_mean(rows["tau"]))
-            lines.append(f"| {label}{mark} | " + " | ".join(cells) + f" | {mean} |")
-        parts.append("\n".join(lines))
+        for runtime in runtimes:
+            at = summary[summary["temperature"] == temp]
+            if "runtime" in at:
+                at = at[at["runtime"].fillna("eager") == runtime]
+            if at.empty:
+                continue
+            base = at["baseline"].iloc[0] if "baseline" in at else baseline_label
+            head = f"**Temperature {temp:g}**" if runtimes == ["eager"] else \
+                f"**Temperature {temp:g}, runtime {runtime}**"
+            versus = runtime != "eager"
+            lines = [f"{head} — cells: speed-up vs `{base}` (ratio of mean tokens/s on the same questions) × / τ "
+                     "(mean accepted length per target forward, bonus token included)"
+                     + (f"; last column: mean speed-up vs eager `{baseline_label}`" if versus else ""), "",
+                     "| method | " + " | ".join(suites) + " | mean |" + (" vs eager |" if versus else ""),
+                     "|---|" + "---:|" * (len(suites) + 1 + versus)]
+            for label in _row_order(at, baseline_label):
+                rows = at[at["label"] == label]
+                mark = ""
+                if rows["lossless"].eq(False).any():
+                    mark, lossy = " †", True
+                cells = []
+                for suite in suites:
+                    r = rows[rows["suite"] == suite]
+                    cells.append(_cell(r["speedup"].iloc[0], r["tau"].iloc[0]) if len(r) else "")
+                mean = _cell(M.suite_mean(rows["speedup"]), M.suite_mean(rows["tau"]))
+                extra = f" {_fmt(M.suite_mean(rows['speedup_vs_eager']), '.2f', '×')} |" if versus else ""
+                lines.append(f"| {label}{mark} | " + " | ".join(cells) + f" | {mean} |" + extra)
+            if versus:
+                lines += ["", _compile_note(at)]
+            parts.append("\n".join(lines))
     text = "\n\n".join(parts) + "\n"
     if lossy:
         text += ("\n† not lossless: its output is not guaranteed to equal the target's greedy output (T = 0) or "
                  "to follow the target's distribution (T > 0).\n")
+    return text
+
+
+def _compile_note(rows: pd.DataFrame) -> str:
+    """One line under a compiled runtime's table: each label's compile time (warm-up, outside every turn's wall time)
+    and, if any, compilation left inside measured turns. Example: "Compilation (warm-up, not in any turn's time):
+    vanilla@compiled 61.2 s, pld@compiled 75.0 s." """
+    parts, inside = [], []
+    for label, g in rows.groupby("label", sort=False):
+        parts.append(f"{label} {_fmt(_max_float(g['compile_s']), '.1f', ' s')}")
+        left = _sum_float(g["turn_compile_s"])
+        if left == left and left > 0:
+            inside.append(f"{label} {left:.1f} s")
+    text = "Compilation (warm-up, not in any turn's time): " + ", ".join(parts) + "."
+    if inside:
+        text += " Still inside measured turns (their speed is not steady-state): " + ", ".join(inside) + "."
     return text
 
 
@@ -523,8 +623,10 @@ def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, pa
 
 
 def plot_speedup(summary: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
-    """Grouped bars of the speed-up (ratio of means) per suite; None when there is no baseline."""
-    return _grouped_bars(summary, "speedup", f"speed-up vs {baseline_label} (×)", "Speed-up per suite", path, 1.0)
+    """Grouped bars of the speed-up (ratio of means) per suite; None when there is no baseline. With several
+    runtimes each label is compared with its own runtime's baseline (the summary's ``baseline`` column)."""
+    versus = baseline_label if _runtimes(summary) == ["eager"] else f"{baseline_label} of the same runtime"
+    return _grouped_bars(summary, "speedup", f"speed-up vs {versus} (×)", "Speed-up per suite", path, 1.0)
 
 
 def plot_tau(summary: pd.DataFrame, path: Path) -> Path | None:

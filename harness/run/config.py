@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from harness.measure.records import runtime_label
+
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 
@@ -28,11 +30,14 @@ class ConfigError(ValueError):
 
 @dataclass
 class MethodSpec:
-    """One method in a run. ``label`` tells apart two entries of the same method (an ablation); default = name."""
+    """One method in a run. ``label`` tells apart two entries of the same method (an ablation); default = name.
+    ``runtime``: how the target's forward runs for this entry (``eager`` or ``compiled``); None = every runtime of
+    the run (:meth:`RunConfig.entries`)."""
 
     name: str
     label: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    runtime: str | None = None
 
     def __post_init__(self):
         if self.label is None:
@@ -47,6 +52,8 @@ class RunConfig:
     device_map: str | None = None         # e.g. "auto": spread a large target over GPUs with accelerate
     attn_implementation: str = "auto"     # auto (transformers' choice), eager, sdpa, flash_attention_2, ...
     profile: str = "auto"                 # synchronise the draft/verify/overhead split: auto (= on for CPU), on, off
+    runtime: list[str] = field(default_factory=lambda: ["eager"])  # eager, compiled, or both (every entry runs once
+    #                                       per runtime; non-eager labels get "@<runtime>", see RunConfig.entries)
     methods: list[MethodSpec] = field(default_factory=lambda: [MethodSpec("vanilla")])
     suites: list[str] = field(default_factory=lambda: ["mt_bench"])
     limit: int | None = None              # first N questions of each suite
@@ -76,7 +83,16 @@ class RunConfig:
                 raise ConfigError(f"run.{where}: {msg}")
 
         need(bool(self.methods), "methods", "at least one method is required")
-        labels = [m.label for m in self.methods]
+        from harness.engine.runtime import RUNTIMES
+
+        need(bool(self.runtime), "runtime", f"at least one runtime is required ({', '.join(RUNTIMES)})")
+        for i, r in enumerate(self.runtime):
+            need(r in RUNTIMES, f"runtime[{i}]", f"unknown runtime {r!r}; use {' or '.join(RUNTIMES)}")
+        need(len(set(self.runtime)) == len(self.runtime), "runtime", f"a runtime is listed twice: {self.runtime}")
+        for i, m in enumerate(self.methods):
+            need(m.runtime is None or m.runtime in RUNTIMES, f"methods[{i}].runtime",
+                 f"unknown runtime {m.runtime!r}; use {' or '.join(RUNTIMES)}")
+        labels = [m.label for m in self.entries()]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
         need(bool(self.suites), "suites", "at least one suite is required")
@@ -107,8 +123,29 @@ class RunConfig:
         except ValueError as e:
             raise ConfigError(f"run.attn_implementation: {e}") from None
 
+    def entries(self) -> list[MethodSpec]:
+        """The method entries as the run measures them, each with its runtime: an entry without its own ``runtime``
+        once per run runtime, in the order given (method by method, so that the runtimes of one method run side by
+        side). The label of a non-eager entry ends in ``@<runtime>`` (:func:`harness.measure.records.runtime_label`):
+        a table never shows a compiled number under an eager label. Example: methods [vanilla, eagle2], runtime
+        [eager, compiled] -> vanilla, vanilla@compiled, eagle2, eagle2@compiled."""
+        out = []
+        for spec in self.methods:
+            for runtime in [spec.runtime] if spec.runtime else self.runtime:
+                out.append(MethodSpec(spec.name, runtime_label(spec.label, runtime), dict(spec.options), runtime))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
+        eager, an entry's ``runtime`` None) are left out, so that the digest of an unchanged configuration stays the
+        same and comparisons with older runs do not report a difference that is none."""
+        d = dataclasses.asdict(self)
+        if d.get("runtime") == ["eager"]:
+            d.pop("runtime")
+        for m in d["methods"]:
+            if m.get("runtime") is None:
+                m.pop("runtime", None)
+        return d
 
     def digest(self) -> str:
         """Short hash of everything that changes the measurement (not where results are written)."""
@@ -163,15 +200,19 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
         return MethodSpec(raw)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a method name or a mapping with name/label/options, got {raw!r}")
-    unknown = set(raw) - {"name", "label", "options"}
+    unknown = set(raw) - {"name", "label", "options", "runtime"}
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options")
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options, "
+                          "runtime")
     if "name" not in raw or not isinstance(raw["name"], str):
         raise ConfigError(f"{where}.name: a method name is required")
     opts = raw.get("options") or {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{where}.options: expected a mapping, got {opts!r}")
-    return MethodSpec(raw["name"], raw.get("label"), dict(opts))
+    runtime = raw.get("runtime")
+    if runtime is not None and not isinstance(runtime, str):
+        raise ConfigError(f"{where}.runtime: expected eager or compiled, got {runtime!r}")
+    return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime)
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -1,11 +1,14 @@
 """The one run loop: method x temperature x seed x repeat x suite x question, one record per turn.
 
-Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every timed turn is bracketed
-by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn (exception or out-of-memory)
-becomes an error record and the run goes on; a failing scorer becomes the record's ``score_error``. Records of a
-question are appended together, so a killed or interrupted run can be resumed (``draftbench run --resume RUN_DIR``)
-with no lost and no duplicated records: the resumed run re-runs every question that is not complete, after checking
-that the suites' files still have the checksums the manifest recorded.
+Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every method entry runs under
+its runtime (``RunConfig.entries``: eager, or the target's compiled forward, :mod:`harness.engine.runtime`); a
+compiled runtime builds its graphs at their first call, which is warm-up too: a question during which a graph still
+compiled is measured again, and the records report compilation separately (``compile_s``, ``turn_compile_s``).
+Every timed turn is bracketed by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn
+(exception or out-of-memory) becomes an error record and the run goes on; a failing scorer becomes the record's
+``score_error``. Records of a question are appended together, so a killed or interrupted run can be resumed
+(``draftbench run --resume RUN_DIR``) with no lost and no duplicated records: the resumed run re-runs every question
+that is not complete, after checking that the suites' files still have the checksums the manifest recorded.
 
 The run directory is created (atomically, with a unique name) before the target is loaded, so a bad output directory
 fails at once; it is removed again, if still empty, when the run fails before its manifest is written.
@@ -17,7 +20,9 @@ accelerate does the process management (no scheduler of our own).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import json
@@ -123,6 +128,8 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
         "suites": {s.name: {"version": s.version, "source": str(s.source), "sha256": s.sha256,
                             "questions": len(s.questions)} for s in suites},
         "methods": {label: m.describe() for label, m in methods.items()},
+        # how each runtime of the run calls the target (backend, cache, shapes, CUDA graphs, linear kernels)
+        "runtimes": {m.runtime: m.target_runner.describe() for m in methods.values()},
     }
 
 
@@ -149,6 +156,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
             "category": question.category, "turn": turn, "question_turns": len(question.turns), "target": target.name,
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
+            "runtime": method.runtime,
         }
         if failed:
             rec.update(status="error", error=f"skipped: an earlier turn failed ({failed})")
@@ -308,8 +316,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     if manifest is not None:
         check_suites_unchanged(manifest, suites, run_dir)
     # unknown method names and bad options fail here, before anything heavy is loaded
-    classes = {spec.label: get_method(spec.name) for spec in config.methods}
-    for spec in config.methods:
+    entries = config.entries()
+    classes = {spec.label: get_method(spec.name) for spec in entries}
+    for spec in entries:
         build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
     if resume is None:
         run_dir = _shared_run_dir(config, dist)
@@ -327,9 +336,10 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
-        methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in config.methods}
-        for method in methods.values():
-            method.profile = PROFILE[config.profile]
+        methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
+        for spec in entries:
+            methods[spec.label].profile = PROFILE[config.profile]
+            methods[spec.label].runtime = spec.runtime
         if manifest is None and dist.rank == 0:
             manifest = build_manifest(config, run_dir, target, suites, methods)
             manifest["processes"] = dist.world
@@ -377,10 +387,12 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     devices = model_devices(target.model, target.device)
     tracker = Tracker(target.device, devices)
 
-    for spec in config.methods:
+    for spec in config.entries():
         method = methods[spec.label]
         release_cached_memory(devices)  # a method's peak memory must not include the cache earlier ones left
-        _warm_up(method, target, config, suites, tracker)
+        compiling = _Compiling(method.target_runner)
+        with compiling.warm_up():
+            _warm_up(method, target, config, suites, tracker)
         for temperature in config.temperatures:
             sampling = SamplingParams(temperature, config.top_p, config.top_k)
             for seed in config.seeds:
@@ -390,8 +402,9 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                         todo = [q for q in suite.questions if _key(ctx, q) not in done][dist.rank::dist.world]
                         bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", progress)
                         for q in bar:
-                            recs = run_question(method, target, ctx, q, sampling,
-                                                suite.max_new_tokens or config.max_new_tokens, tracker, config.score)
+                            recs = compiling.measure(functools.partial(
+                                run_question, method, target, ctx, q, sampling,
+                                suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
                             store.append(recs)
                             done.add(_key(ctx, q))
                             _show_speed(bar, recs)
@@ -400,6 +413,40 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
 
 
 PROFILE = {"auto": None, "on": True, "off": False}  # RunConfig.profile -> SpeculativeMethod.profile
+COMPILE_RETRIES = 2  # a question that compiled a new graph is measured again, at most this many times
+
+
+class _Compiling:
+    """Keeps compilation out of measured turns: the time a label's runtime spends compiling (a compiled runtime's
+    graphs are built at their first call) is warm-up, reported in every record as ``compile_s``, never part of
+    ``wall_time_s``. A question during which a new graph compiled (a shape the warm-up did not meet) is run again,
+    up to :data:`COMPILE_RETRIES` times, and the last attempt is recorded; its records say how much compilation is
+    still inside their wall time (``turn_compile_s``, 0 normally)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.compile_s = 0.0  # this label's compile time so far (warm-up and discarded attempts)
+
+    @contextlib.contextmanager
+    def warm_up(self):
+        before = self.runner.compile_s
+        try:
+            yield
+        finally:
+            self.compile_s += self.runner.compile_s - before
+
+    def measure(self, run_once: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        for attempt in range(COMPILE_RETRIES + 1):
+            before = self.runner.compile_s
+            recs = run_once()
+            spent = self.runner.compile_s - before
+            if spent == 0.0 or attempt == COMPILE_RETRIES:
+                break
+            self.compile_s += spent
+        for rec in recs:
+            rec["compile_s"] = round(self.compile_s, 3)
+            rec["turn_compile_s"] = round(spent, 3)
+        return recs
 
 
 def process_gpus(rank: int, world: int, count: int) -> list[int]:

@@ -435,7 +435,7 @@ class Eagle2(EagleMethodBase):
         if self.total_tokens == -1:
             from harness.engine.autotune import choose_tree_size, time_tree_sizes
 
-            self.total_tokens = choose_tree_size(time_tree_sizes(self.target))
+            self.total_tokens = choose_tree_size(time_tree_sizes(self.target, runtime=self.runtime))
         self.counters["total_tokens"] = self.total_tokens
 
     def expand(self, root: int) -> DynamicCandidates:
