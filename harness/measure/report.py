@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -594,6 +595,22 @@ def _series_name(label: str, temperature: float, temperatures: Sequence[float]) 
     return label if len(temperatures) <= 1 else f"{label} (T={temperature:g})"
 
 
+def _style_series(ax, n: int) -> None:
+    """Distinct colours for up to 20 series (the default cycle repeats after 10, so an ablation's 13 entries would
+    share colours)."""
+    if n > 10:
+        ax.set_prop_cycle(color=[matplotlib.colormaps["tab20"](i % 20) for i in range(n)])
+
+
+def _legend(ax, n: int) -> None:
+    """The legend inside the axes for a few series; beside them for many, where it would hide bars and lines (the
+    figure is then saved with ``bbox_inches="tight"`` so that it is not cut off)."""
+    if n > 6:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize="small")
+
+
 def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, path: Path,
                   hline: float | None = None) -> Path | None:
     """Bars of ``summary[value]``: suites on the x axis, one bar per (label, temperature). None if no value."""
@@ -605,6 +622,7 @@ def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, pa
     series = list(dict.fromkeys(zip(data["label"], data["temperature"])))
     fig = Figure(figsize=(max(6.0, 1.2 * len(suites) * max(len(series), 2) / 2), 4.0))
     ax = fig.subplots()
+    _style_series(ax, len(series))
     width = 0.8 / len(series)
     x = np.arange(len(suites))                                             # [S]
     for i, (label, temp) in enumerate(series):
@@ -616,9 +634,9 @@ def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, pa
     ax.set_xticks(x, suites)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize="small")
+    _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
@@ -662,6 +680,7 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     lengths = sorted({n for h in hists.values() for n in h})
     fig = Figure(figsize=(max(6.0, 0.6 * len(lengths) * len(series)), 4.0))
     ax = fig.subplots()
+    _style_series(ax, len(series))
     width = 0.8 / len(series)
     x = np.arange(len(lengths))                                            # [L]
     for i, s in enumerate(series):
@@ -672,9 +691,9 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     ax.set_xlabel("tokens appended per verification step (accepted drafts + 1)")
     ax.set_ylabel("share of steps")
     ax.set_title("Accepted-length histogram (all suites)")
-    ax.legend(fontsize="small")
+    _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
@@ -687,6 +706,7 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     temps = sorted({t for _, t in series})
     fig = Figure(figsize=(6.0, 4.0))
     ax = fig.subplots()
+    _style_series(ax, len(series))
     for label, temp in series:
         g = ok[(ok["label"] == label) & (ok["temperature"] == temp)]
         rates = M.acceptance_per_position(_lists(g["accepted_drafts"]), _lists(g["draft_depths"]))
@@ -696,9 +716,9 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance per draft position (all suites)")
-    ax.legend(fontsize="small")
+    _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 
 
