@@ -410,7 +410,8 @@ def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None,
 
     Every rule block starts with the syscall number in the accumulator and either returns or jumps past itself:
     wrong architecture -> EPERM; denied syscalls -> EPERM; with ``deny_metadata`` also chmod/chown/utimes/xattr
-    changes (Landlock does not cover file metadata; used where no read-only mount view exists); execveat -> allowed only on descriptor ``exec_fd``
+    changes (Landlock does not cover file metadata; used where no read-only mount view exists); execveat -> allowed only
+    on descriptor ``exec_fd``
     (None: never); clone3 -> ENOSYS (glibc then falls back to clone, whose flags BPF can read); clone -> allowed
     only with CLONE_THREAD (threads yes, processes no); kill/tgkill -> allowed only for ``own_pid`` or 0 (own
     process group); anything else -> allowed.
@@ -450,7 +451,8 @@ def _libc():
 
 
 def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = False) -> bool:
-    """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads); False if impossible."""
+    """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads); False if
+    impossible."""
     import ctypes
     import platform
 
@@ -801,13 +803,14 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
     pid = os.getpid() if own_pid is None else own_pid
     roots = tuple(r.rstrip("/") + "/" for r in trusted_roots)
     lstat, stat_, readlink = os.lstat, os.stat, os.readlink
-    type_, str_, bytes_, int_, tuple_, len_ = type, str, bytes, int, tuple, len
+    type_, str_, bytes_, int_, len_ = type, str, bytes, int, len
     OSError_, ValueError_, TypeError_ = OSError, ValueError, TypeError
     PermissionError_, AttributeError_ = PermissionError, AttributeError
     import types
 
     # private immutable copies: the module's own tables can be reached (and mutated) by a program
-    refused, frame_attrs, blocked = frozenset(_REFUSED_EVENTS), frozenset(_FRAME_ATTRIBUTES), frozenset(_BLOCKED_MODULES)
+    refused, frame_attrs = frozenset(_REFUSED_EVENTS), frozenset(_FRAME_ATTRIBUTES)
+    blocked = frozenset(_BLOCKED_MODULES)
     path_events = types.MappingProxyType({k: (tuple(p), tuple(f)) for k, (p, f) in _PATH_EVENTS.items()})
     write_flags, dir_flags, devnull = _WRITE_FLAGS, _DIR_FLAGS, os.devnull
     s_ifmt, s_iflnk, s_ifdir = 0o170000, 0o120000, 0o040000

@@ -3,7 +3,8 @@
 Adding a method: 1. write ``methods/<name>.py`` with a ``Method`` (or ``SpeculativeMethod``) subclass decorated by
 ``@register_method("<name>")``; 2. optionally a preset in ``harness/run/presets/``; 3. its own tests in ``tests/``
 (the losslessness tests already cover every registered method, built by ``Method.example``: a method with learned
-draft parts overrides it to build them randomly instead of loading a checkpoint). A method that grows a draft head, a checkpoint
+draft parts overrides it to build them randomly instead of loading a checkpoint). A method that grows a draft head, a
+checkpoint
 format and a training objective becomes a package along those seams (``methods/eagle/``: ``head``, ``checkpoint``,
 ``drafting``, ``objective``).
 

@@ -22,7 +22,7 @@ def test_builtin_presets_validate():
 def test_demo_preset_content():
     cfg = config_from_dict(load_preset_dict("demo"))
     assert cfg.target == "smollm2-135m"
-    assert [m.label for m in cfg.methods][0] == "vanilla"
+    assert next(m.label for m in cfg.methods) == "vanilla"
 
 
 @pytest.mark.parametrize("data, message", [

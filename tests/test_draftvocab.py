@@ -80,7 +80,8 @@ def test_greedy_equals_vanilla_and_drafts_only_kept_tokens(tmp_path, kind):
         method = Jakiro(target, JakiroOptions(head=str(folder), depth=3, top_k=3, total_tokens=12, draft_vocab=16))
     elif kind == "medusa":
         heads = random_medusa_heads(32, 128, shared=True)
-        folder = counted_folder(tmp_path, target, heads, save_medusa_heads, KEPT, base_model="tiny", dtype=torch.float32)
+        folder = counted_folder(tmp_path, target, heads, save_medusa_heads, KEPT, base_model="tiny",
+                                dtype=torch.float32)
         method = Medusa(target, MedusaOptions(head=str(folder), draft_vocab=16))
     elif kind == "eagle1":
         folder = counted_folder(tmp_path, target, random_head(target), save_eagle_head, KEPT, dtype=torch.float32)

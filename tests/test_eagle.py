@@ -81,8 +81,8 @@ def reference_single_position(sd: dict[str, torch.Tensor], emb: torch.Tensor, fe
     v = v.repeat_interleave(n_heads // v.shape[0], dim=0).reshape(-1)      # [n_heads * 8]
     h = x + F.linear(v, sd["layers.0.self_attn.o_proj.weight"])
     n = h * torch.rsqrt(h.pow(2).mean() + 1e-6) * sd["layers.0.post_attention_layernorm.weight"]
-    mlp = F.linear(F.silu(F.linear(n, sd["layers.0.mlp.gate_proj.weight"])) * F.linear(n, sd["layers.0.mlp.up_proj.weight"]),
-                   sd["layers.0.mlp.down_proj.weight"])
+    gate = F.silu(F.linear(n, sd["layers.0.mlp.gate_proj.weight"]))
+    mlp = F.linear(gate * F.linear(n, sd["layers.0.mlp.up_proj.weight"]), sd["layers.0.mlp.down_proj.weight"])
     return h + mlp
 
 
@@ -198,7 +198,8 @@ def test_shape_mismatch_is_named(tmp_path):
     sd = published_eagle_folder(tmp_path)
     sd["layers.0.mlp.up_proj.weight"] = torch.zeros(48, H)
     torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"layers\.0\.mlp\.up_proj\.weight: checkpoint \[48, 32\] vs expected \[64, 32\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"layers\.0\.mlp\.up_proj\.weight: checkpoint \[48, 32\] vs expected \[64, 32\]"):
         load_eagle_head(tmp_path, target)
 
 
@@ -345,12 +346,15 @@ def scratch_log_probs(method, head, prompt_feats, prompt_ids, root, chain) -> to
     """Draft log-probs after ``root`` followed by the draft tokens ``chain``, computed from scratch without any KV:
     the committed pairs (f_t, x_{t+1}) then, for each chain token, the pair (previous predicted feature, token)."""
     feats, ids = prompt_feats, torch.cat([prompt_ids[0, 1:], torch.tensor([root])])
-    for tok in [None] + list(chain):
-        if tok is not None:
-            feats = torch.cat([feats, out[-1:]])
-            ids = torch.cat([ids, torch.tensor([tok])])
-        out, _ = head(feats[None], ids[None], torch.arange(ids.shape[0])[None])
-        out = out[0]
+
+    def forward():  # [S, H] predicted features for the pairs so far
+        return head(feats[None], ids[None], torch.arange(ids.shape[0])[None])[0][0]
+
+    out = forward()
+    for tok in chain:
+        feats = torch.cat([feats, out[-1:]])
+        ids = torch.cat([ids, torch.tensor([tok])])
+        out = forward()
     return method.log_probs(out[-1])
 
 
@@ -426,7 +430,8 @@ def test_options_are_validated():
 
 def test_missing_shipped_head_says_how_to_train_one():
     """No head option and no shipped head for this target: the error names the folder looked in and the command."""
-    with pytest.raises(CheckpointError, match=r"no eagle head is shipped for target 'tiny-llama'.*draftbench train eagle"):
+    with pytest.raises(CheckpointError,
+                       match=r"no eagle head is shipped for target 'tiny-llama'.*draftbench train eagle"):
         get_method("eagle2").create(tiny_target())
 
 

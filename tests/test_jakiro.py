@@ -92,8 +92,8 @@ def test_gather_experts_literal():
 
 def test_head_outputs_match_the_published_formulas():
     """M = h + softmax(r0, r1) . (e0, e1) and C = h + sign(r2 - r3) (v0 e0 - v1 e1), written out for N = K = 2 with
-    the residual h added to BOTH (released ``cnets.py`` ``mlp_moe``). A wrong sign, a missing residual, weights from the contrast pair
-    or a contrast with the wrong expert would differ."""
+    the residual h added to BOTH (released ``cnets.py`` ``mlp_moe``). A wrong sign, a missing residual, weights from the
+    contrast pair or a contrast with the wrong expert would differ."""
     target = tiny_target()
     head = random_head(target)
     h = torch.randn(5, H, generator=torch.Generator().manual_seed(1))
@@ -190,8 +190,8 @@ def test_hybrid_last_level_is_attached_by_alignment(alignment):
 
 def published_jakiro_folder(folder: Path, bias: bool = True, n_experts: int = 2, seed: int = 1,
                             kind: str = "jakiro") -> dict[str, torch.Tensor]:
-    """A Jakiro checkpoint as the Jakiro repository ships one (``jakiro/model/ea_model.py``): no embedding, gate [N+2, H],
-    experts H x H SwiGLU; Jakiro* (kind jakiro_star): gate [N, H], GeLU experts fc/proj of intermediate_size."""
+    """A Jakiro checkpoint as the Jakiro repository ships one (``jakiro/model/ea_model.py``): no embedding, gate [N+2,
+    H], experts H x H SwiGLU; Jakiro* (kind jakiro_star): gate [N, H], GeLU experts fc/proj of intermediate_size."""
     g = torch.Generator().manual_seed(seed)
 
     def w(*shape):

@@ -109,7 +109,8 @@ def test_renamed_key_is_named(tmp_path):
     sd = published_medusa_folder(tmp_path)
     sd["1.0.lin.weight"] = sd.pop("1.0.linear.weight")
     torch.save(sd, tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(CheckpointError, match=r"missing keys: 1\.0\.linear\.weight \(found 1\.0\.lin\.weight: renamed\?\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"missing keys: 1\.0\.linear\.weight \(found 1\.0\.lin\.weight: renamed\?\)"):
         load_medusa_heads(tmp_path, target)
 
 
@@ -177,7 +178,8 @@ def medusa(target, heads, **options) -> Medusa:
 
 def test_fill_medusa_tree_literal():
     """A node at level L takes rank r of head L-1's top list, whatever its parent (Cartesian-product tree)."""
-    logits = torch.tensor([[0.0, 5.0, 1.0, 3.0], [2.0, 0.0, 9.0, 4.0]])  # head 0 top: [1, 3, 2, 0]; head 1: [2, 3, 0, 1]
+    # head 0 top: [1, 3, 2, 0]; head 1: [2, 3, 0, 1]
+    logits = torch.tensor([[0.0, 5.0, 1.0, 3.0], [2.0, 0.0, 9.0, 4.0]])
     levels, ranks = torch.tensor([1, 1, 2, 2]), torch.tensor([0, 1, 1, 0])
     assert fill_medusa_tree(logits, levels, ranks).tolist() == [1, 3, 3, 2]
 
@@ -238,7 +240,8 @@ def test_options_are_validated():
 
 def test_missing_shipped_head_says_how_to_train_one():
     """No head option and nothing shipped for this target: the error says how to get heads."""
-    with pytest.raises(CheckpointError, match=r"no medusa head is shipped for target 'tiny-llama'.*draftbench train medusa"):
+    with pytest.raises(CheckpointError,
+                       match=r"no medusa head is shipped for target 'tiny-llama'.*draftbench train medusa"):
         get_method("medusa").create(tiny_target())
 
 

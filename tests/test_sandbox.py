@@ -252,8 +252,9 @@ def test_hook_runner_and_guard_read_no_global_or_builtin():
     code = compile("pass", "main.py", "exec")
     runner = make_test_runner(code, compile("def check(c): pass", "t.py", "exec"), ["check", "f"], True, {}, -1, -1)
     wrap, failed = make_plain_result_guard()
-    immutable = (frozenset, tuple, str, bytes, int, float, bool, type(None), type, type(len), type(MappingProxyType({})),
-                 type(os.stat("/")), type(code), BaseException)  # exceptions: prebuilt, raised as they are
+    # exceptions: prebuilt, raised as they are
+    immutable = (frozenset, tuple, str, bytes, int, float, bool, type(None), type, type(len),
+                 type(MappingProxyType({})), type(os.stat("/")), type(code), BaseException)
     for fn in (hook, runner, wrap, wrap(len), failed):
         assert _global_reads(fn) == [], fn
         for cell in fn.__closure__ or ():
@@ -414,7 +415,7 @@ def test_plain_result_guard():
 
     for bad in (Anything(), Int(3), [1, [Anything()]], {"k": Int(1)}):
         with pytest.raises(TypeError):
-            wrap(lambda: bad)()
+            wrap(lambda bad=bad: bad)()
     assert failed()
     loop = []
     loop.append(loop)
@@ -451,7 +452,7 @@ def _in_forked_child(fn):
     if pid == 0:
         try:
             out = repr(fn())
-        except BaseException as e:  # noqa: BLE001 -- reported to the parent
+        except BaseException as e:  # reported to the parent
             out = "error " + repr(e)
         finally:
             os.write(write_fd, out.encode())
@@ -492,7 +493,7 @@ def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monke
         pytest.skip("no user namespaces on this machine")
 
     def build():
-        namespaces = sandbox._enter_namespaces(libc, net=True, mount=True)
+        sandbox._enter_namespaces(libc, net=True, mount=True)
         made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"})
         outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real)}
         for name, target in (("inside", work / "x"), ("outside", tmp_path / "escape")):

@@ -106,7 +106,8 @@ VERDICT_ATTACKS = {
         os._exit(0)
         '''),
     "verdict_printed_to_stdout": WRONG_BODY + "\n\nprint('draftbench-verdict:' + '0' * 32)\nimport os\nos._exit(0)\n",
-    "read_every_fd_for_the_token": "    import os\n    for fd in range(256):\n        try:\n            look(os.read(fd, 4096))\n"
+    "read_every_fd_for_the_token": "    import os\n    for fd in range(256):\n        try:\n"
+                                   "            look(os.read(fd, 4096))\n"
                                    "        except OSError:\n            pass\n    return False\n" + STEAL,
     # --- stealing the token (while check() runs, the verdict thread's frame is on the stack)
     "steal_via_sys__getframe": "    import sys\n    walk(sys._getframe())\n    return False\n" + STEAL,
@@ -124,13 +125,16 @@ VERDICT_ATTACKS = {
                                     + STEAL,
     "steal_via_setprofile_callbacks": "    import sys\n    sys.setprofile(lambda f, e, a: walk(f))\n    len([1])\n"
                                       "    return False\n" + STEAL,
-    "steal_via_signal_handler_frame": "    import signal, time\n    signal.signal(signal.SIGALRM, lambda s, f: walk(f))\n"
+    "steal_via_signal_handler_frame": "    import signal, time\n"
+                                      "    signal.signal(signal.SIGALRM, lambda s, f: walk(f))\n"
                                       "    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)\n    time.sleep(0.2)\n"
                                       "    return False\n" + STEAL,
     "steal_via_gc_get_objects": "    import gc\n    for o in gc.get_objects():\n        look(o)\n"
-                                "        if type(o).__name__ == 'frame':\n            walk(o)\n    return False\n" + STEAL,
+                                "        if type(o).__name__ == 'frame':\n            walk(o)\n"
+                                "    return False\n" + STEAL,
     "steal_via_gc_get_referrers": "    import gc\n    for o in gc.get_referrers(numbers):\n        look(o)\n"
-                                  "        if type(o).__name__ == 'frame':\n            walk(o)\n    return False\n" + STEAL,
+                                  "        if type(o).__name__ == 'frame':\n            walk(o)\n"
+                                  "    return False\n" + STEAL,
     "steal_via_proc_self_mem": _body("""
         import re
         with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
@@ -175,7 +179,8 @@ VERDICT_ATTACKS = {
     "always_equal_object": "    class Anything:\n        def __eq__(self, other):\n            return True\n"
                            "        __hash__ = None\n    return Anything()\n",
     "bool_subclass_equal_to_everything": "    class Yes(int):\n        def __eq__(self, other):\n"
-                                         "            return True\n        __hash__ = int.__hash__\n    return Yes(1)\n",
+                                         "            return True\n        __hash__ = int.__hash__\n"
+                                         "    return Yes(1)\n",
     "patched_builtins_and_os": WRONG_BODY + textwrap.dedent('''
 
         import builtins, os, sys
@@ -452,7 +457,10 @@ def _snapshot(directory):
         for name in dirs + files:
             path = os.path.join(base, name)
             st = os.lstat(path)
-            data = open(path, "rb").read() if stat.S_ISREG(st.st_mode) else None
+            data = None
+            if stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    data = f.read()
             state[os.path.relpath(path, directory)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size,
                                                        st.st_mtime_ns, st.st_nlink, data)
     st = os.lstat(directory)

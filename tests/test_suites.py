@@ -155,7 +155,8 @@ def test_user_jsonl_file(tmp_path):
     suite = load_suite(str(path))
     assert (suite.name, suite.version, suite.scorer) == ("my_prompts", "user", None)
     assert suite.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert suite.questions == [Question("7", "chat", ["Hi", "And again"], None), Question("b", None, ["Bye"], ["Goodbye"])]
+    assert suite.questions == [Question("7", "chat", ["Hi", "And again"], None),
+                               Question("b", None, ["Bye"], ["Goodbye"])]
 
 
 @pytest.mark.parametrize("lines, message", [

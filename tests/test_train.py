@@ -227,7 +227,7 @@ def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(std=0.1)
-    loss, parts = obj.loss(head, batch)
+    _loss, parts = obj.loss(head, batch)
     logits = head(batch["features"], lm_head)  # [2, B, S, V], all positions
     token_mask = batch["token_mask"] * batch["attention_mask"]
     for i in range(2):
@@ -256,7 +256,8 @@ def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_token
     assert ploss.item() == pytest.approx((((-(p * q).sum(-1)) * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
     assert obj.draft_lm_head.argmax(pred).tolist() == kept[lm(pred)[..., kept].argmax(-1)].tolist()
     # training end to end with a reduced vocabulary writes the counts the method's draft_vocab option reads
-    recipe = train("eagle", target, root / "data", tmp_path / "v", small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
+    recipe = train("eagle", target, root / "data", tmp_path / "v",
+                   small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
     assert recipe["options"]["train_vocab"] == 8
     assert (tmp_path / "v" / "head" / "token_counts.safetensors").exists()
     med = get_objective("medusa").create(target, {"num_heads": 2, "train_vocab": 8})

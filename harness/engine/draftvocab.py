@@ -63,8 +63,8 @@ def load_counts(folder: str | Path, vocab_size: int) -> torch.Tensor:
     if not path.is_file():
         raise FileNotFoundError(
             f"{folder}: no {COUNTS_FILE}; option draft_vocab needs the token frequencies of the head's training data "
-            f"(`draftbench train` writes them; for another head run `draftbench data vocab --data FEATURES --out {folder}`)"
-            f", or use draft_vocab=0 (the full vocabulary)")
+            f"(`draftbench train` writes them; for another head run "
+            f"`draftbench data vocab --data FEATURES --out {folder}`), or use draft_vocab=0 (the full vocabulary)")
     counts = load_file(str(path)).get("counts")
     if counts is None or counts.dim() != 1 or counts.shape[0] != vocab_size:
         got = None if counts is None else tuple(counts.shape)
@@ -141,7 +141,8 @@ def check_draft_vocab(size, top_k: int = 1) -> None:
 
 def draft_lm_head(lm_head: nn.Module, size: int, folder: str | Path | None, method: str) -> DraftLMHead:
     """``DraftLMHead`` for option ``draft_vocab=size`` (0 = the full vocabulary) of ``method``'s head in
-    ``folder``; a missing or mismatched counts file is an :class:`harness.engine.method.OptionsError` naming the method."""
+    ``folder``; a missing or mismatched counts file is an :class:`harness.engine.method.OptionsError` naming the
+    method."""
     from harness.engine.method import OptionsError
 
     V = lm_head.weight.shape[0]

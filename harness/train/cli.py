@@ -28,7 +28,8 @@ from harness.train.sources import SOURCES
 def add_data_cli(subparsers) -> None:
     """Add ``build`` (``draftbench data build``) to the ``data`` subcommand's subparsers."""
     p = subparsers.add_parser("build", help="render training conversations and store the target's features")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"embedded alias, HF id or folder (default {DEFAULT_TARGET})")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"embedded alias, HF id or folder (default {DEFAULT_TARGET})")
     p.add_argument("--source", dest="sources", action="append", metavar="SOURCE",
                    help=f"{', '.join(SOURCES)} or a ShareGPT-format .json file; repeat for several (default: sharegpt)")
     p.add_argument("--out", required=True, help="output directory (an interrupted build resumes in place)")
@@ -128,8 +129,8 @@ def add_train_cli(subparsers) -> None:
 def config_from_args(args) -> TrainConfig:
     values: dict[str, Any] = {}
     for name in ("lr", "weight_decay", "epochs", "max_steps", "batch_size", "grad_accum", "warmup_steps",
-                 "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every", "max_shards",
-                 "mixed_precision"):
+                 "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every",
+                 "max_shards", "mixed_precision"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     if args.noise is not None:

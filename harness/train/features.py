@@ -271,7 +271,8 @@ def _resume_state(out_dir: Path, settings: dict) -> list[dict]:
     shards = old.get("shards", [])
     for s in shards:
         if not (out_dir / s["file"]).exists():
-            raise FileNotFoundError(f"{out_dir / s['file']} is listed in {path} but missing; rebuild in a new directory")
+            raise FileNotFoundError(
+                f"{out_dir / s['file']} is listed in {path} but missing; rebuild in a new directory")
     return shards
 
 
@@ -286,8 +287,8 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
     ``layers``: also store these hidden-state levels (:func:`harness.engine.speculative.resolve_hidden_layers`,
     e.g. ``"low,mid,high"`` for EAGLE-3); None (default) stores the post-norm feature only.
     ``limit``: at most this many conversations per source. ``distill_batch``: prompts per batched generation with
-    ``self_distill`` (a speed knob only; not part of the settings a resume must match). ``eval_questions``: prompt -> evaluation ids for the
-    contamination check (default :func:`evaluation_questions` of ``data_dir``).
+    ``self_distill`` (a speed knob only; not part of the settings a resume must match). ``eval_questions``: prompt ->
+    evaluation ids for the contamination check (default :func:`evaluation_questions` of ``data_dir``).
     """
     from tqdm import tqdm
 
@@ -347,8 +348,8 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         path = out_dir / shard_name(k)
         write_shard(path, items, hidden_size, len(levels) if levels else 0)
         shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
-                       "tokens": sum(len(i[1]) for i in items), "selection_range": [k * shard_size,
-                                                                                     min((k + 1) * shard_size, len(selection))]})
+                       "tokens": sum(len(i[1]) for i in items),
+                       "selection_range": [k * shard_size, min((k + 1) * shard_size, len(selection))]})
         manifest["shards"] = shards
         _write_json(out_dir / MANIFEST, _with_totals(manifest))
     bar.close()
@@ -361,7 +362,8 @@ def _with_totals(manifest: dict) -> dict:
     shards = manifest["shards"]
     done = sum(s["selection_range"][1] - s["selection_range"][0] for s in shards)
     count = sum(s["conversations"] for s in shards)
-    return {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards), "skipped_no_assistant_tokens": done - count}
+    return {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards),
+            "skipped_no_assistant_tokens": done - count}
 
 
 def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
@@ -369,7 +371,8 @@ def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
     so training can start on a prefix while a long build goes on; otherwise the build must be complete."""
     path = Path(data_dir) / MANIFEST
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: {data_dir} is not a feature dataset (build one with `draftbench data build`)")
+        raise FileNotFoundError(
+            f"{path} not found: {data_dir} is not a feature dataset (build one with `draftbench data build`)")
     manifest = json.loads(path.read_text(encoding="utf-8"))
     if max_shards is not None:
         if max_shards < 1 or len(manifest["shards"]) < max_shards:

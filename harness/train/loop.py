@@ -253,10 +253,10 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     head, optimizer, loader = accelerator.prepare(head, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum)
     total = cfg.max_steps or cfg.epochs * steps_per_epoch
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else int(round((cfg.warmup_ratio or 0.0) * total))
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round((cfg.warmup_ratio or 0.0) * total)
     if warmup >= total:
         warnings.warn(f"warm-up ({warmup} steps) is not shorter than the run ({total} steps): the learning rate never "
-                      "reaches its peak; pass warmup_steps/--warmup-steps for short runs")
+                      "reaches its peak; pass warmup_steps/--warmup-steps for short runs", stacklevel=2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer,
                                                   lambda s: lr_factor(s, warmup, total, cfg.min_lr_ratio))
     state = TrainState()

@@ -35,8 +35,8 @@ class Objective:
     """How one kind of head is trained. Subclasses set ``defaults`` (TrainConfig fields) and ``Options``.
 
     ``defaults`` keys: lr, weight_decay, warmup_steps or warmup_ratio, epochs, noise ("eagle", "none" or a fixed
-    scale; see :class:`harness.train.features.FeatureDataset`). Batches are :func:`harness.train.features.collate` dicts:
-    features [B, S, H] (noised), input_ids [B, S] (x_{t+1}), target [B, S, H] (f_{t+1}), loss_mask [B, S],
+    scale; see :class:`harness.train.features.FeatureDataset`). Batches are :func:`harness.train.features.collate`
+    dicts: features [B, S, H] (noised), input_ids [B, S] (x_{t+1}), target [B, S, H] (f_{t+1}), loss_mask [B, S],
     token_ids [B, S] (x_t), token_mask [B, S], attention_mask [B, S].
     """
 

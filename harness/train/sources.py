@@ -115,7 +115,7 @@ def sharegpt_conversations(path: str | Path | None = None) -> list[Conversation]
         text = Path(path).read_text(encoding="utf-8")
     rows, truncated = json_array_prefix(text)
     if truncated:
-        warnings.warn(f"ShareGPT file is truncated; using its {len(rows)} complete records")
+        warnings.warn(f"ShareGPT file is truncated; using its {len(rows)} complete records", stacklevel=2)
     out = []
     for i in sharegpt_order(len(rows)):
         msgs = clean_turns(rows[i].get("conversations") or [])

@@ -40,7 +40,8 @@ def eagle_config_from_json(raw: dict, where: str) -> LlamaConfig:
     """The head's LlamaConfig from a published EAGLE ``config.json`` dict; errors name the file and field."""
     missing = [k for k in EAGLE_REQUIRED_CONFIG if k not in raw]
     if missing:
-        raise CheckpointError(f"{where}: missing field(s) {', '.join(missing)} (an EAGLE config.json is a LLaMA config)")
+        raise CheckpointError(
+            f"{where}: missing field(s) {', '.join(missing)} (an EAGLE config.json is a LLaMA config)")
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
         raise CheckpointError(f"{where}: num_hidden_layers must be 1 for an EAGLE-1/2 head, got {layers}")
@@ -82,7 +83,8 @@ def check_head_fits_target(config: LlamaConfig, target: Target, folder: Path) ->
     if (config.hidden_size, config.vocab_size) != (H, V):
         raise CheckpointError(
             f"{folder / 'config.json'}: head hidden_size={config.hidden_size}, vocab_size={config.vocab_size} do not "
-            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); this head was trained for another model")
+            f"match the target {target.name!r} (hidden_size={H}, vocab_size={V}); "
+            "this head was trained for another model")
 
 
 def head_embedding(sd: dict[str, torch.Tensor], target: Target) -> tuple[nn.Embedding, bool]:
@@ -91,7 +93,9 @@ def head_embedding(sd: dict[str, torch.Tensor], target: Target) -> tuple[nn.Embe
     target_embed = target.model.get_input_embeddings()
     shipped = sd.pop("embed_tokens.weight", None)
     share = shipped is None or torch.equal(shipped.to(target_embed.weight), target_embed.weight)
-    return (target_embed if share else nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True)), share
+    if share:
+        return target_embed, share
+    return nn.Embedding.from_pretrained(shipped.to(target_embed.weight), freeze=True), share
 
 
 def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead] = EagleHead) -> EagleHead:
@@ -104,7 +108,8 @@ def load_eagle_head(folder: str | Path, target: Target, head_cls: type[EagleHead
     config = eagle_config_from_json(read_config(folder, "EAGLE head"), str(folder / "config.json"))
     check_head_fits_target(config, target, folder)
     sd, path = read_weights(folder, EAGLE_WEIGHT_FILES, "EAGLE head")
-    check_state_dict(sd, expected_eagle_shapes(config), f"EAGLE head {path}", optional=frozenset({"embed_tokens.weight"}))
+    check_state_dict(sd, expected_eagle_shapes(config), f"EAGLE head {path}",
+                     optional=frozenset({"embed_tokens.weight"}))
     embed, share = head_embedding(sd, target)
     head = head_cls(config, embed, shares_target_embedding=share)
     head.load_state_dict(sd, strict=False)  # strictness was checked above; embed_tokens is set separately

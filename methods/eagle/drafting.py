@@ -40,10 +40,11 @@ from methods.eagle.head import EagleHead
 
 @dataclass
 class Eagle1Options:
-    """``tree``: a name in ``harness.engine.tree.STATIC_TREES`` or explicit rank paths (``[[0], [1], [0, 0], ...]``); every
-    node's children must have ranks 0..c-1 (sampled children are the first c draws). ``head``: checkpoint folder
+    """``tree``: a name in ``harness.engine.tree.STATIC_TREES`` or explicit rank paths (``[[0], [1], [0, 0], ...]``);
+    every node's children must have ranks 0..c-1 (sampled children are the first c draws). ``head``: checkpoint folder
     (default: the head shipped for the target). ``draft_vocab``: 0 = the draft scores the full vocabulary (as
-    published); N > 0 = only the N most frequent tokens of the head's training data (:mod:`harness.engine.draftvocab`)."""
+    published); N > 0 = only the N most frequent tokens of the head's training data
+    (:mod:`harness.engine.draftvocab`)."""
 
     head: str | None = None
     tree: str | list = "eagle_mc_sim_7b_63"
@@ -58,7 +59,8 @@ class Eagle1Options:
 @dataclass
 class Eagle2Options:
     """EAGLE-2's dynamic tree. ``total_tokens`` counts the root, as EAGLE's ``total_token`` (60 in its evaluation
-    scripts); -1 chooses it from timed target forwards (:mod:`harness.engine.autotune`). ``draft_vocab``: as eagle1's."""
+    scripts); -1 chooses it from timed target forwards (:mod:`harness.engine.autotune`). ``draft_vocab``: as
+    eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60
@@ -411,11 +413,13 @@ class DynamicCandidates:
 
 @register_method("eagle2")
 class Eagle2(EagleMethodBase):
-    """EAGLE-2: a dynamic tree grown by beam-like expansion, then re-ranked (arXiv:2406.16858 Sec. 4: expansion, then re-ranking).
+    """EAGLE-2: a dynamic tree grown by beam-like expansion, then re-ranked (arXiv:2406.16858 Sec. 4: expansion, then
+    re-ranking).
 
     One stable-KV forward gives the root's top-k (level 1); then ``depth`` forwards each expand the k frontier
     nodes into k*k children, keep the k best by cumulative log-prob as the next frontier, and record all k*k. The
-    ``total_tokens - 1`` best candidates (root excluded) form the tree (:func:`harness.engine.tree.select_dynamic_tree`).
+    ``total_tokens - 1`` best candidates (root excluded) form the tree
+    (:func:`harness.engine.tree.select_dynamic_tree`).
     Draft forwards per cycle: depth + 1. The draft is deterministic top-k even at T>0, as published, so
     verification uses the deterministic-proposal rule (lossless).
     """

@@ -59,8 +59,8 @@ def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Ten
     chain (:func:`unroll_mask`), i.e. exactly what drafting sees after committing t. The token to hit at query p is
     argmax lm_head(f_{p+1}) (``target[p]``), what greedy verification accepts.
     ``draft_argmax`` (features -> token ids; default argmax of ``lm_head``) is the draft's pick, e.g. over a reduced
-    draft vocabulary (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`); the target's token always uses the full head.
-    features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
+    draft vocabulary (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`); the target's token always uses the full
+    head. features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
     """
     draft_argmax = draft_argmax or (lambda x: lm_head(x).argmax(-1))
     B, S, _ = features.shape
@@ -98,8 +98,8 @@ class EagleObjectiveOptions:
 
 @register_objective("eagle")
 class EagleObjective(Objective):
-    """EAGLE-1/2 (arXiv:2401.15077 Sec. 3.2): ``v_weight * SmoothL1(f̂, f_{t+1}) + p_weight * soft CE`` through the frozen
-    lm_head; AdamW lr 3e-5, weight decay 0.01, 2000 warm-up steps, 20 epochs, input noise U(±0.5)·0.2·512/S.
+    """EAGLE-1/2 (arXiv:2401.15077 Sec. 3.2): ``v_weight * SmoothL1(f̂, f_{t+1}) + p_weight * soft CE`` through the
+    frozen lm_head; AdamW lr 3e-5, weight decay 0.01, 2000 warm-up steps, 20 epochs, input noise U(±0.5)·0.2·512/S.
     The schedule is warm-up + cosine (Jakiro's; EAGLE decays linearly toward a step count it never reaches)."""
 
     Options = EagleObjectiveOptions
@@ -109,7 +109,8 @@ class EagleObjective(Objective):
         return EagleHead.for_target(self.target, bias=self.options.bias).float()
 
     def loss(self, head, batch):
-        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` U > 1, steps 2..U feed the head its own predicted feature
+        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` U > 1,
+        steps 2..U feed the head its own predicted feature
         (with the true token) exactly as drafting does after a commit (:func:`eagle_unrolled_hits` shows the
         layout) and add ``unroll_decay**(j-1)`` x the same loss; gradients flow through the chain (EAGLE-3's
         "training-time test", applied to the EAGLE-1 head)."""

@@ -1,4 +1,5 @@
-"""Jakiro and Jakiro* checkpoints in the published format (the ``Hhaiduo/Jakiro-*`` folders; released code github.com/haiduo/Jakiro
+"""Jakiro and Jakiro* checkpoints in the published format (the ``Hhaiduo/Jakiro-*`` folders; released code
+github.com/haiduo/Jakiro
 ``jakiro/model/ea_model.py``): ``config.json`` (LLaMA fields, ``num_local_experts``, ``num_experts_per_tok``, optional
 ``bias``, ``rope_theta``, ``num_key_value_heads``; draftbench adds ``expert_intermediate_size`` when it is not H) and
 ``model.safetensors`` / ``pytorch_model.bin``::
@@ -68,7 +69,8 @@ def expected_jakiro_shapes(config: LlamaConfig, kind: str = "jakiro") -> dict[st
         e = f"layers.0.mlp_moe.experts.{i}."
         if kind == "jakiro":
             I = config.expert_intermediate_size
-            shapes.update({e + "gate_proj.weight": (I, H), e + "up_proj.weight": (I, H), e + "down_proj.weight": (H, I)})
+            shapes.update({e + "gate_proj.weight": (I, H), e + "up_proj.weight": (I, H),
+                           e + "down_proj.weight": (H, I)})
         else:
             I = config.intermediate_size
             shapes.update({e + "fc.weight": (I, H), e + "proj.weight": (H, I)})

@@ -102,7 +102,8 @@ class JakiroOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or null (read from the checkpoint), got {value!r}")
-        if self.num_experts is not None and self.experts_per_tok is not None and self.experts_per_tok > self.num_experts:
+        if (self.num_experts is not None and self.experts_per_tok is not None
+                and self.experts_per_tok > self.num_experts):
             raise ValueError(f"experts_per_tok={self.experts_per_tok} exceeds num_experts={self.num_experts}")
 
 

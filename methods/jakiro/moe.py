@@ -1,4 +1,5 @@
-"""Jakiro's mixture of experts (Jakiro, arXiv:2502.06282; released code github.com/haiduo/Jakiro ``jakiro/model/cnets.py``, ``mlp_moe``):
+"""Jakiro's mixture of experts (Jakiro, arXiv:2502.06282; released code github.com/haiduo/Jakiro
+``jakiro/model/cnets.py``, ``mlp_moe``):
 the router maths as pure functions, the two expert kinds and :class:`JakiroMoE`.
 """
 

@@ -1,5 +1,5 @@
-"""The ``jakiro`` training objective (released code github.com/haiduo/Jakiro ``jakiro/train/main.py``): EAGLE's losses on the mixture
-M plus ``contrast_weight`` x the same on the contrastive output C against the feature two steps ahead.
+"""The ``jakiro`` training objective (released code github.com/haiduo/Jakiro ``jakiro/train/main.py``): EAGLE's losses
+on the mixture M plus ``contrast_weight`` x the same on the contrastive output C against the feature two steps ahead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from methods.jakiro.head import JakiroHead
 
 @dataclass
 class JakiroObjectiveOptions:
-    """Jakiro training (released ``jakiro/train/main.py``): ``L = v_weight (vloss_M + c vloss_C) + p_weight (ploss_M + c ploss_C)`` with
+    """Jakiro training (released ``jakiro/train/main.py``): ``L = v_weight (vloss_M + c vloss_C) + p_weight (ploss_M + c
+    ploss_C)`` with
     c = ``contrast_weight`` (0.5 published; 0 trains without the contrastive output, Table 4's "without both").
     ``num_experts`` N, ``experts_per_tok`` K (None = min(2, N): the released K = 2, and all of them when N = 1, so an
     expert-count sweep ``--sweep num_experts=1,2,3,4`` needs no second flag), ``expert_intermediate_size``
@@ -74,7 +75,8 @@ class JakiroObjective(Objective):
         B, S = batch["input_ids"].shape
         pos = torch.arange(S, device=batch["input_ids"].device).expand(B, S)
         out, _ = head.forward_outputs(batch["features"], batch["input_ids"], pos, contrast=True)
-        parts = jakiro_losses(out.mixture, out.contrast, batch["target"], batch["loss_mask"], self.draft_lm_head.compact)
+        parts = jakiro_losses(out.mixture, out.contrast, batch["target"], batch["loss_mask"],
+                              self.draft_lm_head.compact)
         o = self.options
         loss = (o.v_weight * (parts["vloss1"] + o.contrast_weight * parts["vloss2"])
                 + o.p_weight * (parts["ploss1"] + o.contrast_weight * parts["ploss2"]))

@@ -1,5 +1,6 @@
 """The method ``jakiro_star``: Jakiro*, the EAGLE-1-based variant with GeLU experts and per-expert candidates from
-a joint softmax (released code github.com/haiduo/Jakiro ``jakiro_star/model/cnets.py``, ``sample_moe``), in a lossless ``corrected``
+a joint softmax (released code github.com/haiduo/Jakiro ``jakiro_star/model/cnets.py``, ``sample_moe``), in a lossless
+``corrected``
 variant and the released ``as_published`` one (not lossless at T > 0: the tests' chi-square audit rejects it).
 """
 
@@ -124,7 +125,8 @@ def published_star_step(p: torch.Tensor, candidates: list[int], q_tilde: list[fl
 
 @register_method("jakiro_star")
 class JakiroStar(MoEDraft, Eagle1):
-    """Jakiro* (released ``jakiro_star/``): EAGLE-1 static tree, GeLU experts, per-expert candidates from a joint softmax.
+    """Jakiro* (released ``jakiro_star/``): EAGLE-1 static tree, GeLU experts, per-expert candidates from a joint
+    softmax.
 
     For each node the K selected experts' features h + e (best router logit first, UNWEIGHTED, as the released
     inference block) give logits ``[K, V]``; their concatenation is one joint distribution over (expert, token).
@@ -146,7 +148,8 @@ class JakiroStar(MoEDraft, Eagle1):
     def __init__(self, target: Target, options=None, head: JakiroHead | None = None):
         options = options if options is not None else self.Options()
         if head is None:
-            head = load_jakiro_head(resolve_head_folder(options.head, target, "jakiro_star", SHIPPED_HEADS), target, "jakiro_star")
+            folder = resolve_head_folder(options.head, target, "jakiro_star", SHIPPED_HEADS)
+            head = load_jakiro_head(folder, target, "jakiro_star")
         check_experts(options, head)
         spec = copy.copy(options)
         spec.tree = JAKIRO_STAR_TREE if options.tree == "jakiro_star" else options.tree

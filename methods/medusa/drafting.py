@@ -25,8 +25,8 @@ ACCEPTANCE_RULES = ("rejection", "typical")
 
 @dataclass
 class MedusaOptions:
-    """``tree``: a name in ``harness.engine.tree.STATIC_TREES`` or explicit rank paths; its depth must not exceed the number
-    of heads. ``acceptance``: "rejection" = the engine's lossless verification; "typical" = Medusa-1's typical
+    """``tree``: a name in ``harness.engine.tree.STATIC_TREES`` or explicit rank paths; its depth must not exceed the
+    number of heads. ``acceptance``: "rejection" = the engine's lossless verification; "typical" = Medusa-1's typical
     acceptance with ``posterior_threshold`` (epsilon) and ``posterior_alpha`` (delta), NOT lossless at T>0.
     ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only the N most frequent tokens of the training
     data (:mod:`harness.engine.draftvocab`; heads that share the target's lm_head only)."""

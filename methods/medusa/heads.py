@@ -1,6 +1,7 @@
 """Medusa-1: extra heads on the target's last feature and their published checkpoint format.
 
-Heads (Medusa-1, arXiv:2401.10774 Sec. 2.1.1; released code ``medusa/model/medusa_model.py``): head i = ``ResBlock × medusa_num_layers`` then ``Linear(H -> V, no bias)``, with
+Heads (Medusa-1, arXiv:2401.10774 Sec. 2.1.1; released code ``medusa/model/medusa_model.py``): head i = ``ResBlock ×
+medusa_num_layers`` then ``Linear(H -> V, no bias)``, with
 ``ResBlock(x) = x + SiLU(Linear_HxH(x))`` (weight zero-initialised). With ``medusa_share_lm_head: true`` (draftbench's
 own flag, for small targets whose V x H heads would outweigh the model) every head ends in the target's lm_head
 instead. Head i reads the target's post-norm feature at the last committed position and predicts the token i+1

@@ -75,7 +75,7 @@ class MedusaObjective(Objective):
         """Per head, masked cross-entropy averaged over its labelled positions. The heads (and the V-wide lm_head)
         run only on positions where some head has a label; the others would be multiplied by 0."""
         token_mask = batch["token_mask"] * batch["attention_mask"]
-        B, S = token_mask.shape
+        _B, S = token_mask.shape
         n = self.options.num_heads
         labels, masks = [], []
         for i in range(n):  # head i reads positions 0..S-3-i; pad its labels/mask back to S positions
