@@ -33,7 +33,6 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ import torch
 
 from harness.engine.sampling import SamplingParams
 from harness.measure import metrics as M
-from harness.measure.syncs import StepSyncProbe
+from harness.measure.syncs import StepSyncProbe, cuda_syncs_per_forward
 from harness.measure.trackers import Tracker, device_sync, model_devices
 from harness.models import DEFAULT_TARGET, load_target
 from harness.registry import get_method, method_names
@@ -209,24 +208,7 @@ def check_host_syncs(target, methods: dict, prompt_text: str, budget: int) -> Re
     detail = f"counted (reads + uploads) per step: max {counted}"
     ok = counted <= 1
     if target.device.type == "cuda":
-        marks: list[int] = []
-        forward = target.model.forward
-
-        def probed(*args, **kwargs):
-            marks.append(len(caught))
-            return forward(*args, **kwargs)
-
-        target.model.forward = probed
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                method.generate(prompt, budget, GREEDY)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                del target.model.forward
-        syncs = [b - a for a, b in zip(marks, marks[1:] + [len(caught)])]
-        where = sorted({str(w.message).splitlines()[0][:80] for w in caught})
+        syncs, where = cuda_syncs_per_forward(target.model, lambda: method.generate(prompt, budget, GREEDY))
         data.update(cuda_per_step=syncs, cuda_messages=where)
         detail += f"; CUDA sync debug mode per step: max {max(syncs[1:], default=0)} (bound {SYNC_BOUND})"
         ok = ok and max(syncs[1:], default=0) <= SYNC_BOUND

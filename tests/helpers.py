@@ -13,8 +13,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections import Counter
+from pathlib import Path
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -321,3 +326,17 @@ def install_oracle(method: SpeculativeMethod, continuation: list[int]) -> list[i
 
     method.begin, method.propose, method.accept = oracle_begin, oracle_propose, oracle_accept
     return path_lengths
+
+
+def dev_tool(name: str) -> str:
+    """The path of a command-line tool from the dev extras (``actionlint``, ``ruff``): beside this Python (the venv's)
+    or on PATH. Missing: the calling test skips, except under CI (CI=true), where a missing tool fails the test
+    rather than silently skipping a check."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if found is None:
+        message = f"{name} is not installed (pip install -e '.[dev]')"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found

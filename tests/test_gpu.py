@@ -3,12 +3,11 @@ kernels, host syncs seen by CUDA's own sync debug mode, memory and NVML readings
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from harness.engine.sampling import SamplingParams
+from harness.measure.syncs import cuda_syncs_per_forward
 from harness.measure.trackers import Nvml, Tracker, pci_bus_id
 from methods.vanilla import Vanilla
 from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
@@ -39,24 +38,9 @@ def test_step_loop_syncs_counted_by_cuda():
     method = tree_method("eagle2", target)
     prompt = torch.tensor(PROMPT, device="cuda")
     method.generate(prompt, 8, GREEDY)  # warm-up: lazy inits
-    marks: list[int] = []
-    forward = target.model.forward
-
-    def probed(*args, **kwargs):
-        marks.append(len(caught))
-        return forward(*args, **kwargs)
-
-    target.model.forward = probed
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            method.generate(prompt, 24, GREEDY)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            del target.model.forward
-    per_step = [b - a for a, b in zip(marks, marks[1:] + [len(caught)])][1:]
-    assert per_step and max(per_step) <= 3, (per_step, sorted({str(w.message)[:120] for w in caught}))
+    per_forward, messages = cuda_syncs_per_forward(target.model, lambda: method.generate(prompt, 24, GREEDY))
+    per_step = per_forward[1:]
+    assert per_step and max(per_step) <= 3, (per_step, messages)
 
 
 def test_memory_and_nvml_readings_on_cuda():

@@ -6,33 +6,19 @@ failure rather than a silently skipped check.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.helpers import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKED = ["harness", "methods", "suites", "tests"]
 
 
-def ruff() -> str:
-    """The ruff binary beside this Python (the venv's) or on PATH."""
-    here = Path(sys.executable).parent / "ruff"
-    found = str(here) if here.exists() else shutil.which("ruff")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("ruff is not installed (pip install -e '.[dev]')")
-        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    return found
-
-
 def test_ruff_is_clean():
     """An unused import, an undefined name, a line over 120 characters or an unsorted import block anywhere in
     the project's Python code (the rules selected in pyproject.toml) fails here, with ruff's own report."""
-    done = subprocess.run([ruff(), "check", "--no-cache", *CHECKED], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([dev_tool("ruff"), "check", "--no-cache", *CHECKED], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -41,6 +27,6 @@ def test_ruff_reports_a_planted_error(tmp_path):
     nothing); a file with an undefined name, checked with the same configuration, must fail."""
     bad = tmp_path / "planted.py"
     bad.write_text("def f():\n    return undefined_name\n")
-    done = subprocess.run([ruff(), "check", "--no-cache", "--config", str(REPO / "pyproject.toml"), str(bad)],
+    done = subprocess.run([dev_tool("ruff"), "check", "--no-cache", "--config", str(REPO / "pyproject.toml"), str(bad)],
                           capture_output=True, text=True)
     assert done.returncode == 1 and "F821" in done.stdout, done.stdout + done.stderr

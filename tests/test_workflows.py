@@ -6,31 +6,18 @@ where a missing linter is a failure rather than a silently skipped check.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.helpers import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
 README_SECTION = "## Regression tracking in CI"
 PROJECT_COMMAND = re.compile(r"^(make |\.ci/|\.venv/bin/)")
-
-
-def actionlint() -> str:
-    """The actionlint binary beside this Python (the venv's) or on PATH."""
-    here = Path(sys.executable).parent / "actionlint"
-    found = str(here) if here.exists() else shutil.which("actionlint")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("actionlint is not installed (pip install -e '.[dev]')")
-        pytest.skip("actionlint is not installed (pip install -e '.[dev]')")
-    return found
 
 
 def workflow(name: str) -> dict:
@@ -64,7 +51,7 @@ def test_workflows_pass_actionlint():
     """A workflow with a syntax, expression or runner-label error fails on GitHub only after it is merged."""
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
     assert [Path(f).name for f in files] == ["gpu-regression.yml", "tests.yml"]
-    done = subprocess.run([actionlint(), *files], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([dev_tool("actionlint"), *files], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -74,7 +61,7 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
     wf.parent.mkdir(parents=True)
     wf.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
                   "      - if: ${{ github.event_nme == 'push' }}\n        run: echo hi\n")
-    done = subprocess.run([actionlint(), str(wf)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([dev_tool("actionlint"), str(wf)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "event_nme" in done.stdout
 
 

@@ -21,6 +21,7 @@ What it cannot see on CPU: ``tensor.to(device)`` of a host tensor (a no-op there
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 
 import torch
@@ -127,3 +128,29 @@ class StepSyncProbe:
             yield
         finally:
             self.counter.paused = False
+
+
+def cuda_syncs_per_forward(model: torch.nn.Module, run) -> tuple[list[int], list[str]]:
+    """Synchronisations that CUDA's sync debug mode reports between consecutive forwards of ``model`` while ``run()``
+    runs: ``(per_forward, messages)``, where ``per_forward[i]`` counts the warnings from the start of forward i to the
+    start of forward i + 1 (the last to the end), as :class:`StepSyncProbe` does for host syncs, and ``messages`` are
+    the distinct first lines of the warnings (where they come from). Unlike :class:`HostSyncCounter` it sees syncs
+    inside torch's and transformers' own code; it needs a CUDA device."""
+    marks: list[int] = []
+    forward = model.forward
+
+    def probed(*args, **kwargs):
+        marks.append(len(caught))
+        return forward(*args, **kwargs)
+
+    model.forward = probed  # the instance attribute shadows the class method; removed below
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            del model.forward
+    per_forward = [b - a for a, b in zip(marks, [*marks[1:], len(caught)])]
+    return per_forward, sorted({str(w.message).splitlines()[0][:120] for w in caught})
