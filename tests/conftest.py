@@ -12,6 +12,17 @@ REPO = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+@pytest.fixture()
+def one_torch_thread():
+    """One intra-op thread for the test, whatever an earlier test set (a run's ``--threads``), restored afterwards:
+    tiny models gain nothing from intra-op threads, and on a loaded machine the thread pool's spinning makes each
+    small matmul ~50x slower. Modules of tiny-model tests use it with ``pytestmark``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The evaluation data directory ($DRAFTBENCH_DATA, else ../shared/data next to the repo)."""

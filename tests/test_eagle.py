@@ -18,14 +18,7 @@ from tests.helpers import tiny_target
 H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/helpers.py)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded machine the thread pool's spinning makes
-    each small matmul ~50x slower; restored afterwards so other test modules are unaffected."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def published_eagle_folder(folder: Path, bias: bool = True, n_kv: int = 2, rope_theta: float | None = None,

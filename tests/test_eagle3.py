@@ -54,13 +54,7 @@ PUBLISHED_SHAPES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def published_eagle3_folder(folder: Path, config: dict | None = None, seed: int = 1,

@@ -21,14 +21,7 @@ from tests.helpers import tiny_target
 H, V = 32, 128  # tiny target: hidden, vocab
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded machine the thread pool's spinning makes
-    each small matmul ~50x slower; restored afterwards so other test modules are unaffected."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def published_medusa_folder(folder: Path, num_heads: int = 3, num_layers: int = 1, shared: bool = False,

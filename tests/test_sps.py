@@ -19,13 +19,7 @@ from tests.helpers import GREEDY, char_tokenizer, check_generation, install_orac
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def truncated_draft(target, layers: int = 1):
