@@ -59,3 +59,25 @@ def test_cli_option_for_unknown_label_fails():
     args = build_parser().parse_args(["run", "--methods", "vanilla", "--opt", "eagle2.depth=3"])
     with pytest.raises(ConfigError, match="LABEL one of \\['vanilla'\\]"):
         config_from_args(args)
+
+
+def test_shipped_name_or_file_rule(tmp_path):
+    """Presets, published tables and chat templates share one lookup: an existing file with the kind's suffix as it
+    is, else a shipped name; a file with another suffix, or a missing one, is not taken for a shipped name."""
+    from harness.run.shipped import did_you_mean, find_shipped, shipped_names
+
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    (folder / "demo.yaml").write_text("a: 1\n")
+    (folder / "paper.yaml").write_text("a: 2\n")
+    mine = tmp_path / "mine.yml"
+    mine.write_text("a: 3\n")
+    (tmp_path / "notes.txt").write_text("x")
+    assert shipped_names(folder, ".yaml") == ["demo", "paper"]
+    assert find_shipped("demo", folder, (".yaml", ".yml")) == folder / "demo.yaml"
+    assert find_shipped(str(mine), folder, (".yaml", ".yml")) == mine
+    assert find_shipped(str(tmp_path / "notes.txt"), folder, (".yaml", ".yml")) is None
+    assert find_shipped(str(tmp_path / "gone.yaml"), folder, (".yaml", ".yml")) is None
+    assert find_shipped("dem", folder, (".yaml", ".yml")) is None
+    assert did_you_mean("dem", ["demo", "paper"]) == " Did you mean 'demo'?"
+    assert did_you_mean("zzz", ["demo", "paper"]) == ""

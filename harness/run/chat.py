@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.models import Target
+from harness.run.shipped import find_shipped, shipped_names
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -30,7 +31,7 @@ class ChatTemplateError(ValueError):
 
 def template_names() -> list[str]:
     """The shipped templates' names (``harness/run/templates/*.jinja``)."""
-    return sorted(p.stem for p in TEMPLATE_DIR.glob("*.jinja"))
+    return shipped_names(TEMPLATE_DIR, ".jinja")
 
 
 def resolve_chat_template(name_or_path: str, field: str = "run.chat_template") -> str:
@@ -38,12 +39,9 @@ def resolve_chat_template(name_or_path: str, field: str = "run.chat_template") -
 
     Example: resolve_chat_template("vicuna_v1.1") -> "{{ bos_token }}{% if messages[0]['role'] == 'system' %}..."
     """
-    path = Path(name_or_path).expanduser()
-    if path.suffix == ".jinja" and path.is_file():
+    path = find_shipped(name_or_path, TEMPLATE_DIR, (".jinja",))
+    if path is not None:
         return path.read_text(encoding="utf-8")
-    shipped = TEMPLATE_DIR / f"{name_or_path}.jinja"
-    if shipped.is_file():
-        return shipped.read_text(encoding="utf-8")
     raise ChatTemplateError(f"{field}: unknown chat template {name_or_path!r}; shipped: "
                             f"{', '.join(template_names())} (or the path of a .jinja file)")
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from harness.measure.records import runtime_label
+from harness.run.shipped import did_you_mean, find_shipped, shipped_names
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -255,20 +256,17 @@ def _expand_sweep(methods: list[MethodSpec], raw: Any) -> tuple[list[MethodSpec]
 
 
 def resolve_preset(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    cand = PRESET_DIR / f"{name_or_path}.yaml"
-    if cand.exists():
-        return cand
+    """A built-in preset's name or the path of a preset YAML file; one clear error with close names otherwise."""
+    path = find_shipped(name_or_path, PRESET_DIR, (".yaml", ".yml"))
+    if path is not None:
+        return path
     names = preset_names()
-    close = difflib.get_close_matches(name_or_path, names, 3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-    raise ConfigError(f"unknown preset {name_or_path!r} (not a YAML file either).{hint} Built-in: {', '.join(names)}")
+    raise ConfigError(f"unknown preset {name_or_path!r} (not a YAML file either).{did_you_mean(name_or_path, names)} "
+                      f"Built-in: {', '.join(names)}")
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    return shipped_names(PRESET_DIR, ".yaml")
 
 
 def load_preset_dict(name_or_path: str, _seen: tuple = ()) -> dict[str, Any]:

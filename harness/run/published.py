@@ -78,6 +78,7 @@ from harness.engine.method import OptionsError, build_options
 from harness.measure.metrics import TAU_CONVENTIONS
 from harness.registry import METHODS, UnknownNameError
 from harness.run.chat import ChatTemplateError, resolve_chat_template
+from harness.run.shipped import did_you_mean, find_shipped, shipped_names
 from harness.run.suites import DataError, suite_info
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
@@ -198,22 +199,17 @@ class Table:
 
 def table_names() -> list[str]:
     """The shipped tables' ids (``results/published/*.yaml``)."""
-    return sorted(p.stem for p in TABLE_DIR.glob("*.yaml"))
+    return shipped_names(TABLE_DIR, ".yaml")
 
 
 def resolve_table(name_or_path: str | Path) -> Path:
     """A shipped table id or the path of a table YAML file; a clear error with close matches otherwise."""
-    p = Path(name_or_path).expanduser()
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return p
-    cand = TABLE_DIR / f"{name_or_path}.yaml"
-    if cand.is_file():
-        return cand
+    path = find_shipped(name_or_path, TABLE_DIR, (".yaml", ".yml"))
+    if path is not None:
+        return path
     names = table_names()
-    close = difflib.get_close_matches(str(name_or_path), names, 3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-    raise TableError(f"unknown published table {str(name_or_path)!r} (not a YAML file either).{hint} "
-                     f"Shipped: {', '.join(names) or '(none)'}")
+    raise TableError(f"unknown published table {str(name_or_path)!r} (not a YAML file either)."
+                     f"{did_you_mean(name_or_path, names)} Shipped: {', '.join(names) or '(none)'}")
 
 
 def load_table(name_or_path: str | Path) -> Table:

@@ -1,0 +1,33 @@
+"""Files a user names either by a shipped name or by a path: presets (``harness/run/presets/*.yaml``), published
+tables (``results/published/*.yaml``), chat templates (``harness/run/templates/*.jinja``).
+
+One rule for all three: an existing file with one of the kind's suffixes is taken as it is; otherwise the name is
+looked up as ``<folder>/<name><suffix>``. Example: ``find_shipped("demo", PRESET_DIR, (".yaml", ".yml"))`` ->
+``.../presets/demo.yaml``; ``find_shipped("my.yaml", ...)`` -> ``my.yaml`` when that file exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+
+def shipped_names(folder: Path, suffix: str) -> list[str]:
+    """The names shipped in ``folder`` (file stems with ``suffix``), sorted."""
+    return sorted(p.stem for p in folder.glob(f"*{suffix}"))
+
+
+def find_shipped(name_or_path: str | Path, folder: Path, suffixes: tuple[str, ...]) -> Path | None:
+    """The file ``name_or_path`` names (a path with one of ``suffixes``, or a shipped name in ``folder`` with the
+    first suffix), or None when it names neither."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix in suffixes and path.is_file():
+        return path
+    shipped = folder / f"{name_or_path}{suffixes[0]}"
+    return shipped if shipped.is_file() else None
+
+
+def did_you_mean(name: str | Path, names: list[str], n: int = 3) -> str:
+    """`` Did you mean 'a', 'b'?`` for the names close to ``name`` (nothing when none is close)."""
+    close = difflib.get_close_matches(str(name), names, n)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
