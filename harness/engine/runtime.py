@@ -24,14 +24,14 @@ tested, ``tests/test_runtime.py``). Compilation happens lazily at the first call
 the graphs it compiled and the seconds spent (``graphs``, ``compile_s``) so that the harness can keep compilation
 out of measured turns (it is warm-up) and report it separately.
 
-Why the compiled CPU forward is faster (SmolLM2-135M, fp32, one thread; the measurements are in the README): the
-weights are read once per forward (540 MB) whatever the number of rows k, so up to ~8 rows a forward could cost what
-one row costs. MKL's sgemm for 2-8 rows is 1.5-3x slower than for one row, and a packed MKL sgemm is no better;
-oneDNN's packed fp32 linear (``torch.ops.mkldnn._linear_pointwise`` with a weight reordered for a batch of 64)
-reads the weights at ~30 GB/s for 1 to 8 rows alike. Inductor already packs weights when it freezes a graph, but
-for fp32 with a static batch it packs for MKL; :func:`onednn_packed_linears` makes it take its oneDNN branch (the
-one it takes for bf16 and for dynamic batch sizes) while a graph of this runner compiles. The rest of the gain is
-the per-op framework overhead that a compiled graph does not pay.
+Why the compiled CPU forward is faster (SmolLM2-135M, fp32, one thread; the verify-cost table of both runtimes is in
+the README, "The engine's parts"): the weights are read once per forward (540 MB) whatever the number of rows k, so
+up to ~8 rows a forward could cost what one row costs. MKL's sgemm for 2-8 rows is 1.5-3x slower than for one row,
+and a packed MKL sgemm is no better; oneDNN's packed fp32 linear (``torch.ops.mkldnn._linear_pointwise`` with a
+weight reordered for a batch of 64) reads the weights at ~30 GB/s for 1 to 8 rows alike. Inductor already packs
+weights when it freezes a graph, but for fp32 with a static batch it packs for MKL; :func:`onednn_packed_linears`
+makes it take its oneDNN branch (the one it takes for bf16 and for dynamic batch sizes) while a graph of this runner
+compiles. The rest of the gain is the per-op framework overhead that a compiled graph does not pay.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from harness.models import Target
 RUNTIMES = ("eager", "compiled")
 # tree-size buckets of the static flavour (slots, root included); beyond the last one, powers of two
 TREE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# the batch size oneDNN lays packed weights out for: 1 is markedly worse for 2-64 rows, 8-64 are equal (README)
+# the batch size oneDNN lays packed weights out for: a hint of 1 was markedly slower for 2-64 rows, 8-64 were equal
+# (measured on the default model, one CPU thread, when this runner was written)
 PACK_BATCH_HINT = 64
 # fewest slots of a verification forward in the dynamic flavour (a size-1 dimension would get its own graph)
 DYNAMIC_MIN_SLOTS = 2
