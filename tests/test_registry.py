@@ -1,5 +1,7 @@
 """The method registry: names resolve, typos get suggestions, duplicates and non-methods are refused."""
 
+import sys
+
 import pytest
 import torch
 
@@ -20,6 +22,17 @@ def test_builtin_methods_register_themselves():
     # if vanilla is missing, methods/ modules are not imported by load_builtin_methods
     assert "vanilla" in method_names()
     assert get_method("vanilla").name == "vanilla"
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_every_method_has_a_one_line_summary(name):
+    """``draftbench list`` prints the first line of a method's docstring: a summary wrapped over two lines (as a
+    line-length rewrap once did to eagle2 and jakiro_star) would print cut mid-sentence."""
+    cls = get_method(name)
+    doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
+    assert doc, f"{name} has no docstring to summarise it"
+    first = doc.splitlines()[0]
+    assert first.endswith((".", ")")), f"{name}: summary line is not a whole sentence: {first!r}"
 
 
 def test_unknown_name_suggests_close_match():

@@ -413,8 +413,7 @@ class DynamicCandidates:
 
 @register_method("eagle2")
 class Eagle2(EagleMethodBase):
-    """EAGLE-2: a dynamic tree grown by beam-like expansion, then re-ranked (arXiv:2406.16858 Sec. 4: expansion, then
-    re-ranking).
+    """EAGLE-2: a dynamic tree grown by beam-like expansion, then re-ranked (arXiv:2406.16858 Sec. 4).
 
     One stable-KV forward gives the root's top-k (level 1); then ``depth`` forwards each expand the k frontier
     nodes into k*k children, keep the k best by cumulative log-prob as the next frontier, and record all k*k. The

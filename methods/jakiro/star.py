@@ -125,8 +125,7 @@ def published_star_step(p: torch.Tensor, candidates: list[int], q_tilde: list[fl
 
 @register_method("jakiro_star")
 class JakiroStar(MoEDraft, Eagle1):
-    """Jakiro* (released ``jakiro_star/``): EAGLE-1 static tree, GeLU experts, per-expert candidates from a joint
-    softmax.
+    """Jakiro* (released ``jakiro_star/``): EAGLE-1 static tree, GeLU experts, candidates from a joint softmax.
 
     For each node the K selected experts' features h + e (best router logit first, UNWEIGHTED, as the released
     inference block) give logits ``[K, V]``; their concatenation is one joint distribution over (expert, token).
