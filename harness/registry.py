@@ -34,6 +34,13 @@ ENTRY_POINT_GROUPS = ("draftbench.methods", "draftbench.suites")
 ENTRY_POINT_GROUP = ENTRY_POINT_GROUPS[0]
 
 
+
+def did_you_mean(name: object, names: list[str], n: int = 3, cutoff: float = 0.6) -> str:
+    """The hint of an "unknown name" error: `` Did you mean 'a', 'b'?`` for the (at most ``n``) names close to
+    ``name``, nothing when none is. Example: did_you_mean("dem", ["demo", "paper"]) -> " Did you mean 'demo'?"."""
+    close = difflib.get_close_matches(str(name), names, n, cutoff)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
 class UnknownNameError(KeyError):
     """Raised for a name that no registry entry has; the message lists close matches and all known names."""
 
@@ -73,9 +80,8 @@ class Registry(Generic[T]):
         load_plugins()
         if name not in self._entries:
             known = sorted(self._entries)
-            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownNameError(f"unknown {self.kind} {name!r}.{hint} Known: {', '.join(known) or '(none)'}")
+            raise UnknownNameError(f"unknown {self.kind} {name!r}.{did_you_mean(name, known, cutoff=0.5)} "
+                                   f"Known: {', '.join(known) or '(none)'}")
         return self._entries[name]
 
     def names(self) -> list[str]:

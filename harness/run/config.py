@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from harness.measure.records import runtime_label
-from harness.run.shipped import did_you_mean, find_shipped, shipped_names
+from harness.registry import did_you_mean
+from harness.run.shipped import find_shipped, shipped_names
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 

@@ -76,9 +76,9 @@ import yaml
 
 from harness.engine.method import OptionsError, build_options
 from harness.measure.metrics import TAU_CONVENTIONS
-from harness.registry import METHODS, UnknownNameError
+from harness.registry import METHODS, UnknownNameError, did_you_mean
 from harness.run.chat import ChatTemplateError, resolve_chat_template
-from harness.run.shipped import did_you_mean, find_shipped, shipped_names
+from harness.run.shipped import find_shipped, shipped_names
 from harness.run.suites import DataError, suite_info
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"

@@ -8,7 +8,6 @@ looked up as ``<folder>/<name><suffix>``. Example: ``find_shipped("demo", PRESET
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 
@@ -26,8 +25,3 @@ def find_shipped(name_or_path: str | Path, folder: Path, suffixes: tuple[str, ..
     shipped = folder / f"{name_or_path}{suffixes[0]}"
     return shipped if shipped.is_file() else None
 
-
-def did_you_mean(name: str | Path, names: list[str], n: int = 3) -> str:
-    """`` Did you mean 'a', 'b'?`` for the names close to ``name`` (nothing when none is close)."""
-    close = difflib.get_close_matches(str(name), names, n)
-    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -24,7 +24,6 @@ A questions file has one JSON object per line: ``{"question_id", "category", "tu
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from harness.registry import SCORERS, UnknownNameError, suite_dirs
+from harness.registry import SCORERS, UnknownNameError, did_you_mean, suite_dirs
 
 DATA_ENV = "DRAFTBENCH_DATA"
 
@@ -118,9 +117,8 @@ def suite_info(name: str) -> dict[str, Any]:
     definitions = suite_definitions()
     names = sorted(definitions)
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise DataError(f"unknown suite {name!r}.{hint} Known: {', '.join(names)} (or pass a path to a .jsonl file)")
+        raise DataError(f"unknown suite {name!r}.{did_you_mean(name, names, cutoff=0.5)} Known: {', '.join(names)} "
+                        "(or pass a path to a .jsonl file)")
     path = definitions[name]
     with open(path, encoding="utf-8") as f:
         info = yaml.safe_load(f)
