@@ -54,6 +54,7 @@ MANIFEST = {
     "config_digest": "e715da1e",
     "target": {"name": "tiny", "path": "/home/someone/cache/tiny", "dtype": "float32",
                "source": {"gguf": "/home/someone/pkgs/tiny.gguf", "package": "tiny_pkg"}},
+    "suites": {"s1": {"version": "1", "source": "/home/someone/data/s1.jsonl", "sha256": "ab12", "questions": 6}},
 }
 
 
@@ -255,6 +256,8 @@ def test_a_saved_baseline_gates_like_its_run_and_keeps_no_text(tmp_path, base):
     doc = json.loads((out / "baseline.json").read_text())
     assert "output_text" not in json.dumps(doc) and "/home/someone" not in json.dumps(doc)
     assert doc["provenance"]["target"]["source"] == {"gguf": "tiny.gguf", "package": "tiny_pkg"}
+    assert doc["provenance"]["suites"] == {"s1": {"version": "1", "source": "s1.jsonl", "sha256": "ab12",
+                                                  "questions": 6}}
     assert doc["turns"][0]["sha256"] == hashlib.sha256(",".join(map(str, ids("1"))).encode()).hexdigest()
     assert [(q["label"], q["question_id"], q["accepted_tokens"], q["steps"]) for q in doc["questions"][:2]] == [
         ("vanilla", "1", 12, 12), ("eagle2", "1", 12, 5)]

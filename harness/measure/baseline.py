@@ -233,20 +233,26 @@ class Side:
                    tables["cells"], tables["questions"], tables["turns"])
 
 
+def _file_name(value: Any) -> Any:
+    """An absolute local path reduced to its file name (it says nothing on another machine); anything else as is."""
+    return Path(value).name if isinstance(value, str) and Path(value).is_absolute() else value
+
+
 def run_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """What a baseline keeps of a run's manifest: identity, code, versions, device (+ slug), target without local
-    paths (file names only), configuration and its digest, suites."""
+    """What a baseline keeps of a run's manifest: identity, code, versions, device (+ slug), target and suites
+    without local paths (file names only), configuration and its digest."""
     target = {k: v for k, v in (manifest.get("target") or {}).items() if k != "path"}
-    if isinstance(target.get("source"), Mapping):  # local file paths say nothing on another machine: names only
-        target["source"] = {k: Path(v).name if isinstance(v, str) and Path(v).is_absolute() else v
-                            for k, v in target["source"].items()}
+    if isinstance(target.get("source"), Mapping):
+        target["source"] = {k: _file_name(v) for k, v in target["source"].items()}
+    suites = {name: {**info, "source": _file_name(info["source"])} if isinstance(info, Mapping) and "source" in info
+              else info for name, info in (manifest.get("suites") or {}).items()}
     device = dict(manifest.get("device") or {})
     return {
         "run_id": manifest.get("run_id"), "created": manifest.get("created"), "command": manifest.get("command"),
         "git_hash": manifest.get("git_hash"), "git_dirty": manifest.get("git_dirty"),
         "versions": manifest.get("versions") or {}, "device": device, "device_slug": device_slug(device),
         "target": target, "config": manifest.get("config") or {}, "config_digest": manifest.get("config_digest"),
-        "suites": manifest.get("suites") or {},
+        "suites": suites,
     }
 
 
