@@ -258,7 +258,10 @@ def test_draft_kv_crop_and_extend():
 
 from harness.engine.autotune import (  # noqa: E402
     EAGLE_TREE_GAINS,
+    AcceptanceCalibration,
+    adaptive_sizes,
     bench_tree_parents,
+    best_tree_size,
     choose_tree_size,
     time_tree_sizes,
 )
@@ -478,3 +481,56 @@ def test_eagle2_automatic_tree_size(monkeypatch):
     gen = eagle2(target, random_head(target), total_tokens=-1).generate(PROMPT, 4, GREEDY)
     assert gen.counters["total_tokens"] == 60
     assert gen.counters["tree_tokens"] <= 59 * (gen.counters["target_forwards"] - 1)
+
+
+def test_best_tree_size_worked_example():
+    """The docstring's example: (1 + sum of the n-1 best p) / (draft + verify(n)) -> size 2 (1.27 vs 1.25 for 4);
+    doubling the calibration makes size 4 worth its cost; a size needing more candidates than exist is skipped."""
+    verify = {1: 1.0, 2: 1.0, 4: 1.5}
+    assert best_tree_size([0.9, 0.5, 0.1], verify, draft_s=0.5) == 2
+    assert best_tree_size([0.9, 0.5, 0.1], verify, draft_s=0.5, calibration=2.0) == 4
+    assert best_tree_size([0.9], verify, draft_s=0.5) == 2            # size 4 would need 3 candidates
+    assert best_tree_size([0.0, 0.0, 0.0], verify, draft_s=0.5) == 1  # nothing expected: ties go to the smallest
+    with pytest.raises(ValueError, match="no verification timings"):
+        best_tree_size([0.5], {}, draft_s=0.1)
+
+
+def test_adaptive_sizes_and_calibration_literal():
+    """Sizes up to the cap (the cap included); the calibration is the ratio of totals with a prior of 4 predicted
+    drafts at factor 1: after (2.0 predicted, 1 accepted) and (1.0, 0) it is (4 + 1) / (4 + 3)."""
+    assert adaptive_sizes(7) == (1, 2, 3, 4, 5, 6, 7)
+    assert adaptive_sizes(16) == (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+    calibration = AcceptanceCalibration()
+    assert calibration.factor == 1.0
+    calibration.update(2.0, 1)
+    calibration.update(1.0, 0)
+    assert calibration.factor == pytest.approx(5 / 7)
+
+
+@pytest.mark.parametrize("costs,per_step", [("flat", 11), ("steep", 0)], ids=["flat-costs", "steep-costs"])
+def test_adaptive_tree_follows_the_measured_costs_and_stays_lossless(monkeypatch, costs, per_step):
+    """adaptive=true with verification costs that do not grow with the size verifies the whole cap (12 slots, 11
+    drafts) every step; with costs that make any draft slot 100x dearer it verifies the root alone (no draft
+    token). Either way the output is vanilla's: the size decides what is verified, never what is emitted."""
+    import harness.engine.autotune as autotune
+
+    def timings(target, sizes, runtime="eager"):
+        return {s: 1.0 if costs == "flat" or s == 1 else 100.0 for s in sizes}
+
+    monkeypatch.setattr(autotune, "time_tree_sizes", timings)
+    target = tiny_target(eos=False)
+    expected = Vanilla(target).generate(PROMPT, 30, GREEDY).token_ids
+    gen = eagle2(target, random_head(target), total_tokens=12, depth=3, top_k=4, adaptive=True).generate(
+        PROMPT, 30, GREEDY)
+    steps = gen.counters["target_forwards"] - 1
+    assert gen.token_ids == expected
+    assert gen.counters["tree_tokens"] == per_step * steps
+    assert gen.counters["adaptive_slots"] == (per_step + 1) * steps
+
+
+def test_adaptive_needs_an_explicit_cap():
+    """adaptive sizes up to total_tokens, so the automatic total_tokens=-1 is refused with the reason."""
+    with pytest.raises(ValueError, match="give total_tokens >= 2"):
+        Eagle2Options(total_tokens=-1, adaptive=True)
+    with pytest.raises(ValueError, match="adaptive must be true or false"):
+        Eagle2Options(adaptive="yes")

@@ -87,6 +87,21 @@ def test_greedy_equals_vanilla_with_random_drafts(name):
     assert_greedy_equals_vanilla(name)
 
 
+ADAPTIVE = [n for n in METHOD_NAMES if "adaptive" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
+def test_adaptive_tree_sizes_stay_lossless(name):
+    # adaptive=true verifies a per-step prefix of the ranked candidates, sized from the tiny target's measured
+    # forward times: the emitted tokens must not depend on which prefix was chosen
+    assert_greedy_equals_vanilla(name, adaptive=True, total_tokens=12, depth=3, top_k=4)
+
+
+def test_the_dynamic_tree_methods_offer_adaptive():
+    # the parametrization above is read from the methods' options: it must not be empty by accident
+    assert {"eagle2", "eagle3", "jakiro"} <= set(ADAPTIVE)
+
+
 @pytest.mark.parametrize("eos_at", [0, 9])
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_greedy_stops_at_eos_like_vanilla(name, eos_at):

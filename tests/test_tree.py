@@ -17,6 +17,7 @@ from harness.engine.tree import (
     children_lists,
     depths,
     level_sizes,
+    rank_candidates,
     retrieve_indices,
     select_dynamic_tree,
     tree_attention_mask,
@@ -112,6 +113,14 @@ def test_select_dynamic_tree_is_global_top_k_in_candidate_order():
     assert tree.tokens.tolist() == [10, 11, 20, 21]
     assert tree.parents.tolist() == [-1, -1, 0, 0]
     assert tree.draft_probs is None
+
+
+def test_rank_candidates_uses_the_path_minimum():
+    """The docstring's example: candidate 3 has the best own score but its parent (1) ranks last, so 3 ranks with
+    it; a ranking by own score would put a node before its parent and a prefix would not be a tree."""
+    order, eff = rank_candidates(torch.tensor([-1.0, -2.0, -1.0, -0.5]), torch.tensor([-1, -1, 0, 1]))
+    assert eff.tolist() == [-1.0, -2.0, -1.0, -2.0]
+    assert order.tolist() == [0, 2, 1, 3]
 
 
 def test_select_dynamic_tree_ties_stay_ancestor_closed():

@@ -11,6 +11,23 @@ gains are fixed guesses of how much a tree of n tokens accepts relative to one o
 These gains come from the EAGLE authors' measurements on Vicuna-7B; they are used as published (a draftbench
 run records the size it chose in ``counters["total_tokens"]``, so a table can show it). Timings are cached per
 (model, device, dtype, sizes, repeats, context_len) for the life of the process.
+
+Those gains are a 7B GPU's: they cannot size a tree for a small target on a CPU, where a forward over 8 slots
+already costs 1.3 one-slot forwards and a draft accepts far less. The *adaptive* rule (option ``adaptive`` of the
+dynamic-tree methods) sizes every step's tree from what is measured instead:
+
+- the verification cost ``t(n)`` of n slots: :func:`time_tree_sizes` over :func:`adaptive_sizes`, once per
+  process, through the method's runtime;
+- the draft cost ``d``: the method's own drafting time, a running mean;
+- the expected accepted length of the ``n - 1`` best candidates: with greedy verification a node is accepted only
+  if its whole path equals the target's greedy tokens, at most one node per depth is, so the expected number of
+  accepted drafts is the sum of the nodes' acceptance probabilities. EAGLE-2 (arXiv:2406.16858 Sec. 4.1, Fig. 6)
+  shows a node's cumulative draft probability tracks its acceptance rate; :class:`AcceptanceCalibration` rescales it
+  by what this run actually accepted (one factor, the ratio of accepted drafts to predicted ones so far).
+
+:func:`best_tree_size` then keeps the n that maximises ``(1 + c * sum of the n - 1 best p) / (d + t(n))``, the
+expected tokens per second of the step. The tree only decides which tokens are verified, never what is emitted,
+so the rule changes speed only: greedy output stays vanilla's.
 """
 
 from __future__ import annotations
@@ -28,6 +45,8 @@ from harness.models import Target
 
 EAGLE_TREE_GAINS: dict[int, float] = {40: 1.0, 48: 1.05, 50: 1.07, 56: 1.1, 60: 1.13}
 EAGLE_TREE_SIZES: tuple[int, ...] = tuple(EAGLE_TREE_GAINS)
+# the tree sizes (slots, root included) the adaptive rule times and chooses among, up to the method's total_tokens
+ADAPTIVE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60, 64, 80, 96, 128)
 
 _TIMINGS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, dict[int, float]]] = weakref.WeakKeyDictionary()
 
@@ -100,3 +119,63 @@ def choose_tree_size(timings: dict[int, float], gains: dict[int, float] | None =
     if missing:
         raise ValueError(f"choose_tree_size: no gain for tree size(s) {missing}; gains are given for {sorted(gains)}")
     return min(sorted(timings), key=lambda n: timings[n] / gains[n])
+
+
+def adaptive_sizes(cap: int) -> tuple[int, ...]:
+    """The sizes the adaptive rule chooses among for a tree of at most ``cap`` slots: :data:`ADAPTIVE_SIZES` below
+    ``cap``, and ``cap``. Example: cap 7 -> (1, 2, 3, 4, 5, 6, 7)."""
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1 slot, got {cap}")
+    return tuple(s for s in ADAPTIVE_SIZES if s < cap) + (cap,)
+
+
+def best_tree_size(node_probs: list[float], verify_s: dict[int, float], draft_s: float,
+                   calibration: float = 1.0) -> int:
+    """The tree size (slots, root included) with the most expected tokens per second.
+
+    ``node_probs``: estimated acceptance probabilities of the candidates in rank order (best first; a prefix of
+    that order is the tree, :func:`harness.engine.tree.rank_candidates`); ``verify_s``: seconds of one verification
+    forward per size (the sizes chosen among; a size needing more candidates than there are is skipped);
+    ``draft_s``: seconds of drafting per step; ``calibration``: the factor on the probabilities. The expected
+    emitted tokens of n slots are ``1 + calibration * sum(node_probs[:n-1])`` (the bonus token plus the expected
+    accepted drafts). Ties go to the smaller tree.
+
+    Example: node_probs [0.9, 0.5, 0.1], verify_s {1: 1.0, 2: 1.0, 4: 1.5}, draft_s 0.5: size 1 -> 1 / 1.5 = 0.67,
+    size 2 -> 1.9 / 1.5 = 1.27, size 4 -> 2.5 / 2.0 = 1.25, so 2 (with calibration 2, size 4 wins: 4.0 / 2.0).
+    """
+    if not verify_s:
+        raise ValueError("best_tree_size: no verification timings")
+    if draft_s < 0 or calibration < 0:
+        raise ValueError(f"draft_s and calibration must be >= 0, got {draft_s}, {calibration}")
+    best, best_rate = None, -1.0
+    cum = [0.0]
+    for p in node_probs:
+        cum.append(cum[-1] + float(p))
+    for n in sorted(verify_s):
+        if n < 1 or n - 1 >= len(cum):
+            continue
+        rate = (1.0 + calibration * cum[n - 1]) / (draft_s + verify_s[n])
+        if rate > best_rate:
+            best, best_rate = n, rate
+    if best is None:
+        raise ValueError(f"best_tree_size: none of the sizes {sorted(verify_s)} fits {len(node_probs)} candidates")
+    return best
+
+
+class AcceptanceCalibration:
+    """The factor that maps predicted accepted drafts (sums of draft probabilities) to accepted ones: the ratio of
+    the totals seen so far, starting from ``prior`` as if ``prior_weight`` predicted drafts had been seen.
+
+    Example: prior 1, weight 4; after steps (predicted 2.0, accepted 1) and (1.0, 0): (4 + 1) / (4 + 3) = 0.714.
+    """
+
+    def __init__(self, prior: float = 1.0, prior_weight: float = 4.0):
+        self.predicted, self.accepted = float(prior_weight), float(prior) * float(prior_weight)
+
+    def update(self, predicted: float, accepted: int) -> None:
+        self.predicted += float(predicted)
+        self.accepted += float(accepted)
+
+    @property
+    def factor(self) -> float:
+        return self.accepted / self.predicted if self.predicted > 0 else 1.0

@@ -240,14 +240,39 @@ def level_sizes(parents: torch.Tensor) -> list[int]:
     return torch.bincount(d)[1:].tolist() if d.numel() else []
 
 
+def rank_candidates(cand_scores: torch.Tensor, cand_parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2's ranking of candidates: ``(order [M], effective [M])``, ``order`` best first by effective score.
+
+    ``cand_scores [M]`` (cumulative log-probs), ``cand_parents [M]`` (-1 = root, else an earlier candidate index).
+    A candidate's effective score is the minimum score on its path (equal to its own score whenever scores do not
+    increase down the tree, as cumulative log-probs never do); ties go to the lower candidate index, so a parent
+    always ranks before its children and every prefix of ``order`` is ancestor-closed.
+
+    Example: scores [-1, -2, -1, -0.5], parents [-1, -1, 0, 1] -> effective [-1, -2, -1, -2], order [0, 2, 1, 3].
+    """
+    m = cand_scores.shape[0]
+    if cand_parents.shape != (m,):
+        raise ValueError(f"cand_scores and cand_parents must both be [M]; got {tuple(cand_scores.shape)}, "
+                         f"{tuple(cand_parents.shape)}")
+    # effective score = min over the path, by pointer jumping: after j rounds `anc` is the 2^j-th ancestor
+    eff = cand_scores.float().clone()  # [M]
+    anc = cand_parents.clone()  # [M]
+    for _ in range(max(1, math.ceil(math.log2(m + 1)))):
+        has = anc >= 0
+        safe = anc.clamp(min=0)
+        eff = torch.where(has, torch.minimum(eff, eff[safe]), eff)
+        anc = torch.where(has, anc[safe], anc)
+    order = torch.sort(-eff, stable=True).indices  # best first, ties by candidate index
+    return order, eff
+
+
 def select_dynamic_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, cand_parents: torch.Tensor,
-                        total_tokens: int) -> DraftTree:
-    """EAGLE-2's re-ranking: keep the ``total_tokens`` best candidates by cumulative log-prob, in candidate order.
+                        total_tokens: int, order: torch.Tensor | None = None) -> DraftTree:
+    """EAGLE-2's re-ranking: keep the ``total_tokens`` best candidates (:func:`rank_candidates`), in candidate order.
 
     ``cand_tokens [M]``, ``cand_scores [M]`` (cumulative log-probs), ``cand_parents [M]`` (-1 = root, else an
-    earlier candidate index). The result is always ancestor-closed: a candidate's effective score is the minimum
-    score on its path (equal to its own score whenever scores do not increase down the tree, as cumulative
-    log-probs never do), and ties are broken by candidate index, so a parent always ranks before its children.
+    earlier candidate index); ``order``: the ranking when the caller has it already. The result is always
+    ancestor-closed.
 
     Example: tokens [7, 8, 9, 5], scores [-1, -2, -1, -0.5], parents [-1, -1, 0, 1], total 3: effective scores
     [-1, -2, -1, -2] -> keep candidates {0, 2, 1} -> tokens [7, 8, 9], parents [-1, -1, 0] (candidate 3, whose
@@ -261,15 +286,8 @@ def select_dynamic_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, ca
         raise ValueError(f"total_tokens must be >= 0, got {total_tokens}")
     k = min(total_tokens, m)
     device = cand_tokens.device
-    # effective score = min over the path, by pointer jumping: after j rounds `anc` is the 2^j-th ancestor
-    eff = cand_scores.float().clone()  # [M]
-    anc = cand_parents.clone()  # [M]
-    for _ in range(max(1, math.ceil(math.log2(m + 1)))):
-        has = anc >= 0
-        safe = anc.clamp(min=0)
-        eff = torch.where(has, torch.minimum(eff, eff[safe]), eff)
-        anc = torch.where(has, anc[safe], anc)
-    order = torch.sort(-eff, stable=True).indices  # best first, ties by candidate index
+    if order is None:
+        order, _ = rank_candidates(cand_scores, cand_parents)
     keep = torch.sort(order[:k]).values  # [k] back into candidate order
     new_index = torch.full((m,), -1, dtype=torch.long, device=device)
     new_index[keep] = torch.arange(k, device=device)

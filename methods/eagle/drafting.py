@@ -6,20 +6,23 @@ the head shipped for the target in ``methods/heads/<target>/eagle``.
     eagle1   static tree (``harness.engine.tree`` ``eagle_mc_sim_7b_63`` by default); T=0 top-k children, T>0
              children sampled without replacement with ``draft_probs`` (``proposal`` is then "sampled")
     eagle2   dynamic tree: ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10;
-             deterministic top-k drafts at every temperature, as published
+             deterministic top-k drafts at every temperature, as published; ``adaptive`` sizes each step's tree
+             (at most ``total_tokens``) from measured costs and calibrated confidence
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from harness.engine import autotune
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
-from harness.engine.hostio import upload
+from harness.engine.hostio import fetch, upload
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
@@ -28,6 +31,7 @@ from harness.engine.tree import (
     DraftTree,
     children_lists,
     depths,
+    rank_candidates,
     select_dynamic_tree,
     tree_from_choices,
 )
@@ -59,25 +63,33 @@ class Eagle1Options:
 @dataclass
 class Eagle2Options:
     """EAGLE-2's dynamic tree. ``total_tokens`` counts the root, as EAGLE's ``total_token`` (60 in its evaluation
-    scripts); -1 chooses it from timed target forwards (:mod:`harness.engine.autotune`). ``draft_vocab``: as
-    eagle1's."""
+    scripts); -1 chooses it from timed target forwards (:mod:`harness.engine.autotune`). ``adaptive``: true = every
+    step verifies only the best n <= ``total_tokens`` slots that maximise expected tokens per second (measured
+    verification and draft costs, calibrated draft confidence; :func:`harness.engine.autotune.best_tree_size`), not
+    published. ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60
     depth: int = 5
     top_k: int = 10
     draft_vocab: int = 0
+    adaptive: bool = False
 
     def __post_init__(self):
         check_head_option(self.head)
         check_draft_vocab(self.draft_vocab, self.top_k)
-        check_dynamic_tree(self.total_tokens, self.depth, self.top_k)
+        check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
 
 
-def check_dynamic_tree(total_tokens: int, depth: int, top_k: int) -> None:
-    """EAGLE-2's dynamic-tree options: ``total_tokens`` >= 2 (root included) or -1, ``depth`` and ``top_k`` >= 1."""
+def check_dynamic_tree(total_tokens: int, depth: int, top_k: int, adaptive: bool = False) -> None:
+    """EAGLE-2's dynamic-tree options: ``total_tokens`` >= 2 (root included) or -1, ``depth`` and ``top_k`` >= 1;
+    ``adaptive`` a boolean, with an explicit ``total_tokens`` (its cap)."""
     if total_tokens != -1 and total_tokens < 2:
         raise ValueError(f"total_tokens must be >= 2 (root included) or -1 (automatic), got {total_tokens}")
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be true or false, got {adaptive!r}")
+    if adaptive and total_tokens == -1:
+        raise ValueError("adaptive sizes each step's tree up to total_tokens: give total_tokens >= 2, not -1")
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     if top_k < 1:
@@ -432,14 +444,25 @@ class Eagle2(EagleMethodBase):
             raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the draft vocabulary "
                                f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
+        self.adaptive = bool(getattr(self.options, "adaptive", False))
+        self._verify_s: dict[int, float] | None = None  # adaptive: measured verification seconds per size
+        self._draft_s: float | None = None              # adaptive: running mean of drafting seconds per step
+        self._calibration = autotune.AcceptanceCalibration()
+        self._predicted = 0.0                            # adaptive: expected accepted drafts of the last tree
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)
         if self.total_tokens == -1:
-            from harness.engine.autotune import choose_tree_size, time_tree_sizes
-
-            self.total_tokens = choose_tree_size(time_tree_sizes(self.target, runtime=self.runtime))
+            self.total_tokens = autotune.choose_tree_size(autotune.time_tree_sizes(self.target, runtime=self.runtime))
+        if self.adaptive and self._verify_s is None:  # once per method (the first turn is a warm-up in a run)
+            self._verify_s = autotune.time_tree_sizes(self.target, autotune.adaptive_sizes(self.total_tokens),
+                                                     runtime=self.runtime)
         self.counters["total_tokens"] = self.total_tokens
+
+    def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
+        super().accept(tokens, hidden, next_root)
+        if self.adaptive:
+            self._calibration.update(self._predicted, len(tokens) - 1)  # tokens = [root] + accepted drafts
 
     def expand(self, root: int) -> DynamicCandidates:
         """The k + depth*k*k candidates of one cycle (see the class docstring); runs depth + 1 draft forwards."""
@@ -473,5 +496,17 @@ class Eagle2(EagleMethodBase):
         return DynamicCandidates(torch.cat(rec_tokens), torch.cat(rec_scores), torch.cat(rec_parents))
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
+        if not self.adaptive:
+            c = self.expand(root)
+            return select_dynamic_tree(c.tokens, c.scores, c.parents, self.total_tokens - 1)
+        t0 = time.perf_counter()
         c = self.expand(root)
-        return select_dynamic_tree(c.tokens, c.scores, c.parents, self.total_tokens - 1)
+        order, eff = rank_candidates(c.scores, c.parents)
+        best = order[: self.total_tokens - 1]
+        probs = fetch(eff[best].exp())  # the host copy waits for the draft, so the clock below sees all of it
+        elapsed = time.perf_counter() - t0
+        self._draft_s = elapsed if self._draft_s is None else 0.9 * self._draft_s + 0.1 * elapsed
+        size = autotune.best_tree_size(probs, self._verify_s, self._draft_s, self._calibration.factor)
+        self._predicted = float(sum(probs[: size - 1]))  # uncalibrated: what the calibration is updated with
+        self.counters["adaptive_slots"] = self.counters.get("adaptive_slots", 0) + size
+        return select_dynamic_tree(c.tokens, c.scores, c.parents, size - 1, order=order)

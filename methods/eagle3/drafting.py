@@ -38,16 +38,18 @@ from methods.eagle3.head import Eagle3Head
 class Eagle3Options:
     """``head``: checkpoint folder (default: the head shipped for the target). ``total_tokens`` counts the root
     (-1 chooses it from timed target forwards, :mod:`harness.engine.autotune`); ``depth``: draft forwards after the
-    first; ``top_k``: children per expanded node and frontier width (at most the head's draft vocabulary)."""
+    first; ``top_k``: children per expanded node and frontier width (at most the head's draft vocabulary);
+    ``adaptive``: as eagle2's (each step's tree sized from measured costs; not published)."""
 
     head: str | None = None
     total_tokens: int = 60
     depth: int = 7
     top_k: int = 10
+    adaptive: bool = False
 
     def __post_init__(self):
         check_head_option(self.head)
-        check_dynamic_tree(self.total_tokens, self.depth, self.top_k)
+        check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
 
 
 @register_method("eagle3")

@@ -16,7 +16,7 @@ from harness.engine.method import build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import DynamicCandidates, Eagle2
+from methods.eagle.drafting import DynamicCandidates, Eagle2, check_dynamic_tree
 from methods.jakiro.checkpoint import load_jakiro_head
 from methods.jakiro.draft import MoEDraft, check_experts, on_off
 from methods.jakiro.head import JakiroHead, JakiroOutputs
@@ -67,7 +67,8 @@ class JakiroOptions:
     ``total_tokens`` counts the root (Jakiro's evaluation uses 60); ``depth`` d: the tree has d + 1 levels;
     ``top_k``: candidates per node and frontier width. ``num_experts`` / ``experts_per_tok``: None = the
     checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must match the checkpoint, K may be
-    changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary).
+    changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary). ``adaptive``: as
+    eagle2's (each step's tree sized from measured costs and calibrated confidence; not published).
     """
 
     head: str | None = None
@@ -81,6 +82,7 @@ class JakiroOptions:
     num_experts: int | None = None
     experts_per_tok: int | None = None
     draft_vocab: int = 0
+    adaptive: bool = False
 
     def __post_init__(self):
         check_head_option(self.head)
@@ -92,12 +94,7 @@ class JakiroOptions:
             raise ValueError(f"alignment must be 'released' or 'fixed', got {self.alignment!r}")
         if self.candidates not in ("mixed", "decoupled"):
             raise ValueError(f"candidates must be 'mixed' or 'decoupled', got {self.candidates!r}")
-        if self.total_tokens != -1 and self.total_tokens < 2:
-            raise ValueError(f"total_tokens must be >= 2 (root included) or -1 (automatic), got {self.total_tokens}")
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
         for name in ("num_experts", "experts_per_tok"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
