@@ -263,7 +263,9 @@ from harness.engine.autotune import (  # noqa: E402
     bench_tree_parents,
     best_tree_size,
     choose_tree_size,
+    expected_rate,
     time_tree_sizes,
+    worth_another_level,
 )
 from harness.engine.method import OptionsError  # noqa: E402
 from harness.engine.sampling import SamplingParams, logits_to_probs  # noqa: E402
@@ -534,3 +536,29 @@ def test_adaptive_needs_an_explicit_cap():
         Eagle2Options(total_tokens=-1, adaptive=True)
     with pytest.raises(ValueError, match="adaptive must be true or false"):
         Eagle2Options(adaptive="yes")
+
+
+def test_worth_another_level_and_expected_rate_literal():
+    """The docstrings' examples: a level whose best case adds 0.4 tokens for 4 ms (100/s) beats a 50/s step, one
+    adding 0.15 (37.5/s) does not; nothing measured yet always drafts on."""
+    assert worth_another_level(0.4, 0.004, rate=50.0)
+    assert not worth_another_level(0.15, 0.004, rate=50.0)
+    assert worth_another_level(0.15, 0.004, rate=50.0, calibration=2.0)
+    assert worth_another_level(0.0, 0.004, rate=None)
+    assert expected_rate([0.9, 0.5, 0.1], 2, 1.0, 0.5) == pytest.approx(1.9 / 1.5)
+
+
+def test_adaptive_depth_stops_drafting_when_a_level_cannot_pay(monkeypatch):
+    """With an expected rate so high that no level can beat it (verification measured at 1 ns), eagle2 stops after
+    the stable forward at every step but the first (nothing is measured before it): 1 draft forward per step
+    instead of depth + 1 = 4. A rule that ignored the costs would run 4 every step; the output is still vanilla's."""
+    import harness.engine.autotune as autotune
+
+    monkeypatch.setattr(autotune, "time_tree_sizes", lambda target, sizes, runtime="eager": {s: 1e-9 for s in sizes})
+    target = tiny_target(eos=False)
+    expected = Vanilla(target).generate(PROMPT, 20, GREEDY).token_ids
+    gen = eagle2(target, random_head(target), total_tokens=12, depth=3, top_k=4, adaptive=True).generate(
+        PROMPT, 20, GREEDY)
+    steps = gen.counters["target_forwards"] - 1
+    assert gen.token_ids == expected
+    assert gen.counters["draft_forwards"] == 4 + (steps - 1)

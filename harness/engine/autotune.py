@@ -147,19 +147,36 @@ def best_tree_size(node_probs: list[float], verify_s: dict[int, float], draft_s:
         raise ValueError("best_tree_size: no verification timings")
     if draft_s < 0 or calibration < 0:
         raise ValueError(f"draft_s and calibration must be >= 0, got {draft_s}, {calibration}")
-    best, best_rate = None, -1.0
-    cum = [0.0]
-    for p in node_probs:
-        cum.append(cum[-1] + float(p))
-    for n in sorted(verify_s):
-        if n < 1 or n - 1 >= len(cum):
-            continue
-        rate = (1.0 + calibration * cum[n - 1]) / (draft_s + verify_s[n])
-        if rate > best_rate:
-            best, best_rate = n, rate
-    if best is None:
+    fits = [n for n in sorted(verify_s) if 1 <= n <= len(node_probs) + 1]
+    if not fits:
         raise ValueError(f"best_tree_size: none of the sizes {sorted(verify_s)} fits {len(node_probs)} candidates")
-    return best
+    rates = [expected_rate(node_probs, n, verify_s[n], draft_s, calibration) for n in fits]
+    return fits[rates.index(max(rates))]  # index() finds the first maximum: ties go to the smaller tree
+
+
+def expected_rate(node_probs: list[float], size: int, verify_s: float, draft_s: float,
+                  calibration: float = 1.0) -> float:
+    """Expected tokens per second of a step that verifies ``size`` slots (the ``size - 1`` first of ``node_probs``)
+    at ``verify_s`` seconds after ``draft_s`` seconds of drafting: ``(1 + calibration * sum) / (draft_s + verify_s)``.
+    Example: [0.9, 0.5, 0.1], size 2, 1.0 s, 0.5 s -> 1.9 / 1.5 = 1.267."""
+    return (1.0 + calibration * float(sum(node_probs[: size - 1]))) / (draft_s + verify_s)
+
+
+def worth_another_level(frontier_probs: float, level_s: float, rate: float | None, calibration: float = 1.0) -> bool:
+    """Should drafting run one more level? Yes when the most that level can add, per second it costs, beats the
+    step's expected rate (tokens per second).
+
+    The children of a frontier node can never be likelier than it (cumulative probabilities only shrink), so the
+    next level adds at most ``calibration * frontier_probs`` expected tokens (``frontier_probs``: the sum of the
+    frontier's cumulative probabilities) for one more draft forward of ``level_s`` seconds. This is an upper bound,
+    so a level is only skipped when even its best case does not pay. ``rate`` None (nothing measured yet): yes.
+
+    Example: frontier [0.3, 0.1] (sum 0.4), 4 ms per level, rate 50 tok/s: 0.4 / 0.004 = 100 > 50 -> yes; with a
+    frontier summing to 0.15: 37.5 < 50 -> no.
+    """
+    if rate is None or level_s <= 0:
+        return True
+    return calibration * frontier_probs / level_s > rate
 
 
 class AcceptanceCalibration:

@@ -65,8 +65,9 @@ class Eagle2Options:
     """EAGLE-2's dynamic tree. ``total_tokens`` counts the root, as EAGLE's ``total_token`` (60 in its evaluation
     scripts); -1 chooses it from timed target forwards (:mod:`harness.engine.autotune`). ``adaptive``: true = every
     step verifies only the best n <= ``total_tokens`` slots that maximise expected tokens per second (measured
-    verification and draft costs, calibrated draft confidence; :func:`harness.engine.autotune.best_tree_size`), not
-    published. ``draft_vocab``: as eagle1's."""
+    verification and draft costs, calibrated draft confidence; :func:`harness.engine.autotune.best_tree_size`), and
+    drafting stops before ``depth`` when one more level cannot pay for its forward
+    (:func:`harness.engine.autotune.worth_another_level`); not published. ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60
@@ -449,6 +450,8 @@ class Eagle2(EagleMethodBase):
         self._draft_s: float | None = None              # adaptive: running mean of drafting seconds per step
         self._calibration = autotune.AcceptanceCalibration()
         self._predicted = 0.0                            # adaptive: expected accepted drafts of the last tree
+        self._level_s: float | None = None               # adaptive: running mean of seconds per draft forward
+        self._rate: float | None = None                  # adaptive: expected tokens per second of the last step
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)
@@ -479,6 +482,9 @@ class Eagle2(EagleMethodBase):
         recorded = k
         kv = self.cache.kv
         for i in range(depth):
+            if self.adaptive and not autotune.worth_another_level(float(fetch(scores.exp().sum())), self._level_s,
+                                                                  self._rate, self._calibration.factor):
+                break  # adaptive depth: even the best case of one more level is not worth its forward
             pos = torch.full((k,), stable_len + i, dtype=torch.long, device=device)
             out, kv = self.tree_forward(frontier_in, frontier_tok, pos, kv, tree_cols)  # [k, H]
             child_lp, child_tok = self.top_tokens(out, k)  # [k, k]
@@ -499,14 +505,18 @@ class Eagle2(EagleMethodBase):
         if not self.adaptive:
             c = self.expand(root)
             return select_dynamic_tree(c.tokens, c.scores, c.parents, self.total_tokens - 1)
-        t0 = time.perf_counter()
+        t0, forwards = time.perf_counter(), self.counters.get("draft_forwards", 0)
         c = self.expand(root)
         order, eff = rank_candidates(c.scores, c.parents)
         best = order[: self.total_tokens - 1]
         probs = fetch(eff[best].exp())  # the host copy waits for the draft, so the clock below sees all of it
         elapsed = time.perf_counter() - t0
+        per_forward = elapsed / max(1, self.counters.get("draft_forwards", 0) - forwards)
         self._draft_s = elapsed if self._draft_s is None else 0.9 * self._draft_s + 0.1 * elapsed
-        size = autotune.best_tree_size(probs, self._verify_s, self._draft_s, self._calibration.factor)
+        self._level_s = per_forward if self._level_s is None else 0.9 * self._level_s + 0.1 * per_forward
+        factor = self._calibration.factor
+        size = autotune.best_tree_size(probs, self._verify_s, self._draft_s, factor)
+        self._rate = autotune.expected_rate(probs, size, self._verify_s[size], self._draft_s, factor)
         self._predicted = float(sum(probs[: size - 1]))  # uncalibrated: what the calibration is updated with
         self.counters["adaptive_slots"] = self.counters.get("adaptive_slots", 0) + size
         return select_dynamic_tree(c.tokens, c.scores, c.parents, size - 1, order=order)
