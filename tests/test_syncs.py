@@ -100,3 +100,19 @@ def test_compaction_reads_nothing_and_uploads_once_per_device():
         compact_cache(cache, 5, [0, 2, 4])
     assert c.total == 0, dict(c.events)
     assert cache.get_seq_length() == 8
+
+
+def test_forward_marks_split_counts_per_forward():
+    """The one forward-splitting helper both probes use: a count read at each forward's start (None = not
+    measured, no mark), differences between marks, the last up to the end; model.forward is restored."""
+    from harness.measure.syncs import forward_marks, per_forward
+
+    model = torch.nn.Linear(2, 2)
+    values = iter([0, None, 3])
+    with forward_marks(model, lambda: next(values)) as marks:
+        for _ in range(3):
+            model(torch.zeros(1, 2))
+    assert marks == [0, 3]
+    assert per_forward(marks, 7) == [3, 4]
+    assert per_forward([0, 2, 3], 7) == [2, 1, 4]
+    assert "forward" not in model.__dict__

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -79,6 +80,32 @@ class HostSyncCounter(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def forward_marks(model: torch.nn.Module, count: Callable[[], int | None]) -> Iterator[list[int]]:
+    """Record ``count()`` at the start of every forward of ``model`` while inside (a ``None`` is not recorded: work
+    that is not measured). The list is yielded and filled in place; :func:`per_forward` turns it into counts.
+    ``model.forward`` is shadowed by an instance attribute, removed on exit."""
+    marks: list[int] = []
+    forward = model.forward
+
+    def marked(*args, **kwargs):
+        value = count()
+        if value is not None:
+            marks.append(value)
+        return forward(*args, **kwargs)
+
+    model.forward = marked
+    try:
+        yield marks
+    finally:
+        del model.forward
+
+
+def per_forward(marks: list[int], end: int) -> list[int]:
+    """Counts between consecutive marks, the last one up to ``end``. Example: marks [0, 2, 3], end 7 -> [2, 1, 4]."""
+    return [b - a for a, b in zip(marks, [*marks[1:], end])]
+
+
 class StepSyncProbe:
     """Host syncs between consecutive forwards of ``model``: ``per_forward[i]`` = reads + uploads from the start of
     forward i to the start of forward i + 1 (the last entry runs to the end of the probe).
@@ -97,24 +124,18 @@ class StepSyncProbe:
         self.counter = HostSyncCounter()
         self.marks: list[int] = []
         self.per_forward: list[int] = []
+        self._marking: contextlib.AbstractContextManager | None = None
 
     def __enter__(self) -> StepSyncProbe:
-        forward = self.model.forward
-
-        def probed(*args, **kwargs):
-            if not self.counter.paused:
-                self.marks.append(self.counter.total)
-            return forward(*args, **kwargs)
-
-        self.model.forward = probed  # the instance attribute shadows the class method; removed on exit
+        self._marking = forward_marks(self.model, lambda: None if self.counter.paused else self.counter.total)
+        self.marks = self._marking.__enter__()
         self.counter.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self.counter.__exit__(*exc)
-        del self.model.forward
-        ends = self.marks[1:] + [self.counter.total]
-        self.per_forward = [b - a for a, b in zip(self.marks, ends)]
+        self._marking.__exit__(*exc)
+        self.per_forward = per_forward(self.marks, self.counter.total)
 
     @property
     def events(self) -> Counter[str]:
@@ -136,21 +157,11 @@ def cuda_syncs_per_forward(model: torch.nn.Module, run) -> tuple[list[int], list
     start of forward i + 1 (the last to the end), as :class:`StepSyncProbe` does for host syncs, and ``messages`` are
     the distinct first lines of the warnings (where they come from). Unlike :class:`HostSyncCounter` it sees syncs
     inside torch's and transformers' own code; it needs a CUDA device."""
-    marks: list[int] = []
-    forward = model.forward
-
-    def probed(*args, **kwargs):
-        marks.append(len(caught))
-        return forward(*args, **kwargs)
-
-    model.forward = probed  # the instance attribute shadows the class method; removed below
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, forward_marks(model, lambda: len(caught)) as marks:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-            del model.forward
-    per_forward = [b - a for a, b in zip(marks, [*marks[1:], len(caught)])]
-    return per_forward, sorted({str(w.message).splitlines()[0][:120] for w in caught})
+    return per_forward(marks, len(caught)), sorted({str(w.message).splitlines()[0][:120] for w in caught})

@@ -67,7 +67,8 @@ class Eagle2Options:
     step verifies only the best n <= ``total_tokens`` slots that maximise expected tokens per second (measured
     verification and draft costs, calibrated draft confidence; :func:`harness.engine.autotune.best_tree_size`), and
     drafting stops before ``depth`` when one more level cannot pay for its forward
-    (:func:`harness.engine.autotune.worth_another_level`); not published. ``draft_vocab``: as eagle1's."""
+    (:func:`harness.engine.autotune.worth_another_level`; one host read per level, which a GPU pays as a sync);
+    not published. ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60

@@ -68,7 +68,8 @@ class JakiroOptions:
     ``top_k``: candidates per node and frontier width. ``num_experts`` / ``experts_per_tok``: None = the
     checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must match the checkpoint, K may be
     changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary). ``adaptive``: as
-    eagle2's (each step's tree sized from measured costs and calibrated confidence; not published).
+    eagle2's, for the tree size only (each step's tree sized from measured costs and calibrated confidence; the depth
+    stays fixed, since hybrid's last level comes from the penultimate forward); not published.
     """
 
     head: str | None = None
