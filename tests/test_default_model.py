@@ -169,6 +169,7 @@ def test_oracle_draft_is_fully_accepted(real_target, prompts, vanilla_outputs):
 SHIPPED = [
     ("eagle1", {"draft_vocab": 4096}),
     ("eagle2", {"total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
+    ("eagle3", {"total_tokens": 16, "depth": 3, "top_k": 4}),
     ("jakiro", {"mode": "hybrid", "total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
     ("medusa", {"draft_vocab": 4096, "tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]}),
 ]
