@@ -509,22 +509,26 @@ def test_adaptive_sizes_and_calibration_literal():
     assert calibration.factor == pytest.approx(5 / 7)
 
 
+def adaptive_run(monkeypatch, timings, budget: int):
+    """eagle2 (random head, cap 12 slots, depth 3, top-4, adaptive) on the tiny target with the verification timings
+    ``timings(sizes) -> {size: seconds}`` in place of measured ones: (generation, vanilla's tokens, steps)."""
+    import harness.engine.autotune as autotune
+
+    monkeypatch.setattr(autotune, "time_tree_sizes", lambda target, sizes, runtime="eager": timings(sizes))
+    target = tiny_target(eos=False)
+    expected = Vanilla(target).generate(PROMPT, budget, GREEDY).token_ids
+    gen = eagle2(target, random_head(target), total_tokens=12, depth=3, top_k=4, adaptive=True).generate(
+        PROMPT, budget, GREEDY)
+    return gen, expected, gen.counters["target_forwards"] - 1
+
+
 @pytest.mark.parametrize("costs,per_step", [("flat", 11), ("steep", 0)], ids=["flat-costs", "steep-costs"])
 def test_adaptive_tree_follows_the_measured_costs_and_stays_lossless(monkeypatch, costs, per_step):
     """adaptive=true with verification costs that do not grow with the size verifies the whole cap (12 slots, 11
     drafts) every step; with costs that make any draft slot 100x dearer it verifies the root alone (no draft
     token). Either way the output is vanilla's: the size decides what is verified, never what is emitted."""
-    import harness.engine.autotune as autotune
-
-    def timings(target, sizes, runtime="eager"):
-        return {s: 1.0 if costs == "flat" or s == 1 else 100.0 for s in sizes}
-
-    monkeypatch.setattr(autotune, "time_tree_sizes", timings)
-    target = tiny_target(eos=False)
-    expected = Vanilla(target).generate(PROMPT, 30, GREEDY).token_ids
-    gen = eagle2(target, random_head(target), total_tokens=12, depth=3, top_k=4, adaptive=True).generate(
-        PROMPT, 30, GREEDY)
-    steps = gen.counters["target_forwards"] - 1
+    gen, expected, steps = adaptive_run(
+        monkeypatch, lambda sizes: {s: 1.0 if costs == "flat" or s == 1 else 100.0 for s in sizes}, 30)
     assert gen.token_ids == expected
     assert gen.counters["tree_tokens"] == per_step * steps
     assert gen.counters["adaptive_slots"] == (per_step + 1) * steps
@@ -552,13 +556,6 @@ def test_adaptive_depth_stops_drafting_when_a_level_cannot_pay(monkeypatch):
     """With an expected rate so high that no level can beat it (verification measured at 1 ns), eagle2 stops after
     the stable forward at every step but the first (nothing is measured before it): 1 draft forward per step
     instead of depth + 1 = 4. A rule that ignored the costs would run 4 every step; the output is still vanilla's."""
-    import harness.engine.autotune as autotune
-
-    monkeypatch.setattr(autotune, "time_tree_sizes", lambda target, sizes, runtime="eager": {s: 1e-9 for s in sizes})
-    target = tiny_target(eos=False)
-    expected = Vanilla(target).generate(PROMPT, 20, GREEDY).token_ids
-    gen = eagle2(target, random_head(target), total_tokens=12, depth=3, top_k=4, adaptive=True).generate(
-        PROMPT, 20, GREEDY)
-    steps = gen.counters["target_forwards"] - 1
+    gen, expected, steps = adaptive_run(monkeypatch, lambda sizes: {s: 1e-9 for s in sizes}, 20)
     assert gen.token_ids == expected
     assert gen.counters["draft_forwards"] == 4 + (steps - 1)
