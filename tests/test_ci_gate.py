@@ -34,9 +34,10 @@ def test_the_committed_baseline_belongs_to_the_preset():
     stored = side.provenance["config"]
     drop = ("output_dir", "data_dir")
     assert {k: v for k, v in stored.items() if k not in drop} == {k: v for k, v in preset.items() if k not in drop}
-    assert side.cells["label"].tolist() == ["vanilla", "pld", "eagle2", "eagle3", "jakiro", "medusa"]
-    assert side.cells["n_errors"].tolist() == [0] * 5 and side.cells["lossless_share"].tolist() == [1.0] * 5
-    assert len(side.turns) == 5 * 5  # 4 tiny questions, one with two turns, per label
+    labels = ["vanilla", "pld", "eagle2", "eagle3", "jakiro", "medusa"]
+    assert side.cells["label"].tolist() == labels
+    assert side.cells["n_errors"].tolist() == [0] * 6 and side.cells["lossless_share"].tolist() == [1.0] * 6
+    assert len(side.turns) == 5 * len(labels)  # 4 tiny questions, one with two turns, per label
     assert side.cells.set_index("label")["tau"].gt(1.4).drop("vanilla").all()
 
 
