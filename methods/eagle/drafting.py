@@ -446,7 +446,7 @@ class Eagle2(EagleMethodBase):
             raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the draft vocabulary "
                                f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
-        self.adaptive = bool(getattr(self.options, "adaptive", False))
+        self.adaptive = self.options.adaptive
         self._verify_s: dict[int, float] | None = None  # adaptive: measured verification seconds per size
         self._draft_s: float | None = None              # adaptive: running mean of drafting seconds per step
         self._calibration = autotune.AcceptanceCalibration()
