@@ -30,6 +30,7 @@ from harness.engine.runtime import (
 )
 from harness.engine.tree import ancestor_matrix, slot_depths
 from harness.measure import report as R
+from harness.measure.ablation import ablation_table
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from tests.helpers import GREEDY, build_example, registered_methods, tiny_llama, tiny_target
 
@@ -243,6 +244,12 @@ def test_report_compares_each_runtime_with_its_own_baseline(tmp_path):
     assert "speed-up vs `vanilla@compiled`" in compiled and "| pld@compiled | 1.20× / 1.00 | 1.20× / 1.00 | 2.40× |" \
         in compiled
     assert "Compilation (warm-up, not in any turn's time): vanilla@compiled 42.0 s, pld@compiled 42.0 s." in compiled
+    # the ablation table (its speed-up column) pairs each entry with its own runtime's baseline too: against eager
+    # vanilla pld@compiled would read 2.4, and with no baseline of its label at all, n/a
+    drafted = [dict(r, draft_depths=[1] * 4, accepted_drafts=[0] * 4) if r["method"] == "pld" else r for r in records]
+    table = ablation_table(R.turns_table(drafted, {}), n_boot=50).set_index("label")
+    assert table.loc["pld@compiled", "speedup"] == pytest.approx(1.2)
+    assert table.loc["pld", "speedup"] == pytest.approx(1.5)
     # records of runs made before runtimes existed read as eager, and the table keeps its old heading
     old = R.turns_table([{k: v for k, v in r.items() if k not in ("runtime", "compile_s", "turn_compile_s")}
                          for r in records[:2]], {})

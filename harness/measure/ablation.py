@@ -7,7 +7,9 @@ checkpoint's N). Knobs are found from the records only, never parsed back from l
 
 ``ablation_table`` has one row per (label, method, suite, temperature) of a drafting method: the knob values, τ with
 its bootstrap CI (:func:`harness.measure.metrics.tau_ci`), the speed-up (ratio of means) with its paired bootstrap CI
-(:func:`harness.measure.metrics.speedup_ratio_ci`), acceptance per draft position with its CI
+(:func:`harness.measure.metrics.speedup_ratio_ci`) against the baseline of the entry's own runtime
+(:func:`harness.measure.records.baseline_labels`: ``vanilla@compiled`` for an entry measured compiled), acceptance
+per draft position with its CI
 (:func:`harness.measure.metrics.acceptance_per_position_ci`), and per verification step the
 draft forwards and the draft / verify / overhead milliseconds (:func:`harness.measure.metrics.per_verification_step`).
 
@@ -38,6 +40,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.records import baseline_labels
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]
@@ -112,13 +115,15 @@ def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot:
     passes its measured rows: a question with an error turn is left out whole); error rows are skipped here too."""
     knobs = knob_names(turns)
     ok = turns[turns["status"] == "ok"]
+    bases = baseline_labels(turns, baseline_label) if "runtime" in turns else {}
     depth = max((max(d) for d in _lists(ok["draft_depths"]) if d), default=0)
     rows = []
     for key, g in ok.groupby(GROUP, dropna=False, sort=False):
-        _, _, suite, temp = key
+        label, _, suite, temp = key
         if not any(_lists(g["draft_depths"])):
             continue
-        base = ok[(ok["label"] == baseline_label) & (ok["suite"] == suite) & (ok["temperature"] == temp)]
+        base_label = bases.get(label, baseline_label)  # the baseline of the entry's own runtime
+        base = ok[(ok["label"] == base_label) & (ok["suite"] == suite) & (ok["temperature"] == temp)]
         tps = {q: M.tokens_per_second(list(x["new_tokens"]), list(x["wall_time_s"]))
                for q, x in g.groupby("question_id", sort=False)}
         base_tps = {q: M.tokens_per_second(list(x["new_tokens"]), list(x["wall_time_s"]))
@@ -264,7 +269,7 @@ def plot_knob(table: pd.DataFrame, knobs: Sequence[str], x: str, path: Path, tit
     _axis(axes[0], sl, x, "τ (tokens per target forward)")
     _lines(axes[1], sl, x, line, "speedup", "speedup_ci_lo", "speedup_ci_hi")
     axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    _axis(axes[1], sl, x, f"speed-up vs {baseline_label} (×)")
+    _axis(axes[1], sl, x, f"speed-up vs {baseline_label}, same runtime (×)")
     _lines(axes[2], sl, x, line, "draft_forwards_per_step")
     _axis(axes[2], sl, x, "draft forwards per step")
     fig.suptitle(title + " — bands: 95% bootstrap CI over questions")
@@ -380,8 +385,8 @@ def ablation_markdown(turns: pd.DataFrame, baseline_label: str = "vanilla") -> s
     if table.empty:
         return ""
     knobs = [k for k in table.columns if k.startswith(OPT)]
-    head = ["label", *[_name(k) for k in knobs], "τ [95% CI]", f"speed-up vs {baseline_label} [95% CI]", "acc@1",
-            "draft fwd / step", "draft ms / step", "verify ms / step"]
+    head = ["label", *[_name(k) for k in knobs], "τ [95% CI]", f"speed-up vs {baseline_label} (same runtime) [95% CI]",
+            "acc@1", "draft fwd / step", "draft ms / step", "verify ms / step"]
     lines = ["| " + " | ".join(head) + " |", "|---" * (1 + len(knobs)) + "|---:" * 6 + "|"]
     for r in table.to_dict("records"):
         cells = [str(r["label"]), *[str(r[k]) for k in knobs],

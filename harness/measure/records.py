@@ -68,7 +68,10 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RECORDS_FILE = "records.jsonl"
 RECORDS_GLOB = "records*.jsonl"
@@ -91,6 +94,28 @@ def runtime_label(label: str, runtime: str | None) -> str:
     if runtime in (None, "eager") or label.endswith(f"@{runtime}"):
         return label
     return f"{label}@{runtime}"
+
+
+def label_runtimes(turns: pd.DataFrame) -> dict[str, str]:
+    """label -> the runtime its records name (``eager`` for records made before runtimes existed)."""
+    out: dict[str, str] = {}
+    for label, runtime in zip(turns["label"], turns["runtime"]):
+        if label not in out or out[label] == "eager":
+            out[label] = runtime if isinstance(runtime, str) and runtime else "eager"
+    return out
+
+
+def baseline_labels(turns: pd.DataFrame, baseline_label: str = "vanilla") -> dict[str, str]:
+    """label -> the label its speed-up is measured against: the baseline of its own runtime
+    (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for ``eagle2@compiled``) when the
+    run measured one, else ``baseline_label``. Example: labels vanilla, vanilla@compiled, pld@compiled (runtime
+    compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled, pld@compiled: vanilla@compiled}."""
+    runtimes = label_runtimes(turns)
+    out = {}
+    for label, runtime in runtimes.items():
+        own = runtime_label(baseline_label, runtime)
+        out[label] = own if own in runtimes else baseline_label
+    return out
 
 
 def question_key(rec: Mapping[str, Any]) -> tuple:

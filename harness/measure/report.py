@@ -45,7 +45,14 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
 from harness.measure.html import write_html_report
-from harness.measure.records import RECORDS_FILE, RecordsRead, load_records, record_files, runtime_label
+from harness.measure.records import (
+    RECORDS_FILE,
+    RecordsRead,
+    baseline_labels,
+    label_runtimes,
+    load_records,
+    record_files,
+)
 
 MANIFEST_FILE = "manifest.json"
 GROUP = ["label", "method", "suite", "temperature"]
@@ -232,28 +239,6 @@ def _lossless_flag(values: pd.Series) -> bool | None:
     """A label's declared lossless flag from its records (False if any record says so; None if none says)."""
     present = [bool(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return all(present) if present else None
-
-
-def label_runtimes(turns: pd.DataFrame) -> dict[str, str]:
-    """label -> the runtime its records name (``eager`` for records made before runtimes existed)."""
-    out: dict[str, str] = {}
-    for label, runtime in zip(turns["label"], turns["runtime"]):
-        if label not in out or out[label] == "eager":
-            out[label] = runtime if isinstance(runtime, str) and runtime else "eager"
-    return out
-
-
-def baseline_labels(turns: pd.DataFrame, baseline_label: str = "vanilla") -> dict[str, str]:
-    """label -> the label its speed-up is measured against: the baseline of its own runtime
-    (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for ``eagle2@compiled``) when the
-    run measured one, else ``baseline_label``. Example: labels vanilla, vanilla@compiled, pld@compiled (runtime
-    compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled, pld@compiled: vanilla@compiled}."""
-    runtimes = label_runtimes(turns)
-    out = {}
-    for label, runtime in runtimes.items():
-        own = runtime_label(baseline_label, runtime)
-        out[label] = own if own in runtimes else baseline_label
-    return out
 
 
 def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
