@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from harness.engine.hostio import upload
+from harness.engine.lookup import lookup_draft
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, chain_tree
@@ -40,24 +40,6 @@ class PldOptions:
             raise ValueError(f"max_ngram ({self.max_ngram}) must be >= min_ngram ({self.min_ngram})")
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-
-
-def lookup_draft(context: list[int], max_ngram: int, min_ngram: int, num_draft_tokens: int) -> list[int]:
-    """The tokens that followed the most recent earlier occurrence of the context's last n-gram (longest n first).
-
-    An occurrence must end before the last token (so that at least one token follows it). Example: context
-    [1, 2, 3, 1, 2], n=2 -> [1, 2] occurs at position 0, followed by [3, 1, 2] -> with num_draft_tokens 2: [3, 1].
-    Runs on the host (numpy): the context is host data, and a device lookup would cost a round trip per step.
-    """
-    seq = np.asarray(context, dtype=np.int64)  # [L]
-    length = seq.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(seq, n)[: length - n]  # [L-n, n]: n-grams with a successor
-        hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return context[start: start + num_draft_tokens]
-    return []
 
 
 @register_method("pld")

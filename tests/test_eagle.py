@@ -534,6 +534,16 @@ def test_adaptive_tree_follows_the_measured_costs_and_stays_lossless(monkeypatch
     assert gen.counters["adaptive_slots"] == (per_step + 1) * steps
 
 
+def test_lookup_options_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="lookup must be an integer >= 0"):
+        Eagle2Options(lookup=-1)
+    with pytest.raises(ValueError, match="lookup must be an integer >= 0"):
+        Eagle2Options(lookup=True)
+    with pytest.raises(ValueError, match="lookup_ngram must be an integer in 1..3"):
+        Eagle2Options(lookup=4, lookup_ngram=4)
+    assert Eagle2Options(lookup=10, lookup_ngram=2).lookup == 10
+
+
 def test_adaptive_needs_an_explicit_cap():
     """adaptive sizes up to total_tokens, so the automatic total_tokens=-1 is refused with the reason."""
     with pytest.raises(ValueError, match="give total_tokens >= 2"):

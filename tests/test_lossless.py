@@ -102,6 +102,22 @@ def test_the_dynamic_tree_methods_offer_adaptive():
     assert {"eagle2", "eagle3", "jakiro"} <= set(ADAPTIVE)
 
 
+LOOKUP = [n for n in METHOD_NAMES if "lookup" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("name", LOOKUP)
+def test_grafted_lookup_chains_stay_lossless(name, adaptive):
+    # lookup=6 grafts a prompt-lookup chain onto every step's tree (the repeated prompt and the tiny target's loops
+    # make it match): the tokens must still be vanilla's, and the chain must really have been verified
+    assert {"eagle2", "eagle3", "jakiro"} <= set(LOOKUP)
+    options = dict(total_tokens=12, depth=3, top_k=4, lookup=6, adaptive=adaptive)
+    assert_greedy_equals_vanilla(name, **options)
+    method = build_example(name, tiny_target(eos=False), **options)
+    gen = method.generate(PROMPTS[1], BUDGET, GREEDY)
+    assert gen.counters.get("lookup_slots", 0) > 0, "no lookup chain was grafted on a prompt of repeated 4-grams"
+
+
 @pytest.mark.parametrize("eos_at", [0, 9])
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_greedy_stops_at_eos_like_vanilla(name, eos_at):
@@ -157,6 +173,15 @@ def test_sampling_matches_the_target_distribution(name, sampling):
     if not build_example(name, sampling_target(), SAMPLE_SEED, **options).lossless:
         pytest.skip(f"{name} with options {options} says it is not lossless (lossless=False)")
     assert method_pvalue(name, sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_sampling_with_a_grafted_lookup_chain_matches_the_target_distribution(sampling):
+    # eagle2's tree with a prompt-lookup chain grafted on (the vocabulary-8 target repeats itself, so chains exist)
+    # stays a deterministic proposal: the deterministic-proposal rule must keep the target's distribution
+    options = {**SMALL_VOCAB_OPTIONS["eagle2"], "lookup": 3}
+    assert method_pvalue("eagle2", sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3
 
 
 @pytest.mark.slow

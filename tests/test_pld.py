@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from harness.engine.lookup import lookup_draft
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from methods.pld import PromptLookup, lookup_draft
+from methods.pld import PromptLookup
 
 
 def test_docstring_example_most_recent_two_gram():

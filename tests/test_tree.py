@@ -16,7 +16,9 @@ from harness.engine.tree import (
     check_tree,
     children_lists,
     depths,
+    graft_chain,
     level_sizes,
+    path_length,
     rank_candidates,
     retrieve_indices,
     select_dynamic_tree,
@@ -153,3 +155,27 @@ def test_check_tree_names_the_bad_field():
     with pytest.raises(ValueError, match="draft_probs"):
         check_tree(DraftTree(torch.tensor([1]), torch.tensor([-1]), torch.zeros(1, 50)), vocab_size=50)
     check_tree(DraftTree(torch.tensor([1, 2]), torch.tensor([-1, 0]), torch.zeros(3, 50)), vocab_size=50)
+
+
+def test_graft_chain_docstring_example_follows_the_shared_prefix():
+    # root -> 7 -> 9, root -> 8; chain [7, 5, 6]: 7 exists, so 5 hangs under node 0 and 6 under 5. Duplicating the
+    # 7 would waste a slot; hanging 5 under the root would verify the wrong continuation
+    assert graft_chain([7, 8, 9], [-1, -1, 0], [7, 5, 6]) == ([7, 8, 9, 5, 6], [-1, -1, 0, 0, 3])
+
+
+def test_graft_chain_adds_nothing_for_a_path_the_tree_has_and_builds_a_chain_on_an_empty_tree():
+    assert graft_chain([7, 8, 9], [-1, -1, 0], [7, 9]) == ([7, 8, 9], [-1, -1, 0])
+    assert graft_chain([7, 8, 9], [-1, -1, 0], []) == ([7, 8, 9], [-1, -1, 0])
+    assert graft_chain([], [], [4, 4, 2]) == ([4, 4, 2], [-1, 0, 1])
+    tokens, parents = graft_chain([7, 8, 9], [-1, -1, 0], [8, 9, 9])  # 8 exists (node 1); its child 9 does not
+    assert (tokens, parents) == ([7, 8, 9, 9, 9], [-1, -1, 0, 1, 3])
+    check_tree(DraftTree(torch.tensor(tokens), torch.tensor(parents)))  # still topological, parents < index
+
+
+def test_path_length_counts_the_drafts_the_tree_proposed():
+    # the adaptive calibration counts only the accepted drafts of the draft's own tree: a path the lookup chain
+    # supplied must not count as the draft's success
+    assert path_length([7, 8, 9], [-1, -1, 0], [7, 9, 4]) == 2
+    assert path_length([7, 8, 9], [-1, -1, 0], [8, 9]) == 1
+    assert path_length([7, 8, 9], [-1, -1, 0], [5]) == 0
+    assert path_length([7, 8, 9], [-1, -1, 0], []) == 0

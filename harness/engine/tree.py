@@ -296,6 +296,45 @@ def select_dynamic_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, ca
     return DraftTree(tokens=cand_tokens[keep], parents=parents)
 
 
+def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int]]:
+    """The tree (host lists ``tokens [N]``, ``parents [N]``, -1 = root) with the path ``chain`` from the root added:
+    the chain follows the existing nodes that already spell its prefix, and its remaining tokens are appended as new
+    nodes (topological order kept, existing nodes unchanged). Deterministic trees only: a sampled proposal's
+    children must be its first draws (:class:`DraftTree`).
+
+    Example: tokens [7, 8, 9], parents [-1, -1, 0] (root -> 7 -> 9, root -> 8), chain [7, 5, 6] -> 7 is node 0,
+    5 is not among its children -> tokens [7, 8, 9, 5, 6], parents [-1, -1, 0, 0, 3]. Returns (tokens, parents) of
+    N + (appended) nodes.
+    """
+    tokens, parents = list(tokens), list(parents)
+    node = -1
+    for i, token in enumerate(chain):
+        child = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+        if child is None:
+            for token in chain[i:]:
+                tokens.append(token)
+                parents.append(node)
+                node = len(tokens) - 1
+            break
+        node = child
+    return tokens, parents
+
+
+def path_length(tokens: list[int], parents: list[int], path: list[int]) -> int:
+    """How many leading tokens of ``path`` spell a path from the root in the tree (host lists ``tokens [N]``,
+    ``parents [N]``, -1 = root): the drafts of an accepted sequence that this tree proposed.
+
+    Example: tokens [7, 8, 9], parents [-1, -1, 0]; path [7, 9, 4] -> 2; path [8, 9] -> 1; path [5] -> 0.
+    """
+    node, count = -1, 0
+    for token in path:
+        node = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+        if node is None:
+            break
+        count += 1
+    return count
+
+
 # ---- published static trees -------------------------------------------------------------------------------------
 # EAGLE-1 `eagle/model/choices.py` (SafeAILab/EAGLE, branch v1): 25 nodes, levels [4, 8, 8, 3, 2].
 EAGLE_MC_SIM_7B_63 = [

@@ -7,7 +7,8 @@ the head shipped for the target in ``methods/heads/<target>/eagle``.
              children sampled without replacement with ``draft_probs`` (``proposal`` is then "sampled")
     eagle2   dynamic tree: ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10;
              deterministic top-k drafts at every temperature, as published; ``adaptive`` sizes each step's tree
-             (at most ``total_tokens``) from measured costs and calibrated confidence
+             (at most ``total_tokens``) from measured costs and calibrated confidence; ``lookup`` grafts a
+             prompt-lookup chain onto every step's tree
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
 from harness.engine.hostio import fetch, upload
+from harness.engine.lookup import lookup_draft
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
@@ -31,6 +33,8 @@ from harness.engine.tree import (
     DraftTree,
     children_lists,
     depths,
+    graft_chain,
+    path_length,
     rank_candidates,
     select_dynamic_tree,
     tree_from_choices,
@@ -68,7 +72,11 @@ class Eagle2Options:
     verification and draft costs, calibrated draft confidence; :func:`harness.engine.autotune.best_tree_size`), and
     drafting stops before ``depth`` when one more level cannot pay for its forward
     (:func:`harness.engine.autotune.worth_another_level`; one host read per level, which a GPU pays as a sync);
-    not published. ``draft_vocab``: as eagle1's."""
+    not published. ``lookup``: 0 = off; N > 0 = every step's tree also carries the prompt-lookup chain of up to N
+    tokens (the continuation of the context's last n-gram, n from 3 down to ``lookup_ngram``, at its most recent
+    earlier occurrence; :func:`harness.engine.lookup.lookup_draft`), grafted onto the draft's tree
+    (:func:`harness.engine.tree.graft_chain`), so a step accepts the longer of the two; not published.
+    ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
     total_tokens: int = 60
@@ -76,11 +84,14 @@ class Eagle2Options:
     top_k: int = 10
     draft_vocab: int = 0
     adaptive: bool = False
+    lookup: int = 0
+    lookup_ngram: int = 1
 
     def __post_init__(self):
         check_head_option(self.head)
         check_draft_vocab(self.draft_vocab, self.top_k)
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
+        check_lookup(self.lookup, self.lookup_ngram)
 
 
 def check_dynamic_tree(total_tokens: int, depth: int, top_k: int, adaptive: bool = False) -> None:
@@ -96,6 +107,19 @@ def check_dynamic_tree(total_tokens: int, depth: int, top_k: int, adaptive: bool
         raise ValueError(f"depth must be >= 1, got {depth}")
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+
+
+LOOKUP_MAX_NGRAM = 3  # the longest n-gram option ``lookup`` matches (prompt lookup's default, method ``pld``)
+
+
+def check_lookup(lookup: int, lookup_ngram: int) -> None:
+    """Option ``lookup``: the length of the grafted prompt-lookup chain, an integer >= 0 (0 = off); ``lookup_ngram``:
+    the shortest n-gram matched, 1..:data:`LOOKUP_MAX_NGRAM`."""
+    if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+        raise ValueError(f"lookup must be an integer >= 0 (tokens of the grafted prompt-lookup chain; 0 = off), "
+                         f"got {lookup!r}")
+    if isinstance(lookup_ngram, bool) or not isinstance(lookup_ngram, int) or not 1 <= lookup_ngram <= LOOKUP_MAX_NGRAM:
+        raise ValueError(f"lookup_ngram must be an integer in 1..{LOOKUP_MAX_NGRAM}, got {lookup_ngram!r}")
 
 
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
@@ -453,9 +477,14 @@ class Eagle2(EagleMethodBase):
         self._predicted = 0.0                            # adaptive: expected accepted drafts of the last tree
         self._level_s: float | None = None               # adaptive: running mean of seconds per draft forward
         self._rate: float | None = None                  # adaptive: expected tokens per second of the last step
+        self.lookup = self.options.lookup
+        self._context: list[int] = []                    # lookup: the committed token ids (host)
+        self._own: tuple[list[int], list[int]] = ([], [])  # lookup + adaptive: the draft's own tree (host)
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)
+        if self.lookup:
+            self._context = fetch(prompt_ids[0])
         if self.total_tokens == -1:
             self.total_tokens = autotune.choose_tree_size(autotune.time_tree_sizes(self.target, runtime=self.runtime))
         if self.adaptive and self._verify_s is None:  # once per method (the first turn is a warm-up in a run)
@@ -465,8 +494,11 @@ class Eagle2(EagleMethodBase):
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
         super().accept(tokens, hidden, next_root)
-        if self.adaptive:
-            self._calibration.update(self._predicted, len(tokens) - 1)  # tokens = [root] + accepted drafts
+        if self.lookup:
+            self._context.extend(tokens)
+        if self.adaptive:  # tokens = [root] + accepted drafts; calibrate on the drafts of the draft's own tree
+            accepted = path_length(*self._own, tokens[1:]) if self.lookup else len(tokens) - 1
+            self._calibration.update(self._predicted, accepted)
 
     def expand(self, root: int) -> DynamicCandidates:
         """The k + depth*k*k candidates of one cycle (see the class docstring); runs depth + 1 draft forwards."""
@@ -503,6 +535,24 @@ class Eagle2(EagleMethodBase):
         return DynamicCandidates(torch.cat(rec_tokens), torch.cat(rec_scores), torch.cat(rec_parents))
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
+        tree = self.propose_draft(root)
+        return self.graft_lookup(tree, root) if self.lookup else tree
+
+    def graft_lookup(self, tree: DraftTree, root: int) -> DraftTree:
+        """``tree`` with the prompt-lookup chain of option ``lookup`` grafted on (one host read of the tree)."""
+        chain = lookup_draft(self._context + [root], LOOKUP_MAX_NGRAM, self.options.lookup_ngram, self.lookup)
+        own = (fetch(tree.tokens), fetch(tree.parents))
+        self._own = own
+        if not chain:
+            return tree
+        tokens, parents = graft_chain(*own, chain)
+        if len(tokens) > len(own[0]):
+            self.counters["lookup_slots"] = self.counters.get("lookup_slots", 0) + len(tokens) - len(own[0])
+        device = tree.tokens.device
+        return DraftTree(tokens=upload(tokens, device), parents=upload(parents, device))
+
+    def propose_draft(self, root: int) -> DraftTree:
+        """The draft's own tree: EAGLE-2's ``total_tokens - 1`` best candidates, or the adaptive prefix of them."""
         if not self.adaptive:
             c = self.expand(root)
             return select_dynamic_tree(c.tokens, c.scores, c.parents, self.total_tokens - 1)

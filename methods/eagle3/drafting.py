@@ -29,7 +29,7 @@ from harness.engine.method import OptionsError, build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import Eagle2, check_dynamic_tree
+from methods.eagle.drafting import Eagle2, check_dynamic_tree, check_lookup
 from methods.eagle3.checkpoint import head_layer_ids, load_eagle3_head
 from methods.eagle3.head import Eagle3Head
 
@@ -39,17 +39,21 @@ class Eagle3Options:
     """``head``: checkpoint folder (default: the head shipped for the target). ``total_tokens`` counts the root
     (-1 chooses it from timed target forwards, :mod:`harness.engine.autotune`); ``depth``: draft forwards after the
     first; ``top_k``: children per expanded node and frontier width (at most the head's draft vocabulary);
-    ``adaptive``: as eagle2's (each step's tree sized from measured costs; not published)."""
+    ``adaptive``: as eagle2's (each step's tree sized from measured costs; not published); ``lookup``,
+    ``lookup_ngram``: as eagle2's (a prompt-lookup chain grafted onto every step's tree; not published)."""
 
     head: str | None = None
     total_tokens: int = 60
     depth: int = 7
     top_k: int = 10
     adaptive: bool = False
+    lookup: int = 0
+    lookup_ngram: int = 1
 
     def __post_init__(self):
         check_head_option(self.head)
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
+        check_lookup(self.lookup, self.lookup_ngram)
 
 
 @register_method("eagle3")

@@ -16,7 +16,7 @@ from harness.engine.method import build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import DynamicCandidates, Eagle2, check_dynamic_tree
+from methods.eagle.drafting import DynamicCandidates, Eagle2, check_dynamic_tree, check_lookup
 from methods.jakiro.checkpoint import load_jakiro_head
 from methods.jakiro.draft import MoEDraft, check_experts, on_off
 from methods.jakiro.head import JakiroHead, JakiroOutputs
@@ -69,7 +69,8 @@ class JakiroOptions:
     checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must match the checkpoint, K may be
     changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary). ``adaptive``: as
     eagle2's, for the tree size only (each step's tree sized from measured costs and calibrated confidence; the depth
-    stays fixed, since hybrid's last level comes from the penultimate forward); not published.
+    stays fixed, since hybrid's last level comes from the penultimate forward); not published. ``lookup``,
+    ``lookup_ngram``: as eagle2's (a prompt-lookup chain grafted onto every step's tree; not published).
     """
 
     head: str | None = None
@@ -84,6 +85,8 @@ class JakiroOptions:
     experts_per_tok: int | None = None
     draft_vocab: int = 0
     adaptive: bool = False
+    lookup: int = 0
+    lookup_ngram: int = 1
 
     def __post_init__(self):
         check_head_option(self.head)
@@ -96,6 +99,7 @@ class JakiroOptions:
         if self.candidates not in ("mixed", "decoupled"):
             raise ValueError(f"candidates must be 'mixed' or 'decoupled', got {self.candidates!r}")
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
+        check_lookup(self.lookup, self.lookup_ngram)
         for name in ("num_experts", "experts_per_tok"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

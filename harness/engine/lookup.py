@@ -1,0 +1,28 @@
+"""Prompt lookup: the tokens that followed the most recent earlier occurrence of the context's last n-gram.
+
+The model-free draft of the method ``pld`` (Saxena 2023, "Prompt Lookup Decoding"), and the chain that the
+dynamic-tree methods graft onto their trees with option ``lookup`` (:func:`harness.engine.tree.graft_chain`). A
+deterministic function of the context, so a tree that carries it is verified with the deterministic-proposal rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def lookup_draft(context: list[int], max_ngram: int, min_ngram: int, num_draft_tokens: int) -> list[int]:
+    """The tokens that followed the most recent earlier occurrence of the context's last n-gram (longest n first).
+
+    An occurrence must end before the last token (so that at least one token follows it). Example: context
+    [1, 2, 3, 1, 2], n=2 -> [1, 2] occurs at position 0, followed by [3, 1, 2] -> with num_draft_tokens 2: [3, 1].
+    Runs on the host (numpy): the context is host data, and a device lookup would cost a round trip per step.
+    """
+    seq = np.asarray(context, dtype=np.int64)  # [L]
+    length = seq.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(seq, n)[: length - n]  # [L-n, n]: n-grams with a successor
+        hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return context[start: start + num_draft_tokens]
+    return []
