@@ -541,7 +541,11 @@ def test_lookup_options_are_refused_with_the_reason():
         Eagle2Options(lookup=True)
     with pytest.raises(ValueError, match="lookup_ngram must be an integer in 1..3"):
         Eagle2Options(lookup=4, lookup_ngram=4)
-    assert Eagle2Options(lookup=10, lookup_ngram=2).lookup == 10
+    with pytest.raises(ValueError, match="lookup_alone must be 0 .* in 2..3"):
+        Eagle2Options(lookup=4, lookup_ngram=2, lookup_alone=1)
+    with pytest.raises(ValueError, match="lookup_alone needs a lookup chain"):
+        Eagle2Options(lookup_alone=2)
+    assert Eagle2Options(lookup=10, lookup_ngram=2, lookup_alone=3).lookup_alone == 3
 
 
 def test_adaptive_needs_an_explicit_cap():

@@ -105,17 +105,22 @@ def test_the_dynamic_tree_methods_offer_adaptive():
 LOOKUP = [n for n in METHOD_NAMES if "lookup" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("variant", [{}, {"adaptive": True}, {"adaptive": True, "lookup_alone": 2}],
+                         ids=["fixed", "adaptive", "alone"])
 @pytest.mark.parametrize("name", LOOKUP)
-def test_grafted_lookup_chains_stay_lossless(name, adaptive):
+def test_grafted_lookup_chains_stay_lossless(name, variant):
     # lookup=6 grafts a prompt-lookup chain onto every step's tree (the repeated prompt and the tiny target's loops
-    # make it match): the tokens must still be vanilla's, and the chain must really have been verified
+    # make it match), and lookup_alone=2 verifies a chain of a 2-gram match alone, skipping the draft (which then
+    # catches up on several positions at once): the tokens must still be vanilla's, and the chains must really
+    # have been verified
     assert {"eagle2", "eagle3", "jakiro"} <= set(LOOKUP)
-    options = dict(total_tokens=12, depth=3, top_k=4, lookup=6, adaptive=adaptive)
+    options = dict(total_tokens=12, depth=3, top_k=4, lookup=6, **variant)
     assert_greedy_equals_vanilla(name, **options)
     method = build_example(name, tiny_target(eos=False), **options)
     gen = method.generate(PROMPTS[1], BUDGET, GREEDY)
     assert gen.counters.get("lookup_slots", 0) > 0, "no lookup chain was grafted on a prompt of repeated 4-grams"
+    if "lookup_alone" in variant:
+        assert 0 < gen.counters["lookup_alone_steps"] < gen.steps, "no step skipped the draft, or every step did"
 
 
 @pytest.mark.parametrize("eos_at", [0, 9])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.engine.lookup import lookup_draft
+from harness.engine.lookup import lookup_draft, lookup_match
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from methods.pld import PromptLookup
@@ -57,3 +57,11 @@ def test_bad_options_name_the_field():
         PromptLookup.create(None, {"max_ngram": 1, "min_ngram": 2})
     with pytest.raises(OptionsError, match="num_draft_tokens"):
         PromptLookup.create(None, {"num_draft_tokens": 0})
+
+
+def test_lookup_match_names_the_matched_ngram_length():
+    # the eagle-family option lookup_alone decides on this length: a wrong n would skip the draft on weak matches
+    assert lookup_match([1, 2, 3, 1, 2], 3, 1, 3) == (2, [3, 1, 2])
+    assert lookup_match([1, 2, 3, 4, 9, 2, 3, 5, 2, 3], 3, 1, 3) == (2, [5, 2, 3])
+    assert lookup_match([6, 1, 2, 6], 3, 1, 5) == (1, [1, 2, 6])
+    assert lookup_match([1, 2, 3, 4], 3, 1, 5) == (0, [])

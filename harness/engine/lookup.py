@@ -17,6 +17,12 @@ def lookup_draft(context: list[int], max_ngram: int, min_ngram: int, num_draft_t
     [1, 2, 3, 1, 2], n=2 -> [1, 2] occurs at position 0, followed by [3, 1, 2] -> with num_draft_tokens 2: [3, 1].
     Runs on the host (numpy): the context is host data, and a device lookup would cost a round trip per step.
     """
+    return lookup_match(context, max_ngram, min_ngram, num_draft_tokens)[1]
+
+
+def lookup_match(context: list[int], max_ngram: int, min_ngram: int, num_draft_tokens: int) -> tuple[int, list[int]]:
+    """:func:`lookup_draft` with the length n of the n-gram that matched: (n, draft); (0, []) without a match.
+    Example: context [1, 2, 3, 1, 2], max 3, min 1 -> (2, [3, 1, 2]) with num_draft_tokens 3."""
     seq = np.asarray(context, dtype=np.int64)  # [L]
     length = seq.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -24,5 +30,5 @@ def lookup_draft(context: list[int], max_ngram: int, min_ngram: int, num_draft_t
         hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return context[start: start + num_draft_tokens]
-    return []
+            return n, context[start: start + num_draft_tokens]
+    return 0, []

@@ -24,13 +24,14 @@ from harness.engine.checkpoints import check_head_option, resolve_head_folder
 from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import check_draft_vocab, draft_lm_head
 from harness.engine.hostio import fetch, upload
-from harness.engine.lookup import lookup_draft
+from harness.engine.lookup import lookup_match
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import (
     STATIC_TREES,
     DraftTree,
+    chain_tree,
     children_lists,
     depths,
     graft_chain,
@@ -75,7 +76,9 @@ class Eagle2Options:
     not published. ``lookup``: 0 = off; N > 0 = every step's tree also carries the prompt-lookup chain of up to N
     tokens (the continuation of the context's last n-gram, n from 3 down to ``lookup_ngram``, at its most recent
     earlier occurrence; :func:`harness.engine.lookup.lookup_draft`), grafted onto the draft's tree
-    (:func:`harness.engine.tree.graft_chain`), so a step accepts the longer of the two; not published.
+    (:func:`harness.engine.tree.graft_chain`), so a step accepts the longer of the two; ``lookup_alone``: 0 = always
+    draft; n > 0 = a step whose chain comes from an n-gram match of at least n tokens verifies the chain alone and
+    skips drafting (the draft catches up on the skipped positions at its next step); not published.
     ``draft_vocab``: as eagle1's."""
 
     head: str | None = None
@@ -86,12 +89,13 @@ class Eagle2Options:
     adaptive: bool = False
     lookup: int = 0
     lookup_ngram: int = 1
+    lookup_alone: int = 0
 
     def __post_init__(self):
         check_head_option(self.head)
         check_draft_vocab(self.draft_vocab, self.top_k)
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
-        check_lookup(self.lookup, self.lookup_ngram)
+        check_lookup(self.lookup, self.lookup_ngram, self.lookup_alone)
 
 
 def check_dynamic_tree(total_tokens: int, depth: int, top_k: int, adaptive: bool = False) -> None:
@@ -112,14 +116,21 @@ def check_dynamic_tree(total_tokens: int, depth: int, top_k: int, adaptive: bool
 LOOKUP_MAX_NGRAM = 3  # the longest n-gram option ``lookup`` matches (prompt lookup's default, method ``pld``)
 
 
-def check_lookup(lookup: int, lookup_ngram: int) -> None:
+def check_lookup(lookup: int, lookup_ngram: int, lookup_alone: int = 0) -> None:
     """Option ``lookup``: the length of the grafted prompt-lookup chain, an integer >= 0 (0 = off); ``lookup_ngram``:
-    the shortest n-gram matched, 1..:data:`LOOKUP_MAX_NGRAM`."""
+    the shortest n-gram matched, 1..:data:`LOOKUP_MAX_NGRAM`; ``lookup_alone``: 0 or lookup_ngram..LOOKUP_MAX_NGRAM
+    (the shortest match whose chain is verified without drafting), with lookup on."""
     if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
         raise ValueError(f"lookup must be an integer >= 0 (tokens of the grafted prompt-lookup chain; 0 = off), "
                          f"got {lookup!r}")
     if isinstance(lookup_ngram, bool) or not isinstance(lookup_ngram, int) or not 1 <= lookup_ngram <= LOOKUP_MAX_NGRAM:
         raise ValueError(f"lookup_ngram must be an integer in 1..{LOOKUP_MAX_NGRAM}, got {lookup_ngram!r}")
+    if isinstance(lookup_alone, bool) or not isinstance(lookup_alone, int) or not (
+            lookup_alone == 0 or lookup_ngram <= lookup_alone <= LOOKUP_MAX_NGRAM):
+        raise ValueError(f"lookup_alone must be 0 (always draft) or an n-gram length in {lookup_ngram}.."
+                         f"{LOOKUP_MAX_NGRAM} (lookup_ngram..{LOOKUP_MAX_NGRAM}), got {lookup_alone!r}")
+    if lookup_alone and not lookup:
+        raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
 
 
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:
@@ -480,6 +491,7 @@ class Eagle2(EagleMethodBase):
         self.lookup = self.options.lookup
         self._context: list[int] = []                    # lookup: the committed token ids (host)
         self._own: tuple[list[int], list[int]] = ([], [])  # lookup + adaptive: the draft's own tree (host)
+        self._drafted = True                              # lookup_alone: whether the last step drafted
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)
@@ -496,7 +508,7 @@ class Eagle2(EagleMethodBase):
         super().accept(tokens, hidden, next_root)
         if self.lookup:
             self._context.extend(tokens)
-        if self.adaptive:  # tokens = [root] + accepted drafts; calibrate on the drafts of the draft's own tree
+        if self.adaptive and self._drafted:  # tokens = [root] + accepted drafts; calibrate on the draft's own tree
             accepted = path_length(*self._own, tokens[1:]) if self.lookup else len(tokens) - 1
             self._calibration.update(self._predicted, accepted)
 
@@ -535,12 +547,19 @@ class Eagle2(EagleMethodBase):
         return DynamicCandidates(torch.cat(rec_tokens), torch.cat(rec_scores), torch.cat(rec_parents))
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
-        tree = self.propose_draft(root)
-        return self.graft_lookup(tree, root) if self.lookup else tree
+        if not self.lookup:
+            return self.propose_draft(root)
+        n, chain = lookup_match(self._context + [root], LOOKUP_MAX_NGRAM, self.options.lookup_ngram, self.lookup)
+        alone = self.options.lookup_alone
+        self._drafted = not (chain and alone and n >= alone)
+        if not self._drafted:  # a long enough match: verify the chain alone, no draft forward this step
+            self.counters["lookup_alone_steps"] = self.counters.get("lookup_alone_steps", 0) + 1
+            self.counters["lookup_slots"] = self.counters.get("lookup_slots", 0) + len(chain)
+            return chain_tree(upload(chain, self.target.output_device))
+        return self.graft_lookup(self.propose_draft(root), chain)
 
-    def graft_lookup(self, tree: DraftTree, root: int) -> DraftTree:
-        """``tree`` with the prompt-lookup chain of option ``lookup`` grafted on (one host read of the tree)."""
-        chain = lookup_draft(self._context + [root], LOOKUP_MAX_NGRAM, self.options.lookup_ngram, self.lookup)
+    def graft_lookup(self, tree: DraftTree, chain: list[int]) -> DraftTree:
+        """``tree`` with the prompt-lookup ``chain`` grafted on (one host read of the tree)."""
         own = (fetch(tree.tokens), fetch(tree.parents))
         self._own = own
         if not chain:

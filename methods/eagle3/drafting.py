@@ -40,7 +40,8 @@ class Eagle3Options:
     (-1 chooses it from timed target forwards, :mod:`harness.engine.autotune`); ``depth``: draft forwards after the
     first; ``top_k``: children per expanded node and frontier width (at most the head's draft vocabulary);
     ``adaptive``: as eagle2's (each step's tree sized from measured costs; not published); ``lookup``,
-    ``lookup_ngram``: as eagle2's (a prompt-lookup chain grafted onto every step's tree; not published)."""
+    ``lookup_ngram``, ``lookup_alone``: as eagle2's (a prompt-lookup chain grafted onto every step's tree;
+    not published)."""
 
     head: str | None = None
     total_tokens: int = 60
@@ -49,11 +50,12 @@ class Eagle3Options:
     adaptive: bool = False
     lookup: int = 0
     lookup_ngram: int = 1
+    lookup_alone: int = 0
 
     def __post_init__(self):
         check_head_option(self.head)
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
-        check_lookup(self.lookup, self.lookup_ngram)
+        check_lookup(self.lookup, self.lookup_ngram, self.lookup_alone)
 
 
 @register_method("eagle3")

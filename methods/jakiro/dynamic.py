@@ -70,7 +70,8 @@ class JakiroOptions:
     changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary). ``adaptive``: as
     eagle2's, for the tree size only (each step's tree sized from measured costs and calibrated confidence; the depth
     stays fixed, since hybrid's last level comes from the penultimate forward); not published. ``lookup``,
-    ``lookup_ngram``: as eagle2's (a prompt-lookup chain grafted onto every step's tree; not published).
+    ``lookup_ngram``, ``lookup_alone``: as eagle2's (a prompt-lookup chain grafted onto every step's tree;
+    not published).
     """
 
     head: str | None = None
@@ -87,6 +88,7 @@ class JakiroOptions:
     adaptive: bool = False
     lookup: int = 0
     lookup_ngram: int = 1
+    lookup_alone: int = 0
 
     def __post_init__(self):
         check_head_option(self.head)
@@ -99,7 +101,7 @@ class JakiroOptions:
         if self.candidates not in ("mixed", "decoupled"):
             raise ValueError(f"candidates must be 'mixed' or 'decoupled', got {self.candidates!r}")
         check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
-        check_lookup(self.lookup, self.lookup_ngram)
+        check_lookup(self.lookup, self.lookup_ngram, self.lookup_alone)
         for name in ("num_experts", "experts_per_tok"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
