@@ -126,6 +126,38 @@ def test_resume_after_kill_has_no_loss_and_no_duplicates(tmp_path, suite_file, t
     assert recs[:5] == first  # what was stored before the kill is untouched
 
 
+def test_interleaved_run_answers_each_question_under_every_entry_in_turn_and_resumes(tmp_path, suite_file, target):
+    # question-major order: records go q1 vanilla, q1 scripted, q2 vanilla, ... (entry-major would put all of
+    # vanilla first); the tokens are the same as entry-major's, and a kill mid-question resumes without duplicates
+    cfg = _config(tmp_path, suite_file, interleave=True)
+    stored = []
+
+    def kill_after_three(recs):
+        stored.append(recs)
+        if len(stored) == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(cfg, target=target, progress=False, on_question=kill_after_three)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert [(r["question_id"], r["label"]) for r in read_records(run_dir)][::2] == [
+        ("1", "vanilla"), ("1", "scripted_test"), ("2", "vanilla")]
+    run(None, resume=run_dir, target=target, progress=False)
+    recs = read_records(run_dir)
+    keys = [(question_key(r), r["turn"]) for r in recs]
+    assert len(keys) == len(set(keys)) == 14
+    order = [(r["question_id"], r["label"]) for r in recs if r["turn"] == 0]
+    assert order == [(str(q), label) for q in (1, 2, 3, 4) for label in ("vanilla", "scripted_test")]
+    entry_major = read_records(run(_config(tmp_path / "em", suite_file), target=target, progress=False))
+    by_key = {(r["label"], r["question_id"], r["turn"]): r.get("output_ids") for r in entry_major}
+    assert {(r["label"], r["question_id"], r["turn"]): r.get("output_ids") for r in recs} == by_key
+
+
+def test_interleave_must_be_a_boolean(tmp_path, suite_file):
+    with pytest.raises(ConfigError, match="run.interleave: must be true or false"):
+        _config(tmp_path, suite_file, interleave="yes")
+
+
 def test_resume_with_a_different_config_is_refused(tmp_path, suite_file, target):
     run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
     with pytest.raises(ConfigError, match="differs from the run's"):

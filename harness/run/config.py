@@ -67,6 +67,9 @@ class RunConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     repeats: int = 1                      # timed repetitions of every question
     warmup: int = 1                       # untimed warm-up questions per method, through the same code path
+    interleave: bool = False              # true: question-major order (each question under every entry in turn), so
+    #                                       a shared machine's slow spells fall on all entries alike; false:
+    #                                       entry-major (each entry answers every question before the next starts)
     baseline: str = "vanilla"             # label that speedups are measured against
     chat_template: str | None = None      # harness/run/templates/<name>.jinja or a .jinja file (None: the tokenizer's)
     system_prompt: str | None = None      # replaces every suite's system prompt (None: each suite's own)
@@ -107,6 +110,7 @@ class RunConfig:
         need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         need(self.repeats >= 1, "repeats", f"must be >= 1, got {self.repeats}")
         need(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}")
+        need(isinstance(self.interleave, bool), "interleave", f"must be true or false, got {self.interleave!r}")
         need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
         if self.chat_template is not None:
             from harness.run.chat import ChatTemplateError, resolve_chat_template

@@ -387,29 +387,54 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     devices = model_devices(target.model, target.device)
     tracker = Tracker(target.device, devices)
 
-    for spec in config.entries():
-        method = methods[spec.label]
+    def measure(spec, compiling, ctx, q, sampling, bar) -> None:
+        recs = compiling.measure(functools.partial(
+            run_question, methods[spec.label], target, ctx, q, sampling,
+            ctx.suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
+        store.append(recs)
+        done.add(_key(ctx, q))
+        _show_speed(bar, recs)
+        if on_question is not None:
+            on_question(recs)
+
+    def warmed_up(spec) -> _Compiling:
         release_cached_memory(devices)  # a method's peak memory must not include the cache earlier ones left
-        compiling = _Compiling(method.target_runner)
+        compiling = _Compiling(methods[spec.label].target_runner)
         with compiling.warm_up():
-            _warm_up(method, target, config, suites, tracker)
+            _warm_up(methods[spec.label], target, config, suites, tracker)
+        return compiling
+
+    def cells():  # (temperature, sampling, seed, repeat, suite) in the run's order
         for temperature in config.temperatures:
             sampling = SamplingParams(temperature, config.top_p, config.top_k)
             for seed in config.seeds:
                 for repeat in range(config.repeats):
                     for suite in suites:
-                        ctx = TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
-                        todo = [q for q in suite.questions if _key(ctx, q) not in done][dist.rank::dist.world]
-                        bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", progress)
-                        for q in bar:
-                            recs = compiling.measure(functools.partial(
-                                run_question, method, target, ctx, q, sampling,
-                                suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
-                            store.append(recs)
-                            done.add(_key(ctx, q))
-                            _show_speed(bar, recs)
-                            if on_question is not None:
-                                on_question(recs)
+                        yield temperature, sampling, seed, repeat, suite
+
+    entries = config.entries()
+    if config.interleave:  # question-major: every entry answers a question before the next question starts
+        compilings = {spec.label: warmed_up(spec) for spec in entries}
+        for temperature, sampling, seed, repeat, suite in cells():
+            ctxs = {spec.label: TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
+                    for spec in entries}
+            todo = [q for q in suite.questions
+                    if any(_key(c, q) not in done for c in ctxs.values())][dist.rank::dist.world]
+            bar = _progress(todo, f"interleaved {suite.name} T={temperature}", progress)
+            for q in bar:
+                for spec in entries:
+                    if _key(ctxs[spec.label], q) not in done:
+                        release_cached_memory(devices)
+                        measure(spec, compilings[spec.label], ctxs[spec.label], q, sampling, bar)
+        return
+    for spec in entries:  # entry-major: each entry answers every question before the next entry starts
+        compiling = warmed_up(spec)
+        for temperature, sampling, seed, repeat, suite in cells():
+            ctx = TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
+            todo = [q for q in suite.questions if _key(ctx, q) not in done][dist.rank::dist.world]
+            bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", progress)
+            for q in bar:
+                measure(spec, compiling, ctx, q, sampling, bar)
 
 
 PROFILE = {"auto": None, "on": True, "off": False}  # RunConfig.profile -> SpeculativeMethod.profile
