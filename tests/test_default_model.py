@@ -170,12 +170,15 @@ SHIPPED = [
     ("eagle1", {"draft_vocab": 4096}),
     ("eagle2", {"total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
     ("eagle3", {"total_tokens": 16, "depth": 3, "top_k": 4}),
+    ("eagle3", {"total_tokens": 12, "depth": 4, "top_k": 4, "adaptive": True, "lookup": 10, "lookup_ngram": 2,
+                "lookup_alone": 3}),  # the CPU speed-up presets' entry: adaptive tree + grafted lookup chain
     ("jakiro", {"mode": "hybrid", "total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
     ("medusa", {"draft_vocab": 4096, "tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]}),
 ]
 
 
-@pytest.mark.parametrize("name, options", SHIPPED, ids=[n for n, _ in SHIPPED])
+@pytest.mark.parametrize("name, options", SHIPPED,
+                         ids=[n + ("+lookup" if o.get("lookup") else "") for n, o in SHIPPED])
 def test_shipped_heads_are_lossless_and_accept_drafts(real_target, prompts, vanilla_outputs, name, options):
     # The heads committed in methods/heads/smollm2-135m with the CPU presets' options (reduced draft vocabulary):
     # output identical to vanilla, and more than one token per target forward on average. A head that accepted
