@@ -102,17 +102,22 @@ class Killed(Exception):
     pass
 
 
-def test_resume_after_kill_has_no_loss_and_no_duplicates(tmp_path, suite_file, target):
-    cfg = _config(tmp_path, suite_file)
+def kill_after(n: int):
+    """An ``on_question`` callback that raises :class:`Killed` once ``n`` questions are stored (a kill mid-run)."""
     stored = []
 
-    def kill_after_three(recs):
+    def on_question(recs):
         stored.append(recs)
-        if len(stored) == 3:
+        if len(stored) == n:
             raise Killed
 
+    return on_question
+
+
+def test_resume_after_kill_has_no_loss_and_no_duplicates(tmp_path, suite_file, target):
+    cfg = _config(tmp_path, suite_file)
     with pytest.raises(Killed):
-        run(cfg, target=target, progress=False, on_question=kill_after_three)
+        run(cfg, target=target, progress=False, on_question=kill_after(3))
     run_dir = next((tmp_path / "results").iterdir())
     first = read_records(run_dir)
     assert len(first) == 5  # three questions of vanilla (2 + 1 + 2 turns) were durable before the kill
@@ -130,15 +135,8 @@ def test_interleaved_run_answers_each_question_under_every_entry_in_turn_and_res
     # question-major order: records go q1 vanilla, q1 scripted, q2 vanilla, ... (entry-major would put all of
     # vanilla first); the tokens are the same as entry-major's, and a kill mid-question resumes without duplicates
     cfg = _config(tmp_path, suite_file, interleave=True)
-    stored = []
-
-    def kill_after_three(recs):
-        stored.append(recs)
-        if len(stored) == 3:
-            raise Killed
-
     with pytest.raises(Killed):
-        run(cfg, target=target, progress=False, on_question=kill_after_three)
+        run(cfg, target=target, progress=False, on_question=kill_after(3))
     run_dir = next((tmp_path / "results").iterdir())
     assert [(r["question_id"], r["label"]) for r in read_records(run_dir)][::2] == [
         ("1", "vanilla"), ("1", "scripted_test"), ("2", "vanilla")]
