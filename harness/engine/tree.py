@@ -296,6 +296,11 @@ def select_dynamic_tree(cand_tokens: torch.Tensor, cand_scores: torch.Tensor, ca
     return DraftTree(tokens=cand_tokens[keep], parents=parents)
 
 
+def _child(tokens: list[int], parents: list[int], node: int, token: int) -> int | None:
+    """The index of ``node``'s child (-1 = the root) that carries ``token``, or None."""
+    return next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+
+
 def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int]]:
     """The tree (host lists ``tokens [N]``, ``parents [N]``, -1 = root) with the path ``chain`` from the root added:
     the chain follows the existing nodes that already spell its prefix, and its remaining tokens are appended as new
@@ -309,7 +314,7 @@ def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tupl
     tokens, parents = list(tokens), list(parents)
     node = -1
     for i, token in enumerate(chain):
-        child = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+        child = _child(tokens, parents, node, token)
         if child is None:
             for token in chain[i:]:
                 tokens.append(token)
@@ -328,7 +333,7 @@ def path_length(tokens: list[int], parents: list[int], path: list[int]) -> int:
     """
     node, count = -1, 0
     for token in path:
-        node = next((j for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == token), None)
+        node = _child(tokens, parents, node, token)
         if node is None:
             break
         count += 1
