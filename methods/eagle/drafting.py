@@ -560,7 +560,7 @@ class Eagle2(EagleMethodBase):
 
     def graft_lookup(self, tree: DraftTree, chain: list[int]) -> DraftTree:
         """``tree`` with the prompt-lookup ``chain`` grafted on (one host read of the tree)."""
-        own = (fetch(tree.tokens), fetch(tree.parents))
+        own = tuple(fetch(torch.stack([tree.tokens, tree.parents])))  # one round trip: ([N] tokens, [N] parents)
         self._own = own
         if not chain:
             return tree
