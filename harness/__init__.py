@@ -1,18 +1,18 @@
 """draftbench harness: the shared core every decoding method and suite runs on.
 
-The folders are the architecture; a module imports only from its own layer or the layers above it in this list
-(``tests/test_architecture.py`` enforces it over the import graph):
+The folders are the architecture; a module imports only from its own layer or a lower one, in this order, lowest
+first (``tests/test_architecture.py`` enforces it over the import graph):
 
-    registry, sandbox       plugin registries and plugin loading; the fenced runner for untrusted code (stdlib only)
+    sandbox                 the fenced runner for untrusted code (HumanEval completions); standard library only
     measure/                metrics (every formula once), trackers (time, memory, energy), provenance, records
-                            (the schema of one measured turn and its durable store), report (tables and plots)
+                            (the schema of one measured turn and its durable store), reports, ablations, the
+                            HTML report, host-sync counting, baselines and the regression gate
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
-    engine/                 the speculative maths and the one verification engine: sampling, tree, verify, kv,
-                            method (the contract), speculative (the loop), draftcache, draftvocab, checkpoints,
-                            autotune
-    run/                    running suites: config and presets, suites (definitions, loading, scoring), runner
-    train/                  training draft heads: sources, features, dataset, objectives, loop, cli
-    cli                     the ``draftbench`` command
+    engine/                 the speculative maths and the one verification engine every method runs on
+    registry                plugin registries (methods, scorers, suite folders) and plugin loading
+    run/                    running suites: configuration and presets, suites, the runner, sweeps, published tables
+    train/                  training draft heads: sources, features, dataset, objectives, loop, sweeps, commands
+    cli, gpucheck           the ``draftbench`` command; ``make gpu-check``
 
 The core never imports a plugin (``methods``, ``suites``, entry points): the registries load them by name
 (:func:`harness.registry.load_plugins`). Plugins import the core; there are no import cycles, and no module imports

@@ -6,7 +6,6 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from harness.engine.kv import compact_cache
 from harness.engine.speculative import tree_mask_4d
-from harness.engine.tree import tree_position_ids
 
 
 def tiny_model() -> LlamaForCausalLM:
@@ -20,6 +19,7 @@ PREFIX = torch.tensor([[3, 14, 15, 9, 26]])  # committed prompt, P = 5
 ROOT = 5
 TOKENS = torch.tensor([35, 8, 9, 7, 29])  # root -> {35, 8}; 35 -> 9 -> 7; 35 -> 29
 PARENTS = torch.tensor([-1, -1, 0, 2, 0])
+POSITIONS = torch.tensor([[5, 6, 6, 7, 8, 7]])  # P + depth of each slot, root at P (not P + slot index)
 
 
 def cache_after_tree(model) -> DynamicCache:
@@ -27,8 +27,7 @@ def cache_after_tree(model) -> DynamicCache:
     model(PREFIX, cache=cache, use_cache=True)
     ids = torch.cat([torch.tensor([ROOT]), TOKENS])[None]
     mask = tree_mask_4d(PREFIX.shape[1], PARENTS, torch.float32, torch.device("cpu"))
-    pos = tree_position_ids(PARENTS, PREFIX.shape[1])[None]
-    model(ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+    model(ids, attention_mask=mask, position_ids=POSITIONS, cache=cache, use_cache=True)
     return cache
 
 

@@ -1,8 +1,10 @@
 """The speculative maths and the one verification engine every method runs on.
 
 ``method`` (the contract every decoding method implements), ``sampling`` (temperature / top-p / top-k), ``tree``
-(draft trees, masks, static trees, dynamic-tree selection), ``verify`` (greedy and lossless speculative-sampling
-acceptance), ``kv`` (target cache compaction), ``speculative`` (the loop: propose, one target forward, verify,
-compact, accept), ``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft vocabulary),
-``checkpoints`` (reading draft-head checkpoints with strict key checks) and ``autotune`` (timed tree sizes).
+(draft trees, masks, static trees, dynamic-tree selection, grafting a chain onto a tree), ``verify`` (greedy and
+lossless speculative-sampling acceptance), ``kv`` (target cache compaction), ``speculative`` (the loop: propose, one
+target forward, verify, compact, accept), ``runtime`` (the one seam for target forwards: eager or compiled),
+``hostio`` (small host-device transfers without stalling the queue), ``lookup`` (prompt lookup's n-gram chain),
+``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft vocabulary), ``checkpoints``
+(reading draft-head checkpoints with strict key checks) and ``autotune`` (tree sizes from measured costs).
 """

@@ -115,12 +115,6 @@ def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask.to(parents.device)
 
 
-def tree_position_ids(parents: torch.Tensor, offset: int) -> torch.Tensor:
-    """Position id of every slot, ``[N+1]``: ``offset`` for the root, ``offset + depth`` for node i (slot i+1)."""
-    root = torch.zeros(1, dtype=torch.long, device=parents.device)
-    return torch.cat([root, depths(parents)]) + offset
-
-
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """:func:`tree_attention_mask` computed where ``parents`` lives, without reading a value on the host.
 
@@ -187,29 +181,6 @@ def windowed_tree_mask(ancestors: torch.Tensor, depth: torch.Tensor, committed: 
     return torch.where(allowed, zero, torch.full((), blocked, dtype=dtype, device=device))[None, None]
 
 
-def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
-    """Root-to-leaf paths over slots, ``[L, D+1]`` long, one row per leaf in node order, padded with -1.
-
-    Example: parents [-1, -1, 0, 2, 0] (leaves 1, 3, 4; depth 3) ->
-    [[0, 2, -1, -1], [0, 1, 3, 4], [0, 1, 5, -1]]. An empty tree gives [[0]].
-    """
-    par = parents.tolist()
-    kids = children_lists(par)
-    leaves = [i for i in range(len(par)) if not kids[i + 1]]
-    paths = []
-    for leaf in leaves:
-        path = []
-        node = leaf
-        while node >= 0:
-            path.append(node + 1)
-            node = par[node]
-        paths.append([0] + path[::-1])
-    if not paths:
-        paths = [[0]]
-    width = max(len(p) for p in paths)
-    return torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long, device=parents.device)
-
-
 def tree_from_choices(choices: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Static tree from rank paths: ``(parents [N], ranks [N])`` with nodes sorted by ``(len(path), path)``.
 
@@ -232,12 +203,6 @@ def tree_from_choices(choices: list[list[int]]) -> tuple[torch.Tensor, torch.Ten
         parents.append(index[p[:-1]] if len(p) > 1 else -1)
         ranks.append(p[-1])
     return torch.tensor(parents, dtype=torch.long), torch.tensor(ranks, dtype=torch.long)
-
-
-def level_sizes(parents: torch.Tensor) -> list[int]:
-    """Number of nodes at depth 1, 2, ...; e.g. EAGLE-1's ``mc_sim_7b_63`` -> [4, 8, 8, 3, 2]."""
-    d = depths(parents)
-    return torch.bincount(d)[1:].tolist() if d.numel() else []
 
 
 def rank_candidates(cand_scores: torch.Tensor, cand_parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
