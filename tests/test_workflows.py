@@ -1,4 +1,4 @@
-"""The CI workflows (.github/workflows) pass actionlint and run exactly the commands the README documents.
+"""The CI workflows (.github/workflows) pass actionlint and run exactly the commands docs/ci.md documents.
 
 actionlint comes with the dev extras (pyproject.toml); without it the lint tests skip, except under CI (CI=true),
 where a missing linter is a failure rather than a silently skipped check.
@@ -16,7 +16,8 @@ from tests.helpers import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
-README_SECTION = "## Regression tracking in CI"
+CI_DOC = REPO / "docs" / "ci.md"
+CI_SECTION = "## Regression tracking in CI"
 PROJECT_COMMAND = re.compile(r"^(make |\.ci/|\.venv/bin/)")
 
 
@@ -38,11 +39,11 @@ def commands(wf: dict) -> list[str]:
     return [line for line in lines if PROJECT_COMMAND.match(line)]
 
 
-def readme_commands() -> set[str]:
-    """Every line of the fenced code blocks in the README's regression-tracking section, comments removed."""
-    text = (REPO / "README.md").read_text()
-    assert README_SECTION in text, f"README.md has no section {README_SECTION!r}"
-    section = text.split(README_SECTION, 1)[1].split("\n## ", 1)[0]
+def documented_commands() -> set[str]:
+    """Every line of the fenced code blocks in docs/ci.md's regression-tracking section, comments removed."""
+    text = CI_DOC.read_text()
+    assert CI_SECTION in text, f"docs/ci.md has no section {CI_SECTION!r}"
+    section = text.split(CI_SECTION, 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```[a-z]*\n(.*?)```", section, flags=re.S)
     return {line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()}
 
@@ -65,10 +66,10 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
     assert done.returncode == 1 and "event_nme" in done.stdout
 
 
-def test_the_workflows_run_the_readme_commands():
-    """A workflow that ran something the README does not document (or documented differently) would make the
-    README's setup instructions wrong for whoever copies them onto a runner."""
-    documented = readme_commands()
+def test_the_workflows_run_the_documented_commands():
+    """A workflow that ran something docs/ci.md does not document (or documented differently) would make its setup
+    instructions wrong for whoever copies them onto a runner."""
+    documented = documented_commands()
     for name in ("tests.yml", "gpu-regression.yml"):
         used = commands(workflow(name))
         assert used, name
