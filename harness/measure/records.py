@@ -347,7 +347,8 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, An
         try:
             rec = json.loads(raw.decode("utf-8"))
             parsed = True
-            reason = record_problem(rec) if isinstance(rec, dict) else f"a JSON {type(rec).__name__}, not a record object"
+            reason = (record_problem(rec) if isinstance(rec, dict)
+                      else f"a JSON {type(rec).__name__}, not a record object")
         except UnicodeDecodeError:
             reason = "not UTF-8 text"
         except json.JSONDecodeError as e:
