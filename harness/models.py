@@ -120,7 +120,20 @@ def check_attn_implementation(name: str) -> None:
                          "or a kernels-hub id org/repo")
 
 
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N or mps"
+
+
+def check_device(device: object) -> None:
+    """Raise ValueError unless ``device`` is a device name draftbench runs on (:data:`DEVICE_FORMS`), before anything
+    is loaded. Examples: "cuda:1" passes; "tpu" -> "unknown device 'tpu'; use auto, cpu, cuda, cuda:N or mps"."""
+    ok = isinstance(device, str) and (device in ("auto", "cpu", "cuda", "mps")
+                                      or (device.startswith("cuda:") and device[5:].isdigit()))
+    if not ok:
+        raise ValueError(f"unknown device {device!r}; use {DEVICE_FORMS}")
+
+
 def resolve_device(device: str) -> str:
+    check_device(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():

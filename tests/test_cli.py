@@ -204,11 +204,18 @@ def test_method_option_of_the_wrong_type_names_option_and_type(tmp_path, suite_f
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--temperature", "inf"], "run.temperatures[0]: must be >= 0 and finite, got inf"),
-    (["--temperature", "0,nan"], "run.temperatures[1]: must be >= 0 and finite, got nan"),
+    (["--temperature", "inf"], "run.temperatures[0]: must be 0 (greedy) or a finite number >= 1e-05, got inf"),
+    (["--temperature", "0,nan"], "run.temperatures[1]: must be 0 (greedy) or a finite number >= 1e-05, got nan"),
+    (["--temperature", "1e-40"], "run.temperatures[0]: must be 0 (greedy) or a finite number >= 1e-05, got 1e-40"),
     (["--top-p", "nan"], "run.top_p: must be in (0, 1], got nan"),
+    (["--threads", "100000"], f"run.threads: must be between 1 and this machine's {os.cpu_count()} CPU cores, got "
+                              "100000"),
+    (["--device", "tpu"], "run.device: unknown device 'tpu'; use auto, cpu, cuda, cuda:N or mps"),
 ])
-def test_non_finite_sampling_settings_are_refused(tmp_path, suite_file, capsys, no_model, flags, message):
-    """`--temperature inf` was accepted and written to the manifest as `Infinity`, which is not JSON."""
+def test_sampling_and_machine_settings_the_run_cannot_use_are_refused(tmp_path, suite_file, capsys, no_model, flags,
+                                                                       message):
+    """`--temperature inf` was accepted and written to the manifest as `Infinity`, which is not JSON; 1e-40 made
+    every turn an error record (logits / T overflow float32) and the run exited 0; `--device tpu` failed with a
+    traceback after the model had loaded; `--threads` had no upper bound. Each is refused before anything loads."""
     code, err = run_cli(base_args(tmp_path, suite_file, *flags), capsys)
     assert code == 2 and one_line(err) == f"draftbench: error: {message}"

@@ -88,6 +88,7 @@ def write_run(root, name, noise_v=NOISE_A, noise_e=NOISE_B, drift=1.0, slowdown=
                   rec("eagle2", q, 0.6 * noise_e[i] * drift * slowdown, list(EAGLE_LENGTHS))):
             r = edit(r["label"], q, r) if edit else r
             if r is not None:
+                r["steps"] = len(r["accept_lengths"])  # one target forward per entry, as the runner writes it
                 lines.append(json.dumps(r))
     (run / "records.jsonl").write_text("\n".join(lines) + "\n")
     return run
@@ -383,3 +384,24 @@ def test_compare_metrics():
     assert M.per_question_speedups({"a": 30, "b": 10}, {"a": 10, "b": 20, "c": 5}).to_dict() == {"a": 3.0, "b": 0.5}
     g, lo, hi = M.paired_change({"a": 1.8, "b": 0.9}, {"a": 2.0, "b": 1.0})
     assert (g, lo, hi) == pytest.approx((0.9, 0.9, 0.9))
+
+
+def test_a_half_finished_question_is_missing_not_measured(tmp_path, base):
+    """A run killed between the two turns of eagle2's question 2 (the record says two turns, one is there): compare
+    must report the question as missing and take τ over the complete questions only, and `baseline save` must not
+    store it; a partial question never enters a mean (it used to count its one turn in τ, with no finding)."""
+    def torn(label, q, r):
+        if label == "eagle2" and q == "2":
+            r["question_turns"] = 2
+            r["accept_lengths"] = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]  # would drag τ down if it were counted
+        return r
+
+    new = write_run(tmp_path, "new", edit=torn)
+    cmp = run_compare(base, new)
+    assert failing(cmp) == [("eagle2 / s1 / T=0", "missing")]
+    assert "NEW lacks measured question(s) ['2'] of BASE" in cmp.failures[0].message
+    eagle = next(r for r in cmp.rows if r["label"] == "eagle2")
+    assert eagle["tau_new"] == pytest.approx(2.4)  # 7 complete questions of [1, 3, 3, 3, 2]: 12 tokens / 5 steps
+    side = load_side(new)
+    assert "2" not in set(side.questions[side.questions["label"] == "eagle2"]["question_id"])
+    assert "2" not in set(side.turns[side.turns["label"] == "eagle2"]["question_id"])

@@ -26,7 +26,7 @@ def test_demo_preset_content():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be >= 0"),
+    ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be 0 \(greedy\) or a finite number >= 1e-05, got -1"),
     ({"limit": 0}, r"run\.limit: must be a positive integer"),
     ({"max_new_tokens": "many"}, r"run\.max_new_tokens: expected an integer"),
     ({"tempratures": [0]}, r"unknown field 'tempratures' \(did you mean 'temperatures'\?\)"),

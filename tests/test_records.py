@@ -13,8 +13,10 @@ from harness.measure.records import RecordStore, read_records
 
 
 def turn(qid, turn, attempt, n_turns=2, label="vanilla", **extra):
+    """The smallest valid measured turn (two tokens in two forwards, 0.5 s)."""
     return {"label": label, "suite": "s", "question_id": qid, "temperature": 0.0, "seed": 0, "repeat": 0,
-            "turn": turn, "question_turns": n_turns, "attempt": attempt, "status": "ok", **extra}
+            "turn": turn, "question_turns": n_turns, "attempt": attempt, "status": "ok", "new_tokens": 2,
+            "steps": 2, "accept_lengths": [1, 1], "wall_time_s": 0.5, **extra}
 
 
 def write_lines(path, lines):
@@ -168,3 +170,64 @@ def test_quality_is_not_averaged_over_the_answers_that_happened_to_score(tmp_pat
     assert math.isnan(row["quality"]) and row["n_score_errors"] == 1 and row["n_questions"] == 2
     questions = questions_table(turns).set_index("question_id")
     assert questions.loc["1", "score"] == 1.0 and math.isnan(questions.loc["2", "score"])
+
+
+# hand-broken records: each is one named line, never a traceback, a silent drop or a row of nan
+
+BROKEN = [  # (what is changed in question 2's record, the reason the reader must give)
+    ({"wall_time_s": 0}, "wall_time_s: expected a number > 0, got 0"),
+    ({"wall_time_s": -1.5}, "wall_time_s: expected a number > 0, got -1.5"),
+    ({"wall_time_s": float("nan")}, "wall_time_s: expected a number > 0, got NaN"),
+    ({"wall_time_s": "1.5"}, 'wall_time_s: expected a number > 0, got "1.5"'),
+    ({"label": None}, "label: expected a non-empty string, got null"),
+    ({"temperature": "0"}, 'temperature: expected a number >= 0, got "0"'),
+    ({"accept_lengths": None}, "accept_lengths: expected a list of integers >= 0, got null"),
+    ({"output_ids": [5, 5]}, "output_ids: expected a list of new_tokens = 4 ids, got 2 ids"),
+    ({"steps": 0, "accept_lengths": []}, "accept_lengths: sums to 0 but new_tokens is 4"),
+    ({"steps": 3}, "steps: is 3 but accept_lengths has 4 entries"),
+    ({"new_tokens": "4"}, 'new_tokens: expected an integer >= 0, got "4"'),
+    ({"attempt": ["a"]}, 'attempt: expected a string, got ["a"]'),
+]
+
+
+@pytest.mark.parametrize("change, reason", BROKEN, ids=[r.split(":")[0] + "-" + str(i) for i, (_, r) in
+                                                         enumerate(BROKEN)])
+def test_a_hand_broken_record_is_one_named_line_and_the_report_still_runs(tmp_path, change, reason):
+    """Each of these used to end in a traceback, a silently dropped question (changing the other labels' speed-ups
+    with no note), a row labelled nan, or counters that contradict each other passing unnoticed."""
+    from harness.measure.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"run_id": "run", "config": {"baseline": "vanilla"}}))
+    recs = [measured(str(q), 0, 1) for q in (1, 2, 3)]
+    recs[1].update(change)
+    write_lines(run / "records.jsonl", [json.dumps(r).encode() for r in recs])
+    with pytest.warns(R.CorruptRecordWarning, match=r"records\.jsonl:2: "):
+        found = R.load_records(run)
+    assert found.bad_lines == [f"{run / 'records.jsonl'}:2: {reason}"]
+    assert [r["question_id"] for r in found.records] == ["1", "3"]
+    with pytest.warns(R.CorruptRecordWarning):
+        paths = write_report(run)
+    summary = pd.read_csv(paths["summary_csv"])
+    assert summary["label"].tolist() == ["vanilla"] and summary.loc[0, "n_questions"] == 2
+    assert "records.jsonl:2" in paths["summary_md"].read_text()
+
+
+def test_a_line_that_is_no_record_at_all_is_named(tmp_path):
+    """An extra {"foo": 1} line is not a record: it used to enter the tables and end in a traceback."""
+    write_lines(tmp_path / "records.jsonl", [json.dumps(measured("1", 0, 1)).encode(), b'{"foo": 1}'])
+    with pytest.warns(R.CorruptRecordWarning, match="records.jsonl:2: label: missing"):
+        found = R.load_records(tmp_path)
+    assert len(found.records) == 1 and len(found.complete) == 1
+
+
+def test_a_line_written_twice_is_a_duplicate_not_an_incomplete_question(tmp_path):
+    """A duplicated line made its question look incomplete (two records of one turn): the later copy is kept, the
+    question is complete, and the earlier copy is named."""
+    line = json.dumps(measured("1", 0, 1)).encode()
+    path = write_lines(tmp_path / "records.jsonl", [line, line])
+    with pytest.warns(R.CorruptRecordWarning, match="duplicate"):
+        found = R.load_records(tmp_path)
+    assert len(found.records) == 1 and found.complete and not found.incomplete
+    assert found.bad_lines == [f"{path}:1: duplicate of turn 0 of attempt a1 (a later copy at {path}:2 is kept)"]

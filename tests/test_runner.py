@@ -170,11 +170,14 @@ def test_runs_are_never_overwritten(tmp_path, suite_file, target):
 
 
 def test_record_store_repairs_torn_tail(tmp_path):
+    """A kill mid-write leaves a torn last line: reopening the store must cut it, keeping the whole records."""
+    whole = [{"label": "v", "suite": "s", "question_id": str(q), "temperature": 0.0, "seed": 0, "repeat": 0,
+              "turn": 0, "question_turns": 1, "status": "error"} for q in (1, 2)]
     store = RecordStore(tmp_path)
-    store.append([{"a": 1}, {"a": 2}])
+    store.append(whole)
     with open(store.path, "a") as f:
-        f.write('{"a": 3')
-    assert RecordStore(tmp_path).read() == [{"a": 1}, {"a": 2}]
+        f.write('{"label": "v", "suite"')
+    assert RecordStore(tmp_path).read() == whole
     assert store.path.read_text().endswith("}\n")
 
 

@@ -152,6 +152,13 @@ def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
         torch.testing.assert_close(a[key], b[key], msg=key)
     with pytest.raises(ValueError, match="total_steps"):  # the same folder with another schedule is refused
         train("eagle", target, root / "data", tmp_path / "resumed", small_config(max_steps=9))
+    # a resume unpickles nothing that could run code: the counters and schedule are JSON, accelerate's own files are
+    # read with weights_only=True; a checkpoint that keeps its counters in a pickle is refused, not loaded
+    ckpt = latest_checkpoint(tmp_path / "resumed")
+    assert (ckpt / "train_state.json").is_file() and not list(ckpt.glob("custom_checkpoint_*"))
+    (ckpt / "train_state.json").unlink()
+    with pytest.raises(ValueError, match="train_state.json; this checkpoint keeps its counters in a pickle"):
+        train("eagle", target, root / "data", tmp_path / "resumed", cfg)
 
 
 def test_medusa_loss_weights_and_learning(built, tmp_path):

@@ -176,3 +176,15 @@ def test_verify_typical_picks_deepest_then_most_likely():
     # a failing parent blocks its passing child
     tree = DraftTree(torch.tensor([2, 0]), torch.tensor([-1, 0]))
     assert verify_typical(tree, logits, sampling)[0] == []
+
+
+def test_a_vanishing_top_p_keeps_the_top_token_and_a_vanishing_temperature_is_refused():
+    """top_p = 1e-300 is 0 in float32: the nucleus dropped every token and sampling read NaN; it must keep the most
+    likely token. A temperature of 1e-40 overflows logits / T to inf: it is refused where the settings are made."""
+    from harness.engine.sampling import SamplingParams, logits_to_probs
+
+    probs = logits_to_probs(torch.tensor([[2.0, 1.0, 0.0]]), SamplingParams(temperature=1.0, top_p=1e-300))
+    assert probs.tolist() == [[1.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or a finite number >= 1e-05, got 1e-40"):
+        SamplingParams(temperature=1e-40)
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5

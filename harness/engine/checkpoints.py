@@ -26,11 +26,18 @@ def read_weights(folder: Path, names: tuple[str, ...], what: str) -> tuple[dict[
     for name in names:
         path = folder / name
         if path.is_file():
-            if path.suffix == ".safetensors":
-                from safetensors.torch import load_file
+            try:
+                if path.suffix == ".safetensors":
+                    from safetensors.torch import load_file
 
-                return load_file(str(path)), path
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+                    return load_file(str(path)), path
+                # weights_only: a pickle that would run code (or build anything but tensors) is refused, not run
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # safetensors' SafetensorError, pickle's UnpicklingError, a truncated zip, ...
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                kind = "safetensors" if path.suffix == ".safetensors" else "torch"
+                raise CheckpointError(f"{path}: not a readable {kind} weights file ({type(e).__name__}: "
+                                      f"{first[:200]})") from None
             if not isinstance(sd, Mapping):
                 raise CheckpointError(f"{path}: expected a state dict (name -> tensor), got {type(sd).__name__}")
             return dict(sd), path

@@ -5,9 +5,23 @@ All functions are pure tensor functions. ``logits`` is ``[..., V]``; the result 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# The smallest temperature > 0 the sampler takes. Logits are divided by it in float32: at 1e-40 a logit of 10 becomes
+# inf and softmax gives NaN. vLLM treats temperatures below 1e-5 as greedy; draftbench refuses them instead, so that
+# a record's temperature is the one that was sampled at.
+MIN_TEMPERATURE = 1e-5
+TEMPERATURE_RULE = f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}"
+
+
+def check_temperature(t: object) -> bool:
+    """Whether the sampler can use temperature ``t`` (:data:`TEMPERATURE_RULE`). Examples: 0 -> True, 0.7 -> True,
+    1e-40 -> False (logits / t overflow float32), -1, NaN, inf, "1" -> False."""
+    return (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+            and (t == 0 or t >= MIN_TEMPERATURE))
 
 
 @dataclass(frozen=True)
@@ -25,8 +39,8 @@ class SamplingParams:
     top_k: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not check_temperature(self.temperature):
+            raise ValueError(f"temperature {TEMPERATURE_RULE}, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -56,6 +70,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         # mass strictly before each token; a token is kept while the mass before it is < top_p (the top one always)
         before = sorted_p.cumsum(-1) - sorted_p
         drop_sorted = before >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p below float32's smallest number must still keep the top token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

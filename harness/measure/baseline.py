@@ -44,7 +44,7 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure import report as R
-from harness.measure.records import read_records, record_files
+from harness.measure.records import load_records, record_files
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -148,9 +148,9 @@ class Side:
         manifest = R.read_manifest(run_dir)
         if not manifest:
             raise FileNotFoundError(f"{run_dir}: no {R.MANIFEST_FILE}; not a draftbench run directory")
-        records = read_records(run_dir)
+        records = load_records(run_dir).complete_records  # a partial question never enters a mean
         if not records:
-            raise ValueError(f"{run_dir}: no complete record in its records*.jsonl")
+            raise ValueError(f"{run_dir}: no complete question in its records*.jsonl")
         config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
         label = config.get("baseline") or "vanilla"
         turns = R.turns_table(records, manifest)

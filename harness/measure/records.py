@@ -8,8 +8,13 @@ question partly written: a torn last line is ignored and cut off on resume, and 
 
 Reading (:func:`load_records`, :func:`read_records`):
 
-- a line that is not a JSON object (a corrupt line anywhere but a torn last line) is skipped with a
-  :class:`CorruptRecordWarning` naming ``file:line``; the lines after it are read as usual;
+- a line that is not a JSON object (a corrupt line anywhere but a torn last line), or an object that is not a valid
+  record (:func:`record_problem`: a key field missing or of the wrong type, a measured turn whose counters
+  contradict each other or whose wall time is not a positive number) is skipped with a :class:`CorruptRecordWarning`
+  naming ``file:line`` and the field; the lines after it are read as usual. A skipped record leaves its question
+  incomplete, so no mean counts it;
+- a second record of the same turn of the same attempt (a line written twice) is a duplicate: the later copy is kept
+  and the earlier one is named like a bad line;
 - a question is *complete* when one attempt at it (records sharing ``attempt``) has one record per turn
   ``0 .. question_turns - 1``. Per question key (:data:`KEY_FIELDS`) the reader keeps the latest complete attempt,
   else the latest attempt; records of the other attempts are *superseded* and left out. A resumed run re-runs every
@@ -122,13 +127,82 @@ def question_key(rec: Mapping[str, Any]) -> tuple:
     return tuple(str(rec[f]) if f == "question_id" else rec[f] for f in KEY_FIELDS)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return (text[:40] + "...") if len(text) > 43 else text
+
+
+def record_problem(rec: Mapping[str, Any]) -> str | None:
+    """Why ``rec`` is not a record the tables can use, in one phrase naming the field; None when it is.
+
+    Every record needs its key (:data:`KEY_FIELDS`: ``label`` and ``suite`` non-empty strings, ``question_id`` a
+    string or integer, ``temperature`` a finite number >= 0, ``seed`` and ``repeat`` integers), an integer
+    ``turn`` >= 0 and ``status`` "ok" or "error". A measured ("ok") turn also needs integer ``new_tokens`` and
+    ``steps``, ``accept_lengths`` a list of ``steps`` integers summing to ``new_tokens``
+    (:class:`harness.engine.method.Generation`), ``output_ids`` (when not null) ``new_tokens`` long, and
+    ``wall_time_s`` a finite number > 0 (``prefill_time_s``, when not null, a finite number >= 0).
+    Examples: {..., "wall_time_s": 0} -> "wall_time_s: expected a number > 0, got 0";
+    {..., "new_tokens": 5, "steps": 0, "accept_lengths": []} -> "accept_lengths: sums to 0 but new_tokens is 5".
+    """
+    for name in ("label", "suite"):
+        if not isinstance(rec.get(name), str) or not rec.get(name):
+            return (f"{name}: missing" if name not in rec
+                    else f"{name}: expected a non-empty string, got {_describe(rec[name])}")
+    checks = (
+        ("question_id", lambda v: isinstance(v, (str, int)) and not isinstance(v, bool), "a string or an integer"),
+        ("temperature", lambda v: _number(v) and math.isfinite(v) and v >= 0, "a number >= 0"),
+        ("seed", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        ("turn", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+        ("status", lambda v: v in ("ok", "error"), '"ok" or "error"'),
+    )
+    if not isinstance(rec.get("attempt"), (str, type(None))):
+        return f"attempt: expected a string, got {_describe(rec['attempt'])}"
+    if rec.get("status") == "ok":
+        checks += (
+            ("new_tokens", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+            ("steps", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+            ("accept_lengths", _int_list, "a list of integers >= 0"),
+            ("wall_time_s", lambda v: _number(v) and math.isfinite(v) and v > 0, "a number > 0"),
+        )
+    for name, ok, expected in checks:
+        if name not in rec:
+            return f"{name}: missing"
+        if not ok(rec[name]):
+            return f"{name}: expected {expected}, got {_describe(rec[name])}"
+    if rec["status"] != "ok":
+        return None
+    lengths = rec["accept_lengths"]
+    if len(lengths) != rec["steps"]:
+        return f"steps: is {rec['steps']} but accept_lengths has {len(lengths)} entries"
+    if sum(lengths) != rec["new_tokens"]:
+        return f"accept_lengths: sums to {sum(lengths)} but new_tokens is {rec['new_tokens']}"
+    ids = rec.get("output_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) != rec["new_tokens"]):
+        got = f"{len(ids)} ids" if isinstance(ids, list) else _describe(ids)
+        return f"output_ids: expected a list of new_tokens = {rec['new_tokens']} ids, got {got}"
+    prefill = rec.get("prefill_time_s")
+    if prefill is not None and not (_number(prefill) and math.isfinite(prefill) and prefill >= 0):
+        return f"prefill_time_s: expected a number >= 0, got {_describe(prefill)}"
+    return None
+
+
 @dataclass
 class RecordsRead:
     """What :func:`load_records` found in a run directory.
 
     ``records``: the selected records, in file order (one attempt per question key). ``bad_lines``: "file:line:
-    reason" of every skipped line. ``superseded``: how many records of other attempts were left out.
-    ``complete`` / ``incomplete``: question keys whose selected attempt has / lacks a record for some turn.
+    reason" of every skipped line (unreadable, an invalid record, or the earlier copy of a duplicate).
+    ``superseded``: how many records of other attempts were left out. ``complete`` / ``incomplete``: question keys
+    whose selected attempt has / lacks a record for some turn.
     """
 
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -136,6 +210,12 @@ class RecordsRead:
     superseded: int = 0
     complete: set[tuple] = field(default_factory=set)
     incomplete: set[tuple] = field(default_factory=set)
+
+    @property
+    def complete_records(self) -> list[dict[str, Any]]:
+        """The selected records of complete questions only: what every mean is taken over (a partial question never
+        enters one)."""
+        return [r for r in self.records if question_key(r) in self.complete]
 
 
 class RecordStore:
@@ -221,15 +301,37 @@ def load_records(path: str | Path, expected_turns: Mapping[tuple[str, str], int]
     path = Path(path)
     files = record_files(path) if path.is_dir() else [path]
     found = RecordsRead()
-    raw: list[dict[str, Any]] = []
+    raw: list[tuple[str, dict[str, Any]]] = []
     for file in files:
         raw.extend(_read_file(file, found.bad_lines))
-    _select_attempts(raw, found, expected_turns or {})
+    _select_attempts(_drop_duplicates(raw, found.bad_lines), found, expected_turns or {})
     return found
 
 
-def _read_file(path: Path, bad_lines: list[str]) -> list[dict[str, Any]]:
-    """The JSON objects of one file; a bad line is named in ``bad_lines`` and warned about, then skipped. A last line
+def _drop_duplicates(raw: list[tuple[str, dict[str, Any]]], bad_lines: list[str]) -> list[dict[str, Any]]:
+    """The records of ``raw`` ((file:line, record) pairs) less the earlier copy of any (question key, attempt, turn)
+    written twice, each named in ``bad_lines`` and warned about. Example: lines 3 and 4 both turn 0 of attempt "a"
+    of one question -> line 4 is kept, "records.jsonl:3: duplicate of turn 0 of attempt a (a later copy at
+    records.jsonl:4 is kept)"."""
+    last: dict[tuple, int] = {}
+    for i, (_, rec) in enumerate(raw):
+        last[(question_key(rec), rec.get("attempt"), rec["turn"])] = i
+    out = []
+    for i, (where, rec) in enumerate(raw):
+        kept = last[(question_key(rec), rec.get("attempt"), rec["turn"])]
+        if kept == i:
+            out.append(rec)
+            continue
+        reason = (f"duplicate of turn {rec['turn']} of attempt {rec.get('attempt')} (a later copy at "
+                  f"{raw[kept][0]} is kept)")
+        bad_lines.append(f"{where}: {reason}")
+        warnings.warn(f"{where}: {reason}", CorruptRecordWarning, stacklevel=3)
+    return out
+
+
+def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """("file:line", record) for each valid record of one file; a bad line (not a JSON object, or an object that is
+    not a valid record: :func:`record_problem`) is named in ``bad_lines`` and warned about, then skipped. A last line
     without its newline that does not parse is a torn write (the run was killed) and is skipped silently."""
     if not path.exists():
         return []
@@ -241,17 +343,20 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[dict[str, Any]]:
         if not raw.strip():
             continue
         torn = lineno == len(lines)  # no newline after it
+        parsed = False
         try:
             rec = json.loads(raw.decode("utf-8"))
-            reason = None if isinstance(rec, dict) else f"a JSON {type(rec).__name__}, not a record object"
+            parsed = True
+            reason = (record_problem(rec) if isinstance(rec, dict)
+                      else f"a JSON {type(rec).__name__}, not a record object")
         except UnicodeDecodeError:
             reason = "not UTF-8 text"
         except json.JSONDecodeError as e:
             reason = f"not valid JSON ({e.msg} at column {e.colno})"
         if reason is None:
-            out.append(rec)
+            out.append((f"{path}:{lineno}", rec))
             continue
-        if torn:
+        if torn and not parsed:
             continue
         bad += 1
         where = f"{path}:{lineno}"
@@ -268,7 +373,7 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[dict[str, Any]]:
 def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,
                      expected_turns: Mapping[tuple[str, str], int]) -> None:
     """Fill ``found`` with one attempt per question key (module docstring): the latest complete one, else the latest.
-    Records without the key fields are kept as they are."""
+    Every record has its key fields (:func:`record_problem`)."""
     highest: dict[tuple[str, str], int] = {}
     for rec in raw:
         if isinstance(rec.get("turn"), int) and "suite" in rec and "question_id" in rec:
@@ -278,13 +383,7 @@ def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,
     attempts: dict[tuple, dict[Any, list[tuple[int, dict]]]] = {}
     keep: set[int] = set()
     for i, rec in enumerate(raw):
-        try:
-            key = question_key(rec)
-            hash(key)
-        except (KeyError, TypeError):
-            keep.add(i)
-            continue
-        attempts.setdefault(key, {}).setdefault(rec.get("attempt"), []).append((i, rec))
+        attempts.setdefault(question_key(rec), {}).setdefault(rec.get("attempt"), []).append((i, rec))
     for key, by_attempt in attempts.items():
         q = (key[1], key[2])
         options = []

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
 from harness.measure.html import write_tables_page
-from harness.measure.records import read_records
+from harness.measure.records import load_records
 from harness.measure.report import read_manifest, turns_table
 from harness.run.published import Column, Table
 
@@ -350,7 +350,7 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     """Compare a run directory with ``table``; write the CSV/parquet/Markdown/PNG (module docstring) and return
     ``{"frame": DataFrame, "markdown": str, "paths": {name: Path}}``."""
     run_dir = Path(run_dir)
-    records = read_records(run_dir)
+    records = load_records(run_dir).complete_records  # a partial question never enters a mean
     if not records:
         raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
     manifest = read_manifest(run_dir)

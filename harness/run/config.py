@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,15 +103,24 @@ class RunConfig:
         need(bool(self.suites), "suites", "at least one suite is required")
         need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
         need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+        from harness.engine.sampling import TEMPERATURE_RULE, check_temperature
+
         for i, t in enumerate(self.temperatures):
-            need(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, f"temperatures[{i}]",
-                 f"must be >= 0 and finite, got {t!r}")
+            need(check_temperature(t), f"temperatures[{i}]", f"{TEMPERATURE_RULE}, got {t!r}")
         need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")  # also refuses NaN
         need(self.top_k >= 0, "top_k", f"must be >= 0, got {self.top_k}")
         need(self.repeats >= 1, "repeats", f"must be >= 1, got {self.repeats}")
         need(self.warmup >= 0, "warmup", f"must be >= 0, got {self.warmup}")
         need(isinstance(self.interleave, bool), "interleave", f"must be true or false, got {self.interleave!r}")
-        need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
+        cores = os.cpu_count() or 1
+        need(self.threads is None or 1 <= self.threads <= cores, "threads",
+             f"must be between 1 and this machine's {cores} CPU cores, got {self.threads}")
+        from harness.models import check_device
+
+        try:
+            check_device(self.device)
+        except ValueError as e:
+            raise ConfigError(f"run.device: {e}") from None
         if self.chat_template is not None:
             from harness.run.chat import ChatTemplateError, resolve_chat_template
 

@@ -4,7 +4,9 @@
 The loop (:func:`train`) runs on ``accelerate``: one process, ``accelerate launch --num_processes N`` (DDP) or
 DeepSpeed through an accelerate config. AdamW, gradient value clipping, linear warm-up then cosine decay, epochs or
 ``max_steps``, gradient accumulation, periodic held-out evaluation, resumable checkpoints
-(``accelerator.save_state`` + step counter: a resumed run continues the schedule and the data order), a JSONL log,
+(``accelerator.save_state`` for the weights, optimizer and RNG states, which accelerate reads with
+``weights_only=True``, plus ``train_state.json`` for the step counters and the learning-rate schedule, so that a
+resume unpickles nothing that could run code: a resumed run continues the schedule and the data order), a JSONL log,
 a loss-curve PNG, and at the end the head in its published format plus ``recipe.json``.
 """
 
@@ -107,7 +109,7 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float = 0.0) -> flo
 
 
 class TrainState:
-    """Counters saved with every checkpoint (registered with ``accelerator.register_for_checkpointing``)."""
+    """Counters saved with every checkpoint, as JSON (:func:`save_train_state`)."""
 
     def __init__(self):
         self.step = 0           # optimizer steps done
@@ -121,6 +123,32 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("step", "batches_seen", "accum_step", "wall_s"):
             setattr(self, key, state[key])
+
+
+TRAIN_STATE_FILE = "train_state.json"
+
+
+def save_train_state(folder: Path, state: TrainState, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Write the counters and the schedule's state as JSON beside accelerate's files. (accelerate would pickle objects
+    registered with ``register_for_checkpointing`` and read them back with ``weights_only=False``, i.e. run whatever
+    a checkpoint folder holds; LambdaLR's state is plain numbers, its lambda is rebuilt by the resumed run.)"""
+    doc = {"state": state.state_dict(), "scheduler": scheduler.state_dict()}
+    (folder / TRAIN_STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_train_state(folder: Path, state: TrainState, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Read :func:`save_train_state`'s file; a checkpoint without it (made before it existed, with pickled
+    counters) is refused in one line rather than unpickled."""
+    path = folder / TRAIN_STATE_FILE
+    if not path.is_file():
+        raise ValueError(f"{folder}: no {TRAIN_STATE_FILE}; this checkpoint keeps its counters in a pickle, which "
+                         "draftbench no longer loads (it could run code); start the training in a new directory")
+    try:
+        doc = json.loads(path.read_text())
+        state.load_state_dict(doc["state"])
+        scheduler.load_state_dict(doc["scheduler"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a training state ({type(e).__name__}: {e})") from None
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -260,7 +288,6 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer,
                                                   lambda s: lr_factor(s, warmup, total, cfg.min_lr_ratio))
     state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)
 
     manifest_sha = _sha256_file(data_dir / "manifest.json")
     identity = {"objective": objective_name, "options": dataclasses.asdict(objective.options),
@@ -274,6 +301,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     ckpt = latest_checkpoint(out_dir) if cfg.resume else None
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
+        load_train_state(ckpt, state, scheduler)
         accelerator.step = state.accum_step
     log_path = out_dir / LOG_FILE
 
@@ -285,6 +313,7 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
         accelerator.save_state(str(folder))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            save_train_state(folder, state, scheduler)
             (folder / "done").write_text(str(state.step))
             old = sorted((out_dir / CHECKPOINTS).glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
             for stale in old[: -cfg.keep_checkpoints]:
