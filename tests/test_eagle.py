@@ -218,6 +218,32 @@ def test_missing_folder_and_weights(tmp_path):
         load_eagle_head(tmp_path, target)
 
 
+class RunsCode:
+    """A pickle payload: unpickling it would call os.system."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_unreadable_weights_are_one_checkpoint_error_naming_the_file(tmp_path):
+    """A model.safetensors of random bytes and a pytorch_model.bin holding a pickle that would run code ended in a
+    traceback from safetensors / torch.load (the second refused by weights_only, but still a traceback)."""
+    import pickle
+
+    target = tiny_target()
+    published_eagle_folder(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": RunsCode()}))
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: not a readable torch weights file "
+                                              r"\(UnpicklingError: "):
+        load_eagle_head(tmp_path, target)
+    (tmp_path / "pytorch_model.bin").unlink()
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors weights file"):
+        load_eagle_head(tmp_path, target)
+
+
 # ------------------------------------------------------------------------------------------------ draft KV
 
 
