@@ -33,6 +33,11 @@ def test_demo_preset_content():
     ({"methods": [{"name": "vanilla"}, "vanilla"]}, r"run\.methods: duplicate labels \['vanilla'\]"),
     ({"methods": [{"nme": "vanilla"}]}, r"run\.methods\[0\]: unknown key"),
     ({"score": "yes"}, r"run\.score: expected true or false"),
+    # two suites of one name: the file's questions shared the built-in's keys and were skipped as done, and the
+    # manifest kept one 'tiny' with the file's checksum, so every --resume refused ("suite 'tiny' changed")
+    ({"suites": ["tiny", "other/tiny.jsonl"]},
+     r"run\.suites: 'tiny' and 'other/tiny\.jsonl' are both suite 'tiny' \(a file is named after its stem\); "
+     r"rename the file"),
 ])
 def test_bad_values_name_the_field(data, message):
     with pytest.raises(ConfigError, match=message):

@@ -101,6 +101,10 @@ class RunConfig:
         dup = sorted({x for x in labels if labels.count(x) > 1})
         need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
         need(bool(self.suites), "suites", "at least one suite is required")
+        from harness.run.suites import duplicate_suite_names
+
+        clash = duplicate_suite_names([str(x) for x in self.suites])
+        need(clash is None, "suites", str(clash))
         need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
         need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
         from harness.engine.sampling import TEMPERATURE_RULE, check_temperature

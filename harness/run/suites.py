@@ -177,18 +177,47 @@ def suite_path(info: dict[str, Any], data_dir: str | Path | None = None) -> Path
     return data_dir_from_env(data_dir) / info["file"]
 
 
+def is_suite_file(name_or_path: str | Path) -> bool:
+    """Whether a ``suites`` entry names a user file (a path, or a name ending in ``.jsonl``) rather than a built-in
+    suite."""
+    text = str(name_or_path)
+    return text.endswith(".jsonl") or os.sep in text or "/" in text
+
+
+def suite_name_of(name_or_path: str | Path) -> str:
+    """The name a ``suites`` entry's suite gets in records and tables: a built-in suite's own name, a user file's
+    stem. Examples: "mt_bench" -> "mt_bench"; "prompts/tiny.jsonl" -> "tiny"."""
+    return Path(str(name_or_path)).stem if is_suite_file(name_or_path) else str(name_or_path)
+
+
+def duplicate_suite_names(entries: list[str]) -> str | None:
+    """Why two ``suites`` entries cannot run together (records key questions by suite name, so the second suite's
+    questions would be taken as done and skipped), or None. Example: ["tiny", "x/tiny.jsonl"] -> "'tiny' and
+    'x/tiny.jsonl' are both suite 'tiny' (a file is named after its stem); rename the file"."""
+    seen: dict[str, str] = {}
+    for entry in entries:
+        name = suite_name_of(entry)
+        if name in seen:
+            return (f"{seen[name]!r} and {entry!r} are both suite {name!r} (a file is named after its stem); "
+                    "rename the file")
+        seen[name] = str(entry)
+    return None
+
+
 def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> Suite:
     """Load a built-in suite by name (checksum and record count verified) or a user ``.jsonl`` file by path.
 
-    A user file becomes a suite named after its stem, version "user", no scorer, with its sha256 computed.
+    A user file becomes a suite named after its stem (:func:`suite_name_of`), version "user", no scorer, with its
+    sha256 computed.
     """
     text = str(name_or_path)
-    if text.endswith(".jsonl") or os.sep in text or "/" in text:
+    if is_suite_file(text):
         path = Path(text).expanduser()
         if not path.is_file():
             raise DataError(f"questions file {path} does not exist")
         digest = sha256_file(path)
-        return Suite(name=path.stem, version="user", questions=read_questions(path), source=str(path.resolve()),
+        return Suite(name=suite_name_of(text), version="user", questions=read_questions(path),
+                     source=str(path.resolve()),
                      sha256=digest)
     info = suite_info(text)
     path = suite_path(info, data_dir)
