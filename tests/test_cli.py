@@ -219,3 +219,19 @@ def test_sampling_and_machine_settings_the_run_cannot_use_are_refused(tmp_path, 
     traceback after the model had loaded; `--threads` had no upper bound. Each is refused before anything loads."""
     code, err = run_cli(base_args(tmp_path, suite_file, *flags), capsys)
     assert code == 2 and one_line(err) == f"draftbench: error: {message}"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sweep", "vanilla.total_tokens=[8,16"], "[8,16: not valid YAML (expected ',' or ']', but got '<stream end>')"),
+    (["--set", "limit=[1"], "limit=[1: not valid YAML (expected ',' or ']', but got '<stream end>')"),
+    (["--opt", "vanilla.head={a: b"], "vanilla.head={a: b: not valid YAML (expected ',' or '}', but got "
+                                      "'<stream end>')"),
+    (["--opt", "vanilla.head=!!python/name:os.system"], "vanilla.head=!!python/name:os.system: not valid YAML "
+                                                        "(could not determine a constructor for the tag "
+                                                        "'tag:yaml.org,2002:python/name:os.system')"),
+])
+def test_malformed_or_tagged_yaml_in_a_flag_is_one_line(tmp_path, suite_file, capsys, no_model, flags, message):
+    """Flag values are YAML: a malformed one, or a tag (safe_load runs nothing, but refused it with a traceback),
+    must be one line quoting the value, before anything loads."""
+    code, err = run_cli(base_args(tmp_path, suite_file, *flags), capsys)
+    assert code == 2 and one_line(err).startswith("draftbench: error: ") and one_line(err).endswith(message)

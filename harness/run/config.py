@@ -312,4 +312,15 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"expected KEY=VALUE, got {text!r}")
     key, raw = text.split("=", 1)
-    return key.strip(), yaml.safe_load(raw)
+    return key.strip(), yaml_value(raw, text)
+
+
+def yaml_value(raw: str, where: str) -> Any:
+    """``raw`` parsed as one YAML value (safe_load: no tags, nothing runs), or a one-line :class:`ConfigError` that
+    quotes ``where``. Example: ("[1", "limit=[1") -> ConfigError "limit=[1: not valid YAML (expected ',' or ']' ...)";
+    ("!!python/name:os.system", ...) -> refused the same way."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+from harness.run.config import yaml_value
 
 TRAIN_SWEEP_FILE = "sweep.json"  # written by harness.train.sweep into the sweep's output folder
 
@@ -55,14 +55,14 @@ def parse_values(text: str) -> list[Any]:
     """
     text = text.strip()
     if text.startswith("["):
-        values = yaml.safe_load(text)
+        values = yaml_value(text, text)
         return values if isinstance(values, list) else [values]
     out = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        value = yaml.safe_load(part)
+        value = yaml_value(part, text)
         out.append(part if isinstance(value, bool) and part.lower() not in ("true", "false") else value)
     return out
 
