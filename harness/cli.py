@@ -143,7 +143,17 @@ def cmd_run(args) -> int:
     print(f"run:  {run_dir}")
     if not args.no_report:
         _print_report(run_dir)
-    return 0
+    return _failed_entries_exit(run_dir)
+
+
+def _failed_entries_exit(run_dir: Path) -> int:
+    """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing); else 0."""
+    from harness.measure.records import failed_entries, read_records
+
+    failed = failed_entries(read_records(run_dir))
+    for label, error in failed.items():
+        print(f"draftbench: error: every turn of {label!r} failed (first: {error}); see {run_dir}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _print_report(run_dir: Path) -> None:

@@ -35,6 +35,15 @@ if "ctrl_c_test" not in METHODS:
             return Generation(token_ids=ids, accept_lengths=[1] * len(ids), stop_reason="max_new_tokens")
 
 
+if "always_fails_test" not in METHODS:
+    @register_method("always_fails_test")
+    class AlwaysFails(Method):
+        """Test method: every turn raises, as every turn did at a temperature the sampler could not use."""
+
+        def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
+            raise RuntimeError("probabilities are nan")
+
+
 @pytest.fixture()
 def suite_file(tmp_path):
     p = tmp_path / "q.jsonl"
@@ -235,3 +244,17 @@ def test_malformed_or_tagged_yaml_in_a_flag_is_one_line(tmp_path, suite_file, ca
     must be one line quoting the value, before anything loads."""
     code, err = run_cli(base_args(tmp_path, suite_file, *flags), capsys)
     assert code == 2 and one_line(err).startswith("draftbench: error: ") and one_line(err).endswith(message)
+
+
+def test_a_run_in_which_every_turn_of_an_entry_failed_exits_non_zero(tmp_path, suite_file, capsys, tiny_model):
+    """Every turn an error record and exit 0 passed for a success in scripts and CI: the run must keep its records
+    (the error rows), say which entry measured nothing and why, and exit 1."""
+    args = base_args(tmp_path, suite_file)
+    args[args.index("vanilla")] = "vanilla,always_fails_test"
+    code, err = run_cli(args, capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 1
+    assert one_line(err) == (f"draftbench: error: every turn of 'always_fails_test' failed (first: RuntimeError: "
+                             f"probabilities are nan at test_cli.py:44); see {run_dir}")
+    statuses = [json.loads(x)["status"] for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert statuses.count("ok") == 4 and statuses.count("error") == 4

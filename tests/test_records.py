@@ -231,3 +231,12 @@ def test_a_line_written_twice_is_a_duplicate_not_an_incomplete_question(tmp_path
         found = R.load_records(tmp_path)
     assert len(found.records) == 1 and found.complete and not found.incomplete
     assert found.bad_lines == [f"{path}:1: duplicate of turn 0 of attempt a1 (a later copy at {path}:2 is kept)"]
+
+
+def test_an_entry_whose_every_turn_failed_is_named_with_its_first_error():
+    """A run where every turn of one entry is an error record measured nothing for it: the run must not pass as a
+    success (temperature 1e-40 made every turn an error and the run exited 0)."""
+    recs = [turn("1", 0, "a"), turn("1", 0, "b", label="eagle2", status="error", error="ValueError: nan"),
+            turn("2", 0, "c", label="eagle2", status="error", error="ValueError: other"),
+            turn("2", 0, "d", label="pld", status="error", error="OOM"), turn("3", 0, "e", label="pld")]
+    assert R.failed_entries(recs) == {"eagle2": "ValueError: nan"}

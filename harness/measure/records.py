@@ -269,6 +269,21 @@ class RecordStore:
         return load_records(self.run_dir, expected_turns).complete
 
 
+def failed_entries(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """label -> its first error, for every label none of whose turns succeeded (a run that measured nothing for an
+    entry has failed, whatever else it did). Example: vanilla ok + ok, eagle2 error + error -> {"eagle2": <the first
+    error>}."""
+    first: dict[str, str] = {}
+    ok: set[str] = set()
+    for rec in records:
+        label = rec.get("label")
+        if rec.get("status") == "ok":
+            ok.add(label)
+        elif label not in first:
+            first[label] = str(rec.get("error") or "unknown error")
+    return {label: error for label, error in first.items() if label not in ok}
+
+
 def dumps_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
     """Strict JSON text of ``obj``: NaN and infinities (which JSON has no literal for) become null. Arrays, sets and
     paths become lists and strings; any other type raises TypeError unless ``default`` converts it."""
