@@ -248,6 +248,19 @@ def test_configuration_and_device_differences_are_named(tmp_path, base):
                         "on the same device and dtype", "run configurations differ in max_new_tokens"]
 
 
+def test_another_target_or_dtype_is_an_error_unless_allowed(tmp_path, base):
+    """Another target or dtype changes every output and τ by itself: a compare that passed with warnings read that
+    as a measurement. It is refused in one line; --allow-mismatch (allow_mismatch=True) compares with warnings."""
+    target = {"name": "tiny", "path": "/elsewhere/tiny", "dtype": "bfloat16", "sha256": None}
+    new = write_run(tmp_path, "new", manifest={"target": target})
+    with pytest.raises(ValueError, match=r"^compare: BASE and NEW differ in dtypes \(BASE float32, NEW bfloat16\); "
+                                         r"their outputs and τ are not comparable \(--allow-mismatch compares them "
+                                         r"anyway\)$"):
+        run_compare(base, new)
+    cmp = compare_sides(load_side(base), load_side(new), Thresholds(), allow_mismatch=True)
+    assert "dtypes differ (BASE float32, NEW bfloat16)" in cmp.warnings
+
+
 # ---- baselines ---------------------------------------------------------------------------------------------------
 def test_a_saved_baseline_gates_like_its_run_and_keeps_no_text(tmp_path, base):
     """The committed baseline must give the same verdicts as the run it came from, without the texts: an unchanged

@@ -214,9 +214,23 @@ def _change(new: pd.Series, base: pd.Series, th: Thresholds) -> tuple[float, flo
     return M.paired_change(new.dropna().to_dict(), base.dropna().to_dict(), n_boot=th.n_boot, seed=th.seed)
 
 
+def mismatch(base: Side, new: Side) -> str | None:
+    """What makes two sides measure different things (another target or another dtype: every output and τ differs
+    for that reason alone, so a comparison would report noise as regressions), or None."""
+    tb, tn = base.provenance.get("target") or {}, new.provenance.get("target") or {}
+    diff = [f"{what} (BASE {tb.get(key)}, NEW {tn.get(key)})" for what, key in (("targets", "name"), ("dtypes", "dtype"))
+            if tb.get(key) != tn.get(key)]
+    return " and ".join(diff) if diff else None
+
+
 def compare_sides(base: Side, new: Side, thresholds: Thresholds | None = None,
-                  labels: list[str] | None = None) -> Comparison:
-    """Apply the module docstring's rules to every cell; raises ValueError when the sides share no cell."""
+                  labels: list[str] | None = None, allow_mismatch: bool = False) -> Comparison:
+    """Apply the module docstring's rules to every cell; raises ValueError when the sides share no cell, or measure
+    another target or dtype (:func:`mismatch`) unless ``allow_mismatch`` (then it is a warning)."""
+    different = mismatch(base, new)
+    if different and not allow_mismatch:
+        raise ValueError(f"compare: BASE and NEW differ in {different}; their outputs and τ are not comparable "
+                         "(--allow-mismatch compares them anyway)")
     th = thresholds or Thresholds()
     cmp = Comparison(base, new, th, warnings=comparability_warnings(base, new))
     bc, nc = base.cells, new.cells
@@ -485,7 +499,7 @@ def cmd_compare(args) -> int:
                     n_boot=args.n_boot, seed=args.seed)
     base = load_side(args.base, n_boot=th.n_boot, seed=th.seed)
     new = load_side(args.new, n_boot=th.n_boot, seed=th.seed)
-    cmp = compare_sides(base, new, th, args.labels)
+    cmp = compare_sides(base, new, th, args.labels, allow_mismatch=args.allow_mismatch)
     print(FORMATS[args.format](cmp), end="")
     for path, fmt in ((args.markdown_out, "markdown"), (args.json_out, "json")):
         if path:
@@ -514,6 +528,8 @@ def add_compare_cli(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quality-tol", type=float, default=0.0,
                    help="allowed drop of the mean quality score (default %(default)s)")
     c.add_argument("--no-outputs", action="store_true", help="do not gate changed greedy outputs")
+    c.add_argument("--allow-mismatch", action="store_true",
+                   help="compare sides of different targets or dtypes (an error otherwise), with a warning")
     c.add_argument("--labels", type=lambda t: [x for x in t.split(",") if x],
                    help="only these labels (comma-separated)")
     c.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default %(default)s)")
