@@ -218,8 +218,8 @@ def mismatch(base: Side, new: Side) -> str | None:
     """What makes two sides measure different things (another target or another dtype: every output and τ differs
     for that reason alone, so a comparison would report noise as regressions), or None."""
     tb, tn = base.provenance.get("target") or {}, new.provenance.get("target") or {}
-    diff = [f"{what} (BASE {tb.get(key)}, NEW {tn.get(key)})" for what, key in (("targets", "name"), ("dtypes", "dtype"))
-            if tb.get(key) != tn.get(key)]
+    diff = [f"{what} (BASE {tb.get(key)}, NEW {tn.get(key)})"
+            for what, key in (("targets", "name"), ("dtypes", "dtype")) if tb.get(key) != tn.get(key)]
     return " and ".join(diff) if diff else None
 
 
