@@ -4,6 +4,8 @@ The folders are the architecture; a module imports only from its own layer or th
 (``tests/test_architecture.py`` enforces it over the import graph):
 
     registry, sandbox       plugin registries and plugin loading; the fenced runner for untrusted code (stdlib only)
+    schema                  the one validator of plain data against dataclass annotations and its error type,
+                            InputError (stdlib only; every layer reads options, configurations and tables with it)
     measure/                metrics (every formula once), trackers (time, memory, energy), provenance, records
                             (the schema of one measured turn and its durable store), report (tables and plots)
     models                  loading target models (the embedded default, Hugging Face ids, local folders)

@@ -38,7 +38,7 @@ def did_you_mean(name: object, names: list[str], n: int = 3, cutoff: float = 0.6
 def unknown_keys(keys, allowed, where: str, noun: str = "field", error: type[InputError] = InputError,
                  list_valid: bool = False) -> None:
     """Raise ``error`` naming every key of ``keys`` not in ``allowed``, each with its closest allowed name (and,
-    with ``list_valid``, every allowed name).
+    with ``list_valid``, every allowed name, in the order given).
 
     Example: (["tempratures"], ["temperatures", "top_p"], "run") -> ``run: unknown field 'tempratures' (did you mean
     'temperatures'?)``; with list_valid: ``...; valid: temperatures, top_p``.
@@ -48,7 +48,7 @@ def unknown_keys(keys, allowed, where: str, noun: str = "field", error: type[Inp
     if unknown:
         close = {u: difflib.get_close_matches(str(u), allowed, 1) for u in unknown}
         hints = [repr(u) + (f" (did you mean {close[u][0]!r}?)" if close[u] else "") for u in unknown]
-        valid = f"; valid: {', '.join(sorted(allowed)) or '(none)'}" if list_valid else ""
+        valid = f"; valid: {', '.join(allowed) or '(none)'}" if list_valid else ""
         raise error(f"{where}: unknown {noun} {', '.join(hints)}{valid}")
 
 
@@ -63,8 +63,9 @@ def type_error(value: Any, annotation: Any, scalar_str: bool = False, finite: bo
     ``scalar_str``: a ``str`` field also takes a YAML boolean or number (``mode: off`` arrives as False; the field's
     own check decides). ``finite``: a ``float`` field refuses NaN and the infinities (where no range check of the
     field's own would). Examples: ("abc", int) -> "an integer"; (True, int) -> "an integer"; (3, float) -> None;
-    (nan, float, finite=True) -> "a finite number"; (None, int | None) -> None; ([1, "a"], list[int]) -> "a list of integers";
-    ("c", Literal["a", "b"]) -> "one of 'a', 'b'"; ({"a": "x"}, dict[str, int]) -> "a mapping to integers".
+    (nan, float, finite=True) -> "a finite number"; (None, int | None) -> None; ([1, "a"], list[int]) -> "a list
+    of integers"; ("c", Literal["a", "b"]) -> "one of 'a', 'b'"; ({"a": "x"}, dict[str, int]) -> "a mapping to
+    integers".
     """
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):

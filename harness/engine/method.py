@@ -95,7 +95,7 @@ def build_options(options_cls: type, values: dict[str, Any] | None, where: str):
     """
     values = dict(values or {})
     types = field_types(options_cls)
-    unknown_keys(values, types, where, "option", OptionsError, list_valid=True)
+    unknown_keys(values, sorted(types), where, "option", OptionsError, list_valid=True)
     for name, value in values.items():
         check(value, types[name], f"{where}: option {name}", OptionsError, scalar_str=True, finite=True)
     try:

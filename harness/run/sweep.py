@@ -38,12 +38,14 @@ from typing import Any
 
 import yaml
 
+from harness.schema import InputError
+
 TRAIN_SWEEP_FILE = "sweep.json"  # written by harness.train.sweep into the sweep's output folder
 
 Grid = dict[str, dict[str, list[Any]]]  # label -> option -> values
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A sweep that is malformed or has a bad value; the message names the sweep field (``run.sweep.LABEL.OPTION``)."""
 
 
