@@ -8,10 +8,12 @@ A method subclasses :class:`SpeculativeMethod` and implements three verbs::
 
 and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
 
-1. prefill: the target runs over the prompt with a transformers ``DynamicCache``; x0 = ``next_token`` of the last
-   logits is emitted as step 0 (accept length 1) and becomes the first root (emitted, not yet in the cache);
-2. loop: ``tree = propose(root)``; ONE target forward over ``[root, *tree.tokens]`` with position ids
-   ``committed_len + depth`` and a 4D mask (causal over the committed prefix, ancestor-or-self inside the tree);
+1. prefill (``_prefill``): the target runs over the prompt with a transformers ``DynamicCache``; x0 =
+   ``next_token`` of the last logits is emitted as step 0 (accept length 1) and becomes the first root (emitted,
+   not yet in the cache);
+2. loop: ``tree = propose(root)``; a verification step (``_verify_step``): ONE target forward over
+   ``[root, *tree.tokens]`` with position ids ``committed_len + depth`` and a 4D mask (causal over the committed
+   prefix, ancestor-or-self inside the tree);
    :meth:`SpeculativeMethod.verify` picks the accepted path and the bonus token; the accepted drafts and the bonus
    are emitted (cut by :func:`harness.engine.method.cut_at_stop`: never past EOS or ``max_new_tokens``); the cache is
    compacted to the committed prefix + root + accepted path (:func:`harness.engine.kv.compact_cache`); ``accept`` is
@@ -50,7 +52,8 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
 Host round trips: the masks, position ids and (at temperature 0) the acceptance walk are computed on the device
 (:func:`harness.engine.tree.ancestor_matrix`, :func:`harness.engine.verify.verify_greedy_on_device`), and what the
 host needs from a greedy step (the accepted tokens, the bonus, the tree's depth and validity flags, the logit
-margins) comes back in ONE transfer (:func:`harness.engine.hostio.fetch`); the compaction index goes to each device
+margins) comes back in ONE transfer (:func:`harness.engine.hostio.pack_step` on the device, ``unpack_step`` on
+the host; the prefill's is the same layout for an empty tree); the compaction index goes to each device
 once, without a stream synchronisation. ``tests/test_syncs.py`` counts what is left per step.
 A method whose ``verify`` must also run at temperature 0 sets ``greedy_argmax = False`` (then the engine calls it
 and reads its result on the host).
