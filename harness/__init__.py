@@ -3,7 +3,9 @@
 The folders are the architecture; a module imports only from its own layer or a lower one, in this order, lowest
 first (``tests/test_architecture.py`` enforces it over the import graph):
 
-    sandbox                 the fenced runner for untrusted code (HumanEval completions); standard library only
+    sandbox, schema         the fenced runner for untrusted code (HumanEval completions); the one validator of
+                            plain data against dataclass annotations and its error type, InputError (both standard
+                            library only; every layer reads options, configurations and tables with the validator)
     measure/                metrics (every formula once), trackers (time, memory, energy), provenance, records
                             (the schema of one measured turn and its durable store), reports, ablations, the
                             HTML report, host-sync counting, baselines and the regression gate

@@ -21,6 +21,7 @@ from harness.run.config import (
 )
 from harness.run.reproduce import add_reproduce_cli, cmd_report_against
 from harness.run.sweep import add_cli_sweeps
+from harness.schema import InputError
 from harness.train.cli import add_data_cli, add_train_cli
 
 RUN_FLAGS = {  # flag -> (config field, how to parse the text)
@@ -237,7 +238,9 @@ def _dispatch(args) -> int:
         if args.command == "data":
             return cmd_data(args)
         return args.func(args)
-    except (ConfigError, KeyError, ValueError, OSError) as e:  # FileNotFoundError, PermissionError: OSError
+    # InputError (harness.schema): every bad option, configuration, table or suite; the other ValueErrors, KeyErrors
+    # (unknown names) and OSErrors (FileNotFoundError, PermissionError) are printed as one line too
+    except (InputError, KeyError, ValueError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"draftbench: error: {msg}", file=sys.stderr)
         return 2

@@ -18,7 +18,6 @@ installed packages, once, the first time a registry is read.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from importlib import metadata
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from harness.engine.method import Method
+from harness.schema import did_you_mean
 
 T = TypeVar("T")
 
@@ -34,12 +34,6 @@ ENTRY_POINT_GROUPS = ("draftbench.methods", "draftbench.suites")
 ENTRY_POINT_GROUP = ENTRY_POINT_GROUPS[0]
 
 
-
-def did_you_mean(name: object, names: list[str], n: int = 3, cutoff: float = 0.6) -> str:
-    """The hint of an "unknown name" error: `` Did you mean 'a', 'b'?`` for the (at most ``n``) names close to
-    ``name``, nothing when none is. Example: did_you_mean("dem", ["demo", "paper"]) -> " Did you mean 'demo'?"."""
-    close = difflib.get_close_matches(str(name), names, n, cutoff)
-    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
 
 class UnknownNameError(KeyError):
     """Raised for a name that no registry entry has; the message lists close matches and all known names."""

@@ -209,7 +209,7 @@ def test_method_option_of_the_wrong_type_names_option_and_type(tmp_path, suite_f
     args[args.index("vanilla")] = "eagle2"
     code, err = run_cli(args, capsys)
     assert code == 2
-    assert one_line(err) == "draftbench: error: method 'eagle2': option top_k expects an integer, got 'abc'"
+    assert one_line(err) == "draftbench: error: method 'eagle2': option top_k: expected an integer, got 'abc'"
 
 
 @pytest.mark.parametrize("flags, message", [

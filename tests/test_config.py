@@ -69,8 +69,8 @@ def test_cli_option_for_unknown_label_fails():
 def test_shipped_name_or_file_rule(tmp_path):
     """Presets, published tables and chat templates share one lookup: an existing file with the kind's suffix as it
     is, else a shipped name; a file with another suffix, or a missing one, is not taken for a shipped name."""
-    from harness.registry import did_you_mean
     from harness.run.shipped import find_shipped, shipped_names
+    from harness.schema import did_you_mean
 
     folder = tmp_path / "shipped"
     folder.mkdir()

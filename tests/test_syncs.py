@@ -116,3 +116,24 @@ def test_forward_marks_split_counts_per_forward():
     assert per_forward(marks, 7) == [3, 4]
     assert per_forward([0, 2, 3], 7) == [2, 1, 4]
     assert "forward" not in model.__dict__
+
+
+def test_step_readback_layout_packs_and_unpacks_literal_values():
+    """The greedy step's one transfer: [flags(2) | depth | bonus | accepted(n) | margins | tops | runner-ups (n+1
+    each)]. A field read at the wrong offset would hand the loop a margin as a token (or a token as the depth)."""
+    from harness.engine.hostio import pack_step, step_size, unpack_step
+
+    packed = pack_step(torch.tensor([0, 0]), torch.tensor(2), torch.tensor([9]), torch.tensor([5, -1]),
+                       torch.tensor([0.5, 1.0, 0.25]), torch.tensor([3.0, 4.0, 5.0]), torch.tensor([7, 8, 9]),
+                       torch.float32)
+    values = packed.tolist()
+    assert values == [0, 0, 2, 9, 5, -1, 0.5, 1.0, 0.25, 3.0, 4.0, 5.0, 7, 8, 9] and step_size(2) == 15
+    got = unpack_step(values, 2)
+    assert (got.flags, got.depth, got.bonus, got.accepted) == ([0, 0], 2, 9, [5, -1])
+    assert (got.path, got.path_tokens) == ([0], [5])
+    assert (got.margins, got.tops, got.runner_ups) == ([0.5, 1.0, 0.25], [3.0, 4.0, 5.0], [7, 8, 9])
+    # the prefill's readback is an empty tree's: 7 values, the bonus is the first token
+    first = unpack_step([0, 0, 0, 42, 1.5, 9.0, 3], 0)
+    assert (first.bonus, first.path, first.margins, first.runner_ups) == (42, [], [1.5], [3])
+    with pytest.raises(ValueError, match="a step readback of 2 drafts has 15 values, got 14"):
+        unpack_step(values[:-1], 2)

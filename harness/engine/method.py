@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -20,6 +17,7 @@ import torch
 from harness.engine.runtime import TargetRunner, target_runner
 from harness.engine.sampling import SamplingParams
 from harness.models import Target
+from harness.schema import InputError, check, field_types, unknown_keys
 
 
 @dataclass
@@ -77,7 +75,7 @@ def cut_at_stop(new: list[int], produced: int, max_new_tokens: int,
     return kept, None
 
 
-class OptionsError(ValueError):
+class OptionsError(InputError):
     """A method or config option that does not exist or has a bad value; the message names the field."""
 
 
@@ -89,84 +87,21 @@ class NoOptions:
 def build_options(options_cls: type, values: dict[str, Any] | None, where: str):
     """Instantiate a dataclass of options from a dict, naming the bad field on error.
 
-    Every value is first checked against its field's annotation (:func:`option_type_error`), so a wrong type is
-    named with the type expected, e.g. ``method 'eagle2': option top_k expects an integer, got 'abc'``, rather than
-    failing somewhere inside the method.
+    Every value is first checked against its field's annotation (:func:`harness.schema.check`; a ``str`` option
+    takes any YAML scalar, as ``on``/``off`` arrive as booleans and the option itself decides; a ``float`` option
+    must be finite), so a wrong type is
+    named with the type expected, e.g. ``method 'eagle2': option top_k: expected an integer, got 'abc'``, rather
+    than failing somewhere inside the method.
     """
     values = dict(values or {})
-    names = {f.name for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        import difflib
-
-        hints = [f"{u!r} (did you mean {difflib.get_close_matches(u, names, 1)[0]!r}?)"
-                 if difflib.get_close_matches(u, names, 1) else repr(u) for u in unknown]
-        raise OptionsError(f"{where}: unknown option {', '.join(hints)}; valid: {', '.join(sorted(names)) or '(none)'}")
-    try:
-        hints = typing.get_type_hints(options_cls)
-    except Exception:  # an annotation that does not resolve: leave the checks to the class
-        hints = {}
+    types = field_types(options_cls)
+    unknown_keys(values, sorted(types), where, "option", OptionsError, list_valid=True)
     for name, value in values.items():
-        expected = option_type_error(value, hints.get(name, Any))
-        if expected:
-            raise OptionsError(f"{where}: option {name} expects {expected}, got {value!r}")
+        check(value, types[name], f"{where}: option {name}", OptionsError, scalar_str=True, finite=True)
     try:
         return options_cls(**values)
     except (TypeError, ValueError) as e:
         raise OptionsError(f"{where}: {e}") from e
-
-
-_SIMPLE = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string",
-           type(None): "null", list: "a list", dict: "a mapping", tuple: "a list"}
-
-
-def option_type_error(value: Any, annotation: Any) -> str | None:
-    """What ``annotation`` expects, when ``value`` does not fit it; None when it fits or the type is not one checked.
-
-    Checked: int (not bool), float (int or float, finite), bool, str (any YAML scalar: on/off and true/false arrive
-    as booleans and the option itself decides), None, list / tuple / dict, list[X] element-wise, and unions of these.
-    Examples: (\"abc\", int) -> "an integer"; (3, float) -> None; (None, int | None) -> None;
-    ([1, "a"], list[int]) -> "a list of integers".
-    """
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if any(option_type_error(value, a) is None for a in options):
-            return None
-        return " or ".join(option_type_error(value, a) or "?" for a in options)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return "a list"
-        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        if len(set(args)) == 1 and any(option_type_error(v, args[0]) for v in value):
-            return f"a list of {_plural(option_type_error(object(), args[0]))}"
-        return None
-    if origin is dict:
-        return None if isinstance(value, dict) else "a mapping"
-    if annotation is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif annotation is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    elif annotation is bool:
-        ok = isinstance(value, bool)
-    elif annotation is str:
-        ok = isinstance(value, (str, bool, int, float))
-    elif annotation is type(None):
-        ok = value is None
-    elif annotation in (list, tuple):
-        ok = isinstance(value, (list, tuple))
-    elif annotation is dict:
-        ok = isinstance(value, dict)
-    else:
-        return None
-    return None if ok else _SIMPLE[annotation]
-
-
-def _plural(expected: str | None) -> str:
-    """"an integer" -> "integers"; "a finite number" -> "finite numbers"."""
-    words = (expected or "values").split(" ", 1)
-    text = words[1] if words[0] in ("a", "an") and len(words) > 1 else " ".join(words)
-    return text if text.endswith("s") else text + "s"
 
 
 @contextlib.contextmanager

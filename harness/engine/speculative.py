@@ -8,10 +8,12 @@ A method subclasses :class:`SpeculativeMethod` and implements three verbs::
 
 and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
 
-1. prefill: the target runs over the prompt with a transformers ``DynamicCache``; x0 = ``next_token`` of the last
-   logits is emitted as step 0 (accept length 1) and becomes the first root (emitted, not yet in the cache);
-2. loop: ``tree = propose(root)``; ONE target forward over ``[root, *tree.tokens]`` with position ids
-   ``committed_len + depth`` and a 4D mask (causal over the committed prefix, ancestor-or-self inside the tree);
+1. prefill (``_prefill``): the target runs over the prompt with a transformers ``DynamicCache``; x0 =
+   ``next_token`` of the last logits is emitted as step 0 (accept length 1) and becomes the first root (emitted,
+   not yet in the cache);
+2. loop: ``tree = propose(root)``; a verification step (``_verify_step``): ONE target forward over
+   ``[root, *tree.tokens]`` with position ids ``committed_len + depth`` and a 4D mask (causal over the committed
+   prefix, ancestor-or-self inside the tree);
    :meth:`SpeculativeMethod.verify` picks the accepted path and the bonus token; the accepted drafts and the bonus
    are emitted (cut by :func:`harness.engine.method.cut_at_stop`: never past EOS or ``max_new_tokens``); the cache is
    compacted to the committed prefix + root + accepted path (:func:`harness.engine.kv.compact_cache`); ``accept`` is
@@ -50,26 +52,28 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
 Host round trips: the masks, position ids and (at temperature 0) the acceptance walk are computed on the device
 (:func:`harness.engine.tree.ancestor_matrix`, :func:`harness.engine.verify.verify_greedy_on_device`), and what the
 host needs from a greedy step (the accepted tokens, the bonus, the tree's depth and validity flags, the logit
-margins) comes back in ONE transfer (:func:`harness.engine.hostio.fetch`); the compaction index goes to each device
+margins) comes back in ONE transfer (:func:`harness.engine.hostio.pack_step` on the device, ``unpack_step`` on
+the host; the prefill's is the same layout for an empty tree); the compaction index goes to each device
 once, without a stream synchronisation. ``tests/test_syncs.py`` counts what is left per step.
 A method whose ``verify`` must also run at temperature 0 sets ``greedy_argmax = False`` (then the engine calls it
 and reads its result on the host).
 
 Timings: ``draft_s`` (propose, begin and accept), ``verify_s`` (the target forward and the acceptance walk),
 ``overhead_s`` (everything else in the loop: masks, cache compaction, bookkeeping). The device is synchronised
-around each part only when profiling (``options.profile`` or the ``profile`` attribute, which the runner sets from
-the run's ``profile`` option; default: on for CPU, where synchronising is free, off otherwise). Without it, on an
+around each part only when profiling (the ``profile`` attribute, which the runner sets from the run's ``profile``
+option; default: on for CPU, where synchronising is free, off otherwise). Without it, on an
 asynchronous device the split is indicative only; ``Generation.timings_synchronised`` says which it was.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from harness.engine.hostio import fetch, pack_dtype, upload
+from harness.engine.hostio import StepReadback, fetch, pack_dtype, pack_step, unpack_step, upload
 from harness.engine.kv import (
     attention_layout,
     check_layer_types,
@@ -235,12 +239,9 @@ class SpeculativeMethod(Method):
 
     # ---- the loop -----------------------------------------------------------------------------------------------
     def _profiling(self) -> bool:
-        flag = getattr(self.options, "profile", None)
-        if flag is None:
-            flag = self.profile
-        if flag is None:
-            flag = self.target.device.type == "cpu"
-        return bool(flag)
+        if self.profile is not None:
+            return bool(self.profile)
+        return self.target.device.type == "cpu"
 
     def _check_inputs(self, prompt_ids: torch.Tensor) -> None:
         if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] < 1:
@@ -257,123 +258,64 @@ class SpeculativeMethod(Method):
                 raise ValueError(f"{type(self).__name__}.hidden_layers must be non-empty indices of the target's "
                                  f"{layers + 1} hidden states, got {tuple(self.hidden_layers)!r}")
 
+    def _check_proposal(self, tree: DraftTree, vocab: int) -> None:
+        """The host-side checks of a proposed tree (the token range is checked on the device, :func:`tree_flags`)."""
+        check_tree(tree, None, values=False)
+        if self.proposal == "sampled" and tree.draft_probs is None and len(tree):
+            raise ValueError(f"{type(self).__name__} declares proposal='sampled' but its DraftTree has no "
+                             "draft_probs")
+        if tree.draft_probs is not None and tree.draft_probs.shape[1] != vocab:
+            check_tree(tree, vocab, values=False)
+
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator | None = None) -> Generation:
         """Speculative decoding of one turn (see the module docstring for the exact steps)."""
         self._check_inputs(prompt_ids)
-        runner, eos = self.target_runner, self.target.eos_ids
-        vocab = self.target.model.config.vocab_size
         self.counters = {"draft_forwards": 0}
         self.last_cache_length = None
         if max_new_tokens <= 0:
             return Generation(token_ids=[], accept_lengths=[], stop_reason="max_new_tokens")
-        want_hidden = list(self.hidden_layers) if self.needs_hidden_states else False
-        # room for the prompt, the new tokens and one tree beyond them (a static cache is allocated once)
-        cache = runner.new_cache(prompt_ids.shape[1] + max_new_tokens + self.max_tree_slots)
-        layout = attention_layout(cache)
-        device = prompt_ids.device
-        clock = _Clock(device, self._profiling())
-        stats = _TurnStats()
-        packed_dtype = pack_dtype(vocab)  # one host transfer per step packs ids and margins
+        eos = self.target.eos_ids
+        turn = self._start_turn(prompt_ids, max_new_tokens, sampling, generator)
+        clock, stats = turn.clock, turn.stats
         with torch.inference_mode():
             t0 = clock.last
-            out = runner.forward(prompt_ids, cache, prefill=True, output_hidden_states=want_hidden, logits_to_keep=1)
-            last = out.logits[0, -1]  # [V]
-            root_dev = next_token(last, sampling, generator).view(1)  # [1] on the logits' device
-            if sampling.greedy:
-                margin, top, second = logit_margins(last)
-                x0, m0, top0, second0 = fetch(torch.stack([root_dev[0].to(packed_dtype), margin.to(packed_dtype),
-                                                           top.to(packed_dtype), second.to(packed_dtype)]))
-                stats.margins.append(m0)
-                stats.tops.append(top0)
-                stats.runner_ups.append(int(second0))
-                x0 = int(x0)
-            else:
-                x0 = int(fetch(root_dev)[0])
+            out, root_dev, root = self._prefill(turn, prompt_ids)
             clock.mark("prefill_s")
             prefill_s = clock.last - t0
-            prepare_cache(cache)
-            committed = prompt_ids.shape[1]
-            stats.target_forwards = 1
-            emitted, stop = cut_at_stop([x0], 0, max_new_tokens, eos)
+            prepare_cache(turn.cache)
+            emitted, stop = cut_at_stop([root], 0, max_new_tokens, eos)
             stats.accept_lengths.append(len(emitted))
             if stop is None:
-                self.begin(prompt_ids, self._features(out.hidden_states) if want_hidden else None)
+                self.begin(prompt_ids, self._features(out.hidden_states) if turn.want_hidden else None)
                 clock.mark("draft_s")
             del out
-            root = x0
-            fast = sampling.greedy and self.greedy_argmax
             while stop is None:
                 tree = self.propose(root, sampling, generator)
                 clock.mark("draft_s")
-                check_tree(tree, None, values=False)
-                if self.proposal == "sampled" and tree.draft_probs is None and len(tree):
-                    raise ValueError(f"{type(self).__name__} declares proposal='sampled' but its DraftTree has no "
-                                     "draft_probs")
-                if tree.draft_probs is not None and tree.draft_probs.shape[1] != vocab:
-                    check_tree(tree, vocab, values=False)
-                n = len(tree)
-                parents, tokens = tree.parents.to(device), tree.tokens.to(device)
-                ancestors = ancestor_matrix(parents)  # [N+1, N+1]
-                depth = slot_depths(ancestors)        # [N+1]
-                flags = tree_flags(DraftTree(tokens, parents), vocab)  # [2]
-                if not fast:  # the method's verify reads the tree on the host: check it first
-                    self._raise_if_bad(fetch(flags), tree, vocab)
-                ids = torch.cat([root_dev.to(device), tokens.clamp(0, vocab - 1)])[None]  # [1, N+1]
-                # eager: position ids depth + committed and the tree mask; compiled: the same, padded (runtime.py)
-                ids, pos, mask = runner.verify_inputs(ids, ancestors, depth, committed, layout, cache)
-                clock.mark("overhead_s")
-                out = runner.forward(ids, cache, attention_mask=mask, position_ids=pos,
-                                     output_hidden_states=want_hidden)
-                logits = out.logits[0, : n + 1]  # [N+1, V] (a compiled forward may have run pad slots after them)
-                if fast:
-                    on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
-                    margin, top, second = logit_margins(logits)  # [N+1] each
-                    here = logits.device  # with a device map the logits live on the last shard
-                    packed = torch.cat([flags.to(here, packed_dtype), depth.max().view(1).to(here, packed_dtype),
-                                        bonus_dev.to(packed_dtype),
-                                        torch.where(on_path, tokens.to(here), -1).to(packed_dtype),
-                                        margin.to(packed_dtype), top.to(packed_dtype), second.to(packed_dtype)])
-                    values = fetch(packed)
-                    self._raise_if_bad(values[:2], tree, vocab)
-                    tree_depth, bonus = int(values[2]), int(values[3])
-                    accepted = values[4: 4 + n]
-                    path = [i for i, t in enumerate(accepted) if t >= 0]
-                    path_tokens = [int(accepted[i]) for i in path]
-                    slot_margins = values[4 + n: 5 + 2 * n]
-                    slot_tops = values[5 + 2 * n: 6 + 3 * n]
-                    slot_seconds = values[6 + 3 * n:]
-                    root_dev = bonus_dev.to(device)
-                else:
-                    path, bonus = self.verify(tree, logits, sampling, generator)
-                    host = fetch(torch.cat([depth.max().view(1), tokens]))
-                    tree_depth, path_tokens = int(host[0]), [host[1 + i] for i in path]
-                    slot_margins = slot_tops = slot_seconds = None
-                    root_dev = upload([bonus], device)
+                self._check_proposal(tree, turn.vocab)
+                step, out = self._verify_step(turn, tree, root_dev)
                 clock.mark("verify_s")
-                new = path_tokens + [bonus]
+                new = step.path_tokens + [step.bonus]
                 kept, stop = cut_at_stop(new, len(emitted), max_new_tokens, eos)
-                keep = [0] + [i + 1 for i in path]
                 # the last emitted token stays pending (not in the cache); a cut drops the slots after it
-                keep = keep[: len(kept)]
-                if slot_margins is not None:
-                    stats.margins.extend(slot_margins[s] for s in keep)
-                    stats.tops.extend(slot_tops[s] for s in keep)
-                    stats.runner_ups.extend(int(slot_seconds[s]) for s in keep)
-                compact_cache(cache, committed, keep)
-                committed += len(keep)
+                keep = ([0] + [i + 1 for i in step.path])[: len(kept)]
+                if step.readback is not None:
+                    stats.record_logits(step.readback, keep)
+                compact_cache(turn.cache, turn.committed, keep)
+                turn.committed += len(keep)
                 emitted.extend(kept)
-                stats.step(n, tree_depth if n else 0, len(path), len(kept))
+                stats.step(len(tree), step.depth if len(tree) else 0, len(step.path), len(kept))
                 hidden = None
-                if want_hidden:
+                if turn.want_hidden:
                     hidden = self._features(out.hidden_states, keep)  # [len(keep), len(hidden_layers) * H]
                 del out
                 clock.mark("overhead_s")
                 if stop is None:
-                    self.accept([root] + new[:-1], hidden, bonus)
+                    self.accept([root] + new[:-1], hidden, step.bonus)
                     clock.mark("draft_s")
-                root = bonus
-        self.last_cache_length = int(cache.get_seq_length())
+                root, root_dev = step.bonus, step.bonus_dev
+        self.last_cache_length = int(turn.cache.get_seq_length())
         timings = {k: clock.totals.get(k, 0.0) for k in ("draft_s", "verify_s", "overhead_s")}
         counters = {**self.counters, "target_forwards": stats.target_forwards, "tree_tokens": stats.tree_tokens}
         return Generation(token_ids=emitted, accept_lengths=stats.accept_lengths, stop_reason=stop,
@@ -382,6 +324,67 @@ class SpeculativeMethod(Method):
                           logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
                           logit_runner_ups=stats.runner_ups,
                           timings_synchronised=clock.sync)
+
+    def _start_turn(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
+                    generator: torch.Generator | None) -> _Turn:
+        runner = self.target_runner
+        # room for the prompt, the new tokens and one tree beyond them (a static cache is allocated once)
+        cache = runner.new_cache(prompt_ids.shape[1] + max_new_tokens + self.max_tree_slots)
+        vocab = self.target.model.config.vocab_size
+        return _Turn(runner=runner, cache=cache, layout=attention_layout(cache), device=prompt_ids.device,
+                     vocab=vocab, sampling=sampling, generator=generator,
+                     fast=sampling.greedy and self.greedy_argmax,
+                     want_hidden=list(self.hidden_layers) if self.needs_hidden_states else False,
+                     packed_dtype=pack_dtype(vocab), clock=_Clock(prompt_ids.device, self._profiling()),
+                     stats=_TurnStats(), committed=prompt_ids.shape[1])
+
+    def _prefill(self, turn: _Turn, prompt_ids: torch.Tensor) -> tuple[object, torch.Tensor, int]:
+        """The target over the prompt ``[1, P]``: its output, the first token ``x0`` on the device (``[1]``) and on
+        the host. Greedy: ``x0`` and its logit margins come back in one transfer (a step readback of an empty tree)."""
+        out = turn.runner.forward(prompt_ids, turn.cache, prefill=True, output_hidden_states=turn.want_hidden,
+                                  logits_to_keep=1)
+        last = out.logits[0, -1]  # [V]
+        root_dev = next_token(last, turn.sampling, turn.generator).view(1)  # [1] on the logits' device
+        turn.stats.target_forwards = 1
+        if not turn.sampling.greedy:
+            return out, root_dev, int(fetch(root_dev)[0])
+        margin, top, second = logit_margins(last)
+        nothing = torch.zeros(2, device=root_dev.device)
+        readback = unpack_step(fetch(pack_step(nothing, nothing[:1], root_dev, nothing[:0], margin, top, second,
+                                               turn.packed_dtype)), 0)
+        turn.stats.record_logits(readback, [0])
+        return out, root_dev, readback.bonus
+
+    def _verify_step(self, turn: _Turn, tree: DraftTree, root_dev: torch.Tensor) -> tuple[_Verified, object]:
+        """ONE target forward over ``[root, *tree.tokens]`` and the acceptance: on the device with one readback when
+        ``turn.fast`` (greedy argmax), else by :meth:`verify` on the host. Returns the verdict and the forward's
+        output (whose hidden states the caller hands to ``accept``)."""
+        n, vocab, device = len(tree), turn.vocab, turn.device
+        parents, tokens = tree.parents.to(device), tree.tokens.to(device)
+        ancestors = ancestor_matrix(parents)  # [N+1, N+1]
+        depth = slot_depths(ancestors)        # [N+1]
+        flags = tree_flags(DraftTree(tokens, parents), vocab)  # [2]
+        if not turn.fast:  # the method's verify reads the tree on the host: check it first
+            self._raise_if_bad(fetch(flags), tree, vocab)
+        ids = torch.cat([root_dev.to(device), tokens.clamp(0, vocab - 1)])[None]  # [1, N+1]
+        # eager: position ids depth + committed and the tree mask; compiled: the same, padded (runtime.py)
+        ids, pos, mask = turn.runner.verify_inputs(ids, ancestors, depth, turn.committed, turn.layout, turn.cache)
+        turn.clock.mark("overhead_s")
+        out = turn.runner.forward(ids, turn.cache, attention_mask=mask, position_ids=pos,
+                                  output_hidden_states=turn.want_hidden)
+        logits = out.logits[0, : n + 1]  # [N+1, V] (a compiled forward may have run pad slots after them)
+        if turn.fast:
+            on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
+            here = logits.device  # with a device map the logits live on the last shard
+            accepted = torch.where(on_path, tokens.to(here), -1)  # [N] a slot's token on the path, else -1
+            packed = pack_step(flags, depth.max(), bonus_dev, accepted, *logit_margins(logits), turn.packed_dtype)
+            readback = unpack_step(fetch(packed), n)
+            self._raise_if_bad(readback.flags, tree, vocab)
+            return _Verified(readback.path, readback.path_tokens, readback.bonus, bonus_dev.to(device),
+                             readback.depth, readback), out
+        path, bonus = self.verify(tree, logits, turn.sampling, turn.generator)
+        host = fetch(torch.cat([depth.max().view(1), tokens]))
+        return _Verified(path, [host[1 + i] for i in path], bonus, upload([bonus], device), int(host[0]), None), out
 
     def _features(self, states: tuple, keep: list[int] | None = None) -> torch.Tensor:
         """The levels ``hidden_layers`` of ``states`` (a forward's ``hidden_states``; batch row 0), the rows ``keep``
@@ -410,6 +413,37 @@ def _rounded(values: list[float]) -> list[float]:
     return [float(f"{v:.6g}") for v in values]
 
 
+@dataclass
+class _Turn:
+    """What one turn's prefill and verification steps share."""
+
+    runner: object
+    cache: object
+    layout: object
+    device: torch.device
+    vocab: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    fast: bool                 # greedy acceptance computed on the device (one readback per step)
+    want_hidden: list | bool   # the output_hidden_states selection (False: none)
+    packed_dtype: torch.dtype  # of the readback (harness.engine.hostio.pack_dtype)
+    clock: _Clock
+    stats: _TurnStats
+    committed: int             # positions in the cache
+
+
+@dataclass
+class _Verified:
+    """The verdict of one verification step."""
+
+    path: list[int]            # accepted draft slots (0-based)
+    path_tokens: list[int]     # their tokens
+    bonus: int                 # the target's token after them (the next root)
+    bonus_dev: torch.Tensor    # [1] the same on the device
+    depth: int                 # the tree's depth
+    readback: StepReadback | None  # the greedy readback (logit margins per slot), None on the host path
+
+
 class _TurnStats:
     """Per-turn raw counters of the loop (see :class:`harness.engine.method.Generation`)."""
 
@@ -422,6 +456,12 @@ class _TurnStats:
         self.runner_ups: list[int] = []
         self.target_forwards = 0
         self.tree_tokens = 0
+
+    def record_logits(self, readback: StepReadback, slots: list[int]) -> None:
+        """The logit margins, tops and runner-ups of the emitted ``slots`` (0 = the root)."""
+        self.margins.extend(readback.margins[s] for s in slots)
+        self.tops.extend(readback.tops[s] for s in slots)
+        self.runner_ups.extend(readback.runner_ups[s] for s in slots)
 
     def step(self, tree_size: int, depth: int, accepted: int, emitted: int) -> None:
         self.target_forwards += 1

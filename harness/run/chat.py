@@ -21,11 +21,12 @@ from pathlib import Path
 
 from harness.models import Target
 from harness.run.shipped import find_shipped, shipped_names
+from harness.schema import InputError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(InputError):
     """An unknown chat template name or an unreadable template file; the message names the field."""
 
 

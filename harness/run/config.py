@@ -9,10 +9,11 @@ A ``sweep:`` key expands method entries into grids (:mod:`harness.run.sweep`). B
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,13 @@ from typing import Any
 import yaml
 
 from harness.measure.records import runtime_label
-from harness.registry import did_you_mean
 from harness.run.shipped import find_shipped, shipped_names
+from harness.schema import InputError, check, did_you_mean, field_types, unknown_keys
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration value that is missing, unknown or out of range; the message names the field."""
 
 
@@ -174,44 +175,28 @@ class RunConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def _check_type(value: Any, typ: Any, where: str) -> Any:
-    """Coerce/validate a YAML value against a dataclass field type (the small set used in RunConfig)."""
-    origin = getattr(typ, "__origin__", None)
-    text = str(typ)
+def _field_value(value: Any, annotation: Any, where: str) -> Any:
+    """A YAML value for a :class:`RunConfig` field, checked against its annotation (:func:`harness.schema.check`)
+    and converted as the field keeps it: a single value for a list field is a one-item list, numbers of a float
+    field are floats and the items of a string list are strings (question ids may be written as numbers)."""
+    element = _list_element(annotation)
+    if element is not None and value is not None and not isinstance(value, list):
+        value = [value]
+    check(value, annotation, where, ConfigError, scalar_str=element is not None)
     if value is None:
-        if "None" in text:
-            return None
-        raise ConfigError(f"{where}: may not be null")
-    if typ in (int, "int") or text in ("int", "int | None"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if text in ("float",):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if text in ("bool",):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if text in ("str", "str | None"):
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if origin is list or text.startswith("list["):
-        if not isinstance(value, list):
-            value = [value]
-        inner = text[text.index("[") + 1: text.rindex("]")].split(" | ")[0]
-        conv = {"float": float, "int": int, "str": str}.get(inner)
-        out = []
-        for i, v in enumerate(value):
-            if conv is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ConfigError(f"{where}[{i}]: expected a number, got {v!r}")
-            if conv is int and (isinstance(v, bool) or not isinstance(v, int)):
-                raise ConfigError(f"{where}[{i}]: expected an integer, got {v!r}")
-            out.append(conv(v) if conv else v)
-        return out
-    return value
+        return None
+    if element in (float, str):
+        return [element(v) for v in value]
+    return float(value) if annotation is float else value
+
+
+def _list_element(annotation: Any) -> Any:
+    """X for a ``list[X]`` (or ``list[X] | None``) annotation, else None."""
+    for a in typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+            else (annotation,):
+        if typing.get_origin(a) is list:
+            return typing.get_args(a)[0]
+    return None
 
 
 def _method_spec(raw: Any, where: str) -> MethodSpec:
@@ -235,12 +220,8 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(data) - set(fields) - {"sweep"})
-    if unknown:
-        hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, fields, 1)) else "")
-                 for u in unknown]
-        raise ConfigError(f"run: unknown field {', '.join(hints)}")
+    fields = field_types(RunConfig)
+    unknown_keys(set(data) - {"sweep"}, fields, "run", "field", ConfigError)
     data = dict(data)
     sweep = data.pop("sweep", None)
     kwargs: dict[str, Any] = {}
@@ -252,9 +233,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         else:
             if name == "profile" and isinstance(value, bool):  # YAML reads on/off as booleans
                 value = "on" if value else "off"
-            kwargs[name] = _check_type(value, fields[name].type, f"run.{name}")
-    if isinstance(kwargs.get("questions"), list):
-        kwargs["questions"] = [str(q) for q in kwargs["questions"]]
+            kwargs[name] = _field_value(value, fields[name], f"run.{name}")
     if sweep is not None:
         kwargs["methods"], kwargs["sweep_spec"] = _expand_sweep(kwargs.get("methods") or [MethodSpec("vanilla")], sweep)
     return RunConfig(**kwargs)
@@ -311,16 +290,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     """``"key=value"`` with the value parsed as YAML (``limit=3`` -> 3, ``temperatures=[0,1]`` -> [0, 1])."""
     if "=" not in text:
         raise ConfigError(f"expected KEY=VALUE, got {text!r}")
+    from harness.run.sweep import yaml_value
+
     key, raw = text.split("=", 1)
     return key.strip(), yaml_value(raw, text)
-
-
-def yaml_value(raw: str, where: str) -> Any:
-    """``raw`` parsed as one YAML value (safe_load: no tags, nothing runs), or a one-line :class:`ConfigError` that
-    quotes ``where``. Example: ("[1", "limit=[1") -> ConfigError "limit=[1: not valid YAML (expected ',' or ']' ...)";
-    ("!!python/name:os.system", ...) -> refused the same way."""
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise ConfigError(f"{where}: not valid YAML ({problem})") from None

@@ -66,7 +66,6 @@ A cell holds any of ``speedup`` (× vs the source's own vanilla decoding), ``tau
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,10 +75,11 @@ import yaml
 
 from harness.engine.method import OptionsError, build_options
 from harness.measure.metrics import TAU_CONVENTIONS
-from harness.registry import METHODS, UnknownNameError, did_you_mean
+from harness.registry import METHODS, UnknownNameError
 from harness.run.chat import ChatTemplateError, resolve_chat_template
 from harness.run.shipped import find_shipped, shipped_names
 from harness.run.suites import DataError, suite_info
+from harness.schema import InputError, check, did_you_mean, unknown_keys
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
 SOURCE_KINDS = ("paper", "leaderboard", "recomputed")
@@ -98,7 +98,7 @@ ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tok
 DTYPES = ("float16", "bfloat16", "float32")
 
 
-class TableError(ValueError):
+class TableError(InputError):
     """A published table that does not parse or validate; the message names the file and the field."""
 
 
@@ -226,7 +226,8 @@ def load_table(name_or_path: str | Path) -> Table:
 
 
 class _Checker:
-    """Small helpers that raise :class:`TableError` prefixed with the file name and the field path."""
+    """Small helpers that raise :class:`TableError` prefixed with the file name and the field path (the types are
+    checked by :func:`harness.schema.check`, the ranges here)."""
 
     def __init__(self, where: str):
         self.where = where
@@ -237,40 +238,34 @@ class _Checker:
     def mapping(self, value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):
             self.fail(path, f"expected a mapping, got {type(value).__name__}")
-        unknown = sorted(set(value) - set(allowed))
-        if unknown:
-            hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(str(u), allowed, 1))
-                                 else "") for u in unknown]
-            self.fail(path, f"unknown field {', '.join(hints)}; valid: {', '.join(allowed)}")
+        unknown_keys(value, allowed, f"{self.where}: {path}", "field", TableError, list_valid=True)
         missing = [k for k in required if k not in value]
         if missing:
             self.fail(path, f"missing field(s) {', '.join(missing)}")
         return value
 
     def string(self, value: Any, path: str, optional: bool = False) -> str | None:
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value.strip():
+        check(value, str | None if optional else str, f"{self.where}: {path}", TableError)
+        if value is not None and not value.strip():
             self.fail(path, f"expected a non-empty string, got {value!r}")
         return value
 
     def number(self, value: Any, path: str, optional: bool = False, minimum: float | None = None) -> float | None:
-        if value is None and optional:
+        check(value, float | None if optional else float, f"{self.where}: {path}", TableError)
+        if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(path, f"expected a number, got {value!r}")
         if minimum is not None and value < minimum:
             self.fail(path, f"must be >= {minimum:g}, got {value!r}")
         return float(value)
 
     def integer(self, value: Any, path: str, optional: bool = False, minimum: int | None = None) -> int | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"expected an integer, got {value!r}")
-        if minimum is not None and value < minimum:
+        check(value, int | None if optional else int, f"{self.where}: {path}", TableError)
+        if minimum is not None and value is not None and value < minimum:
             self.fail(path, f"must be >= {minimum}, got {value!r}")
         return value
+
+    def boolean(self, value: Any, path: str) -> bool:
+        return check(value, bool, f"{self.where}: {path}", TableError)
 
 
 def table_from_dict(data: Any, where: str = "table", stem: str | None = None) -> Table:
@@ -335,8 +330,7 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
         p = f"heads.{hid}"
         c.mapping(h, p, HEAD_FIELDS, ("kind",))
         c.string(h["kind"], f"{p}.kind")
-        if not isinstance(h.get("hub", True), bool):
-            c.fail(f"{p}.hub", f"expected true or false, got {h['hub']!r}")
+        c.boolean(h.get("hub", True), f"{p}.hub")
         if h.get("hub") is False and not h.get("url"):
             c.fail(f"{p}.url", "a head that is not on the Hugging Face hub needs the address it is published at")
         c.number(h.get("parameters_b"), f"{p}.parameters_b", optional=True, minimum=0)
@@ -404,13 +398,9 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
         c.fail(f"{p}.id", f"{row_id!r} must be letters, digits, '_' and '-' (it becomes the run label)")
     if r["target"] not in targets:
         c.fail(f"{p}.target", f"{r['target']!r} is not a key of targets ({', '.join(targets)})")
-    runnable = r.get("runnable", True)
-    if not isinstance(runnable, bool):
-        c.fail(f"{p}.runnable", f"expected true or false, got {runnable!r}")
+    runnable = c.boolean(r.get("runnable", True), f"{p}.runnable")
     method = r.get("method")
-    options = r.get("options") or {}
-    if not isinstance(options, dict):
-        c.fail(f"{p}.options", f"expected a mapping, got {options!r}")
+    options = check(r.get("options") or {}, dict, f"{c.where}: {p}.options", TableError)
     if "head" in options:
         c.fail(f"{p}.options.head", "name the head in the row's `head` field (an id of `heads`), not as an option")
     if runnable:

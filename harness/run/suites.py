@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from harness.registry import SCORERS, UnknownNameError, did_you_mean, suite_dirs
+from harness.registry import SCORERS, UnknownNameError, suite_dirs
+from harness.schema import InputError, did_you_mean, type_error, unknown_keys
 
 DATA_ENV = "DRAFTBENCH_DATA"
 
@@ -45,7 +46,7 @@ PIN_SUFFIX = ".sha256"  # beside a data file whose definition has sha256: null (
 SUITE_FIELDS = REQUIRED_FIELDS + tuple(OPTIONAL_FIELDS)
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A suite or data file problem: unknown suite, missing/corrupt/malformed file. The message is one clear line."""
 
 
@@ -131,9 +132,7 @@ def _validate_info(info: Any, path: Path) -> dict[str, Any]:
     missing = [k for k in REQUIRED_FIELDS if k not in info]
     if missing:
         raise DataError(f"{path}: missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(info) - set(SUITE_FIELDS))
-    if unknown:
-        raise DataError(f"{path}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(SUITE_FIELDS)}")
+    unknown_keys(info, SUITE_FIELDS, str(path), "field", DataError, list_valid=True)
     info = {**OPTIONAL_FIELDS, **info, "config_path": str(path)}
     if info["name"] != path.stem:
         raise DataError(f"{path}: name {info['name']!r} must equal the file name {path.stem!r}")
@@ -149,9 +148,7 @@ def _validate_info(info: Any, path: Path) -> dict[str, Any]:
                             or any(c not in "0123456789abcdef" for c in sha)):
         raise DataError(f"{path}: sha256 must be 64 lowercase hex digits or null (pinned on first fetch), got {sha!r}")
     groups = info["category_groups"]
-    if groups is not None and (not isinstance(groups, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(c, str) for c in v)
-            for k, v in groups.items())):
+    if type_error(groups, dict[str, list[str]] | None):
         raise DataError(f"{path}: category_groups must map a group name to a list of category names, "
                         f"got {groups!r:.80}")
     if info["scorer"] is not None and info["scorer"] not in SCORERS:
@@ -300,7 +297,7 @@ def parse_record(record: Any, where: str) -> Question:
     if "turns" not in record:
         raise DataError(f"{where}: record {record['question_id']!r} has no 'turns' (a list of user messages)")
     turns = record["turns"]
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+    if type_error(turns, list[str]) or not turns:
         raise DataError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r:.80}")
     reference = record.get("reference")
     if isinstance(reference, (str, dict)):

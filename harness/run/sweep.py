@@ -36,15 +36,29 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.run.config import yaml_value
+import yaml
+
+from harness.schema import InputError
 
 TRAIN_SWEEP_FILE = "sweep.json"  # written by harness.train.sweep into the sweep's output folder
 
 Grid = dict[str, dict[str, list[Any]]]  # label -> option -> values
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A sweep that is malformed or has a bad value; the message names the sweep field (``run.sweep.LABEL.OPTION``)."""
+
+
+def yaml_value(raw: str, where: str) -> Any:
+    """``raw`` (a flag's value: ``--set``, ``--opt``, ``--sweep``) parsed as one YAML value (safe_load: no tags,
+    nothing runs), or a one-line :class:`~harness.schema.InputError` that quotes ``where``. Example: ("[1",
+    "limit=[1") -> "limit=[1: not valid YAML (expected ',' or ']', but got '<stream end>')"; a tag such as
+    "!!python/name:os.system" is refused the same way."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise InputError(f"{where}: not valid YAML ({problem})") from None
 
 
 def parse_values(text: str) -> list[Any]:
