@@ -86,23 +86,20 @@ def plot_tokens_per_s(summary: pd.DataFrame, path: Path) -> Path | None:
     return _grouped_bars(summary, "tokens_per_s", "tokens / s (mean over questions)", "Throughput per suite", path)
 
 
-def _drafting_labels(turns: pd.DataFrame) -> list[tuple[str, float]]:
-    """(label, temperature) pairs of measured turns that drafted at least once (vanilla-like methods excluded)."""
+def _drafting(turns: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, float]], list[float]]:
+    """The measured turns, the (label, temperature) pairs among them that drafted at least once (vanilla-like
+    methods excluded) and those pairs' temperatures, sorted."""
     ok = turns[measured_rows(turns)]
-    out = []
-    for (label, temp), g in ok.groupby(["label", "temperature"], sort=False):
-        if any(lists(g["draft_depths"])):
-            out.append((label, temp))
-    return out
+    series = [(label, temp) for (label, temp), g in ok.groupby(["label", "temperature"], sort=False)
+              if any(lists(g["draft_depths"]))]
+    return ok, series, sorted({t for _, t in series})
 
 
 def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     """Share of verification steps by tokens appended (accepted + bonus), per drafting method, all suites pooled."""
-    series = _drafting_labels(turns)
+    ok, series, temps = _drafting(turns)
     if not series:
         return None
-    ok = turns[measured_rows(turns)]
-    temps = sorted({t for _, t in series})
     hists = {s: M.accept_length_histogram(lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]
                                                  ["accept_lengths"])) for s in series}
     lengths = sorted({n for h in hists.values() for n in h})
@@ -127,11 +124,9 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
 
 def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None:
     """Per-position acceptance rate (harness.measure.metrics.acceptance_per_position), one line per drafting method."""
-    series = _drafting_labels(turns)
+    ok, series, temps = _drafting(turns)
     if not series:
         return None
-    ok = turns[measured_rows(turns)]
-    temps = sorted({t for _, t in series})
     fig = Figure(figsize=(6.0, 4.0))
     ax = fig.subplots()
     _style_series(ax, len(series))
