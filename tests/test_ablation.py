@@ -5,26 +5,27 @@ import pytest
 
 from harness.measure import ablation as A
 from harness.measure import report as R
+from harness.measure import tables as T
 from tests.ablation_run import RECORDS, write_run
 
 
 @pytest.fixture(scope="module")
 def turns():
-    return R.turns_table(RECORDS)
+    return T.turns_table(RECORDS)
 
 
 def test_knobs_come_from_the_records_options(turns):
     """The labels are opaque ("A".."D"); knobs must still be mode and total_tokens, and depth / top_k (equal on
     every entry) must not be knobs. Parsing labels would find nothing; counting every option would add depth."""
     assert A.knob_names(turns) == ["opt.mode", "opt.total_tokens"]
-    summary = A.with_knobs(R.summary_table(turns), turns)
+    summary = A.with_knobs(T.summary_table(turns), turns)
     cols = list(summary.columns)
     assert cols[cols.index("method") + 1: cols.index("method") + 3] == ["opt.mode", "opt.total_tokens"]
     by_label = summary.set_index("label")
     assert by_label.loc["C", "opt.mode"] == "ar" and by_label.loc["B", "opt.total_tokens"] == 16
     assert pd.isna(by_label.loc["vanilla", "opt.mode"])
-    assert A.with_knobs(R.summary_table(R.turns_table(RECORDS[:3])), R.turns_table(RECORDS[:3])).equals(
-        R.summary_table(R.turns_table(RECORDS[:3])))  # no knob -> the table is unchanged
+    assert A.with_knobs(T.summary_table(T.turns_table(RECORDS[:3])), T.turns_table(RECORDS[:3])).equals(
+        T.summary_table(T.turns_table(RECORDS[:3])))  # no knob -> the table is unchanged
 
 
 def test_ablation_table_numbers(turns):

@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from harness.engine.sampling import SamplingParams
 from harness.measure import metrics as M
-from harness.measure.report import divergence_note, divergence_table, summary_table, turns_table
+from harness.measure.markdown import divergence_note
+from harness.measure.tables import divergence_table, summary_table, turns_table
 from harness.models import target_from_model
 from methods.vanilla import Vanilla
 from tests.anymodel import tiny_causal_lm, tree_method

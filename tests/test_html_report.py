@@ -61,7 +61,7 @@ def test_page_is_self_contained_and_has_the_divergence_viewer(run):
 
 def test_divergences_literal():
     """first_token / first_char come from metrics.first_difference; an off-by-one would show the wrong spot."""
-    from harness.measure.report import turns_table
+    from harness.measure.tables import turns_table
     from tests.ablation_run import RECORDS
 
     div = H.divergences(turns_table(RECORDS), "vanilla")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.measure.report import turns_table
+from harness.measure.tables import turns_table
 from harness.run import suites
 from harness.run.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
 from harness.run.chat import resolve_chat_template

@@ -144,13 +144,13 @@ def test_report_counts_every_question_after_a_corrupt_line_and_names_the_line(tm
         paths = write_report(run)
     summary = pd.read_csv(paths["summary_csv"])
     assert summary.loc[0, "n_questions"] == 4
-    assert "- records: 1 unreadable line skipped (records.jsonl:2)" in paths["summary_md"].read_text()
+    assert "- records: 1 bad line skipped (records.jsonl:2; the warnings say why)" in paths["summary_md"].read_text()
 
 
 def test_report_leaves_out_an_incomplete_question(tmp_path):
     """q2 has turn 0 of its two turns: measuring it would mix a half question into the means (q1: 8 tokens in
     2 s = 4 tok/s; q2's lone turn 4 tokens in 0.1 s would lift the mean to 22)."""
-    from harness.measure.report import summary_table, turns_table
+    from harness.measure.tables import summary_table, turns_table
 
     recs = [measured("1", 0, 2), measured("1", 1, 2, wall=1.0), measured("2", 0, 2, wall=0.1)]
     row = summary_table(turns_table(recs)).iloc[0]
@@ -161,7 +161,7 @@ def test_report_leaves_out_an_incomplete_question(tmp_path):
 def test_quality_is_not_averaged_over_the_answers_that_happened_to_score(tmp_path):
     """q1 scored 1.0 and q2's scorer failed: a quality of 1.0 would hide the failure; it must be NaN, with the
     failure counted and q2 still measured for speed (its generation is fine)."""
-    from harness.measure.report import questions_table, summary_table, turns_table
+    from harness.measure.tables import questions_table, summary_table, turns_table
 
     recs = [measured("1", 0, 1, score=1.0, score_name="exact"),
             measured("2", 0, 1, score_name="exact", score_error="RuntimeError: scorer exploded")]

@@ -25,7 +25,9 @@ import math
 import pandas as pd
 import pytest
 
+from harness.measure import markdown as MD
 from harness.measure import report as R
+from harness.measure import tables as T
 
 MANIFEST = {
     "run_id": "run-1",
@@ -91,7 +93,7 @@ def row(summary, label, suite):
 
 
 def test_turns_table_flattens_options_and_adds_provenance():
-    turns = R.turns_table(RECORDS, MANIFEST)
+    turns = T.turns_table(RECORDS, MANIFEST)
     assert len(turns) == len(RECORDS)  # one row per turn, error included
     first = turns.iloc[5]
     # nested options become dotted columns; the method's own timings too
@@ -108,7 +110,7 @@ def test_turns_table_flattens_options_and_adds_provenance():
 
 
 def test_summary_numbers_match_hand_computation():
-    s = R.summary_table(R.turns_table(RECORDS, MANIFEST))
+    s = T.summary_table(T.turns_table(RECORDS, MANIFEST))
     v1, m1, m2 = row(s, "vanilla", "s1"), row(s, "medusa-typical", "s1"), row(s, "medusa-typical", "s2")
     assert (v1["n_questions"], v1["n_turns"], v1["n_errors"]) == (2, 3, 0)
     assert v1["tokens_per_s"] == pytest.approx(5.0) and v1["tau"] == pytest.approx(1.0)
@@ -136,7 +138,7 @@ def test_summary_numbers_match_hand_computation():
 
 
 def test_paper_table_cells_and_lossy_mark():
-    md = R.paper_table(R.summary_table(R.turns_table(RECORDS, MANIFEST)))
+    md = MD.paper_table(T.summary_table(T.turns_table(RECORDS, MANIFEST)))
     assert "| method | s1 | s2 | mean |" in md
     assert "| vanilla | 1.00× / 1.00 | 1.00× / 1.00 | 1.00× / 1.00 |" in md
     # not lossless -> dagger on the row and a footnote explaining it
@@ -190,3 +192,25 @@ def test_parquet_accepts_a_column_mixing_names_and_rank_paths(tmp_path):
     back = pd.read_parquet(files["turns_parquet"])
     assert back["opt.tree"].tolist()[:2] == ["eagle_mc_sim_7b_63", "[[0], [0, 0], [1]]"]
     assert list(back["accept_lengths"][0]) == [1, 2]
+
+
+def test_a_pipe_in_a_label_does_not_break_summary_md_rows(tmp_path):
+    """A label "medusa|typical" split its summary.md row into one column too many; every row of every table must
+    keep its header's column count, and report.html must show the label whole."""
+    records = [{**r, "label": "medusa|typical"} if r["label"] == "medusa-typical" else r for r in RECORDS]
+    paths = R.write_report(write_run(tmp_path, records))
+    md = paths["summary_md"].read_text()
+    assert "| medusa\\|typical † | 4.00× / 2.00 |" in md
+    from harness.measure.formatting import markdown_cells
+
+    tables: list[list[str]] = []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            if not tables or not tables[-1]:
+                tables.append([])
+            tables[-1].append(line)
+        elif tables and tables[-1]:
+            tables.append([])
+    for rows in filter(None, tables):
+        assert len({len(markdown_cells(r)) for r in rows}) == 1, rows
+    assert "medusa|typical" in paths["report_html"].read_text()

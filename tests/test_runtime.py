@@ -29,8 +29,10 @@ from harness.engine.runtime import (
     target_runner,
 )
 from harness.engine.tree import ancestor_matrix, slot_depths
-from harness.measure import report as R
+from harness.measure import markdown as MD
+from harness.measure import tables as T
 from harness.measure.ablation import ablation_table
+from harness.measure.records import baseline_labels
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from tests.helpers import GREEDY, build_example, registered_methods, tiny_llama, tiny_target
 
@@ -226,10 +228,10 @@ def test_report_compares_each_runtime_with_its_own_baseline(tmp_path):
         records += [_rec("vanilla", "eager", qid, 10.0, [1, 2]), _rec("pld", "eager", qid, 15.0, [1, 2]),
                     _rec("vanilla@compiled", "compiled", qid, 20.0, [1, 2]),
                     _rec("pld@compiled", "compiled", qid, 24.0, [1, 2] if qid == "1" else [1, 3])]
-    turns = R.turns_table(records, {})
-    assert R.baseline_labels(turns) == {"vanilla": "vanilla", "pld": "vanilla", "vanilla@compiled":
+    turns = T.turns_table(records, {})
+    assert baseline_labels(turns) == {"vanilla": "vanilla", "pld": "vanilla", "vanilla@compiled":
                                         "vanilla@compiled", "pld@compiled": "vanilla@compiled"}
-    summary = R.summary_table(turns).set_index("label")
+    summary = T.summary_table(turns).set_index("label")
     assert summary.loc["pld", "speedup"] == pytest.approx(1.5)
     assert summary.loc["pld@compiled", "speedup"] == pytest.approx(1.2)
     assert summary.loc["pld@compiled", "speedup_vs_eager"] == pytest.approx(2.4)
@@ -238,7 +240,7 @@ def test_report_compares_each_runtime_with_its_own_baseline(tmp_path):
     assert summary.loc["pld@compiled", "eager_match_share"] == 0.5
     assert summary.loc["pld@compiled", "compile_s"] == 42.0 and summary.loc["pld", "compile_s"] == 0.0
     assert list(summary["runtime"]) == ["eager", "eager", "compiled", "compiled"]
-    text = R.paper_table(summary.reset_index())
+    text = MD.paper_table(summary.reset_index())
     eager, compiled = text.split("**Temperature 0, runtime compiled**")
     assert "**Temperature 0, runtime eager**" in eager and "vanilla@compiled" not in eager
     assert "speed-up vs `vanilla@compiled`" in compiled and "| pld@compiled | 1.20× / 1.00 | 1.20× / 1.00 | 2.40× |" \
@@ -247,13 +249,13 @@ def test_report_compares_each_runtime_with_its_own_baseline(tmp_path):
     # the ablation table (its speed-up column) pairs each entry with its own runtime's baseline too: against eager
     # vanilla pld@compiled would read 2.4, and with no baseline of its label at all, n/a
     drafted = [dict(r, draft_depths=[1] * 4, accepted_drafts=[0] * 4) if r["method"] == "pld" else r for r in records]
-    table = ablation_table(R.turns_table(drafted, {}), n_boot=50).set_index("label")
+    table = ablation_table(T.turns_table(drafted, {}), n_boot=50).set_index("label")
     assert table.loc["pld@compiled", "speedup"] == pytest.approx(1.2)
     assert table.loc["pld", "speedup"] == pytest.approx(1.5)
     # records of runs made before runtimes existed read as eager, and the table keeps its old heading
-    old = R.turns_table([{k: v for k, v in r.items() if k not in ("runtime", "compile_s", "turn_compile_s")}
+    old = T.turns_table([{k: v for k, v in r.items() if k not in ("runtime", "compile_s", "turn_compile_s")}
                          for r in records[:2]], {})
-    assert "**Temperature 0** —" in R.paper_table(R.summary_table(old))
+    assert "**Temperature 0** —" in MD.paper_table(T.summary_table(old))
 
 
 # ------------------------------------------------------------------------------------------------ compiled (slow)
@@ -314,7 +316,7 @@ def test_run_with_both_runtimes_keeps_compilation_out_of_measured_turns(tmp_path
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["runtimes"]["compiled"]["backend"] == "inductor"
     assert manifest["methods"]["pld@compiled"]["runtime"] == "compiled"
-    summary = R.summary_table(R.turns_table(records, manifest)).set_index("label")
+    summary = T.summary_table(T.turns_table(records, manifest)).set_index("label")
     assert summary.loc["pld@compiled", "baseline"] == "vanilla@compiled"
     assert summary.loc["vanilla@compiled", "eager_match_share"] == 1.0
 

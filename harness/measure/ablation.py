@@ -40,6 +40,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
 
 OPT = "opt."
@@ -333,7 +334,7 @@ def ablation_pivots(table: pd.DataFrame, values: Sequence[str] = ("tau", "speedu
         for x in x_knobs(t, mk):
             line = _line_knob(t, mk, x)
             sl = plot_slice(t, mk, x, line)
-            cells = sl.assign(_cell=[" / ".join(_fmt(r[v]) for v in values) for _, r in sl.iterrows()])
+            cells = sl.assign(_cell=[" / ".join(number(r[v]) for v in values) for _, r in sl.iterrows()])
             name = _name(line) if line else ""
             cols = (sl[line].map(lambda v, n=name: f"{n}={v}") if line
                     else pd.Series(" / ".join(values), index=sl.index))
@@ -342,10 +343,6 @@ def ablation_pivots(table: pd.DataFrame, values: Sequence[str] = ("tau", "speedu
             pivot.index.name, pivot.columns.name = _name(x), None
             out.append((f"{method}, {suite}, T={temp:g}: {' / '.join(values)} against {_name(x)}", pivot))
     return out
-
-
-def _fmt(v: Any) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
 
 def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "vanilla") -> dict[str, Path]:
@@ -387,14 +384,12 @@ def ablation_markdown(turns: pd.DataFrame, baseline_label: str = "vanilla") -> s
     knobs = [k for k in table.columns if k.startswith(OPT)]
     head = ["label", *[_name(k) for k in knobs], "τ [95% CI]", f"speed-up vs {baseline_label} (same runtime) [95% CI]",
             "acc@1", "draft fwd / step", "draft ms / step", "verify ms / step"]
-    lines = ["| " + " | ".join(head) + " |", "|---" * (1 + len(knobs)) + "|---:" * 6 + "|"]
-    for r in table.to_dict("records"):
-        cells = [str(r["label"]), *[str(r[k]) for k in knobs],
-                 f"{_fmt(r['tau'])} [{_fmt(r['tau_ci_lo'])}, {_fmt(r['tau_ci_hi'])}]",
-                 f"{_fmt(r['speedup'])} [{_fmt(r['speedup_ci_lo'])}, {_fmt(r['speedup_ci_hi'])}]",
-                 _fmt(r.get("acc@1")), _fmt(r["draft_forwards_per_step"]), _fmt(r["draft_ms_per_step"]),
-                 _fmt(r["verify_ms_per_step"])]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [[str(r["label"]), *[str(r[k]) for k in knobs],
+             interval(r["tau"], r["tau_ci_lo"], r["tau_ci_hi"]),
+             interval(r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]),
+             number(r.get("acc@1")), number(r["draft_forwards_per_step"]), number(r["draft_ms_per_step"]),
+             number(r["verify_ms_per_step"])] for r in table.to_dict("records")]
+    lines = markdown_table(head, rows, left=1 + len(knobs))
     suites = ", ".join(f"{s} (T={t:g})" for s, t in dict.fromkeys(zip(table["suite"], table["temperature"])))
     return (f"**Ablation** ({suites}; knobs from the records' options; CIs: percentile bootstrap over questions)\n\n"
             + "\n".join(lines) + "\n")

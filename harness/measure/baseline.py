@@ -17,7 +17,7 @@ provenance      run id, creation time, command, git hash and dirty flag, library
 =============== ==================================================================================================
 
 :class:`Side` is the in-memory form of either source: a run directory is reduced by the report's own table
-builders (:mod:`harness.measure.report`, so every number comes from :mod:`harness.measure.metrics`), a baseline
+builders (:mod:`harness.measure.tables`, so every number comes from :mod:`harness.measure.metrics`), a baseline
 is read back as the same three tables plus provenance. Only a run directory keeps ``output_ids`` and
 ``output_text`` (used to show where an output changed).
 
@@ -44,7 +44,8 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure import report as R
-from harness.measure.records import load_records, record_files
+from harness.measure import tables as T
+from harness.measure.records import baseline_labels, load_records, record_files
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -153,10 +154,10 @@ class Side:
             raise ValueError(f"{run_dir}: no complete question in its records*.jsonl")
         config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
         label = config.get("baseline") or "vanilla"
-        turns = R.turns_table(records, manifest)
+        turns = T.turns_table(records, manifest)
         turns["question_id"] = turns["question_id"].astype(str)
-        qt = R.questions_table(turns)
-        summary = R.summary_table(turns, baseline_label=label, n_boot=n_boot, seed=seed)
+        qt = T.questions_table(turns)
+        summary = T.summary_table(turns, baseline_label=label, n_boot=n_boot, seed=seed)
 
         # per question: accepted tokens and steps over its measured turns, speed-up vs the baseline label
         measured_q = qt[qt["n_errors"] == 0][[*CELL, "question_id"]]
@@ -166,7 +167,7 @@ class Side:
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps"]].sum().reset_index())
         questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
         questions["speedup"] = math.nan
-        bases = R.baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
+        bases = baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
         for (cell_label, suite, temp), g in questions.groupby(CELL, sort=False):
             base = questions[(questions["label"] == bases.get(cell_label, label)) & (questions["suite"] == suite)
                              & (questions["temperature"] == temp)]

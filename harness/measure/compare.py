@@ -55,8 +55,9 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure.baseline import CELL, TURN, Side, load_side
+from harness.measure.formatting import NA, interval, markdown_escape, markdown_table, missing, number, size
 from harness.measure.html import write_tables_page
-from harness.measure.report import flatten
+from harness.measure.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
 CONFIG_IGNORED = ("output_dir", "data_dir")
@@ -134,13 +135,9 @@ def text_context(base_text: str, new_text: str, width: int = CONTEXT_CHARS) -> t
     return pos, excerpt(base_text), excerpt(new_text)
 
 
-def _nan(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
 def _declared(flag: Any) -> bool:
     """A lossless flag read from a table: True only when the method declared it (None / NaN = not declared)."""
-    return not _nan(flag) and bool(flag)
+    return not missing(flag) and bool(flag)
 
 
 def _question_order(qid: str) -> tuple:
@@ -289,40 +286,40 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
     sb, sn = ok_b.loc[shared], ok_n.loc[shared]
     findings: list[Finding] = []
 
-    missing = [q for q in ok_b.index if q not in ok_n.index]
+    lacking = [q for q in ok_b.index if q not in ok_n.index]
     errored = qn[qn["n_errors"] > 0]["question_id"].tolist()
     if errored:
         findings.append(Finding(name, "errors", f"NEW has error turns in question(s) {errored}"))
-    missing = [q for q in missing if q not in errored]
-    if missing:
-        findings.append(Finding(name, "missing", f"NEW lacks measured question(s) {missing} of BASE"))
+    lacking = [q for q in lacking if q not in errored]
+    if lacking:
+        findings.append(Finding(name, "missing", f"NEW lacks measured question(s) {lacking} of BASE"))
 
     tau_b, tau_n = M.tau_pooled(sb["accepted_tokens"], sb["steps"]), M.tau_pooled(sn["accepted_tokens"], sn["steps"])
     tau_change = M.relative_change(tau_n, tau_b)
-    if not _nan(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
+    if not missing(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
         findings.append(Finding(name, "tau", f"τ dropped {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}; "
                                              f"allowed -{th.tau_rtol:.1%})"))
-    elif not _nan(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
+    elif not missing(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
         findings.append(Finding(name, "tau", f"τ rose {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}): improved; "
                                              "refresh the baseline to keep it", fails=False))
 
     is_reference = label in (base.baseline_label, new.baseline_label)
     sp = (math.nan,) * 3 if is_reference else _change(sn["speedup"], sb["speedup"], th)
-    if th.gate_speed and not _nan(sp[2]) and sp[2] < 1 - th.speed_tol:
+    if th.gate_speed and not missing(sp[2]) and sp[2] < 1 - th.speed_tol:
         findings.append(Finding(name, "speed", f"speed-up fell to {sp[0]:.3f}× of BASE's (95% CI [{sp[1]:.3f}, "
                                                f"{sp[2]:.3f}], upper end below 1 − {th.speed_tol:g})"))
     tps = _change(sn["tokens_per_s"], sb["tokens_per_s"], th)
-    if th.tps_tol is not None and not _nan(tps[2]) and tps[2] < 1 - th.tps_tol:
+    if th.tps_tol is not None and not missing(tps[2]) and tps[2] < 1 - th.tps_tol:
         findings.append(Finding(name, "tps", f"tokens/s fell to {tps[0]:.3f}× of BASE's (95% CI [{tps[1]:.3f}, "
                                              f"{tps[2]:.3f}], upper end below 1 − {th.tps_tol:g})"))
 
     lossless_n = cn["lossless_share"]
-    if _declared(cn["lossless"]) and float(temp) == 0.0 and not _nan(lossless_n) and lossless_n < 1:
+    if _declared(cn["lossless"]) and float(temp) == 0.0 and not missing(lossless_n) and lossless_n < 1:
         findings.append(Finding(name, "lossless", f"lossless share {lossless_n:.3f} < 1 for a lossless method: "
                                                   "its greedy output differs from its own run's "
                                                   f"{new.baseline_label} on {1 - lossless_n:.1%} of turns"))
 
-    scored = [q for q in shared if not _nan(sb.at[q, "score"]) and not _nan(sn.at[q, "score"])]
+    scored = [q for q in shared if not missing(sb.at[q, "score"]) and not missing(sn.at[q, "score"])]
     quality_b = M.quality(sb.loc[scored, "score"]) if scored else None
     quality_n = M.quality(sn.loc[scored, "score"]) if scored else None
     if quality_b is not None and quality_n is not None and quality_n < quality_b - th.quality_tol:
@@ -358,23 +355,15 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
 
 
 # ---- output ------------------------------------------------------------------------------------------------------
-def _f(x: Any, spec: str, suffix: str = "") -> str:
-    return "n/a" if _nan(x) else format(float(x), spec) + suffix
-
-
 def _arrow(b: Any, n: Any, spec: str, suffix: str = "") -> str:
-    return f"{_f(b, spec, suffix)} → {_f(n, spec, suffix)}"
+    """BASE → NEW. Example: _arrow(3.1, 3.25, ".3f") -> "3.100 → 3.250"."""
+    return f"{number(b, spec, suffix)} → {number(n, spec, suffix)}"
 
 
 def _ci(g: Any, lo: Any, hi: Any) -> str:
-    return "n/a" if _nan(g) else f"{g:.3f} [{lo:.3f}, {hi:.3f}]"
-
-
-def _bytes(x: Any) -> str:
-    if _nan(x):
-        return "n/a"
-    x = float(x)
-    return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.0f} MiB"
+    """A change with its CI, "n/a" alone when there is none.
+    Example: _ci(1.02, 0.98, 1.07) -> "1.020 [0.980, 1.070]"."""
+    return NA if missing(g) else interval(g, lo, hi, ".3f")
 
 
 COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "speed-up BASE → NEW", "Δ speed-up [95% CI]",
@@ -394,13 +383,13 @@ def table_rows(cmp: Comparison) -> list[list[str]]:
         verdict = r["status"] + (f" ({', '.join(r['rules_failed'])})" if r["rules_failed"] else "")
         out.append([
             r["cell"], str(r["method"]), str(r["n_questions"]), _arrow(r["tau_base"], r["tau_new"], ".3f"),
-            _f(r["tau_change"] * 100 if not _nan(r["tau_change"]) else None, "+.1f", "%"),
+            number(r["tau_change"] * 100 if not missing(r["tau_change"]) else None, "+.1f", "%"),
             _arrow(r["speedup_base"], r["speedup_new"], ".2f", "×"),
             _ci(r["speedup_change"], r["speedup_change_lo"], r["speedup_change_hi"]),
             _arrow(r["tokens_per_s_base"], r["tokens_per_s_new"], ".1f"),
             _ci(r["tokens_per_s_change"], r["tokens_per_s_change_lo"], r["tokens_per_s_change_hi"]),
-            _f(r["lossless_share_new"], ".2f"), _arrow(r["quality_base"], r["quality_new"], ".3f"),
-            outputs, _bytes(r["peak_memory_bytes_new"]), _f(r["energy_per_token_j_new"], ".3g"), verdict,
+            number(r["lossless_share_new"], ".2f"), _arrow(r["quality_base"], r["quality_new"], ".3f"),
+            outputs, size(r["peak_memory_bytes_new"]), number(r["energy_per_token_j_new"], ".3g"), verdict,
         ])
     return out
 
@@ -438,23 +427,19 @@ def format_text(cmp: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def format_markdown(cmp: Comparison) -> str:
     """Markdown for a pull-request comment or ``$GITHUB_STEP_SUMMARY``."""
     lines = [f"### draftbench compare: {_verdict(cmp)}", "",
-             f"- BASE `{cmp.base.path}`: {_md(cmp.base.describe())}",
-             f"- NEW `{cmp.new.path}`: {_md(cmp.new.describe())}",
-             f"- gated on: {_md(_gated(cmp.thresholds))}", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_md(c) for c in r) + " |" for r in table_rows(cmp)]
+             f"- BASE `{cmp.base.path}`: {markdown_escape(cmp.base.describe())}",
+             f"- NEW `{cmp.new.path}`: {markdown_escape(cmp.new.describe())}",
+             f"- gated on: {markdown_escape(_gated(cmp.thresholds))}", "",
+             *markdown_table(COLUMNS, [[markdown_escape(c) for c in r] for r in table_rows(cmp)], left=len(COLUMNS))]
     if cmp.findings:
         lines += ["", "**Findings**", ""]
-        lines += [f"- {'❌ FAIL' if f.fails else 'ℹ️ note'} `{f.cell}` {f.rule}: {_md(f.message)}" for f in cmp.findings]
+        lines += [f"- {'❌ FAIL' if f.fails else 'ℹ️ note'} `{f.cell}` {f.rule}: {markdown_escape(f.message)}"
+                  for f in cmp.findings]
     if cmp.warnings:
-        lines += ["", "**Warnings**", ""] + [f"- {_md(w)}" for w in cmp.warnings]
+        lines += ["", "**Warnings**", ""] + [f"- {markdown_escape(w)}" for w in cmp.warnings]
     return "\n".join(lines) + "\n"
 
 

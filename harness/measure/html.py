@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure.ablation import ablation_pivots, ablation_table, knob_names
+from harness.measure.formatting import html_number, markdown_cells, missing
 
 REPORT_FILE = "report.html"
 CONTEXT_CHARS = 160           # text shown on each side of a divergence
@@ -79,32 +79,17 @@ function(th){th.addEventListener('click',function(){sortTable(th);});});document
 """
 
 
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, (float, np.floating)) and math.isnan(v))
-
-
-def format_number(v: Any) -> str:
-    """How a number cell reads. Example: 2.41367 -> "2.414"; 1234.5 -> "1234"; 7 -> "7"; NaN -> ""."""
-    if _missing(v):
-        return ""
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v)).lower()
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    return f"{float(v):.4g}" if abs(float(v)) < 1e4 else f"{float(v):.0f}"
-
-
 def _cell(v: Any) -> str:
     if isinstance(v, np.ndarray):
         v = v.tolist()
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
-        exact = "" if _missing(v) else repr(int(v) if isinstance(v, (int, np.integer)) else float(v))
-        return f'<td class="n" data-v="{exact}">{format_number(v)}</td>'
+        exact = "" if missing(v) else repr(int(v) if isinstance(v, (int, np.integer)) else float(v))
+        return f'<td class="n" data-v="{exact}">{html_number(v)}</td>'
     if isinstance(v, (list, tuple, dict)):
         text = json.dumps(v, ensure_ascii=False)
         short = text if len(text) <= 80 else text[:77] + "..."
         return f'<td title="{html.escape(text)}">{html.escape(short)}</td>'
-    return f"<td>{'' if _missing(v) else html.escape(str(v))}</td>"
+    return f"<td>{'' if missing(v) else html.escape(str(v))}</td>"
 
 
 def table_html(df: pd.DataFrame, table_id: str, sortable: bool = True, filterable: bool = False,
@@ -124,7 +109,7 @@ def table_html(df: pd.DataFrame, table_id: str, sortable: bool = True, filterabl
 
 
 def markdown_tables_html(text: str) -> str:
-    """The paper table's Markdown (:func:`harness.measure.report.paper_table`) as HTML: ``|`` rows become a table,
+    """The paper table's Markdown (:func:`harness.measure.markdown.paper_table`) as HTML: ``|`` rows become a table,
     ``**bold**`` lines headings, other lines paragraphs."""
     out, rows = [], []
 
@@ -140,7 +125,7 @@ def markdown_tables_html(text: str) -> str:
     for line in text.splitlines():
         s = line.strip()
         if s.startswith("|"):
-            cells = [c.strip() for c in s.strip("|").split("|")]
+            cells = markdown_cells(s)
             if not all(set(c) <= set("-:") for c in cells):
                 rows.append(cells)
             continue

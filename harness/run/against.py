@@ -24,7 +24,7 @@ equal to the row id wins a tie.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.formatting import interval, markdown_row, number
 from harness.measure.html import write_tables_page
 from harness.measure.records import load_records
-from harness.measure.report import read_manifest, turns_table
+from harness.measure.report import read_manifest
+from harness.measure.tables import turns_table
 from harness.run.published import Column, Table
 
 METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
@@ -255,14 +257,6 @@ def compare_turns(turns: pd.DataFrame, table: Table, manifest: Mapping[str, Any]
     return df
 
 
-def _f(x: float, spec: str = ".2f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def _signed(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:+.2f}"
-
-
 def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> str:
     """The comparison as Markdown: source and both hardwares, then one table per metric (rows × columns), each
     cell "measured vs reported (Δ, ×ratio)" with the speed-up's 95% CI and draftbench's τ beside the paper's."""
@@ -288,7 +282,7 @@ def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> s
                  else METRIC_LABELS.get(metric, metric) + (" with the measured 95% bootstrap CI"
                                                            if metric == "speedup" else ""))
         lines += [f"**{title}** — measured vs reported (Δ = measured − reported, ×ratio)", "",
-                  "| row | " + " | ".join(table.columns[c].label for c in col_ids) + " |",
+                  markdown_row(["row", *(table.columns[c].label for c in col_ids)]),
                   "|---|" + "---:|" * len(col_ids)]
         for row_id in dict.fromkeys(sub["row"]):
             r = sub[sub["row"] == row_id]
@@ -299,15 +293,14 @@ def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> s
                     cells.append("")
                     continue
                 x = x.iloc[0]
-                text = f"{_f(x['measured'])}"
-                if metric == "speedup" and not math.isnan(x["ci_lo"]):
-                    text += f" [{_f(x['ci_lo'])}, {_f(x['ci_hi'])}]"
+                text = (interval(x["measured"], x["ci_lo"], x["ci_hi"])
+                        if metric == "speedup" and not math.isnan(x["ci_lo"]) else number(x["measured"]))
                 if conv:
-                    text += f" [τ {_f(x['tau_draftbench'])}]"
+                    text += f" [τ {number(x['tau_draftbench'])}]"
                 if not math.isnan(x["reported"]):
-                    text += f" vs {_f(x['reported'])} ({_signed(x['delta'])}, ×{_f(x['ratio'])})"
+                    text += f" vs {number(x['reported'])} ({number(x['delta'], '+.2f')}, ×{number(x['ratio'])})"
                 cells.append(text)
-            lines.append(f"| {r['row_label'].iloc[0]} | " + " | ".join(cells) + " |")
+            lines.append(markdown_row([r["row_label"].iloc[0], *cells]))
         lines.append("")
     lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a different "
               "baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a protocol "
@@ -373,9 +366,3 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
         run_dir / f"{stem}.html", f"{run_dir.name} vs {table.id}", {"Measured vs reported": df}, notes=md,
         plots={"measured vs reported": plot} if plot is not None else None, subtitle=table.cite())
     return {"frame": df, "markdown": md, "paths": paths}
-
-
-def summarize(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Several parts' comparisons (one per run of a reproduction) as one frame."""
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)

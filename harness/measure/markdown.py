@@ -1,0 +1,150 @@
+"""The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.measure.report`):
+the paper table (labels × suites, cells "speed-up× / τ"), the per-category leaderboard pivot, the greedy
+divergence note and the note on records left out. Numbers read as :mod:`harness.measure.formatting` says; every
+number comes from the tables of :mod:`harness.measure.tables`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from harness.measure import metrics as M
+from harness.measure.formatting import markdown_table, number, ratio, speedup_tau
+from harness.measure.records import RecordsRead
+from harness.measure.tables import max_value, sum_values, summary_runtimes
+
+
+def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """Markdown pivot per (suite, temperature): labels × categories plus the suite's overall, cells "speed-up× / τ"
+    (Spec-Bench's leaderboard layout for the spec_bench suite). Empty text when no suite has categories."""
+    if categories.empty:
+        return ""
+    parts = []
+    for (suite, temp), at in categories.groupby(["suite", "temperature"], sort=False):
+        cats = list(dict.fromkeys(at["category"]))
+        table = []
+        for label in _row_order(at, baseline_label):
+            rows = at[at["label"] == label].set_index("category")
+            overall = summary[(summary["label"] == label) & (summary["suite"] == suite)
+                              & (summary["temperature"] == temp)]
+            cells = [speedup_tau(rows.at[c, "speedup"], rows.at[c, "tau"]) if c in rows.index else "" for c in cats]
+            cells.append(speedup_tau(overall["speedup"].iloc[0], overall["tau"].iloc[0]) if len(overall) else "")
+            table.append([f"{label}", *cells])
+        lines = [f"**{suite}, temperature {temp:g}, per category** — speed-up vs `{baseline_label}` × / τ", "",
+                 *markdown_table(["method", *map(str, cats), "overall"], table)]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def divergence_note(divergence: pd.DataFrame) -> str:
+    """Markdown lines under the paper table when some greedy turn differs from the baseline (empty otherwise)."""
+    if divergence.empty:
+        return ""
+    lines = ["", "**Greedy divergence from the baseline** (first differing token; logit margin = top-1 minus top-2 "
+                 "of the target in each run; a tie is within the dtype's rounding noise, see "
+                 "`harness/measure/metrics.py` `tie_tolerance`):", ""]
+    for label, g in divergence.groupby("label", sort=False):
+        counts = g["kind"].value_counts()
+        lines.append(f"- {label}: {len(g)} turn(s) differ: {int(counts.get('tie', 0))} tie(s) within noise, "
+                     f"{int(counts.get('disagreement', 0))} disagreement(s), {int(counts.get('unknown', 0))} "
+                     "without margins")
+    return "\n".join(lines) + "\n"
+
+
+def _row_order(summary: pd.DataFrame, baseline_label: str) -> list[str]:
+    labels = list(dict.fromkeys(summary["label"]))
+    bases = set(summary["baseline"]) if "baseline" in summary else set()
+    return sorted(labels, key=lambda lab: lab not in bases | {baseline_label})
+
+
+def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """Markdown pivot: labels (rows) × suites (columns), cells "speed-up× / tau", plus an equal-weight mean
+    column (:func:`harness.measure.metrics.suite_mean`); one table per temperature, and per runtime when the run
+    measured another runtime than eager: such a table compares its labels with the baseline of its own runtime and
+    adds the mean speed-up over the eager baseline (so runtimes are never mixed in one column). Labels whose method
+    is not lossless carry "†" and a footnote. Example cell: "2.41× / 3.52"; "n/a / 3.52" when there is no
+    baseline."""
+    if summary.empty:
+        return "_No measured turns._\n"
+    suites = list(dict.fromkeys(summary["suite"]))
+    runtimes = summary_runtimes(summary)
+    lossy = False
+    parts = []
+    for temp in sorted(summary["temperature"].dropna().unique()):
+        for runtime in runtimes:
+            at = summary[summary["temperature"] == temp]
+            if "runtime" in at:
+                at = at[at["runtime"].fillna("eager") == runtime]
+            if at.empty:
+                continue
+            base = at["baseline"].iloc[0] if "baseline" in at else baseline_label
+            head = f"**Temperature {temp:g}**" if runtimes == ["eager"] else \
+                f"**Temperature {temp:g}, runtime {runtime}**"
+            versus = runtime != "eager"
+            table = []
+            for label in _row_order(at, baseline_label):
+                rows = at[at["label"] == label]
+                mark = ""
+                if rows["lossless"].eq(False).any():
+                    mark, lossy = " †", True
+                cells = [f"{label}{mark}"]
+                for suite in suites:
+                    r = rows[rows["suite"] == suite]
+                    cells.append(speedup_tau(r["speedup"].iloc[0], r["tau"].iloc[0]) if len(r) else "")
+                cells.append(speedup_tau(M.suite_mean(rows["speedup"]), M.suite_mean(rows["tau"])))
+                if versus:
+                    cells.append(ratio(M.suite_mean(rows["speedup_vs_eager"])))
+                table.append(cells)
+            lines = [f"{head} — cells: speed-up vs `{base}` (ratio of mean tokens/s on the same questions) × / τ "
+                     "(mean accepted length per target forward, bonus token included)"
+                     + (f"; last column: mean speed-up vs eager `{baseline_label}`" if versus else ""), "",
+                     *markdown_table(["method", *suites, "mean", *(["vs eager"] if versus else [])], table)]
+            if versus:
+                lines += ["", _compile_note(at)]
+            parts.append("\n".join(lines))
+    text = "\n\n".join(parts) + "\n"
+    if lossy:
+        text += ("\n† not lossless: its output is not guaranteed to equal the target's greedy output (T = 0) or "
+                 "to follow the target's distribution (T > 0).\n")
+    return text
+
+
+def _compile_note(rows: pd.DataFrame) -> str:
+    """One line under a compiled runtime's table: each label's compile time (warm-up, outside every turn's wall time)
+    and, if any, compilation left inside measured turns. Example: "Compilation (warm-up, not in any turn's time):
+    vanilla@compiled 61.2 s, pld@compiled 75.0 s." """
+    parts, inside = [], []
+    for label, g in rows.groupby("label", sort=False):
+        parts.append(f"{label} {number(max_value(g['compile_s']), '.1f', ' s')}")
+        left = sum_values(g["turn_compile_s"])
+        if left == left and left > 0:
+            inside.append(f"{label} {left:.1f} s")
+    text = "Compilation (warm-up, not in any turn's time): " + ", ".join(parts) + "."
+    if inside:
+        text += " Still inside measured turns (their speed is not steady-state): " + ", ".join(inside) + "."
+    return text
+
+
+def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None = None) -> str:
+    """A Markdown line on what reading the records left out (lines that are unreadable, not valid records or
+    duplicates: :func:`harness.measure.records.load_records`; superseded attempts, incomplete questions, answers
+    that failed to score); "" when nothing was. Example: "- records: 1 bad line skipped (records.jsonl:5); 2
+    incomplete questions left out"."""
+    parts = []
+    if found.bad_lines:
+        where = [b.split(": ", 1)[0].removeprefix(f"{run_dir}{os.sep}") for b in found.bad_lines]
+        more = f", and {len(where) - 5} more" if len(where) > 5 else ""
+        s = "s" if len(where) > 1 else ""
+        parts.append(f"{len(where)} bad line{s} skipped ({', '.join(where[:5])}{more}; the warnings say why)")
+    if found.superseded:
+        parts.append(f"{found.superseded} records of superseded attempts left out")
+    if found.incomplete:
+        s = "s" if len(found.incomplete) > 1 else ""
+        parts.append(f"{len(found.incomplete)} incomplete question{s} left out (resume the run to finish them)")
+    if summary is not None and "n_score_errors" in summary and summary["n_score_errors"].sum():
+        parts.append(f"{int(summary['n_score_errors'].sum())} answers failed to score (score_error); the quality of "
+                     "their groups is n/a")
+    return f"- records: {'; '.join(parts)}\n" if parts else ""

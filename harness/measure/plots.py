@@ -1,0 +1,145 @@
+"""A run's matplotlib figures (``plots/*.png`` of :mod:`harness.measure.report`): speed-up, τ and tokens/s per
+suite as grouped bars, the accepted-length histogram and the acceptance rate per draft position. Every value comes
+from the tables of :mod:`harness.measure.tables`; a plot with nothing to show is not written (its function returns
+None). Figures are drawn on :class:`matplotlib.figure.Figure` directly, so no global pyplot state or display is
+needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from harness.measure import metrics as M
+from harness.measure.tables import lists, measured_rows, summary_runtimes
+
+
+def _series_name(label: str, temperature: float, temperatures: Sequence[float]) -> str:
+    return label if len(temperatures) <= 1 else f"{label} (T={temperature:g})"
+
+
+def _style_series(ax, n: int) -> None:
+    """Distinct colours for up to 20 series (the default cycle repeats after 10, so an ablation's 13 entries would
+    share colours)."""
+    if n > 10:
+        ax.set_prop_cycle(color=[matplotlib.colormaps["tab20"](i % 20) for i in range(n)])
+
+
+def _legend(ax, n: int) -> None:
+    """The legend inside the axes for a few series; beside them for many, where it would hide bars and lines (the
+    figure is then saved with ``bbox_inches="tight"`` so that it is not cut off)."""
+    if n > 6:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize="small")
+
+
+def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, path: Path,
+                  hline: float | None = None) -> Path | None:
+    """Bars of ``summary[value]``: suites on the x axis, one bar per (label, temperature). None if no value."""
+    data = summary[summary[value].notna()]
+    if data.empty:
+        return None
+    suites = list(dict.fromkeys(data["suite"]))
+    temps = sorted(data["temperature"].unique())
+    series = list(dict.fromkeys(zip(data["label"], data["temperature"])))
+    fig = Figure(figsize=(max(6.0, 1.2 * len(suites) * max(len(series), 2) / 2), 4.0))
+    ax = fig.subplots()
+    _style_series(ax, len(series))
+    width = 0.8 / len(series)
+    x = np.arange(len(suites))                                             # [S]
+    for i, (label, temp) in enumerate(series):
+        rows = data[(data["label"] == label) & (data["temperature"] == temp)].set_index("suite")
+        heights = [rows[value].get(s, np.nan) for s in suites]              # [S]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, heights, width, label=_series_name(label, temp, temps))
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, suites)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    _legend(ax, len(series))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_speedup(summary: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
+    """Grouped bars of the speed-up (ratio of means) per suite; None when there is no baseline. With several
+    runtimes each label is compared with its own runtime's baseline (the summary's ``baseline`` column)."""
+    versus = baseline_label if summary_runtimes(summary) == ["eager"] else f"{baseline_label} of the same runtime"
+    return _grouped_bars(summary, "speedup", f"speed-up vs {versus} (×)", "Speed-up per suite", path, 1.0)
+
+
+def plot_tau(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Grouped bars of tau per suite."""
+    return _grouped_bars(summary, "tau", "τ (tokens per target forward)", "Mean accepted length per suite", path,
+                         1.0)
+
+
+def plot_tokens_per_s(summary: pd.DataFrame, path: Path) -> Path | None:
+    """Grouped bars of mean tokens/s per suite."""
+    return _grouped_bars(summary, "tokens_per_s", "tokens / s (mean over questions)", "Throughput per suite", path)
+
+
+def _drafting(turns: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, float]], list[float]]:
+    """The measured turns, the (label, temperature) pairs among them that drafted at least once (vanilla-like
+    methods excluded) and those pairs' temperatures, sorted."""
+    ok = turns[measured_rows(turns)]
+    series = [(label, temp) for (label, temp), g in ok.groupby(["label", "temperature"], sort=False)
+              if any(lists(g["draft_depths"]))]
+    return ok, series, sorted({t for _, t in series})
+
+
+def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
+    """Share of verification steps by tokens appended (accepted + bonus), per drafting method, all suites pooled."""
+    ok, series, temps = _drafting(turns)
+    if not series:
+        return None
+    hists = {s: M.accept_length_histogram(lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]
+                                                 ["accept_lengths"])) for s in series}
+    lengths = sorted({n for h in hists.values() for n in h})
+    fig = Figure(figsize=(max(6.0, 0.6 * len(lengths) * len(series)), 4.0))
+    ax = fig.subplots()
+    _style_series(ax, len(series))
+    width = 0.8 / len(series)
+    x = np.arange(len(lengths))                                            # [L]
+    for i, s in enumerate(series):
+        total = sum(hists[s].values())
+        shares = [hists[s].get(n, 0) / total if total else 0.0 for n in lengths]  # [L]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, shares, width, label=_series_name(*s, temps))
+    ax.set_xticks(x, [str(n) for n in lengths])
+    ax.set_xlabel("tokens appended per verification step (accepted drafts + 1)")
+    ax.set_ylabel("share of steps")
+    ax.set_title("Accepted-length histogram (all suites)")
+    _legend(ax, len(series))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None:
+    """Per-position acceptance rate (harness.measure.metrics.acceptance_per_position), one line per drafting method."""
+    ok, series, temps = _drafting(turns)
+    if not series:
+        return None
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.subplots()
+    _style_series(ax, len(series))
+    for label, temp in series:
+        g = ok[(ok["label"] == label) & (ok["temperature"] == temp)]
+        rates = M.acceptance_per_position(lists(g["accepted_drafts"]), lists(g["draft_depths"]))
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=_series_name(label, temp, temps))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance per draft position (all suites)")
+    _legend(ax, len(series))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
