@@ -221,7 +221,7 @@ def test_socket_patch_fallback_refuses_connections():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Hardening (issue #10): kernel file fence, hook state out of reach, unforgeable verdict.
+# Hardening (issues #10, #26): kernel file fence, hook state out of reach, a verdict out of the program's reach.
 
 def _code_objects(fn):
     todo, seen = [fn.__code__], []
@@ -239,31 +239,30 @@ def _global_reads(fn):
                    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "IMPORT_NAME")})
 
 
-def test_hook_runner_and_guard_read_no_global_or_builtin():
-    """The audit hook, the verdict runner and the plain-data guard run while untrusted code can rebind module
-    globals and builtins; a single global or builtin read in them (e.g. `isinstance`, `_REFUSED_EVENTS`,
-    `BaseException`) would let a program switch a check off or fake a returning check()."""
+def test_hook_reads_no_global_or_builtin():
+    """The audit hook runs while untrusted code can rebind module globals and builtins; a single global or builtin
+    read in it or its steps (e.g. `isinstance`, `any`, `_REFUSED_EVENTS`) would let a program switch a check off."""
     import builtins
     from types import MappingProxyType
 
-    from harness.sandbox import make_audit_hook, make_plain_result_guard, make_test_runner
+    from harness.sandbox import make_audit_hook
 
-    hook = make_audit_hook(os.getcwd())
-    code = compile("pass", "main.py", "exec")
-    runner = make_test_runner(code, compile("def check(c): pass", "t.py", "exec"), ["check", "f"], True, {}, -1, -1)
-    wrap, failed = make_plain_result_guard()
-    # exceptions: prebuilt, raised as they are
+    hook = make_audit_hook(os.getcwd(), hidden=("/nonexistent",))
     immutable = (frozenset, tuple, str, bytes, int, float, bool, type(None), type, type(len),
-                 type(MappingProxyType({})), type(os.stat("/")), type(code), BaseException)
-    for fn in (hook, runner, wrap, wrap(len), failed):
+                 type(MappingProxyType({})), type(os.stat("/")), BaseException)
+    todo, checked = [hook], 0
+    while todo:
+        fn = todo.pop()
         assert _global_reads(fn) == [], fn
+        checked += 1
         for cell in fn.__closure__ or ():
             value = cell.cell_contents
             if type(value) is type(_code_objects):
-                assert _global_reads(value) == [], value  # a nested helper: same rule
-            elif not (fn is runner and value == {}) and value != [False]:  # the namespace; the guard's flag
-                assert isinstance(value, immutable) or type(value).__name__ == "method-wrapper" \
-                    or type(value).__name__ == "builtin_function_or_method", (fn, value)
+                todo.append(value)  # a step or helper: same rule
+            else:
+                assert isinstance(value, immutable) or type(value).__name__ == "builtin_function_or_method", \
+                    (fn, value)
+    assert checked >= 10  # the hook, its five refuse_* steps and the path helpers
     assert builtins.len is len
 
 
@@ -299,7 +298,10 @@ def test_hook_decisions(tmp_path):
     work.mkdir()
     outside.mkdir()
     (work / "sub").mkdir()
-    hook = make_audit_hook(str(work), trusted_roots=(os.path.dirname(os.__file__),))
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "data.txt").write_text("answers")
+    hook = make_audit_hook(str(work), trusted_roots=(os.path.dirname(os.__file__),), hidden=(str(hidden),))
     cwd = os.getcwd()
     os.chdir(work)  # the hook assumes the process stays in the working directory
     try:
@@ -317,6 +319,8 @@ def test_hook_decisions(tmp_path):
         assert _refused(hook, "open", (__import__("pathlib").Path("inside.txt"), "w", wr))
         assert _refused(hook, "open", ("/proc/self/mem", "rb", os.O_RDONLY))
         assert _refused(hook, "open", ("/dev/fd/0", "rb", os.O_RDONLY))
+        assert _refused(hook, "open", (str(hidden / "data.txt"), "rb", os.O_RDONLY))  # hidden: not even read
+        assert _refused(hook, "open", ("../hidden/data.txt", "r", os.O_RDONLY))
         sub_fd, out_fd = os.open(work / "sub", os.O_RDONLY), os.open(outside, os.O_RDONLY)
         try:
             assert hook("os.remove", ("x", sub_fd)) is None
@@ -342,6 +346,8 @@ def test_hook_decisions(tmp_path):
             assert _refused(hook, event, ())
         assert _refused(hook, "object.__setattr__", (None, "__code__", None))
         assert _refused(hook, "import", ("_ctypes", None, [], [], []))
+        for name in ("sqlite3", "_sqlite3", "readline", "x._sqlite3", "pkg._ctypes"):  # any dotted part
+            assert _refused(hook, "import", (name, None, [], [], []))
         assert _refused(hook, "import", ("evil", str(work / "evil.so"), [], [], []))
         assert hook("import", ("math", None, [], [], [])) is None
         assert _refused(hook, "os.kill", (1, 9))
@@ -394,17 +400,24 @@ def test_verdict_arguments_are_validated():
         run_untrusted("pass", verdict_call=("check", "not an identifier"))
     with pytest.raises(ValueError, match="need a verdict_call"):
         run_untrusted("pass", test_code="def check(c): pass")
+    with pytest.raises(ValueError, match="needs the test_code"):
+        run_untrusted("pass", verdict_call=("check", "f"))
     with pytest.raises(ValueError, match="unknown layers"):
         run_untrusted("pass", disable=("landlok",))
 
 
-def test_plain_result_guard():
-    """Objects that equal everything must be refused, plain data of every builtin kind must pass."""
-    from harness.sandbox import make_plain_result_guard
+def test_plain_data_crosses_the_pipe_unchanged_and_nothing_else_does():
+    """What the judge receives: the same plain value, type for type (a tuple stays a tuple, bytes stay bytes);
+    objects that equal everything, subclasses of int and unknown tags must not cross, or a wrong program passes."""
+    import json
 
-    wrap, failed = make_plain_result_guard()
-    plain = [1, 2.5, "s", b"b", None, True, (1, [2, {3: {"a": frozenset({4})}}]), {1, 2}, 1j]
-    assert wrap(lambda: plain)() == plain and not failed()
+    from harness.sandbox import from_wire, to_wire
+
+    plain = [1, 2.5, "s\udcff", b"b", None, True, (1, [2, {3: {"a": frozenset({4})}}]), {1, 2}, 1j, float("inf"),
+             -0.0, 10 ** 30]
+    back = from_wire(json.loads(json.dumps(to_wire(plain))))
+    assert back == plain and [type(v) for v in back] == [type(v) for v in plain]
+    assert to_wire((1, b"k")) == {"tuple": [1, {"bytes": "6b"}]}
 
     class Anything:
         def __eq__(self, other):
@@ -415,12 +428,10 @@ def test_plain_result_guard():
 
     for bad in (Anything(), Int(3), [1, [Anything()]], {"k": Int(1)}):
         with pytest.raises(TypeError):
-            wrap(lambda bad=bad: bad)()
-    assert failed()
-    loop = []
-    loop.append(loop)
-    with pytest.raises(TypeError):
-        wrap(lambda: loop)()
+            to_wire(bad)
+    for bad in ({"x": 1}, {"tuple": 1}, {"dict": [[1]]}, {"complex": ["1", 2.0]}, {"a": 1, "b": 2}):
+        with pytest.raises(ValueError):
+            from_wire(bad)
 
 
 def test_seccomp_exec_hole_and_metadata_rules():
@@ -443,6 +454,22 @@ def test_landlock_rights_follow_the_abi():
 
     counts = [bin(landlock_handled_rights(abi)).count("1") for abi in range(8)]
     assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
+
+
+def test_landlock_grants_everything_but_the_hidden_directories(tmp_path):
+    """Landlock only allows, so hiding site-packages means granting every sibling along the way: here / of the
+    tree holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt readable, never the symlink
+    (it leads back into a/, whose hidden child a grant through it would expose) and never a/ as a whole."""
+    from harness.sandbox import readable_ancestors, readable_subtrees
+
+    (tmp_path / "a" / "hidden").mkdir(parents=True)
+    (tmp_path / "a" / "other").mkdir()
+    (tmp_path / "keep.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    hidden = (str(tmp_path / "a" / "hidden"),)
+    root = str(tmp_path)
+    assert [p for p in readable_ancestors(hidden) if p.startswith(root)] == [root, root + "/a"]
+    assert [p for p in readable_subtrees(hidden) if p.startswith(root)] == [root + "/keep.txt", root + "/a/other"]
 
 
 def _in_forked_child(fn):
