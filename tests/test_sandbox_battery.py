@@ -3,12 +3,16 @@
 Two kinds of attack, each run through the real sandbox (plain ``pytest``, nothing skipped on a Linux machine):
 
 * VERDICT_ATTACKS: completions for HumanEval/0 whose function is wrong but that try to be scored as passing
-  anyway (exit tricks, forged status, stealing the verdict token through frames/gc/memory, replacing ``check``,
-  objects that equal everything). Each must score 0.0.
+  anyway (exit tricks, forged status, stealing a verdict token through frames/gc/memory (numpy included),
+  replacing ``check``, objects that equal everything). Each must score 0.0, with every layer and, for the
+  token-stealing ones, without the layers that once kept the token secret (VERDICT_WITHOUT_LAYERS): the verdict is
+  the judge's, a separate process. TASK_ATTACKS (other problems too): reading the test or the packaged canonical
+  solutions, racing the plain-data check, shadowing ``abs``/``poly``/``math``. Each must score 0.0.
 * FENCE_ATTACKS: programs that try to create, change or delete files outside the working directory, each against
   its own canary directory in pytest's tmp_path. Each must leave its canary directory exactly as it was. They run
   one by one with every layer, and all together with only one file-fence layer left (Landlock alone, the mount
-  namespace alone, the audit hook alone), so each layer is shown to hold by itself. An unsandboxed control run
+  namespace alone, the audit hook with seccomp), so each layer is shown to hold by itself (SQLite's ATTACH and
+  VACUUM INTO, readline's history files and mkfifo included). An unsandboxed control run
   shows that every attack does change its canary when nothing stops it (the battery is not vacuous).
 
 ``BATTERY_COUNTS`` gives the figures; ``test_battery_size`` pins them.
@@ -150,6 +154,43 @@ VERDICT_ATTACKS = {
                         pass
         return False""") + STEAL,
     "steal_via_ctypes_memory": "    import ctypes\n    return False\n",
+    # issue #26: numpy from site-packages, loaded past a ctypes stub (no import event for a module already in
+    # sys.modules), reads any address through __array_interface__; a pipe turns unmapped pages into EFAULT
+    "numpy_reads_the_token_from_memory": '''    import os, sys, types
+    sys.modules.setdefault('ctypes', types.ModuleType('ctypes'))
+    import numpy
+    mark = b"draftbench-" + b"verdict:"
+    r, w = os.pipe()
+
+    class Window:
+        pass
+
+    def page(address):
+        window = Window()
+        window.__array_interface__ = {"data": (address, True), "shape": (4096,), "typestr": "|u1", "version": 3}
+        try:
+            os.write(w, memoryview(numpy.asarray(window)))
+        except OSError:
+            return b""
+        return os.read(r, 4096)
+
+    anchors = [id(numbers) & ~4095, id(bytes(3000)) & ~4095]  # pymalloc arenas; the libc heap (larger objects)
+    for step in range(1 << 13):
+        for address in [a + d for a in anchors for d in (step * 4096, -step * 4096)]:
+            data = page(address)
+            at = data.find(mark)
+            while at >= 0:
+                token = data[at + len(mark):at + len(mark) + 32]
+                if len(token) == 32 and all(c in b"0123456789abcdef" for c in token):
+                    for fd in range(3, 256):
+                        try:
+                            os.write(fd, mark + token + b"\\n")
+                        except OSError:
+                            pass
+                    os._exit(0)
+                at = data.find(mark, at + 1)
+    return False
+''',
     "steal_via_ctypes_types_in_subclasses": "    for c in object.__subclasses__():\n"
                                             "        if getattr(c, '__module__', '') == '_ctypes':\n"
                                             "            import os\n            os._exit(0)\n    return False\n",
@@ -756,6 +797,6 @@ def test_no_connection_fork_or_exec_gets_out(tmp_path):
 
 def test_battery_size():
     """The figures reported for the battery; a change here must be a deliberate change of the battery."""
-    assert BATTERY_COUNTS == {"verdict_attacks": 37, "fence_attacks": 44, "process_and_network_attempts": 6,
-                              "byte_cap_attacks": 1, "attacks": 95, "layer_modes": 4, "verdict_without_layers": 10,
+    assert BATTERY_COUNTS == {"verdict_attacks": 38, "fence_attacks": 44, "process_and_network_attempts": 6,
+                              "byte_cap_attacks": 1, "attacks": 96, "layer_modes": 4, "verdict_without_layers": 10,
                               "honest_controls": 5, "task_attacks": 7}
