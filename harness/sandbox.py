@@ -26,25 +26,24 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
       the mounts above cannot be changed back; ``no_new_privs`` is set;
     * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
       everywhere except beneath ``/proc`` and the hidden package directories (:func:`readable_subtrees`),
-      everything beneath the working directory, writing
-      ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed or linked
-      outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
-      ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod, chown, utimes, xattrs): the
-      read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect are denied, from ABI 6
-      signals and abstract unix sockets are scoped to the sandbox;
+      everything beneath the working directory, writing ``/dev/null``, and nothing else: no file is created,
+      written, truncated, removed, renamed or linked outside the working directory, whether through paths,
+      ``dir_fd``, symlinks, hard links, ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod,
+      chown, utimes, xattrs): the read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect
+      are denied, from ABI 6 signals and abstract unix sockets are scoped to the sandbox;
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
       ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
-      ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes: ``os.mkfifo`` raises
-      no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring,
-      perf events, userfaultfd, keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
+      ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes: ``os.mkfifo``
+      raises no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring, perf events, userfaultfd,
+      keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
       read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
       metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
     * ``disk_watchdog`` (in the parent, out of the program's reach): kills the group when the working directory
       on the host grows past ``max_workdir_mb``; the only byte cap where no tmpfs could be mounted, and a coarse
       one (it polls, so up to one poll interval of writing can overshoot).
 
-Best effort (Python level; it holds against anything a program does in Python, but not against a bug in CPython
-itself that corrupts memory):
+Best effort (Python level; it holds against anything a program does in Python, but not against native code that
+writes memory, such as a bug in CPython itself or a package like numpy, which is why stage 2 cannot load any):
     * ``audit_hook``: an audit hook (:func:`make_audit_hook`) whose state is out of the program's reach: a closure
       over immutable values and C functions only, reading no module global and no builtin (a test checks its
       bytecode). It refuses writes and changes outside the working directory (own symlink-resolving path check,
@@ -54,8 +53,8 @@ itself that corrupts memory):
       directory (reading included), processes, sockets, ``ctypes``/cffi/test-C-API imports, ``sqlite3`` and
       ``readline`` (their C libraries write files the hook never hears of: ``ATTACH``, ``VACUUM INTO``, URI
       names, history files), under any dotted name, extension modules from outside the Python installation,
-      subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph introspection
-      (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
+      subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph
+      introspection (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
       ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
       ``__code__`` assignment, and signals to other processes;
     * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
@@ -72,16 +71,18 @@ nothing the program can read decides the verdict (there is no token, and the tes
 the program's process), an answer cannot change after it was checked (it is a copy), an object whose ``__eq__``
 is always True cannot cross the pipe, and shadowing a name the test uses (``abs``, ``builtins.abs``, a helper such
 as HumanEval/32's ``poly``, ``math`` in ``sys.modules``) changes only the program's own process, not the judge's.
-Exits, signals, threads and patched modules in the program can only make it fail. This holds with every layer
-switched off; the layers protect the machine, the judge protects the verdict. (A test that names the function it
-checks, as HumanEval/33's does, gets the forwarding function under that name.)
+Exits, signals, threads and patched modules in the program can only make it fail. None of this needs the
+Python-level layers: the program could reach the judge's process only through ``/proc`` (hidden, denied by
+Landlock and refused by the audit hook, each alone enough) or ptrace, ``process_vm_*`` and signals (seccomp); and a
+pass needs the judge's own exit status 0 with exactly one verdict in the pipe. The judge runs under the program's
+rlimits. (A test that names the function it checks, as HumanEval/33's does, gets the forwarding function under
+that name.)
 
 Not provided: read isolation (apart from ``/proc`` and the hidden package directories, the program can read what
-the calling user can), a PID
-namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under ``/root`` would be unreadable
-for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities do that job instead). Without
-Landlock and
-without a mount namespace the file fence is the audit hook alone (``kernel_file_fence`` is False); for code you
+the calling user can), a PID namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under
+``/root`` would be unreadable for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities
+do that job instead). Without Landlock and without a mount namespace the file fence is the audit hook with
+seccomp (``kernel_file_fence`` is False); for code you
 have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
 ``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
 the kernel in the read-only-mount configuration.)
@@ -333,7 +334,7 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
     reason = "disk_limit" if disk_full else killed_reason(proc.returncode, timed_out, stderr)
     passed = None
     if judge is not None:
-        passed, why = _judge_verdict(verdict)
+        passed, why = _judge_verdict(verdict) if judge_proc.returncode == 0 else (False, "the judge did not finish")
         if not passed:
             stderr += f"\n[draftbench judge] {why}"
     return SandboxResult(returncode=proc.returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
@@ -341,7 +342,8 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
 
 
 def _judge_verdict(raw: bytes) -> tuple[bool, str]:
-    """(passed, why not) from the judge's verdict pipe. Example: b'{"passed": true}' -> (True, "")."""
+    """(passed, why not) from the judge's verdict pipe: one JSON object, nothing before or after it.
+    Example: b'{"passed": true}' -> (True, ""); b'{"passed": true}{"passed": false}' -> (False, ...)."""
     try:
         verdict = json.loads(raw)
     except ValueError:

@@ -454,6 +454,18 @@ def test_plain_data_crosses_the_pipe_unchanged_and_nothing_else_does():
             from_wire(bad)
 
 
+def test_only_one_clean_verdict_counts_as_a_pass():
+    """The parent's reading of the judge's pipe: a second verdict written beside the judge's (by anything that got
+    hold of the pipe), an empty pipe (a judge killed at the timeout) or a verdict without ``passed: true`` is a
+    failure; counting any of them as a pass would let a wrong program through."""
+    from harness.sandbox import _judge_verdict
+
+    assert _judge_verdict(b'{"passed": true}') == (True, "")
+    for raw in (b'{"passed": true}{"passed": false, "error": "x"}', b"", b'{"passed": 1}', b"[true]", b"true"):
+        assert _judge_verdict(raw)[0] is False, raw
+    assert _judge_verdict(b'{"passed": false, "error": "AssertionError"}') == (False, "AssertionError")
+
+
 def test_seccomp_exec_hole_and_metadata_rules():
     """Stage 2 is exec'd through one descriptor only; without a read-only mount view chmod/utimensat are refused
     (Landlock does not cover metadata)."""
