@@ -230,8 +230,8 @@ def hidden_paths() -> tuple[str, ...]:
     if spec is not None and spec.submodule_search_locations:
         found += list(spec.submodule_search_locations)
     here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-    real = sorted({os.path.realpath(p) for p in found if os.path.isdir(p)})
-    return tuple(p for p in real if not _beneath(here, p) and not any(_beneath(p, q) and p != q for q in real))
+    real = [p for p in sorted({os.path.realpath(p) for p in found if os.path.isdir(p)}) if not _beneath(here, p)]
+    return tuple(p for p in real if not any(_beneath(p, q) and p != q for q in real))
 
 
 def _beneath(path: str, directory: str) -> bool:

