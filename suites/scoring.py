@@ -182,16 +182,17 @@ def build_humaneval_program(problem: dict, completion: str) -> str:
 
 @register_scorer("humaneval_pass_at_1")
 def humaneval_pass_at_1(question: Question, answer_text: str) -> float:
-    """1.0 if ``check(entry_point)`` returned in the sandbox, else 0.0.
+    """1.0 if ``check(entry_point)`` returned, else 0.0.
 
-    The sandbox runs the code under test, then the problem's test code, then calls ``check`` itself and reports a
-    pass only through a per-run secret written after that call returns (see :mod:`harness.sandbox`): exiting early
-    with status 0 (``sys.exit(0)``, ``os._exit(0)``, ``atexit``, a thread...) scores 0, as does a candidate whose
-    return values are not plain data (an object whose ``__eq__`` is always True). The exit status is not used.
+    The code under test runs in the sandbox; the problem's test code runs in a separate judge process, after the
+    problem's prompt (its imports and helpers such as HumanEval/32's ``poly``), and calls the candidate through a
+    pipe with plain data (see :mod:`harness.sandbox`). The program never sees the test code, cannot change what
+    the test's own names (``abs``, ``poly``, ``math``) mean, and cannot hand back an object whose ``__eq__`` is
+    always True; exiting early, with any status, scores 0. The exit status is not used.
     """
     problem = find_humaneval_problem(question)
     completion = extract_code(answer_text, problem["entry_point"])
     result = run_untrusted(build_humaneval_definitions(problem, completion), timeout_s=HUMANEVAL_TIMEOUT_S,
                            test_code=problem["test"], verdict_call=("check", problem["entry_point"]),
-                           plain_results=True)
+                           judge_context=problem["prompt"])
     return 1.0 if result.passed else 0.0

