@@ -10,10 +10,12 @@ prompt-lookup chain onto every step's tree.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
@@ -59,6 +61,11 @@ class DynamicTreeOptions:
     lookup_ngram: int = 1
     lookup_alone: int = 0
 
+    # The order of the options in manifests, turn records and tables (``opt.*`` columns, ablation knobs): a subclass
+    # whose own fields stood among these before they were shared lists all its fields in that order; () = the
+    # dataclass order (these first, then the subclass's own).
+    RECORDED_ORDER: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self):
         check_head_option(self.head)
         if self.total_tokens != -1 and self.total_tokens < 2:
@@ -84,6 +91,11 @@ class DynamicTreeOptions:
         if alone and not lookup:
             raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
 
+    def recorded(self) -> dict[str, Any]:
+        """The options as a dict in :attr:`RECORDED_ORDER` (what :meth:`Eagle2.describe` records)."""
+        values = dataclasses.asdict(self)
+        return {name: values[name] for name in self.RECORDED_ORDER or values}
+
 
 @dataclass
 class Eagle2Options(DynamicTreeOptions):
@@ -92,6 +104,9 @@ class Eagle2Options(DynamicTreeOptions):
     (:mod:`harness.engine.draftvocab`; at least ``top_k``)."""
 
     draft_vocab: int = 0
+
+    RECORDED_ORDER = ("head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
+                      "lookup_alone")
 
     def __post_init__(self):
         super().__post_init__()
@@ -132,6 +147,11 @@ class Eagle2(EagleMethodBase):
         o = self.options
         self.sizer = AdaptiveSizer(o.total_tokens) if o.adaptive else None
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
+
+    def describe(self) -> dict[str, Any]:
+        """:meth:`harness.engine.method.Method.describe` with the options in their recorded order
+        (:meth:`DynamicTreeOptions.recorded`)."""
+        return {**super().describe(), "options": self.options.recorded()}
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)

@@ -76,6 +76,10 @@ class JakiroOptions(Eagle2Options):
     num_experts: int | None = None
     experts_per_tok: int | None = None
 
+    RECORDED_ORDER = ("head", "mode", "contrastive", "alignment", "candidates", "total_tokens", "depth", "top_k",
+                      "num_experts", "experts_per_tok", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
+                      "lookup_alone")
+
     def __post_init__(self):
         super().__post_init__()
         if self.mode not in MODES:
