@@ -157,7 +157,8 @@ def test_the_options_share_the_base_fields_and_add_only_their_own():
 def test_the_options_keep_their_recorded_order():
     """Manifests, turn records and tables (opt.* columns, ablation knobs) show the options in the order they always
     had, not the dataclass order (shared fields first): a jakiro sweep over mode and total_tokens has the knobs
-    [mode, total_tokens]. The recorded order must list every field exactly once."""
+    [mode, total_tokens]. A class that lists its order lists every field once (a field left out would follow the
+    others, out of its place)."""
     for cls in OPTIONS:
         names = [f.name for f in dataclasses.fields(cls)]
         assert sorted(cls.RECORDED_ORDER or names) == sorted(names)

@@ -62,8 +62,8 @@ class DynamicTreeOptions:
     lookup_alone: int = 0
 
     # The order of the options in manifests, turn records and tables (``opt.*`` columns, ablation knobs): a subclass
-    # whose own fields stood among these before they were shared lists all its fields in that order; () = the
-    # dataclass order (these first, then the subclass's own).
+    # whose own fields stood among these before they were shared lists its fields in that order; fields it does not
+    # list follow in the dataclass order (these first, then the subclass's own).
     RECORDED_ORDER: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
@@ -94,7 +94,7 @@ class DynamicTreeOptions:
     def recorded(self) -> dict[str, Any]:
         """The options as a dict in :attr:`RECORDED_ORDER` (what :meth:`Eagle2.describe` records)."""
         values = dataclasses.asdict(self)
-        return {name: values[name] for name in self.RECORDED_ORDER or values}
+        return {name: values[name] for name in (*self.RECORDED_ORDER, *values)}
 
 
 @dataclass
