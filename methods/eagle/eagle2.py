@@ -144,7 +144,7 @@ class Eagle2(EagleMethodBase):
             raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the draft vocabulary "
                                f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
-        o = self.options
+        o = self.options  # the per-step policies (harness.engine.treepolicies); None when their option is off
         self.sizer = AdaptiveSizer(o.total_tokens) if o.adaptive else None
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
 
