@@ -6,7 +6,7 @@ Adding a method: 1. write ``methods/<name>.py`` with a ``Method`` (or ``Speculat
 draft parts overrides it to build them randomly instead of loading a checkpoint). A method that grows a draft head, a
 checkpoint
 format and a training objective becomes a package along those seams (``methods/eagle/``: ``head``, ``checkpoint``,
-``drafting``, ``objective``).
+``draft``, ``eagle1``, ``eagle2``, ``objective``).
 
 Heads trained for the embedded targets are shipped in ``methods/heads/<target>/<kind>`` (:data:`SHIPPED_HEADS`).
 """

@@ -228,7 +228,7 @@ def test_opt_heads_build_and_train(tmp_path):
     from harness.train.features import build_dataset
     from harness.train.loop import TrainConfig, train
     from methods.eagle.checkpoint import load_eagle_head
-    from methods.eagle.drafting import Eagle2, Eagle2Options
+    from methods.eagle.eagle2 import Eagle2, Eagle2Options
     from tests.tiny import char_tokenizer
 
     torch.manual_seed(0)

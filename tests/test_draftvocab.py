@@ -16,9 +16,10 @@ from harness.engine.draftvocab import (
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from methods.eagle.checkpoint import save_eagle_head
-from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options
+from methods.eagle.eagle1 import Eagle1, Eagle1Options
+from methods.eagle.eagle2 import Eagle2, Eagle2Options
 from methods.jakiro.checkpoint import save_jakiro_head
-from methods.jakiro.dynamic import Jakiro, JakiroOptions
+from methods.jakiro.jakiro import Jakiro, JakiroOptions
 from methods.medusa.drafting import Medusa, MedusaOptions
 from methods.medusa.heads import save_medusa_heads
 from methods.vanilla import Vanilla

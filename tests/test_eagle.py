@@ -296,7 +296,8 @@ from harness.engine.autotune import (  # noqa: E402
 from harness.engine.method import OptionsError  # noqa: E402
 from harness.engine.sampling import SamplingParams, logits_to_probs  # noqa: E402
 from harness.registry import get_method  # noqa: E402
-from methods.eagle.drafting import Eagle1, Eagle1Options, Eagle2, Eagle2Options  # noqa: E402
+from methods.eagle.eagle1 import Eagle1, Eagle1Options  # noqa: E402
+from methods.eagle.eagle2 import Eagle2, Eagle2Options  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
 from tests.helpers import GREEDY, bigram_target  # noqa: E402
 from tests.helpers import random_eagle_head as random_head  # noqa: E402

@@ -19,7 +19,7 @@ from harness.run.config import config_from_dict, load_preset_dict
 from harness.train.objectives import get_objective
 from methods.eagle.objective import eagle_losses
 from methods.jakiro.checkpoint import load_jakiro_head, save_jakiro_head
-from methods.jakiro.dynamic import (
+from methods.jakiro.jakiro import (
     Jakiro,
     JakiroOptions,
     round_robin_children,

@@ -6,5 +6,6 @@ lossless speculative-sampling acceptance), ``kv`` (target cache compaction), ``s
 target forward, verify, compact, accept), ``runtime`` (the one seam for target forwards: eager or compiled),
 ``hostio`` (small host-device transfers without stalling the queue), ``lookup`` (prompt lookup's n-gram chain),
 ``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft vocabulary), ``checkpoints``
-(reading draft-head checkpoints with strict key checks) and ``autotune`` (tree sizes from measured costs).
+(reading draft-head checkpoints with strict key checks), ``autotune`` (tree sizes from measured costs) and
+``treepolicies`` (per-step policies a tree method can hold: a grafted prompt-lookup chain, adaptive tree sizes).
 """

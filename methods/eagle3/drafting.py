@@ -1,7 +1,7 @@
 """The method ``eagle3``: EAGLE-2's dynamic draft tree (arXiv:2406.16858 Sec. 4) grown by an EAGLE-3 head
 (arXiv:2503.01840) that reads three feature levels of the target and scores its own reduced vocabulary.
 
-The expansion and re-ranking are EAGLE-2's own (:meth:`methods.eagle.drafting.Eagle2.expand`,
+The expansion and re-ranking are EAGLE-2's own (:meth:`methods.eagle.eagle2.Eagle2.expand`,
 :func:`harness.engine.tree.select_dynamic_tree`); what differs is the head-specific step, overridden here:
 
 - the engine hands the method the target's hidden states entering layers 2, L/2 and L-3, concatenated
@@ -10,10 +10,11 @@ The expansion and re-ranking are EAGLE-2's own (:meth:`methods.eagle.drafting.Ea
 - a node's children are the top-k of ``log_softmax(lm_head(norm(out)))`` over the draft vocabulary, mapped to target
   ids by ``d2t`` (:meth:`Eagle3.top_tokens`).
 
-Options: ``head`` (checkpoint folder in the published format, :mod:`methods.eagle3.checkpoint`; default the head
-shipped for the target in ``methods/heads/<target>/eagle3``), ``total_tokens`` (root included; 60), ``depth`` (7) and
-``top_k`` (10): the defaults of the released ``EaModel.from_pretrained`` for EAGLE-3 (Spec-Bench's EAGLE-3 script
-passes depth 5). The draft is deterministic top-k at every temperature, as published, so verification uses the
+Options: :class:`methods.eagle.eagle2.DynamicTreeOptions` (``head`` = checkpoint folder in the published format,
+:mod:`methods.eagle3.checkpoint`; default the head shipped for the target in ``methods/heads/<target>/eagle3``), with
+``total_tokens`` 60, ``depth`` 7 and ``top_k`` 10: the defaults of the released ``EaModel.from_pretrained`` for
+EAGLE-3 (Spec-Bench's EAGLE-3 script passes depth 5). No ``draft_vocab``: the head has its own reduced vocabulary.
+The draft is deterministic top-k at every temperature, as published, so verification uses the
 deterministic-proposal rule (lossless).
 """
 
@@ -29,33 +30,17 @@ from harness.engine.method import OptionsError, build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import Eagle2, check_dynamic_tree, check_lookup
+from methods.eagle.eagle2 import DynamicTreeOptions, Eagle2
 from methods.eagle3.checkpoint import head_layer_ids, load_eagle3_head
 from methods.eagle3.head import Eagle3Head
 
 
 @dataclass
-class Eagle3Options:
-    """``head``: checkpoint folder (default: the head shipped for the target). ``total_tokens`` counts the root
-    (-1 chooses it from timed target forwards, :mod:`harness.engine.autotune`); ``depth``: draft forwards after the
-    first; ``top_k``: children per expanded node and frontier width (at most the head's draft vocabulary);
-    ``adaptive``: as eagle2's (each step's tree sized from measured costs; not published); ``lookup``,
-    ``lookup_ngram``, ``lookup_alone``: as eagle2's (a prompt-lookup chain grafted onto every step's tree;
-    not published)."""
+class Eagle3Options(DynamicTreeOptions):
+    """:class:`DynamicTreeOptions` with the released EAGLE-3 defaults (``depth`` 7); ``top_k`` at most the head's
+    draft vocabulary."""
 
-    head: str | None = None
-    total_tokens: int = 60
     depth: int = 7
-    top_k: int = 10
-    adaptive: bool = False
-    lookup: int = 0
-    lookup_ngram: int = 1
-    lookup_alone: int = 0
-
-    def __post_init__(self):
-        check_head_option(self.head)
-        check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
-        check_lookup(self.lookup, self.lookup_ngram, self.lookup_alone)
 
 
 @register_method("eagle3")
@@ -90,6 +75,11 @@ class Eagle3(Eagle2):
             kept = torch.sort(torch.randperm(V)[: min(V, max(V // 2, opts.top_k))]).values
             head = Eagle3Head.for_target(target, kept)
         return cls(target, opts, head=head.eval().requires_grad_(False))
+
+    def draft_vocab(self) -> int:
+        """0 (the target's lm_head whole): the head scores its own reduced vocabulary (:meth:`top_tokens`), so
+        EAGLE-3 has no ``draft_vocab`` option."""
+        return 0
 
     def extend_stable(self, root: int) -> torch.Tensor:
         """Run the head over the positions committed since the last cycle (their fused target levels, projected by

@@ -6,7 +6,7 @@ Paper: Jakiro, arXiv:2502.06282 (decoupled MoE draft head; hybrid autoregressive
 contrastive output). Released code: github.com/haiduo/Jakiro (``jakiro/model/cnets.py``, ``jakiro_star/``,
 ``jakiro/train/main.py``); where the code and the paper differ, the code is followed and the option names say so.
 
-Seams: ``moe`` (router maths, experts), ``head``, ``checkpoint``, ``draft`` (shared plumbing), ``dynamic``
+Seams: ``moe`` (router maths, experts), ``head``, ``checkpoint``, ``draft`` (shared plumbing), ``jakiro``
 (``jakiro``), ``star`` (``jakiro_star``), ``objective``.
 
 The head (:class:`JakiroHead`) is :class:`methods.eagle.EagleHead` with ``layers.0.mlp`` replaced by
@@ -26,10 +26,10 @@ unrolled accuracy) works unchanged.
 The checkpoint format is described in :mod:`methods.jakiro.checkpoint`.
 """
 
-from methods.jakiro import dynamic, objective, star  # noqa: F401  (register jakiro, jakiro_star and the objective)
+from methods.jakiro import jakiro, objective, star  # noqa: F401  (register jakiro, jakiro_star and the objective)
 from methods.jakiro.checkpoint import load_jakiro_head, save_jakiro_head
-from methods.jakiro.dynamic import Jakiro
 from methods.jakiro.head import JakiroHead
+from methods.jakiro.jakiro import Jakiro
 from methods.jakiro.moe import (
            JakiroMoE,
            contrast_coefficients,

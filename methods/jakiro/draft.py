@@ -40,7 +40,7 @@ class MoEDraft:
     def tree_outputs(self, features: torch.Tensor, tokens: torch.Tensor, position: torch.Tensor, kv: DraftKV,
                      tree_cols: torch.Tensor, contrast: bool = False,
                      experts: bool = False) -> tuple[JakiroOutputs, DraftKV]:
-        """One draft forward over tree nodes (as :meth:`methods.eagle.drafting.EagleMethodBase.tree_forward`) with the
+        """One draft forward over tree nodes (as :meth:`methods.eagle.draft.EagleMethodBase.tree_forward`) with the
         outputs asked for."""
         stable = self.cache.stable_columns(tokens.shape[0], tokens.device)
         out, kv = self.head.forward_outputs(features[None], tokens[None], position[None], kv,

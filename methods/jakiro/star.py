@@ -19,7 +19,7 @@ from harness.engine.verify import walk_tree
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import Eagle1, static_tree_choices
+from methods.eagle.eagle1 import Eagle1, static_tree_choices
 from methods.jakiro.checkpoint import load_jakiro_head
 from methods.jakiro.draft import MoEDraft, check_experts
 from methods.jakiro.head import JakiroHead, JakiroOutputs
@@ -169,6 +169,11 @@ class JakiroStar(MoEDraft, Eagle1):
     @property
     def lossless(self) -> bool:
         return self.options.variant == "corrected"
+
+    def draft_vocab(self) -> int:
+        """0: Jakiro*'s experts score the target's whole vocabulary (its joint softmax is over (expert, token)
+        pairs); it has no ``draft_vocab`` option."""
+        return 0
 
     def _expert_logits(self, out: JakiroOutputs) -> torch.Tensor:
         """[n, K, V] logits of each selected expert's own feature."""

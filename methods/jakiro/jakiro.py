@@ -9,14 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.checkpoints import check_head_option, resolve_head_folder
-from harness.engine.draftvocab import check_draft_vocab
+from harness.engine.checkpoints import resolve_head_folder
 from harness.engine.hostio import upload
 from harness.engine.method import build_options, seeded
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.eagle.drafting import DynamicCandidates, Eagle2, check_dynamic_tree, check_lookup
+from methods.eagle.eagle2 import DynamicCandidates, Eagle2, Eagle2Options
 from methods.jakiro.checkpoint import load_jakiro_head
 from methods.jakiro.draft import MoEDraft, check_experts, on_off
 from methods.jakiro.head import JakiroHead, JakiroOutputs
@@ -61,38 +60,28 @@ MODES = ("hybrid", "ar", "parallel")
 
 
 @dataclass
-class JakiroOptions:
-    """Options of ``jakiro`` (see :class:`Jakiro` for what each mode computes).
-
-    ``total_tokens`` counts the root (Jakiro's evaluation uses 60); ``depth`` d: the tree has d + 1 levels;
-    ``top_k``: candidates per node and frontier width. ``num_experts`` / ``experts_per_tok``: None = the
-    checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must match the checkpoint, K may be
-    changed at inference (1 <= K <= N). ``draft_vocab``: as eagle1's (0 = full vocabulary). ``adaptive``: as
-    eagle2's, for the tree size only (each step's tree sized from measured costs and calibrated confidence; the depth
-    stays fixed, since hybrid's last level comes from the penultimate forward); not published. ``lookup``,
-    ``lookup_ngram``, ``lookup_alone``: as eagle2's (a prompt-lookup chain grafted onto every step's tree;
-    not published).
+class JakiroOptions(Eagle2Options):
+    """Options of ``jakiro``: :class:`methods.eagle.eagle2.Eagle2Options` (Jakiro's evaluation also uses
+    ``total_tokens`` 60; ``depth`` d: the tree has d + 1 levels; ``adaptive`` sizes the tree only: the depth stays
+    fixed, since hybrid's last level comes from the penultimate forward), and ``mode``, ``contrastive``,
+    ``alignment``, ``candidates`` (see :class:`Jakiro` for what each computes). ``num_experts`` /
+    ``experts_per_tok``: None = the checkpoint's ``num_local_experts`` / ``num_experts_per_tok``; num_experts must
+    match the checkpoint, K may be changed at inference (1 <= K <= N).
     """
 
-    head: str | None = None
     mode: str = "hybrid"
     contrastive: str = "on"
     alignment: str = "released"
     candidates: str = "mixed"
-    total_tokens: int = 60
-    depth: int = 5
-    top_k: int = 10
     num_experts: int | None = None
     experts_per_tok: int | None = None
-    draft_vocab: int = 0
-    adaptive: bool = False
-    lookup: int = 0
-    lookup_ngram: int = 1
-    lookup_alone: int = 0
+
+    RECORDED_ORDER = ("head", "mode", "contrastive", "alignment", "candidates", "total_tokens", "depth", "top_k",
+                      "num_experts", "experts_per_tok", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
+                      "lookup_alone")
 
     def __post_init__(self):
-        check_head_option(self.head)
-        check_draft_vocab(self.draft_vocab, self.top_k)
+        super().__post_init__()
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         self.contrastive = on_off(self.contrastive, "contrastive")
@@ -100,8 +89,6 @@ class JakiroOptions:
             raise ValueError(f"alignment must be 'released' or 'fixed', got {self.alignment!r}")
         if self.candidates not in ("mixed", "decoupled"):
             raise ValueError(f"candidates must be 'mixed' or 'decoupled', got {self.candidates!r}")
-        check_dynamic_tree(self.total_tokens, self.depth, self.top_k, self.adaptive)
-        check_lookup(self.lookup, self.lookup_ngram, self.lookup_alone)
         for name in ("num_experts", "experts_per_tok"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
