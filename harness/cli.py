@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.measure.baseline import add_baseline_cli
 from harness.measure.compare import add_compare_cli
+from harness.published.reproduce import add_reproduce_cli, cmd_report_against
 from harness.run import suites
 from harness.run.config import (
     ConfigError,
@@ -19,7 +20,6 @@ from harness.run.config import (
     parse_assignment,
     preset_names,
 )
-from harness.run.reproduce import add_reproduce_cli, cmd_report_against
 from harness.run.sweep import add_cli_sweeps
 from harness.train.cli import add_data_cli, add_train_cli
 

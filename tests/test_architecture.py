@@ -25,6 +25,7 @@ LAYERS = [
     ("harness.engine",),
     ("harness.registry",),
     ("harness.run",),
+    ("harness.published",),
     ("harness.train",),
     ("harness.cli", "harness.gpucheck", "harness"),
 ]

@@ -1,2 +1,4 @@
 """Running methods over suites: ``config`` (typed run configuration and presets in ``presets/``), ``suites``
-(suite definitions, loading with checksums, scoring) and ``runner`` (the one run loop, resume, data parallel)."""
+(suite definitions, loading with checksums, scoring), ``runner`` (the one run loop, resume, data parallel),
+``sweep`` (grids of method options), ``chat`` (chat templates in ``templates/``) and ``shipped`` (files named by a
+shipped name or a path)."""

@@ -36,7 +36,7 @@ from harness.measure import metrics as M
 from harness.measure.html import write_tables_page
 from harness.measure.records import read_records
 from harness.measure.report import read_manifest, turns_table
-from harness.run.published import Column, Table
+from harness.published.tables import Column, Table
 
 METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
 COLUMNS = ["table", "row", "row_label", "label", "method", "column", "column_label", "metric", "convention",

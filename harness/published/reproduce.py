@@ -1,11 +1,11 @@
 """``draftbench reproduce TABLE``: run exactly a published table's protocol and print measured next to reported.
 
 A reproduction is an ordinary run (:func:`harness.run.runner.run`) built from the table
-(:mod:`harness.run.published`): the table's rows as method labels plus the vanilla baseline, its suites, token
+(:mod:`harness.published.tables`): the table's rows as method labels plus the vanilla baseline, its suites, token
 budget, temperature, warm-ups, repeats, chat template and system prompt, the target and heads loaded by id. Rows
 of different targets (or token budgets) become separate runs ("parts"). Each run's manifest records
 ``reproduce: {table, table_sha256, part, target, rows: {label: row id}}``, so ``draftbench report RUN --against
-TABLE`` finds the rows again; the comparison itself is :mod:`harness.run.against`.
+TABLE`` finds the rows again; the comparison itself is :mod:`harness.published.against`.
 
 Targets and heads are loaded by Hugging Face id (downloaded when online), or from local copies with
 ``--model-dir ID=FOLDER`` (repeatable) or ``--model-dir mapping.yaml`` (``ID: FOLDER`` lines, folders relative to
@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from harness.models import EMBEDDED_TARGETS, materialize_embedded
+from harness.published.tables import HeadSpec, Row, Table, TableError, TargetSpec, load_table, table_names
 from harness.run.config import MethodSpec, RunConfig
-from harness.run.published import HeadSpec, Row, Table, TableError, TargetSpec, load_table, table_names
 from harness.run.suites import DataError, load_suite
 
 DTYPE_BYTES = {"float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "float32": 4, "fp32": 4}
@@ -322,7 +322,7 @@ def reproduce(table: Table, rows: list[str] | None = None, limit: int | None = N
     """Run every part of a reproduction, write each run's report and comparison; return, per part,
     ``{"run_dir", "frame", "markdown", "paths"}``. ``target`` (an in-process Target) is for tests only."""
     from harness.measure.report import write_report
-    from harness.run.against import compare_run
+    from harness.published.against import compare_run
     from harness.run.runner import run
 
     model_dir = model_dir or {}
@@ -415,7 +415,7 @@ def cmd_reproduce(args) -> int:
 
 def cmd_report_against(args) -> int:
     """The ``--against TABLE`` part of ``draftbench report RUN``: print the comparison and where it was written."""
-    from harness.run.against import compare_run
+    from harness.published.against import compare_run
 
     table = load_table(args.against)
     res = compare_run(Path(args.run_dir), table, model_dir=parse_model_dir(args.model_dir))
