@@ -45,6 +45,7 @@ import pandas as pd
 from harness.measure import metrics as M
 from harness.measure import report as R
 from harness.measure.records import read_records, record_files
+from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -145,9 +146,9 @@ class Side:
     def from_run(cls, run_dir: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
         """Reduce a run directory with the report's table builders (the same numbers as its ``tables/``)."""
         run_dir = Path(run_dir)
-        manifest = R.read_manifest(run_dir)
+        manifest = read_manifest(run_dir)
         if not manifest:
-            raise FileNotFoundError(f"{run_dir}: no {R.MANIFEST_FILE}; not a draftbench run directory")
+            raise FileNotFoundError(f"{run_dir}: no {MANIFEST_FILE}; not a draftbench run directory")
         records = read_records(run_dir)
         if not records:
             raise ValueError(f"{run_dir}: no complete record in its records*.jsonl")
@@ -263,7 +264,7 @@ def load_side(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
         raise FileNotFoundError(f"{path}: no such run or baseline directory")
     if path.is_file() or (path / BASELINE_FILE).exists():
         return Side.from_baseline(path)
-    if (path / R.MANIFEST_FILE).exists() or record_files(path):
+    if (path / MANIFEST_FILE).exists() or record_files(path):
         return Side.from_run(path, n_boot=n_boot, seed=seed)
     raise FileNotFoundError(f"{path}: neither a run directory (manifest.json + records.jsonl) nor a baseline "
                             f"directory ({BASELINE_FILE})")
@@ -311,7 +312,7 @@ def save_baseline(run_dir: str | Path, out: str | Path | None = None, preset: st
     out.mkdir(parents=True, exist_ok=True)
     (out / BASELINE_FILE).write_text(json.dumps(side.to_json(), indent=1, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
-    summary_md = Path(run_dir) / "tables" / "summary.md"
+    summary_md = Path(run_dir) / SUMMARY_MD
     if summary_md.exists():
         (out / "summary.md").write_text(summary_md.read_text(encoding="utf-8"), encoding="utf-8")
     return out

@@ -46,15 +46,14 @@ from harness.measure import metrics as M
 from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
 from harness.measure.html import write_html_report
 from harness.measure.records import (
-    RECORDS_FILE,
     RecordsRead,
     baseline_labels,
     label_runtimes,
     load_records,
     record_files,
 )
+from harness.measure.rundir import MANIFEST_FILE, RECORDS_FILE, SUMMARY_MD, read_manifest
 
-MANIFEST_FILE = "manifest.json"
 GROUP = ["label", "method", "suite", "temperature"]
 QUESTION = [*GROUP, "question_id"]
 
@@ -100,20 +99,6 @@ def flatten(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """The run's ``manifest.json`` as a dict ({} when the file does not exist)."""
-    path = Path(run_dir) / MANIFEST_FILE
-    if not path.exists():
-        return {}
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    return manifest
 
 
 def provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -745,7 +730,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     run_dir = Path(run_dir)
     if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir) or {}  # no manifest: the report says provenance unknown
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
     baseline = baseline_label or config.get("baseline") or "vanilla"
     found = load_records(run_dir)
@@ -772,7 +757,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     divergence = divergence_table(turns, baseline)
     divergence.to_csv(tables / "divergence.csv", index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
-    md = tables / "summary.md"
+    md = run_dir / SUMMARY_MD
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                   f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
                   f"{divergence_note(divergence)}\n{ablation_markdown(turns[_measured(turns)], baseline)}"

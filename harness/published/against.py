@@ -35,7 +35,8 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.html import write_tables_page
 from harness.measure.records import read_records
-from harness.measure.report import read_manifest, turns_table
+from harness.measure.report import turns_table
+from harness.measure.rundir import read_manifest
 from harness.published.tables import Column, Table
 
 METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
@@ -353,7 +354,7 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     records = read_records(run_dir)
     if not records:
         raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir) or {}  # no manifest: rows are matched by method and options
     turns = turns_table(records, manifest)
     df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
     md = comparison_markdown(df, table, run_dir.name)

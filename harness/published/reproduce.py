@@ -303,16 +303,11 @@ def dry_run(table: Table, parts: list[Part], config_of, model_dir: dict[str, str
 # ----------------------------------------------------------------------------------------------- running
 
 
-def record_reproduction(run_dir: Path, table: Table, part: Part, model_dir: dict[str, str]) -> None:
-    """Add ``reproduce`` to the run's manifest (which table, which part, label -> row id, the id mapping)."""
-    path = Path(run_dir) / "manifest.json"
-    if not path.is_file():
-        return
-    manifest = json.loads(path.read_text())
-    manifest["reproduce"] = {"table": table.id, "table_path": table.path, "table_sha256": table.sha256,
-                             "part": part.index, "target": part.target.id, "target_loaded": part.target_ref,
-                             "rows": part.labels, "model_dir": model_dir}
-    path.write_text(json.dumps(manifest, indent=1, default=str))
+def reproduction_block(table: Table, part: Part, model_dir: dict[str, str]) -> dict[str, Any]:
+    """The manifest's ``reproduce`` block of one part (which table, which part, label -> row id, the id mapping);
+    :func:`harness.run.runner.run` writes it with the manifest (``manifest_extra``)."""
+    return {"table": table.id, "table_path": table.path, "table_sha256": table.sha256, "part": part.index,
+            "target": part.target.id, "target_loaded": part.target_ref, "rows": part.labels, "model_dir": model_dir}
 
 
 def reproduce(table: Table, rows: list[str] | None = None, limit: int | None = None,
@@ -333,15 +328,8 @@ def reproduce(table: Table, rows: list[str] | None = None, limit: int | None = N
             if r.head:
                 part.heads[r.id] = resolve_head(table.heads[r.head], model_dir)
         config = run_config(table, part, limit, dtype, device, output_dir, data_dir)
-        state: dict[str, bool] = {}
-
-        def mark(recs, part=part, state=state, config=config):
-            if "done" not in state and recs:  # the first stored question: the manifest exists now
-                state["done"] = True
-                record_reproduction(Path(config.output_dir) / recs[0]["run_id"], table, part, model_dir)
-
-        run_dir = run(config, progress=progress, target=target, on_question=mark)
-        record_reproduction(run_dir, table, part, model_dir)
+        run_dir = run(config, progress=progress, target=target,
+                      manifest_extra={"reproduce": reproduction_block(table, part, model_dir)})
         paths = write_report(run_dir)
         result = compare_run(run_dir, table, n_boot=n_boot)
         result["paths"] = {**paths, **result["paths"]}
