@@ -14,7 +14,7 @@ enforces over the import graph that a module imports only from its own layer or 
     registry                plugin registries and plugin loading
     run/                    running suites: config and presets, suites (definitions, loading, scoring), runner,
                             sweep, chat templates
-    published/              paper tables: tables (the format), reproduce (a table's protocol as runs), against
+    published/              paper tables: tables (the format), reproduce (a table's protocol as runs), dryrun, against
                             (measured next to reported)
     train/                  training draft heads: sources, features, dataset, objectives, loop, sweep
     cli/, gpucheck          the ``draftbench`` command (a module per command) and the GPU check

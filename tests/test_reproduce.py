@@ -10,10 +10,9 @@ import yaml
 from safetensors.torch import save_file
 
 from harness.cli import main
+from harness.published.dryrun import count_parameters, dry_run
 from harness.published.reproduce import (
     ReproduceError,
-    count_parameters,
-    dry_run,
     parse_model_dir,
     plan,
     resolve_head,
