@@ -15,7 +15,7 @@ The manifest, a JSON object (``harness.run.runner.build_manifest`` writes it; re
 ``config``, which ``--resume`` needs)::
 
     run_id, created, command        the run directory's name, ISO time, the command line
-    git_hash, git_dirty, ...        harness.measure.env.git_info()
+    git_hash, git_dirty             harness.measure.env.git_info() (None outside a git checkout)
     versions                        {python, torch, transformers, draftbench, ...}
     device                          harness.measure.env.device_info() of the target's device
     config, config_digest           the run configuration (RunConfig.to_dict()) and its digest
