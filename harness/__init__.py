@@ -1,20 +1,23 @@
 """draftbench harness: the shared core every decoding method and suite runs on.
 
-The folders are the architecture; a module imports only from its own layer or a lower one, in this order, lowest
-first (``tests/test_architecture.py`` enforces it over the import graph):
+The folders are the architecture. The layers, lowest first (``LAYERS`` in ``tests/test_architecture.py``, which
+enforces over the import graph that a module imports only from its own layer or a lower one):
 
     sandbox, schema         the fenced runner for untrusted code (HumanEval completions); the one validator of
                             plain data against dataclass annotations and its error type, InputError (both standard
                             library only; every layer reads options, configurations and tables with the validator)
-    measure/                metrics (every formula once), trackers (time, memory, energy), provenance, records
-                            (the schema of one measured turn and its durable store), reports, ablations, the
-                            HTML report, host-sync counting, baselines and the regression gate
+    measure/                run directory (its files, atomic writes, the manifest), metrics (every formula once),
+                            trackers (time, memory, energy), provenance, records (the schema of one measured turn and
+                            its durable store), tables, plots, Markdown and the report, ablations, the HTML report,
+                            host-sync counting, baselines and the regression gate
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
     engine/                 the speculative maths and the one verification engine every method runs on
     registry                plugin registries (methods, scorers, suite folders) and plugin loading
-    run/                    running suites: configuration and presets, suites, the runner, sweeps, published tables
-    train/                  training draft heads: sources, features, dataset, objectives, loop, sweeps, commands
-    cli, gpucheck           the ``draftbench`` command; ``make gpu-check``
+    run/                    running suites: configuration and presets, suites, the runner, sweeps, chat templates
+    published/              paper tables: tables (the format), reproduce (a table's protocol as runs), dryrun, against
+                            (measured next to reported)
+    train/                  training draft heads: sources, features, dataset, objectives, loop, sweeps
+    cli/, gpucheck          the ``draftbench`` command (a module per command) and the GPU check
 
 The core never imports a plugin (``methods``, ``suites``, entry points): the registries load them by name
 (:func:`harness.registry.load_plugins`). Plugins import the core; there are no import cycles, and no module imports

@@ -171,7 +171,8 @@ def test_unknown_attention_backend_fails_by_name():
 def test_attention_backend_reaches_the_model_and_the_command_line(tmp_path):
     """--attn-implementation sets the run field that load_target passes to transformers: a Gemma 2 saved to a
     folder loads with eager (transformers refuses sdpa for it), and the loaded model runs that backend."""
-    from harness.cli import build_parser, config_from_args
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
     from harness.models import load_target
 
     args = build_parser().parse_args(["run", "--attn-implementation", "eager", "--profile", "on"])

@@ -25,8 +25,9 @@ LAYERS = [
     ("harness.engine",),
     ("harness.registry",),
     ("harness.run",),
+    ("harness.published",),
     ("harness.train",),
-    ("harness.cli", "harness.gpucheck", "harness"),
+    ("harness.cli", "harness.gpucheck", "harness.train.__main__", "harness"),
 ]
 
 
@@ -82,11 +83,11 @@ def import_graph(root: Path = REPO) -> dict[str, list[tuple[str, str | None, int
 
 
 def layer_of(module: str) -> int | None:
-    for i, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if module == prefix or (prefix != "harness" and module.startswith(prefix + ".")):
-                return i
-    return None
+    """The layer of ``module``: that of the longest prefix in LAYERS that names it or a package above it (so an entry
+    point such as ``harness.train.__main__`` can sit in a higher layer than its package)."""
+    found = [(len(prefix), i) for i, prefixes in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or (prefix != "harness" and module.startswith(prefix + "."))]
+    return max(found)[1] if found else None
 
 
 def find_cycle(graph: dict[str, list[tuple[str, str | None, int]]]) -> list[str] | None:

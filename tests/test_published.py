@@ -1,5 +1,5 @@
-"""Published tables as data (harness/run/published.py), the measured-vs-reported comparison on literal records
-(harness/run/against.py), the spec_bench suite format and the vicuna_v1.1 chat template."""
+"""Published tables as data (harness/published/tables.py), the measured-vs-reported comparison on literal records
+(harness/published/against.py), the spec_bench suite format and the vicuna_v1.1 chat template."""
 
 import copy
 import math
@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from harness.measure.tables import turns_table
+from harness.published.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
+from harness.published.tables import TableError, load_table, table_from_dict, table_names
 from harness.run import suites
-from harness.run.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
 from harness.run.chat import resolve_chat_template
-from harness.run.published import TableError, load_table, table_from_dict, table_names
 from harness.run.suites import DataError, fetch_suite, load_suite, suite_info
 from tests.helpers import char_tokenizer, tiny_target
 

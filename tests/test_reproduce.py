@@ -10,16 +10,15 @@ import yaml
 from safetensors.torch import save_file
 
 from harness.cli import main
-from harness.run.published import load_table, table_from_dict
-from harness.run.reproduce import (
+from harness.published.dryrun import count_parameters, dry_run
+from harness.published.reproduce import (
     ReproduceError,
-    count_parameters,
-    dry_run,
     parse_model_dir,
     plan,
     resolve_head,
     run_config,
 )
+from harness.published.tables import load_table, table_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "data" / "standin_eagle2.yaml"

@@ -81,6 +81,31 @@ def test_records_manifest_and_second_turn_sees_first_answer(tmp_path, suite_file
     assert all(r["wall_time_s"] > 0 and r["rss_bytes"] for r in van)
 
 
+def test_manifest_extra_is_in_the_manifest_from_the_first_question_and_written_once(tmp_path, suite_file, target,
+                                                                                    monkeypatch):
+    """``draftbench reproduce`` stores its block with ``manifest_extra``: it must be there while the run is going
+    (an interrupted reproduction is still compared by ``report --against``) and at the end, and the manifest must be
+    written once (a second writer could race a reader or lose a key)."""
+    import harness.run.runner as runner_module
+
+    writes = []
+    write = runner_module.write_manifest
+    monkeypatch.setattr(runner_module, "write_manifest", lambda d, m: writes.append(d) or write(d, m))
+    seen = []
+
+    def on_question(recs):
+        if not seen:
+            run_dir = tmp_path / "results" / recs[0]["run_id"]
+            seen.append(json.loads((run_dir / "manifest.json").read_text())["reproduce"])
+
+    block = {"table": "t", "part": 0, "rows": {"scripted_test": "row1"}}
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False, on_question=on_question,
+                  manifest_extra={"reproduce": block})
+    assert seen == [block]
+    assert json.loads((run_dir / "manifest.json").read_text())["reproduce"] == block
+    assert writes == [run_dir]
+
+
 def test_failing_turn_becomes_error_record_and_run_goes_on(tmp_path, suite_file, target):
     run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
     recs = [r for r in read_records(run_dir) if r["label"] == "scripted_test"]

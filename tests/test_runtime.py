@@ -50,7 +50,8 @@ def test_unknown_runtime_fails_with_one_line():
         RunConfig(runtime=["eager", "fast"])
     with pytest.raises(ConfigError, match=r"^run\.methods\[0\]\.runtime: unknown runtime 'jit'"):
         config_from_dict({"methods": [{"name": "vanilla", "runtime": "jit"}]})
-    from harness.cli import build_parser, config_from_args
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
 
     with pytest.raises(ConfigError, match=r"^run\.runtime\[0\]: unknown runtime 'gpu'") as err:
         config_from_args(build_parser().parse_args(["run", "--runtime", "gpu"]))

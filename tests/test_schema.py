@@ -12,8 +12,8 @@ from typing import Any, Literal, Optional
 import pytest
 
 from harness.engine.method import OptionsError, build_options
+from harness.published.tables import TableError
 from harness.run.config import ConfigError
-from harness.run.published import TableError
 from harness.run.suites import DataError
 from harness.run.sweep import SweepError
 from harness.schema import InputError, check, field_types, type_error, unknown_keys

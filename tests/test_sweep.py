@@ -2,7 +2,8 @@
 
 import pytest
 
-from harness.cli import build_parser, config_from_args
+from harness.cli import build_parser
+from harness.cli.run import config_from_args
 from harness.run.config import ConfigError, config_from_dict, load_preset_dict
 from harness.run.sweep import parse_values, show_value
 

@@ -1,5 +1,7 @@
-"""Measurement: ``metrics`` (every metric defined once, formulas in docstrings), ``trackers`` (synchronised wall
-time, memory, energy), ``env`` (provenance), ``records`` (one measured turn: schema and durable store), ``report``
-(tidy tables, the paper table and plots, rebuilt from records), ``ablation`` (knob columns, the ablation table and
+"""Measurement: ``rundir`` (a run directory's files, atomic writes, the manifest's reader and schema), ``metrics``
+(every metric defined once, formulas in docstrings), ``trackers`` (synchronised wall time, memory, energy), ``env``
+(provenance), ``records`` (one measured turn: schema and durable store), ``tables`` (tidy tables from records),
+``markdown`` (the paper table and the summary's sections), ``plots``, ``formatting`` (n/a, numbers, CIs, Markdown
+rows), ``report`` (rebuilds a run's tables, plots and pages), ``ablation`` (knob columns, the ablation table and
 plots), ``html`` and ``browser`` (the self-contained ``report.html`` and a headless-Chromium check of it), ``syncs``
 (host-device round trips per step), ``baseline`` and ``compare`` (committed baselines and the regression gate)."""

@@ -28,13 +28,11 @@ of other characters turned into ``-`` for a GPU (``NVIDIA H100 80GB HBM3`` -> ``
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import re
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +41,9 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure import report as R
 from harness.measure import tables as T
 from harness.measure.records import baseline_labels, load_records, record_files
+from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -146,9 +144,9 @@ class Side:
     def from_run(cls, run_dir: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
         """Reduce a run directory with the report's table builders (the same numbers as its ``tables/``)."""
         run_dir = Path(run_dir)
-        manifest = R.read_manifest(run_dir)
+        manifest = read_manifest(run_dir)
         if not manifest:
-            raise FileNotFoundError(f"{run_dir}: no {R.MANIFEST_FILE}; not a draftbench run directory")
+            raise FileNotFoundError(f"{run_dir}: no {MANIFEST_FILE}; not a draftbench run directory")
         records = load_records(run_dir).complete_records  # a partial question never enters a mean
         if not records:
             raise ValueError(f"{run_dir}: no complete question in its records*.jsonl")
@@ -264,7 +262,7 @@ def load_side(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
         raise FileNotFoundError(f"{path}: no such run or baseline directory")
     if path.is_file() or (path / BASELINE_FILE).exists():
         return Side.from_baseline(path)
-    if (path / R.MANIFEST_FILE).exists() or record_files(path):
+    if (path / MANIFEST_FILE).exists() or record_files(path):
         return Side.from_run(path, n_boot=n_boot, seed=seed)
     raise FileNotFoundError(f"{path}: neither a run directory (manifest.json + records.jsonl) nor a baseline "
                             f"directory ({BASELINE_FILE})")
@@ -312,7 +310,7 @@ def save_baseline(run_dir: str | Path, out: str | Path | None = None, preset: st
     out.mkdir(parents=True, exist_ok=True)
     (out / BASELINE_FILE).write_text(json.dumps(side.to_json(), indent=1, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
-    summary_md = Path(run_dir) / "tables" / "summary.md"
+    summary_md = Path(run_dir) / SUMMARY_MD
     if summary_md.exists():
         (out / "summary.md").write_text(summary_md.read_text(encoding="utf-8"), encoding="utf-8")
     return out
@@ -329,36 +327,3 @@ def current_device_slug(device: str = "auto") -> str:
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is visible on this machine")
     return device_slug(device_info(device))
-
-
-def cmd_baseline(args) -> int:
-    if args.baseline_command == "save":
-        out = save_baseline(args.run_dir, args.out, args.preset, args.root, args.force)
-        print(f"baseline: {out / BASELINE_FILE}")
-        return 0
-    print(current_device_slug(args.device))
-    return 0
-
-
-def add_baseline_cli(sub: argparse._SubParsersAction) -> None:
-    """``draftbench baseline save RUN`` and ``draftbench baseline device``."""
-    b = sub.add_parser("baseline", help="committed baselines for `draftbench compare`")
-    bsub = b.add_subparsers(dest="baseline_command", required=True)
-    s = bsub.add_parser("save", help="write the small committed baseline of a run "
-                                     "(results/baselines/<device>/<preset>/baseline.json)")
-    s.add_argument("run_dir")
-    s.add_argument("--preset", help="baseline name (default: the preset named in the run's command)")
-    s.add_argument("--out", help="baseline folder (default: ROOT/<device slug>/<preset>)")
-    s.add_argument("--root", default=str(BASELINES_ROOT), help="default: %(default)s")
-    s.add_argument("--force", action="store_true", help="replace an existing baseline (refresh)")
-    d = bsub.add_parser("device", help="print this machine's device slug (the baseline folder name)")
-    d.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:1")
-    b.set_defaults(func=_run_baseline)
-
-
-def _run_baseline(args) -> int:
-    try:
-        return cmd_baseline(args)
-    except FileExistsError as e:
-        print(f"draftbench: error: {e}", file=sys.stderr)
-        return 2

@@ -70,16 +70,15 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.measure.rundir import RECORDS_GLOB, dumps_json, records_file_name
+
 if TYPE_CHECKING:
     import pandas as pd
-
-RECORDS_FILE = "records.jsonl"
-RECORDS_GLOB = "records*.jsonl"
 
 # fields that identify one observation; a resumed run skips questions whose key is complete
 KEY_FIELDS = ("label", "suite", "question_id", "temperature", "seed", "repeat")
@@ -223,7 +222,7 @@ class RecordStore:
 
     def __init__(self, run_dir: str | Path, rank: int | None = None):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / (RECORDS_FILE if rank is None else f"records.rank{rank}.jsonl")
+        self.path = self.run_dir / records_file_name(rank)
         self._repair_tail()
 
     def _repair_tail(self) -> None:
@@ -282,16 +281,6 @@ def failed_entries(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         elif label not in first:
             first[label] = str(rec.get("error") or "unknown error")
     return {label: error for label, error in first.items() if label not in ok}
-
-
-def dumps_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
-    """Strict JSON text of ``obj``: NaN and infinities (which JSON has no literal for) become null. Arrays, sets and
-    paths become lists and strings; any other type raises TypeError unless ``default`` converts it."""
-    kw = dict(ensure_ascii=False, default=default or _jsonable, allow_nan=False, indent=indent)
-    try:
-        return json.dumps(obj, **kw)
-    except ValueError:
-        return json.dumps(_finite(obj), **kw)
 
 
 def record_files(run_dir: str | Path) -> list[Path]:
@@ -418,26 +407,3 @@ def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _finite(obj: Any) -> Any:
-    """``obj`` with every non-finite float (at any depth) replaced by None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "tolist"):
-        return _finite(obj.tolist())
-    return obj
-
-
-def _jsonable(obj: Any):
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot serialise {type(obj).__name__}")

@@ -39,7 +39,8 @@ from harness.measure.plots import (
     plot_tau,
     plot_tokens_per_s,
 )
-from harness.measure.records import RECORDS_FILE, load_records, record_files
+from harness.measure.records import load_records, record_files
+from harness.measure.rundir import MANIFEST_FILE, RECORDS_FILE, SUMMARY_MD, read_manifest
 from harness.measure.tables import (
     category_table,
     divergence_table,
@@ -50,22 +51,6 @@ from harness.measure.tables import (
     summary_table,
     turns_table,
 )
-
-MANIFEST_FILE = "manifest.json"
-
-
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """The run's ``manifest.json`` as a dict ({} when the file does not exist)."""
-    path = Path(run_dir) / MANIFEST_FILE
-    if not path.exists():
-        return {}
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(manifest, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    return manifest
 
 
 def provenance_header(manifest: Mapping[str, Any], turns: pd.DataFrame) -> str:
@@ -125,7 +110,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     run_dir = Path(run_dir)
     if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir) or {}  # no manifest: the report says provenance unknown
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
     baseline = baseline_label or config.get("baseline") or "vanilla"
     found = load_records(run_dir)
@@ -152,7 +137,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     divergence = divergence_table(turns, baseline)
     divergence.to_csv(tables / "divergence.csv", index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
-    md = tables / "summary.md"
+    md = run_dir / SUMMARY_MD
     md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                   f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
                   f"{divergence_note(divergence)}\n{ablation_markdown(turns[measured_rows(turns)], baseline)}"

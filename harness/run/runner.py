@@ -31,7 +31,7 @@ import os
 import traceback
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ import torch
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
-from harness.measure.records import RecordStore, dumps_json, question_key
+from harness.measure.records import RecordStore, question_key
+from harness.measure.rundir import MANIFEST_FILE, ManifestError, read_manifest, write_manifest
 from harness.measure.trackers import Tracker, model_devices, release_cached_memory
 from harness.models import Target, load_target
 from harness.registry import get_method
@@ -49,8 +50,6 @@ from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
 from harness.run.suites import Suite, load_suite
 from harness.run.suites import score as score_answer
-
-MANIFEST_FILE = "manifest.json"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -221,18 +220,18 @@ def _free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def load_manifest(run_dir: Path) -> dict:
-    """The manifest of a run directory; a missing, unreadable or malformed one raises :class:`ConfigError` naming
-    the file."""
-    path = Path(run_dir) / MANIFEST_FILE
-    if not path.exists():
-        raise ConfigError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+def resume_manifest(run_dir: Path) -> dict:
+    """The manifest of the run to resume; a missing one (not a run directory), an unreadable or invalid one, or one
+    without a ``config`` object raises :class:`ConfigError` naming the file."""
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: corrupt manifest, cannot resume: {e}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
-        raise ConfigError(f"{path}: corrupt manifest, cannot resume: expected a JSON object with a \"config\" object")
+        manifest = read_manifest(run_dir)
+    except ManifestError as e:
+        raise ConfigError(f"{e}; cannot resume") from None
+    if manifest is None:
+        raise ConfigError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+    if not isinstance(manifest.get("config"), dict):
+        raise ConfigError(f"{Path(run_dir) / MANIFEST_FILE}: corrupt manifest: expected a \"config\" object; "
+                          "cannot resume")
     return manifest
 
 
@@ -289,9 +288,12 @@ class Distributed:
 
 
 def run(config: RunConfig | None = None, resume: str | Path | None = None,
-        progress: bool = True, target: Target | None = None, on_question: Callable | None = None) -> Path:
+        progress: bool = True, target: Target | None = None, on_question: Callable | None = None,
+        manifest_extra: Mapping[str, Any] | None = None) -> Path:
     """Run ``config`` into a new run directory, or continue the run in ``resume``; return the run directory.
 
+    ``manifest_extra``: more top-level manifest keys (``draftbench reproduce`` stores its ``reproduce`` block),
+    written with the manifest, once, before the first question (a resumed run keeps its manifest as it is).
     ``target`` may be passed in (tests use tiny in-process models); ``on_question`` is called after every stored
     question (tests use it to simulate a kill). Bad input (configuration, suites, method options, output directory)
     fails before the target is loaded. Ctrl-C raises :class:`RunInterrupted` naming the run to resume.
@@ -300,7 +302,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     manifest = None
     if resume is not None:
         run_dir = Path(resume)
-        manifest = load_manifest(run_dir)
+        manifest = resume_manifest(run_dir)
         stored = _resumed_config(manifest, run_dir)
         if config is not None and config.digest() != stored.digest():
             raise ConfigError(f"--resume {run_dir}: the given configuration differs from the run's "
@@ -341,9 +343,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             methods[spec.label].profile = PROFILE[config.profile]
             methods[spec.label].runtime = spec.runtime
         if manifest is None and dist.rank == 0:
-            manifest = build_manifest(config, run_dir, target, suites, methods)
-            manifest["processes"] = dist.world
-            (run_dir / MANIFEST_FILE).write_text(dumps_json(manifest, indent=1, default=str), encoding="utf-8")
+            manifest = {**build_manifest(config, run_dir, target, suites, methods), "processes": dist.world,
+                        **(manifest_extra or {})}
+            write_manifest(run_dir, manifest)
         dist.barrier()
         started = True
         _run_all(config, run_dir, dist, target, suites, methods, progress, on_question)

@@ -1,3 +1,4 @@
 """Training draft heads: conversations and the contamination check (``sources``), the target's features in
 resumable shards (``features``), the training view (``dataset``), pluggable objectives (``objectives``; each head's
-objective lives beside the head in ``methods/``), one accelerate loop (``loop``) and the commands (``cli``)."""
+objective lives beside the head in ``methods/``), one accelerate loop (``loop``) and grids of heads (``sweep``). The
+commands (``draftbench data build | merge | vocab``, ``draftbench train``) are in :mod:`harness.cli`."""

@@ -36,9 +36,9 @@ from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_row, number
 from harness.measure.html import write_tables_page
 from harness.measure.records import load_records
-from harness.measure.report import read_manifest
+from harness.measure.rundir import read_manifest
 from harness.measure.tables import turns_table
-from harness.run.published import Column, Table
+from harness.published.tables import Column, Table
 
 METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
 COLUMNS = ["table", "row", "row_label", "label", "method", "column", "column_label", "metric", "convention",
@@ -346,7 +346,7 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     records = load_records(run_dir).complete_records  # a partial question never enters a mean
     if not records:
         raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir) or {}  # no manifest: rows are matched by method and options
     turns = turns_table(records, manifest)
     df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
     md = comparison_markdown(df, table, run_dir.name)

@@ -1,0 +1,49 @@
+"""``draftbench`` command line: run, report, list, data, train.
+
+Every parser of the command lives in this package, a module per command (``run``, ``report``, ``list``, ``data``,
+``train``, ``reproduce``, ``compare``, ``baseline``): each adds its subparser (``add_parser``) and a ``cmd_*`` function
+that calls the domain modules' plain functions. Errors a user can fix print one line, ``draftbench: error: ...``,
+and exit 2; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from harness.cli import baseline, compare, data, report, reproduce, run, train
+from harness.cli import list as list_cmd
+from harness.run.config import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="draftbench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for command in (run, report, list_cmd, data, train, reproduce, compare, baseline):
+        command.add_parser(sub)
+    return p
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each: ``draftbench: warning: <message>``."""
+    print(f"draftbench: warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _dispatch(args)
+
+
+def _dispatch(args) -> int:
+    try:
+        return args.func(args)
+    except (ConfigError, KeyError, ValueError, OSError) as e:  # FileNotFoundError, PermissionError: OSError
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"draftbench: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftbench: interrupted", file=sys.stderr)
+        return 130

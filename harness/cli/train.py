@@ -1,0 +1,101 @@
+"""``draftbench train OBJECTIVE``: one draft head trained on a feature dataset (:mod:`harness.train.loop`), also
+runnable as ``python -m harness.train <objective> ...`` under ``accelerate launch`` (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.models import DEFAULT_TARGET, load_target
+from harness.train.loop import TrainConfig, train
+from harness.train.objectives import objective_names
+
+
+def _assignment(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ValueError(f"--option expects KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``draftbench train {objective}`` (choices from the objective registry)."""
+    p = subparsers.add_parser("train", help="train a draft head on a feature dataset (see `data build`)")
+    p.add_argument("objective", choices=objective_names())
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--data", required=True, help="feature dataset folder (from `draftbench data build`)")
+    p.add_argument("--out", help="output folder (default: train-runs/<objective>-<target>)")
+    for flag, kind in (("lr", float), ("weight-decay", float), ("epochs", int), ("max-steps", int),
+                       ("batch-size", int), ("grad-accum", int), ("warmup-steps", int), ("warmup-ratio", float),
+                       ("eval-every", int), ("save-every", int), ("eval-positions", int), ("max-len", int),
+                       ("seed", int), ("log-every", int), ("max-shards", int)):
+        p.add_argument("--" + flag, type=kind)
+    p.add_argument("--noise", help="eagle (published), none, or a fixed scale")
+    p.add_argument("--mixed-precision", choices=["auto", "no", "bf16", "fp16"])
+    p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is present")
+    p.add_argument("--no-resume", action="store_true", help="fail instead of continuing a run in --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="objective option")
+    p.add_argument("--sweep", action="append", default=[], metavar="OPTION=V1,V2",
+                   help="train one head per value into OUT/OPTION=VALUE/ (harness.train.sweep)")
+    p.set_defaults(func=cmd_train)
+
+
+def config_from_args(args) -> TrainConfig:
+    values: dict[str, Any] = {}
+    for name in ("lr", "weight_decay", "epochs", "max_steps", "batch_size", "grad_accum", "warmup_steps",
+                 "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every",
+                 "max_shards", "mixed_precision"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    if args.noise is not None:
+        values["noise"] = args.noise if args.noise in ("eagle", "none") else float(args.noise)
+    return TrainConfig(**values, cpu=args.cpu, resume=not args.no_resume, progress=not args.no_progress,
+                       options=dict(_assignment(o) for o in args.option))
+
+
+def cmd_train(args) -> int:
+    cfg = config_from_args(args)
+    device = "cpu" if cfg.cpu or not torch.cuda.is_available() else f"cuda:{_local_rank()}"
+    target = load_target(args.target, dtype="float32", device=device)
+    out = args.out or str(Path("train-runs") / f"{args.objective}-{Path(args.target).name}")
+    if args.sweep:
+        return _train_sweep(args, target, out, cfg)
+    recipe = train(args.objective, target, args.data, out, cfg)
+    if _local_rank() == 0:
+        print(f"{out}: {recipe['steps']} steps in {recipe['wall_time_s']:.1f} s; held-out {recipe['final_eval']}")
+    return 0
+
+
+def _train_sweep(args, target, out: str, cfg: TrainConfig) -> int:
+    from harness.train.sweep import parse_grid, train_sweep
+
+    argv = sys.argv[1:]
+    argv = argv[argv.index("train") + 1:] if "train" in argv else argv
+    rows = train_sweep(args.objective, target, args.data, out, cfg, parse_grid(args.sweep), argv)
+    for row in rows:
+        print(f"{Path(out) / row['folder']}: {row['steps']} steps in {row['wall_time_s']:.1f} s; "
+              f"held-out {row['final_eval']}")
+    return 0
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.train.loop <objective> ...`` (e.g. under ``accelerate launch``): the ``train`` subcommand."""
+    parser = argparse.ArgumentParser(prog="harness.train.loop")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
