@@ -259,3 +259,21 @@ def test_a_run_in_which_every_turn_of_an_entry_failed_exits_non_zero(tmp_path, s
                            "probabilities are nan at test_cli.py:") and line.endswith(f"); see {run_dir}")
     statuses = [json.loads(x)["status"] for x in (run_dir / "records.jsonl").read_text().splitlines()]
     assert statuses.count("ok") == 4 and statuses.count("error") == 4
+
+
+def test_ctrl_c_while_the_report_is_written_says_the_records_are_complete(tmp_path, suite_file, capsys, tiny_model,
+                                                                           monkeypatch):
+    """Ctrl-C after the last question, while the report was written, printed a bare "interrupted": it must say the
+    records are complete and give the command that finishes the report (every report file is replaced whole)."""
+    import harness.measure.report as report_module
+
+    def interrupted(run_dir, baseline_label=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_module, "write_report", interrupted)
+    args = [a for a in base_args(tmp_path, suite_file) if a != "--no-report"]
+    code, err = run_cli(args, capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 130
+    assert one_line(err) == (f"draftbench: interrupted while writing the report; the run's records are complete; "
+                             f"finish the report with: draftbench report {run_dir}")

@@ -61,3 +61,20 @@ def test_an_invalid_manifest_names_its_path(tmp_path, text, detail):
 
 def test_records_files_are_named_here():
     assert rundir.records_file_name() == "records.jsonl" and rundir.records_file_name(1) == "records.rank1.jsonl"
+
+
+def test_a_writer_that_fails_inside_atomic_file_leaves_the_old_file(tmp_path):
+    """Report files (CSV, parquet, PNG, HTML) go through atomic_file: a kill while one was written left a truncated
+    report.html. A failure (or Ctrl-C) in the middle must leave the old file whole and no temporary file."""
+    from harness.measure.rundir import atomic_file
+
+    path = tmp_path / "report.html"
+    path.write_text("old page")
+    with pytest.raises(KeyboardInterrupt), atomic_file(path) as tmp:
+        assert tmp.suffix == ".html" and tmp.parent == tmp_path  # same folder, same format suffix
+        tmp.write_text("half a pa")
+        raise KeyboardInterrupt
+    assert path.read_text() == "old page" and sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+    with atomic_file(path) as tmp:
+        tmp.write_text("new page")
+    assert path.read_text() == "new page" and sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]

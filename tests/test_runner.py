@@ -364,3 +364,33 @@ def test_a_failing_scorer_is_recorded_not_ignored(target):
     assert (recs[0]["status"], recs[0]["error"], recs[0]["score"]) == ("ok", None, None)
     assert recs[0]["score_name"] == "exploding_test_scorer"
     assert recs[0]["score_error"].startswith("RuntimeError: scorer exploded")
+
+
+def test_a_second_writer_of_a_run_is_refused_naming_the_holder(tmp_path, suite_file, target):
+    """Two `--resume` of one run at once both redid every pending question (18 record lines instead of 10). While
+    one process holds the run directory, another is refused in one line naming the holder, and writes nothing; the
+    lock goes with its holder, so the run resumes afterwards."""
+    import os
+
+    from harness.measure.rundir import RunInUseError, RunLock
+
+    run_dir = run(_config(tmp_path, suite_file), target=target, progress=False)
+    before = (run_dir / "records.jsonl").read_text()
+    holder = RunLock(run_dir).acquire()
+    with pytest.raises(RunInUseError, match=rf"is in use by draftbench pid {os.getpid()} on .* since "):
+        run(resume=run_dir, target=target, progress=False)
+    assert (run_dir / "records.jsonl").read_text() == before
+    holder.release()
+    assert run(resume=run_dir, target=target, progress=False) == run_dir
+
+
+def test_a_run_killed_while_its_model_loaded_says_there_is_nothing_to_resume(tmp_path):
+    """kill -9 during model load leaves a run directory with no manifest (and the lock file): --resume called it
+    "not a run directory", which reads like a typo in the path."""
+    from harness.run.runner import resume_manifest
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").write_text("draftbench pid 1 on host since 2026-12-01T00:00:00+00:00\n")
+    with pytest.raises(ConfigError, match=r"run is empty: its run was stopped before it started \(while the model "
+                                          r"loaded\), so there is nothing to resume"):
+        resume_manifest(tmp_path / "run")

@@ -121,7 +121,12 @@ def cmd_run(args) -> int:
         return 0
     print(f"run:  {run_dir}")
     if not args.no_report:
-        print_report(run_dir)
+        try:
+            print_report(run_dir)
+        except KeyboardInterrupt:  # every report file is replaced whole, so none is left half-written
+            print(f"draftbench: interrupted while writing the report; the run's records are complete; finish the "
+                  f"report with: draftbench report {shlex.quote(str(run_dir))}", file=sys.stderr)
+            return 130
     return failed_entries_exit(run_dir)
 
 

@@ -42,6 +42,7 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
+from harness.measure.rundir import atomic_file
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]
@@ -275,7 +276,8 @@ def plot_knob(table: pd.DataFrame, knobs: Sequence[str], x: str, path: Path, tit
     _axis(axes[2], sl, x, "draft forwards per step")
     fig.suptitle(title + " — bands: 95% bootstrap CI over questions")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 
@@ -303,7 +305,8 @@ def plot_knob_acceptance(table: pd.DataFrame, knobs: Sequence[str], x: str, path
             ax.set_title(name, fontsize="medium")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 
@@ -320,7 +323,8 @@ def plot_knob_cost(table: pd.DataFrame, knobs: Sequence[str], x: str, path: Path
     _axis(ax, sl, x, "ms per verification step")
     ax.set_title(title, fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 
@@ -356,7 +360,8 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
     (run_dir / "tables").mkdir(exist_ok=True)
     (run_dir / "plots").mkdir(exist_ok=True)
     csv = run_dir / "tables" / "ablation.csv"
-    table.to_csv(csv, index=False)
+    with atomic_file(csv) as tmp:
+        table.to_csv(tmp, index=False)
     paths["ablation_csv"] = csv
     groups = list(table.groupby(["method", "suite", "temperature"], sort=False))
     for (method, suite, temp), t in groups:

@@ -31,6 +31,7 @@ import pandas as pd
 from harness.measure import metrics as M
 from harness.measure.ablation import ablation_pivots, ablation_table, knob_names
 from harness.measure.formatting import html_number, markdown_cells, missing
+from harness.measure.rundir import write_text_atomic
 
 REPORT_FILE = "report.html"
 CONTEXT_CHARS = 160           # text shown on each side of a divergence
@@ -183,7 +184,7 @@ def write_tables_page(path: str | Path, title: str, tables: Mapping[str, pd.Data
                       plots: Mapping[str, Path] | None = None, subtitle: str = "") -> Path:
     """Write :func:`render_tables_page` to ``path``; returns it."""
     path = Path(path)
-    path.write_text(render_tables_page(title, tables, notes, plots, subtitle), encoding="utf-8")
+    write_text_atomic(path, render_tables_page(title, tables, notes, plots, subtitle))
     return path
 
 
@@ -340,5 +341,5 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
         ("provenance", "Provenance", provenance_html(manifest)),
     ]
     path = run_dir / REPORT_FILE
-    path.write_text(render_page(f"draftbench: {run_dir.name}", subtitle, sections), encoding="utf-8")
+    write_text_atomic(path, render_page(f"draftbench: {run_dir.name}", subtitle, sections))
     return path

@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
+from harness.measure.rundir import atomic_file
 from harness.measure.tables import lists, measured_rows, summary_runtimes
 
 
@@ -64,7 +65,8 @@ def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, pa
     ax.set_title(title)
     _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path
 
 
@@ -118,7 +120,8 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     ax.set_title("Accepted-length histogram (all suites)")
     _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path
 
 
@@ -141,5 +144,6 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     ax.set_title("Acceptance per draft position (all suites)")
     _legend(ax, len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path

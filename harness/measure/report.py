@@ -40,7 +40,14 @@ from harness.measure.plots import (
     plot_tokens_per_s,
 )
 from harness.measure.records import load_records, record_files
-from harness.measure.rundir import MANIFEST_FILE, RECORDS_FILE, SUMMARY_MD, read_manifest
+from harness.measure.rundir import (
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    SUMMARY_MD,
+    atomic_file,
+    read_manifest,
+    write_text_atomic,
+)
 from harness.measure.tables import (
     category_table,
     divergence_table,
@@ -96,8 +103,10 @@ def _for_parquet(df: pd.DataFrame) -> pd.DataFrame:
 def _write_table(df: pd.DataFrame, stem: Path) -> dict[str, Path]:
     """``stem.parquet`` and ``stem.csv`` (list columns JSON-encoded in the CSV)."""
     parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
-    _for_parquet(df).to_parquet(parquet, index=False)
-    df.map(_json_cell).to_csv(csv, index=False)
+    with atomic_file(parquet) as tmp:
+        _for_parquet(df).to_parquet(tmp, index=False)
+    with atomic_file(csv) as tmp:
+        df.map(_json_cell).to_csv(tmp, index=False)
     return {f"{stem.name}_parquet": parquet, f"{stem.name}_csv": csv}
 
 
@@ -130,19 +139,21 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     paths |= _write_table(summary, tables / "summary")
     categories = category_table(turns, baseline)
     if not categories.empty:
-        categories.to_csv(tables / "categories.csv", index=False)
+        with atomic_file(tables / "categories.csv") as tmp:
+            categories.to_csv(tmp, index=False)
         paths["categories_csv"] = tables / "categories.csv"
-    histogram_table(turns).to_csv(tables / "accept_hist.csv", index=False)
+    with atomic_file(tables / "accept_hist.csv") as tmp:
+        histogram_table(turns).to_csv(tmp, index=False)
     paths["accept_hist_csv"] = tables / "accept_hist.csv"
     divergence = divergence_table(turns, baseline)
-    divergence.to_csv(tables / "divergence.csv", index=False)
+    with atomic_file(tables / "divergence.csv") as tmp:
+        divergence.to_csv(tmp, index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
     md = run_dir / SUMMARY_MD
-    md.write_text(f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
-                  f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
-                  f"{divergence_note(divergence)}\n{ablation_markdown(turns[measured_rows(turns)], baseline)}"
-                  + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""),
-                  encoding="utf-8")
+    write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
+                      f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
+                      f"{divergence_note(divergence)}\n{ablation_markdown(turns[measured_rows(turns)], baseline)}"
+                      + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""))
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),

@@ -10,6 +10,8 @@ The files of a run directory::
                                 records*.jsonl (RECORDS_GLOB)
     tables/, plots/             what ``draftbench report`` rebuilds from the records (harness.measure.report);
                                 tables/summary.md (SUMMARY_MD) is also copied by ``draftbench baseline save``
+    .lock                       held (flock) by the one process that writes records into the run (LOCK_FILE,
+                                :class:`RunLock`); it says who holds it
 
 The manifest, a JSON object (``harness.run.runner.build_manifest`` writes it; readers never require a key but
 ``config``, which ``--resume`` needs)::
@@ -37,18 +39,24 @@ its path (:class:`ManifestError`).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import json
 import math
 import os
+import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from harness.schema import InputError
 
 MANIFEST_FILE = "manifest.json"
 RECORDS_FILE = "records.jsonl"
 RECORDS_GLOB = "records*.jsonl"
 SUMMARY_MD = Path("tables", "summary.md")
+LOCK_FILE = ".lock"
 
 
 class ManifestError(ValueError):
@@ -93,28 +101,77 @@ def _jsonable(obj: Any):
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part: the text
-    goes to a temporary file in the same folder (same file system), which then replaces ``path``
-    (:func:`os.replace`). On any failure the temporary file is removed and ``path`` is left as it was."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same folder, so the same file system; same suffix, so writers that infer the
+    format from it - pandas, matplotlib - behave) that replaces ``path`` when the block ends (:func:`os.replace`). A
+    reader sees the old file or the whole new one, never a part; on any failure (an exception, Ctrl-C) the temporary
+    file is removed and ``path`` is left as it was. Example: ``with atomic_file(p) as tmp: df.to_csv(tmp)``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            tmp.unlink()
         raise
-    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through :func:`atomic_file` (flushed to disk before it replaces ``path``)."""
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(path)
 
 
 def write_manifest(run_dir: str | Path, manifest: Mapping[str, Any]) -> Path:
     """Write ``run_dir/manifest.json`` atomically (strict JSON, indent 1; unknown types as ``str``)."""
     return write_text_atomic(Path(run_dir) / MANIFEST_FILE, dumps_json(manifest, indent=1, default=str))
+
+
+class RunInUseError(InputError):
+    """Another live process holds the run directory's lock (:class:`RunLock`)."""
+
+
+class RunLock:
+    """The run directory's lock: one process at a time writes records into a run (two ``--resume`` of one run at
+    once both redid every pending question). An advisory ``flock`` on ``run_dir/.lock``, which the kernel releases
+    when the holder exits, however it exits (a kill -9 leaves no stale lock); the file names its holder. Example::
+
+        lock = RunLock(run_dir).acquire()   # RunInUseError "... is in use by draftbench pid 4242 on host since ..."
+        ...
+        lock.release()
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 512).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise RunInUseError(f"{self.run_dir} is in use by {holder}; wait for it to end (or stop it), then resume "
+                                "the run") from None
+        since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"draftbench pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:

@@ -36,7 +36,7 @@ from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_row, number
 from harness.measure.html import write_tables_page
 from harness.measure.records import load_records
-from harness.measure.rundir import read_manifest
+from harness.measure.rundir import atomic_file, read_manifest, write_text_atomic
 from harness.measure.tables import turns_table
 from harness.published.tables import Column, Table
 
@@ -334,7 +334,8 @@ def plot_against(df: pd.DataFrame, path: Path, title: str = "") -> Path | None:
         ax.legend(fontsize="small")
     fig.suptitle(title or "measured vs reported")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     return path
 
 
@@ -356,9 +357,11 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     stem = f"against_{table.id}"
     paths: dict[str, Path] = {"against_csv": tables / f"{stem}.csv", "against_parquet": tables / f"{stem}.parquet",
                               "against_md": tables / f"{stem}.md"}
-    df.to_csv(paths["against_csv"], index=False)
-    df.to_parquet(paths["against_parquet"], index=False)
-    paths["against_md"].write_text(md, encoding="utf-8")
+    with atomic_file(paths["against_csv"]) as tmp:
+        df.to_csv(tmp, index=False)
+    with atomic_file(paths["against_parquet"]) as tmp:
+        df.to_parquet(tmp, index=False)
+    write_text_atomic(paths["against_md"], md)
     plot = plot_against(df, plots / f"{stem}.png", f"{run_dir.name} vs {table.id}")
     if plot is not None:
         paths["against_plot"] = plot

@@ -42,7 +42,15 @@ from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
 from harness.measure.records import RecordStore, question_key
-from harness.measure.rundir import MANIFEST_FILE, ManifestError, read_manifest, write_manifest
+from harness.measure.rundir import (
+    LOCK_FILE,
+    MANIFEST_FILE,
+    ManifestError,
+    RunInUseError,
+    RunLock,
+    read_manifest,
+    write_manifest,
+)
 from harness.measure.trackers import Tracker, model_devices, release_cached_memory
 from harness.models import Target, load_target
 from harness.registry import get_method
@@ -228,6 +236,9 @@ def resume_manifest(run_dir: Path) -> dict:
     except ManifestError as e:
         raise ConfigError(f"{e}; cannot resume") from None
     if manifest is None:
+        if Path(run_dir).is_dir() and {p.name for p in Path(run_dir).iterdir()} <= {LOCK_FILE}:  # killed in load
+            raise ConfigError(f"{run_dir} is empty: its run was stopped before it started (while the model loaded), "
+                              "so there is nothing to resume; start the run again (and remove the empty folder)")
         raise ConfigError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
     if not isinstance(manifest.get("config"), dict):
         raise ConfigError(f"{Path(run_dir) / MANIFEST_FILE}: corrupt manifest: expected a \"config\" object; "
@@ -324,6 +335,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
     if resume is None:
         run_dir = _shared_run_dir(config, dist)
+    lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
     started = manifest is not None  # the run has a manifest: it can be resumed
     try:
         if target is None:
@@ -352,10 +364,27 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
     finally:
+        if lock is not None:
+            lock.release()
         if not started and resume is None and dist.rank == 0:
             _remove_if_empty(run_dir)
     dist.barrier()
     return run_dir
+
+
+def _shared_lock(run_dir: Path, dist: Distributed) -> RunLock | None:
+    """Rank 0 takes the run directory's lock (:class:`harness.measure.rundir.RunLock`) and every process gets its
+    outcome: the lock on rank 0, None elsewhere, or :class:`RunInUseError` everywhere."""
+    lock, error = None, None
+    if dist.rank == 0:
+        try:
+            lock = RunLock(run_dir).acquire()
+        except RunInUseError as e:
+            error = str(e)
+    error = dist.share(error)
+    if error is not None:
+        raise RunInUseError(error)
+    return lock
 
 
 def _shared_run_dir(config: RunConfig, dist: Distributed) -> Path:
@@ -373,10 +402,11 @@ def _shared_run_dir(config: RunConfig, dist: Distributed) -> Path:
 
 
 def _remove_if_empty(run_dir: Path) -> None:
-    try:
-        run_dir.rmdir()  # only ever removes an empty directory
-    except OSError:
-        pass
+    """Remove a run directory that holds nothing but its lock file (a run stopped before it started)."""
+    if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+        with contextlib.suppress(OSError):
+            (run_dir / LOCK_FILE).unlink()
+            run_dir.rmdir()
 
 
 def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target, suites: list[Suite],
