@@ -133,6 +133,9 @@ def test_missing_or_mismatched_counts_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="draft_vocab must be 0"):
         Eagle2Options(draft_vocab=3, top_k=10)
     Eagle2(target, Eagle2Options(head=str(folder), draft_vocab=0))  # full vocabulary needs no counts
+    # more draft tokens than the target has was accepted silently (and drafted over the full vocabulary)
+    with pytest.raises(OptionsError, match=r"draft_vocab=100000000 is more than the target's vocabulary of 128 tokens"):
+        Eagle2(target, Eagle2Options(head=str(folder), draft_vocab=100_000_000))
     own = tmp_path / "medusa"
     save_medusa_heads(random_medusa_heads(32, 128, shared=False), own, base_model="tiny", dtype=torch.float32)
     with pytest.raises(OptionsError, match="share the target's lm_head"):

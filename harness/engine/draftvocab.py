@@ -146,7 +146,10 @@ def draft_lm_head(lm_head: nn.Module, size: int, folder: str | Path | None, meth
     from harness.engine.method import OptionsError
 
     V = lm_head.weight.shape[0]
-    if size == 0 or size >= V:
+    if size > V:
+        raise OptionsError(f"method {method!r}: draft_vocab={size} is more than the target's vocabulary of {V} tokens "
+                           "(0 scores the whole vocabulary)")
+    if size == 0 or size == V:
         return DraftLMHead(lm_head)
     try:
         if folder is None:
