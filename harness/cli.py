@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from harness.engine.runtime import add_cache_cli
 from harness.measure.baseline import add_baseline_cli
 from harness.measure.compare import add_compare_cli
 from harness.run import suites
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reproduce_cli(sub)
     add_compare_cli(sub)
     add_baseline_cli(sub)
+    add_cache_cli(sub)
     return p
 
 
