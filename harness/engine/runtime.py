@@ -289,7 +289,6 @@ class CompiledRunner(TargetRunner):
 
     def _call(self, fn, ids: torch.Tensor, cache, kwargs: dict):
         graphs = self.graphs
-        cached = _fx_cache_counts()
         t0 = time.perf_counter()
         if not ids.is_inference():  # a tensor made outside inference mode (a prompt) would be another graph input
             with torch.inference_mode():
@@ -305,8 +304,9 @@ class CompiledRunner(TargetRunner):
             _mark_dynamic(ids, cache, kwargs)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
+        cached: dict[str, int] = {}  # inductor's FX-graph cache outcomes when compilation started (if told)
         with (torch.inference_mode(), _no_duck_shapes(), self._options(), _inductor_cache_dir(self.cache_dir),
-              self._telling_start(t0)):
+              self._telling_start(t0, cached)):
             out = fn(ids, cache=cache, use_cache=True, **kwargs)
         if self.graphs != graphs:  # this call compiled: its time (tracing + compilation + one run) is compile time
             if ids.device.type == "cuda":
@@ -315,13 +315,14 @@ class CompiledRunner(TargetRunner):
             self.compile_s += seconds
             if self.on_compile is not None:
                 now = _fx_cache_counts()
-                outcome = "+".join(k for k in now if now[k] > cached[k])
+                outcome = "+".join(k for k in now if now[k] > cached.get(k, 0))
                 self.on_compile(CompileEvent("end", self.graphs, seconds, outcome))
         return out
 
     @contextlib.contextmanager
-    def _telling_start(self, t0: float) -> Iterator[None]:
-        """While a call runs: tell :attr:`on_compile` once when dynamo starts compiling (a shape without a graph)."""
+    def _telling_start(self, t0: float, cached: dict[str, int]) -> Iterator[None]:
+        """While a call runs: tell :attr:`on_compile` once when dynamo starts compiling (a shape without a graph),
+        and fill ``cached`` with inductor's FX-graph cache outcomes at that moment."""
         if self.on_compile is None:
             yield
             return
@@ -332,6 +333,7 @@ class CompiledRunner(TargetRunner):
         def started(_args=None) -> None:
             if not told:
                 told.append(True)
+                cached.update(_fx_cache_counts())
                 self.on_compile(CompileEvent("start", self.graphs, time.perf_counter() - t0))
 
         callback_handler.register_start_callback(started)
