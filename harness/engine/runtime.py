@@ -36,13 +36,13 @@ compiles. The rest of the gain is the per-op framework overhead that a compiled 
 Compiling once: every method of one runtime calls the target through one runner (:func:`target_runner`, one per
 target and runtime), so entries that run the same forward at the same shapes share its graphs (vanilla's prefill
 serves every method's prefill; a second entry of a method compiles nothing). Across runs, inductor's artefacts live
-in :func:`compile_cache_dir` (``$DRAFTBENCH_CACHE/compile/<key>``, else ``~/.cache/draftbench/compile/<key>``; the
-key names the torch version, the model, its dtype, the device type and the linear-kernel choice, so another torch,
-model or dtype never reads them); ``draftbench cache clear`` (:func:`clear_compile_cache`) removes them. What a second
-run reuses depends on the flavour: the dynamic CPU flavour freezes the weights and packs them for oneDNN, which
-inductor's FX-graph and AOTAutograd caches refuse (packed oneDNN weights cannot be pickled; AOTAutograd does not
-cache frozen graphs), so it reuses the compiled C++ kernels only and traces and lowers every graph again; the static
-flavour (no freezing) reuses whole graphs through both caches.
+in the runner's ``cache_dir``, ``$DRAFTBENCH_CACHE/compile/<key>`` (else ``~/.cache/draftbench/compile/<key>``; the
+key, :func:`compile_cache_key`, names the torch version, the model, its dtype, the device type and the linear-kernel
+choice, so another torch, model or dtype never reads them); ``draftbench cache clear`` (:func:`clear_compile_cache`)
+removes them. What a second run reuses depends on the flavour: the dynamic CPU flavour freezes the weights and packs
+them for oneDNN, which inductor's FX-graph and AOTAutograd caches refuse (packed oneDNN weights cannot be pickled;
+AOTAutograd does not cache frozen graphs), so it reuses the compiled C++ kernels only and traces and lowers every
+graph again; the static flavour (no freezing) reuses whole graphs through both caches.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ class CompiledRunner(TargetRunner):
             self.compile_s += seconds
             if self.on_compile is not None:
                 now = _fx_cache_counts()
-                outcome = "+".join(k for k in now if now[k] > cached.get(k, 0))
+                outcome = "+".join(k for k in now if now[k] > cached.get(k, now[k]))
                 self.on_compile(CompileEvent("end", self.graphs, seconds, outcome))
         return out
 
