@@ -6,7 +6,12 @@
   real slots' logits nor (after compaction) the cache;
 - a transformers ``StaticCache`` compacted after a tree forward equals the cache of running the accepted tokens;
 - the report compares a compiled label with the compiled baseline and never mixes runtimes in one table;
-- (slow: compilation takes seconds per graph) every registered method's greedy output is the same compiled as eager,
+- the compile cache: its folder is keyed by torch, model, dtype, device and linear kernels, lives under
+  $DRAFTBENCH_CACHE (else ~/.cache/draftbench), and ``draftbench cache clear`` removes it; the methods of one
+  runtime share one runner;
+- (slow: compilation takes seconds per graph) a second entry at the same shapes compiles nothing, the runner tells
+  when a call starts and ends compiling, and its artefacts land in the keyed folder; every registered method's
+  greedy output is the same compiled as eager,
   on a tiny target in both compiled flavours and on the default model, and a run with both runtimes keeps the
   compilation out of measured turns.
 """
@@ -23,7 +28,10 @@ from harness.engine.kv import attention_layout, compact_cache, static_cache_leng
 from harness.engine.runtime import (
     CompiledRunner,
     bucket_slots,
+    cache_root,
     check_runtime,
+    clear_compile_cache,
+    compile_cache_key,
     pad_mask_columns,
     pad_tree_slots,
     target_runner,
@@ -202,6 +210,91 @@ def test_eager_runner_is_the_model_itself():
     assert got_ids is ids and pos.tolist() == [[5, 6, 6, 7, 8, 7]]
     assert mask.shape == (1, 1, 6, 11)
     assert runner.graphs == 0 and runner.describe() == {"runtime": "eager", "backend": "eager", "cache": "dynamic"}
+
+
+# ------------------------------------------------------------------------------------------------ compile cache
+
+
+def test_compile_cache_key_names_what_it_depends_on():
+    """Another torch, model, model folder, dtype, device or linear-kernel choice must get its own folder (else a run
+    could load artefacts compiled for something else); the same inputs must get the same folder (else nothing is
+    ever reused)."""
+    args = ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "onednn64")
+    key = compile_cache_key(*args)
+    assert key == compile_cache_key(*args)
+    assert key.startswith(f"smollm2-135m-float32-cpu-torch{torch.__version__}-")
+    assert len(key.rsplit("-", 1)[1]) == 12
+    others = [("other", "/m/smollm2", torch.float32, "cpu", "onednn64"),
+              ("smollm2-135m", "/m/elsewhere", torch.float32, "cpu", "onednn64"),
+              ("smollm2-135m", "/m/smollm2", torch.bfloat16, "cpu", "onednn64"),
+              ("smollm2-135m", "/m/smollm2", torch.float32, "cuda", "onednn64"),
+              ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "default")]
+    assert len({key, *(compile_cache_key(*o) for o in others)}) == 6
+    assert "/" not in compile_cache_key("/abs/path model", "/abs/path model", torch.float32, "cpu", "default")
+
+
+def test_cache_root_and_clear(tmp_path, monkeypatch, capsys):
+    """The cache lives under $DRAFTBENCH_CACHE, else $XDG_CACHE_HOME/draftbench; a compiled runner's folder is
+    <root>/compile/<key>; `draftbench cache clear` removes every target's folder and says how many (a cache that
+    cannot be found or cleared would keep stale artefacts forever)."""
+    from harness.cli import main
+
+    monkeypatch.delenv("DRAFTBENCH_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "draftbench"
+    monkeypatch.setenv("DRAFTBENCH_CACHE", str(tmp_path / "db"))
+    assert cache_root() == tmp_path / "db"
+    target = tiny_target(eos=False)
+    runner = CompiledRunner(target)  # compiles nothing until its first call
+    assert runner.cache_dir.parent == tmp_path / "db" / "compile"
+    assert runner.cache_dir.name.startswith("tiny-llama-float32-cpu-")
+    assert clear_compile_cache() == 0
+    for name in ("a", "b"):
+        (tmp_path / "db" / "compile" / name / "kernels").mkdir(parents=True)
+        (tmp_path / "db" / "compile" / name / "kernels" / "k.so").write_bytes(b"x" * 10)
+    assert main(["cache"]) == 0
+    shown = capsys.readouterr().out
+    assert str(tmp_path / "db" / "compile") in shown and "  a  0.0 MiB" in shown
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.startswith("removed 2 compile cache folder(s)")
+    assert not (tmp_path / "db" / "compile").exists()
+
+
+def test_methods_of_one_runtime_share_one_runner():
+    """vanilla and pld compiled on one target must call it through one runner (one set of graphs); a runner per
+    method would compile the same forward once per entry."""
+    target = tiny_target(eos=False)
+    vanilla, pld = build_example("vanilla", target), build_example("pld", target)
+    vanilla.runtime = pld.runtime = "compiled"
+    assert vanilla.target_runner is pld.target_runner is target_runner(target, "compiled")
+    assert target_runner(target, "eager") is not vanilla.target_runner
+
+
+@pytest.mark.slow
+def test_a_second_entry_at_the_same_shapes_compiles_nothing(tmp_path, monkeypatch):
+    """vanilla then pld then vanilla again on one compiled target: the second vanilla must compile no graph (it
+    reuses the first one's), pld only its verification graph (the prefill is vanilla's); every compiling call
+    is told to on_compile as a start then an end carrying its seconds and the FX-graph cache outcome, and the
+    artefacts are written under the runner's keyed folder."""
+    monkeypatch.setenv("DRAFTBENCH_CACHE", str(tmp_path))
+    target = tiny_target(eos=False)
+    events, graphs = [], []
+    for name in ("vanilla", "pld", "vanilla"):
+        method = build_example(name, target)
+        method.runtime = "compiled"
+        runner = method.target_runner
+        runner.on_compile = events.append
+        before = runner.graphs
+        assert method.generate(PROMPTS[1], BUDGET, GREEDY).token_ids == build_example(name, target).generate(
+            PROMPTS[1], BUDGET, GREEDY).token_ids
+        graphs.append(runner.graphs - before)
+    assert graphs == [2, 1, 0]
+    assert [(e.phase, e.graph) for e in events] == [("start", 0), ("end", 1), ("start", 1), ("end", 2),
+                                                     ("start", 2), ("end", 3)]
+    ends = [e for e in events if e.phase == "end"]
+    assert all(e.seconds > 0 and e.cache in ("hit", "miss", "bypass") for e in ends)
+    assert sum(e.seconds for e in ends) == pytest.approx(runner.compile_s)
+    assert runner.cache_dir.parent == tmp_path / "compile" and any(runner.cache_dir.rglob("*.so"))
 
 
 # ------------------------------------------------------------------------------------------------ report

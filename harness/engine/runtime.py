@@ -32,13 +32,30 @@ weight reordered for a batch of 64) reads the weights at ~30 GB/s for 1 to 8 row
 weights when it freezes a graph, but for fp32 with a static batch it packs for MKL; :func:`onednn_packed_linears`
 makes it take its oneDNN branch (the one it takes for bf16 and for dynamic batch sizes) while a graph of this runner
 compiles. The rest of the gain is the per-op framework overhead that a compiled graph does not pay.
+
+Compiling once: every method of one runtime calls the target through one runner (:func:`target_runner`, one per
+target and runtime), so entries that run the same forward at the same shapes share its graphs (vanilla's prefill
+serves every method's prefill; a second entry of a method compiles nothing). Across runs, inductor's artefacts live
+in the runner's ``cache_dir``, ``$DRAFTBENCH_CACHE/compile/<key>`` (else ``~/.cache/draftbench/compile/<key>``; the
+key, :func:`compile_cache_key`, names the torch version, the model, its dtype, the device type and the linear-kernel
+choice, so another torch, model or dtype never reads them); ``draftbench cache clear`` (:func:`clear_compile_cache`)
+removes them. What a second run reuses depends on the flavour: the dynamic CPU flavour freezes the weights and packs
+them for oneDNN, which inductor's FX-graph and AOTAutograd caches refuse (packed oneDNN weights cannot be pickled;
+AOTAutograd does not cache frozen graphs), so it reuses the compiled C++ kernels only and traces and lowers every
+graph again; the static flavour (no freezing) reuses whole graphs through both caches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
+import re
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,6 +74,8 @@ PACK_BATCH_HINT = 64
 DYNAMIC_MIN_SLOTS = 2
 # the smallest static cache (positions); longer turns get the next power of two
 STATIC_MIN_CACHE = 1024
+# the environment variable naming draftbench's cache folder (default: $XDG_CACHE_HOME/draftbench, ~/.cache/draftbench)
+CACHE_ENV = "DRAFTBENCH_CACHE"
 
 
 def check_runtime(name: Any) -> str:
@@ -113,6 +132,52 @@ def pad_mask_columns(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([mask, blocked], dim=-1)
 
 
+def cache_root() -> Path:
+    """draftbench's cache folder: ``$DRAFTBENCH_CACHE``, else ``$XDG_CACHE_HOME/draftbench``, else
+    ``~/.cache/draftbench``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "draftbench"
+
+
+def compile_cache_key(model: str, path: str, dtype: torch.dtype, device_type: str, linear: str) -> str:
+    """The folder name of one target's compile cache: readable parts, then a digest of everything that shapes the
+    compiled code and is not already in inductor's own keys (the model's folder, the linear-kernel choice). Example:
+    ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "onednn64") -> "smollm2-135m-float32-cpu-torch<version>-"
+    followed by 12 hex digits."""
+    ident = "\n".join([model, path, str(dtype), device_type, linear, torch.__version__])
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+    readable = re.sub(r"[^A-Za-z0-9._+-]+", "_", f"{model}-{str(dtype).removeprefix('torch.')}-{device_type}-"
+                                                  f"torch{torch.__version__}")
+    return f"{readable}-{digest}"
+
+
+def clear_compile_cache(root: Path | None = None) -> int:
+    """Remove every compiled artefact under ``root`` (default :func:`cache_root`) ``/compile``; returns how many
+    target folders were removed (0 when there was no cache)."""
+    folder = (cache_root() if root is None else Path(root)) / "compile"
+    if not folder.is_dir():
+        return 0
+    removed = sum(1 for p in folder.iterdir() if p.is_dir())
+    shutil.rmtree(folder)
+    return removed
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """A compiled runner's report that a call started compiling (``phase`` "start": dynamo began tracing a shape it
+    had no graph for) or finished (``phase`` "end"). ``graph``: the runner's graph count when the event fires,
+    ``seconds``: since the call began (at "end": tracing + compilation + one run, what ``compile_s`` adds),
+    ``cache``: at "end", what inductor's FX-graph cache did for the call's graphs ("hit", "miss" or "bypass", joined
+    by "+" when they differ; "" at "start")."""
+
+    phase: str
+    graph: int
+    seconds: float
+    cache: str = ""
+
+
 class TargetRunner:
     """The eager runtime: the target's model called directly with a transformers ``DynamicCache``.
 
@@ -156,6 +221,7 @@ class CompiledRunner(TargetRunner):
 
     def __init__(self, target: Target, static: bool | None = None):
         super().__init__(target)
+        self.on_compile: Callable[[CompileEvent], None] | None = None  # told when a call starts and ends compiling
         device = target.device
         if getattr(self.model, "hf_device_map", None) and len(set(self.model.hf_device_map.values())) > 1:
             raise ValueError("runtime 'compiled' needs the target on one device; this one is spread over "
@@ -166,6 +232,9 @@ class CompiledRunner(TargetRunner):
         # buffers too (dynamo lifts static-address tensors like parameters), so the static flavour does without
         self.freezing = device.type == "cpu" and not self.static
         self.onednn = self.freezing and onednn_packing_available()
+        linear = f"onednn{PACK_BATCH_HINT}" if self.onednn else "default"
+        self.cache_dir = cache_root() / "compile" / compile_cache_key(target.name, target.path, target.dtype,
+                                                                      device.type, linear)
         if self.static:
             layout = attention_layout(DynamicCache(config=self.model.config))
             if layout.types != ("full_attention",):
@@ -215,13 +284,43 @@ class CompiledRunner(TargetRunner):
             _mark_dynamic(ids, cache, kwargs)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        with torch.inference_mode(), _no_duck_shapes(), self._options():
+        cached: dict[str, int] = {}  # inductor's FX-graph cache outcomes when compilation started (if told)
+        with (torch.inference_mode(), _no_duck_shapes(), self._options(), _inductor_cache_dir(self.cache_dir),
+              self._telling_start(t0, cached)):
             out = fn(ids, cache=cache, use_cache=True, **kwargs)
         if self.graphs != graphs:  # this call compiled: its time (tracing + compilation + one run) is compile time
             if ids.device.type == "cuda":
                 torch.cuda.synchronize(ids.device)
-            self.compile_s += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.compile_s += seconds
+            if self.on_compile is not None:
+                now = _fx_cache_counts()
+                outcome = "+".join(k for k in now if now[k] > cached.get(k, now[k]))
+                self.on_compile(CompileEvent("end", self.graphs, seconds, outcome))
         return out
+
+    @contextlib.contextmanager
+    def _telling_start(self, t0: float, cached: dict[str, int]) -> Iterator[None]:
+        """While a call runs: tell :attr:`on_compile` once when dynamo starts compiling (a shape without a graph),
+        and fill ``cached`` with inductor's FX-graph cache outcomes at that moment."""
+        if self.on_compile is None:
+            yield
+            return
+        from torch._dynamo.callback import callback_handler
+
+        told = []
+
+        def started(_args=None) -> None:
+            if not told:
+                told.append(True)
+                cached.update(_fx_cache_counts())
+                self.on_compile(CompileEvent("start", self.graphs, time.perf_counter() - t0))
+
+        callback_handler.register_start_callback(started)
+        try:
+            yield
+        finally:
+            callback_handler.remove_start_callback(started)
 
     # ---- the seam -----------------------------------------------------------------------------------------------
     def new_cache(self, tokens: int):
@@ -277,6 +376,28 @@ def target_runner(target: Target, runtime: str = "eager") -> TargetRunner:
 
 
 # ------------------------------------------------------------------------------------------------ inductor knobs
+
+
+def _fx_cache_counts() -> dict[str, int]:
+    """inductor's FX-graph cache outcomes so far in this process (hit, miss, bypass)."""
+    from torch._dynamo.utils import counters
+
+    return {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
+
+
+@contextlib.contextmanager
+def _inductor_cache_dir(folder: Path) -> Iterator[None]:
+    """Let inductor read and write its on-disk caches (compiled kernels, FX graphs, AOTAutograd entries) under
+    ``folder`` while a call runs (inductor reads ``TORCHINDUCTOR_CACHE_DIR`` whenever it needs the folder)."""
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def _mark_dynamic(ids: torch.Tensor, cache, kwargs: dict) -> None:
