@@ -71,7 +71,8 @@ class TokenRecycling(SpeculativeMethod):
         self.device = target.output_device
         parents, ranks = tree_from_choices(static_tree_choices(o.tree, "tree"))
         self.parents, self.ranks = parents.to(self.device), ranks.to(self.device)  # [N], [N]
-        self.levels = [torch.tensor(nodes, dtype=torch.long, device=self.device) for nodes in tree_levels(parents.tolist())]
+        self.levels = [torch.tensor(nodes, dtype=torch.long, device=self.device)
+                       for nodes in tree_levels(parents.tolist())]  # node indices per depth
         self.adjacency: torch.Tensor | None = None
 
     def describe(self) -> dict[str, Any]:

@@ -26,12 +26,12 @@ def recycle_candidates(adjacency: torch.Tensor, ids: torch.Tensor, top_ids: torc
     if ids.dim() != 1 or top_ids.dim() != 2 or top_ids.shape != (ids.shape[0], adjacency.shape[1]):
         raise ValueError(f"recycle_candidates: expected ids [S] and top_ids [S, {adjacency.shape[1]}], got "
                          f"{tuple(ids.shape)} and {tuple(top_ids.shape)}")
-    # index_copy_ with duplicate indices is not ordered on every device: keep each token's last slot explicitly
-    s = ids.shape[0]
-    later = (ids[None, :] == ids[:, None]) & (torch.arange(s, device=ids.device)[None, :] >
-                                             torch.arange(s, device=ids.device)[:, None])  # [S, S] same token, later
-    last = ~later.any(dim=1)  # [S] the slot is its token's last
-    adjacency[ids[last]] = top_ids[last].to(adjacency.dtype)
+    # a scatter with duplicate indices is not ordered on every device: every slot of a token writes the candidates
+    # of that token's last slot (no value-dependent shapes, so no host read)
+    order = torch.arange(ids.shape[0], device=ids.device)  # [S]
+    same = ids[None, :] == ids[:, None]                     # [S, S] slot r and slot c carry the same token
+    last = torch.where(same, order[None, :], -1).amax(dim=1)  # [S] the last slot of each slot's token
+    adjacency[ids] = top_ids[last].to(adjacency.dtype)
 
 
 def tree_tokens_from_adjacency(adjacency: torch.Tensor, root: torch.Tensor, parents: torch.Tensor,
