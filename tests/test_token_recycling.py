@@ -9,7 +9,7 @@ from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import slot_top_ids
 from harness.engine.tree import STATIC_TREES, tree_from_choices
-from methods.token_recycling import TokenRecycling
+from methods.token_recycling import TokenRecycling, tree_choices
 from tests.helpers import GREEDY, tiny_target
 
 
@@ -55,6 +55,14 @@ def test_the_published_tree_has_80_nodes_on_six_levels_of_top_8_ranks():
     parents, ranks = tree_from_choices(tree)
     assert [len(level) for level in tree_levels(parents.tolist())] == [8, 21, 25, 15, 8, 3]
     assert int(ranks.max()) == 7
+
+
+def test_the_small_tree_keeps_the_paths_of_rank_sum_at_most_one():
+    # 23 of the 80 nodes, ancestor-closed (tree_from_choices would raise otherwise), one chain per depth-1 rank
+    small = tree_choices("token_recycling_23")
+    parents, _ = tree_from_choices(small)
+    assert [len(level) for level in tree_levels(parents.tolist())] == [2, 3, 4, 5, 6, 3]
+    assert [0, 0, 0, 1, 0, 0] in small and [0, 1, 1] not in small
 
 
 def test_the_matrix_learns_from_verification_and_persists_across_turns():
