@@ -9,8 +9,11 @@ drafts, as a chain, up to ``draft_tokens`` tokens that followed its first occurr
 verifies that chain; a shorter one falls back to ``fallback``: ``eagle2`` = EAGLE-2's dynamic tree (arXiv:2406.16858
 Sec. 4; options ``head``, ``total_tokens``, ``depth``, ``top_k`` as for method ``eagle2``; its draft KV follows every
 committed token, so it catches up on the steps the chain took), ``none`` = no draft (a plain target step). Both
-proposals are deterministic, so verification is lossless at every temperature. Not built: the paper's static
-automaton over a corpus (its Sec. 3.3 "static SAM"). Counters: ``sam_steps`` (chain steps), ``fallback_steps``.
+proposals are deterministic, so verification is lossless at every temperature. Not built: the paper's second, static
+automaton over a text corpus. The automaton lives for one turn (prompt + its output; a chat's later turn has the
+earlier turns in its prompt), so results do not depend on the order of questions. Differences from the reference
+code: the draft follows the first occurrence of the match, as there, but the match state is recomputed from the whole
+text's state at every step rather than carried along. Counters: ``sam_steps`` (chain steps), ``fallback_steps``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A suffix automaton over token ids, built online (Blumer et al. 1985), as SAM-Decoding drafts from it (Hu et al.,
-arXiv:2411.10666 Sec. 3.2-3.3).
+arXiv:2411.10666 Sec. 3).
 
 The automaton of a text accepts exactly the text's substrings. State 0 is the empty string; every other state is a
 class of substrings with the same set of end positions, ``length[s]`` the longest of them, ``link[s]`` the state of

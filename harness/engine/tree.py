@@ -335,7 +335,7 @@ MEDUSA_VICUNA_7B_STAGE2 = [
 ]
 
 # Token Recycling `model/recycling/tree_template_.py` version "2.2.2" (Luowaterbi/TokenRecycling; arXiv:2408.08696
-# Sec. 3.2, top-k 8): 80 nodes, levels [8, 21, 25, 15, 8, 3].
+# Sec. 3, top-k 8): 80 nodes, levels [8, 21, 25, 15, 8, 3].
 TOKEN_RECYCLING_80 = [
     [0], [1], [2], [3], [4], [5], [6], [7],
     [0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7], [1, 0], [1, 1], [1, 2], [1, 3], [2, 0], [2, 1],
