@@ -57,6 +57,7 @@ SMALL_VOCAB_OPTIONS = {
     "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro_star": {"tree": SMALL_TREE},
     "medusa": {"tree": [[0], [1], [0, 0], [1, 0], [0, 1]]},
+    "sam": {"total_tokens": 8, "depth": 2, "top_k": 3},
 }
 SAMPLE_SEED = 8  # the seed of the random draft heads in the sampled tests
 N_SAMPLES = 1500

@@ -26,9 +26,9 @@ def cmd_list(args) -> int:
         opts = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Options)
                          if f.default is not dataclasses.MISSING)
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-        print(f"  {name:<14}{doc[0] if doc else ''}")
+        print(f"  {name:<17}{doc[0] if doc else ''}")
         if opts:
-            print(f"  {'':<14}options: {opts}")
+            print(f"  {'':<17}options: {opts}")
     print("suites:")
     for name in suites.suite_names():
         info = suites.suite_info(name)

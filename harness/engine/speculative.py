@@ -6,7 +6,9 @@ A method subclasses :class:`SpeculativeMethod` and implements three verbs::
     propose(root, sampling, generator) -> DraftTree    # a tree below the pending token `root`
     accept(tokens, hidden [A, H] | None, next_root)    # tokens = [root] + accepted drafts, now committed
 
-and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
+(a method that sets ``logit_topk = k > 0`` also hears ``observe(slot_ids [N+1], top_ids [N+1, k])`` after every
+verification forward: the top-k of the target's logits at each slot, best first, on the device; Token Recycling
+recycles them) and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
 
 1. prefill (``_prefill``): the target runs over the prompt with a transformers ``DynamicCache``; x0 =
    ``next_token`` of the last logits is emitted as step 0 (accept length 1) and becomes the first root (emitted,
@@ -192,6 +194,8 @@ class SpeculativeMethod(Method):
     instance) and receives ``[n, len(hidden_layers) * H]``, the levels concatenated in that order;
     ``greedy_argmax`` = True (default): at temperature 0 verification is the argmax walk,
     computed on the device by the engine (:meth:`verify` is then not called).
+    ``logit_topk`` = k > 0 makes the engine call :meth:`observe` after every verification forward with the top-k
+    token ids of the target's logits at each slot (computed on the device, no host read; default 0: not called).
     Methods increment ``self.counters["draft_forwards"]`` (and any other counter they like); the engine resets
     ``counters`` at the start of every turn and adds ``target_forwards`` and ``tree_tokens``.
     A method with a non-lossless acceptance rule (Medusa's typical acceptance) overrides :meth:`verify` and
@@ -204,6 +208,7 @@ class SpeculativeMethod(Method):
     greedy_argmax: ClassVar[bool] = True
     profile: bool | None = None
     last_cache_length: int | None = None
+    logit_topk: int = 0
     max_tree_slots: int = 128  # the most slots (root included) a verification forward may take: static cache room
 
     def __init__(self, target, options=None):
@@ -228,6 +233,11 @@ class SpeculativeMethod(Method):
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
         """``tokens`` = [root] + accepted drafts, now committed; ``hidden [len(tokens), H]``; the next root."""
+
+    def observe(self, slot_ids: torch.Tensor, top_ids: torch.Tensor) -> None:
+        """After a verification forward (only when ``logit_topk`` = k > 0): ``slot_ids [N+1]`` the tokens the target
+        ran on (the root, then the tree's nodes), ``top_ids [N+1, k]`` the top-k ids of its logits at each, best
+        first; on the target's device. Called before :meth:`accept` (also on the turn's last step)."""
 
     # ---- verification (overridable) ----------------------------------------------------------------------------
     def verify(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
@@ -296,6 +306,9 @@ class SpeculativeMethod(Method):
                 self._check_proposal(tree, turn.vocab)
                 step, out = self._verify_step(turn, tree, root_dev)
                 clock.mark("verify_s")
+                if self.logit_topk:
+                    self.observe(*slot_top_ids(root_dev, tree.tokens, out.logits[0], self.logit_topk))
+                    clock.mark("draft_s")
                 new = step.path_tokens + [step.bonus]
                 kept, stop = cut_at_stop(new, len(emitted), max_new_tokens, eos)
                 # the last emitted token stays pending (not in the cache); a cut drops the slots after it
@@ -406,6 +419,17 @@ class SpeculativeMethod(Method):
         if any(flags):
             check_tree(tree, vocab)
             raise ValueError("DraftTree failed the device-side checks (parents order or token range)")
+
+
+def slot_top_ids(root: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :meth:`SpeculativeMethod.observe` hears: ``(slot_ids [N+1], top_ids [N+1, k])`` for a forward over
+    ``root [1]`` and ``tokens [N]`` with ``logits [S >= N+1, V]`` (a compiled forward's pad slots are dropped), on
+    the logits' device. Example: root [3], tokens [1], logits [[0, 2, 1], [5, 0, 9]], k 2 -> ([3, 1], [[1, 2], [2,
+    0]])."""
+    n = tokens.shape[0]
+    slot_ids = torch.cat([root.to(logits.device), tokens.to(logits.device)])  # [N+1]
+    return slot_ids, torch.topk(logits[: n + 1], k, dim=-1).indices  # [N+1, k]
 
 
 def _rounded(values: list[float]) -> list[float]:

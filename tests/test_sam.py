@@ -1,0 +1,119 @@
+"""SAM-Decoding on literal inputs: the suffix automaton (harness.engine.suffix) against its definition, and the
+method's choice between the automaton's chain and its fallback."""
+
+import pytest
+import torch
+
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams
+from harness.engine.suffix import SuffixAutomaton
+from methods.sam import SamDecoding
+from tests.helpers import GREEDY, build_example, tiny_target
+
+
+def naive_match(text: list[int], root: int) -> int:
+    """The length of the longest suffix of text + [root] that occurs in text, by brute force."""
+    full = text + [root]
+    best = 0
+    for n in range(1, len(full) + 1):
+        suffix = full[-n:]
+        if any(text[i: i + n] == suffix for i in range(len(text) - n + 1)):
+            best = n
+    return best
+
+
+def test_worked_examples_of_the_module_docstring():
+    # [1, 2, 1, 2, 3] + root 1: no [3, 1] occurs, [1] first ends at 0 -> what followed: [2, 1, 2, 3]
+    assert SuffixAutomaton([1, 2, 1, 2, 3]).draft(1, 4) == (1, [2, 1, 2, 3])
+    # [1, 2, 1] + root 2: [1, 2] first ends at 1 -> [1]
+    assert SuffixAutomaton([1, 2, 1]).draft(2, 1) == (2, [1])
+    assert SuffixAutomaton([5, 6, 7, 5]).draft(6, 10) == (2, [7, 5])
+
+
+def test_no_occurrence_and_an_empty_text_give_no_draft():
+    assert SuffixAutomaton([1, 2, 3]).draft(9, 5) == (0, [])
+    assert SuffixAutomaton().draft(1, 5) == (0, [])
+
+
+def test_the_states_of_a_small_text():
+    # "abb" (a=1, b=2): states {empty}, {a}, {ab}, {b}, {abb, bb}: 5 states; the split of "b" out of "ab" at the
+    # second b is a clone that keeps the first occurrence of "b" (position 1)
+    sam = SuffixAutomaton([1, 2, 2])
+    assert len(sam.length) == 5
+    state, length = sam.match(2)  # "abb" + b: "bbb" does not occur, "bb" does, ending first at 2
+    assert length == 2 and sam.first_end[state] == 2
+    b = sam.next[0][2]
+    assert sam.length[b] == 1 and sam.first_end[b] == 1
+
+
+@pytest.mark.parametrize("text", [
+    [1, 2, 1, 2, 3, 1, 2, 1, 2, 1],
+    [4, 4, 4, 4, 5, 4, 4],
+    [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3],
+])
+def test_match_length_equals_the_brute_force_definition_at_every_prefix(text):
+    # the online construction (splits, clones, suffix links) must give the longest matching suffix at every length
+    # of the text and for every root, which a missing clone redirect or a wrong link would break
+    sam = SuffixAutomaton()
+    for i, token in enumerate(text):
+        for root in set(text):
+            state, length = sam.match(root)
+            assert length == naive_match(text[:i], root), (text[:i], root)
+            if length:  # the first occurrence really ends with the matched string
+                end = sam.first_end[state]
+                assert text[end - length + 1: end + 1] == (text[:i] + [root])[-length:]
+        sam.extend(token)
+
+
+def test_a_late_first_occurrence_falls_back_to_a_shorter_earlier_suffix():
+    # text [7, 1, 2, 9, 1, 2], root 9: [1, 2, 9] first ends at 3, leaving [1, 2] (2 tokens); with 4 wanted, the
+    # shorter [2, 9]/[9] share that occurrence, so nothing earlier exists: the draft stays [1, 2] of match length 3
+    assert SuffixAutomaton([7, 1, 2, 9, 1, 2]).draft(9, 4) == (3, [1, 2])
+    # text [9, 3, 4, 6, 5, 9], root 3: [9, 3] first ends at 1 with 4 tokens after it: no shorter suffix needed
+    assert SuffixAutomaton([9, 3, 4, 6, 5, 9]).draft(3, 4) == (2, [4, 6, 5, 9])
+    # text [2, 6, 6, 1, 2, 6], root 6: [2, 6, 6] first ends at 2 leaving 3 tokens; the shorter [6, 6] shares it,
+    # [6] first ends at 1 leaving 4: with 4 wanted the draft is what followed [6] at 1, match length 1
+    assert SuffixAutomaton([2, 6, 6, 1, 2, 6]).draft(6, 4) == (1, [6, 1, 2, 6])
+
+
+def test_chain_above_threshold_else_fallback_none_gives_an_empty_tree():
+    target = tiny_target(eos=False)
+    method = SamDecoding.create(target, {"fallback": "none", "threshold": 2, "draft_tokens": 3})
+    assert not method.needs_hidden_states
+    method.counters = {}
+    method.begin(torch.tensor([[10, 11, 12, 13, 10]]), None)
+    # root 11 after [.., 10]: [10, 11] matches (length 2) -> what followed: [12, 13, 10]
+    assert method.propose(11, SamplingParams(), None).tokens.tolist() == [12, 13, 10]
+    # root 12 after committing [11]: [10, 11, 12] matches -> [13, 10, 11]
+    method.accept([11], None, 12)
+    assert method.propose(12, SamplingParams(), None).tokens.tolist() == [13, 10, 11]
+    # root 13 is new after [.., 12, 40]: no match of length 2 -> no draft
+    method.accept([12, 40], None, 13)
+    assert len(method.propose(13, SamplingParams(), None)) == 0
+    assert method.counters == {"sam_steps": 2, "fallback_steps": 1}
+
+
+def test_eagle2_fallback_drafts_when_the_match_is_short_and_follows_every_commit():
+    # a prompt without repeats: the first steps fall back to EAGLE-2 (a tree of total_tokens - 1 nodes); once the
+    # tiny target loops, chains take over; the output is vanilla's either way
+    target = tiny_target(eos=False)
+    method = build_example("sam", target, total_tokens=6, depth=2, top_k=2)
+    assert method.needs_hidden_states
+    gen = method.generate(torch.tensor([[5, 9, 13, 20, 31, 7, 44]]), 40, GREEDY)
+    vanilla = build_example("vanilla", target).generate(torch.tensor([[5, 9, 13, 20, 31, 7, 44]]), 40, GREEDY)
+    assert gen.token_ids == vanilla.token_ids
+    assert gen.counters["fallback_steps"] > 0 and gen.counters["draft_forwards"] > 0
+    assert gen.counters["fallback_steps"] + gen.counters.get("sam_steps", 0) == gen.steps - 1
+    assert method.describe()["fallback"]["method"] == "eagle2"
+
+
+def test_bad_options_name_the_field():
+    target = tiny_target(eos=False)
+    with pytest.raises(OptionsError, match="fallback"):
+        SamDecoding.create(target, {"fallback": "eagle3"})
+    with pytest.raises(OptionsError, match="threshold"):
+        SamDecoding.create(target, {"fallback": "none", "threshold": 0})
+    with pytest.raises(OptionsError, match="draft_tokens"):
+        SamDecoding.create(target, {"fallback": "none", "draft_tokens": 0})
+    with pytest.raises(OptionsError, match="depth"):  # the fallback's options are checked at configuration time
+        SamDecoding.create(target, {"depth": 0})
