@@ -27,9 +27,10 @@ class EngineError(InputError):
     for); the message names what the engine supports."""
 
 
-class BackendError(RuntimeError):
+class BackendError(OSError):
     """A backend that failed while running (did not start, died, answered garbage or an error): one line saying
-    which and why. The turn it happened in becomes an error record."""
+    which and why. The turn it happened in becomes an error record; before the run starts, the command prints it as
+    one line (an OSError, like a refused connection)."""
 
 
 @dataclass

@@ -55,6 +55,15 @@ def python() -> str:
     return os.environ.get(PYTHON_ENV) or str(REPO / ".venv-vllm" / "bin" / "python")
 
 
+def check_python() -> str:
+    """:func:`python`, or an :class:`EngineError` saying how to make vLLM's venv when it is not there."""
+    exe = python()
+    if not Path(exe).is_file():
+        raise EngineError(f"engine vllm: no python at {exe}; create vLLM's venv with `make vllm-setup` or point "
+                          f"{PYTHON_ENV} at one")
+    return exe
+
+
 def shipped_head(target: str, kind: str) -> Path:
     """The head shipped for ``target`` in the built-in methods package (``<methods>/heads/<target>/<kind>``), found
     without importing the plugin."""
@@ -121,14 +130,11 @@ class VLLMBackend(Backend):
     name = "vllm"
 
     def __init__(self, target_path: str, dtype: str, speculative: dict[str, Any] | None,
-                 llm: dict[str, Any] | None = None, argv: list[str] | None = None):
+                 llm: dict[str, Any] | None = None):
         self.speculative = speculative is not None
         env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-        exe = argv or [python(), str(WORKER)]
-        if argv is None and not Path(exe[0]).is_file():
-            raise EngineError(f"engine vllm: no python at {exe[0]}; create vLLM's venv with `make vllm-setup` or point "
-                              f"{PYTHON_ENV} at one")
-        self.worker = Worker(exe, env, what="the vLLM worker")
+        # -I: neither PYTHONPATH (the harness) nor the worker's folder (this vllm.py) on the worker's import path
+        self.worker = Worker([check_python(), "-I", str(WORKER)], env, what="the vLLM worker")
         try:
             info = self.worker.request({"op": "load", "model": target_path, "dtype": dtype,
                                         "speculative_config": speculative, "llm": llm or {}}, LOAD_TIMEOUT_S)

@@ -9,6 +9,7 @@ to a temporary file, read back only for the error message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -95,5 +96,6 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
-            stream.close()
+            with contextlib.suppress(OSError):  # a dead worker's stdin cannot take the buffered rest
+                stream.close()
         self.log.close()

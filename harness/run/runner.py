@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from harness.backends import check_engine, create_backend
-from harness.backends.contract import TurnRequest, turn_fields
+from harness.backends.contract import BackendError, TurnRequest, turn_fields
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
@@ -203,6 +203,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
         except Exception as exc:
             failed = _error_text(exc)
             rec.update(status="error", error=failed)
+            if isinstance(exc, BackendError):  # the engine failed, not the method: resume runs the question again
+                rec["retry"] = True
             if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
                 _free_memory(target.device)
         rec["score"], rec["score_name"], rec["score_error"] = None, None, None
