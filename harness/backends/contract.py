@@ -14,7 +14,7 @@ ids, so the harness and the engine see the same tokens and their greedy outputs 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from harness.schema import InputError
@@ -64,7 +64,6 @@ class EngineTurn:
     accepted_per_pos: list[int] | None = None
     accepted_steps: list[int] | None = None
     drafted_steps: list[int] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def counters(self) -> dict[str, Any]:
         """The acceptance counters as a record stores them (``engine_counters``)."""
