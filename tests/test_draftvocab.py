@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from harness.engine.draftvocab import (
 )
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
+from methods import SHIPPED_HEADS
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.eagle1 import Eagle1, Eagle1Options
 from methods.eagle.eagle2 import Eagle2, Eagle2Options
@@ -26,6 +29,7 @@ from methods.vanilla import Vanilla
 from tests.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
 from tests.helpers import random_eagle_head as random_head
 
+WEIGHT_FILES = {"model.safetensors", "medusa_lm_head.safetensors"}  # what the shipped heads load as weights
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
 
@@ -125,7 +129,7 @@ def test_missing_or_mismatched_counts_are_clear_errors(tmp_path):
     target = tiny_target(eos=False)
     folder = tmp_path / "head"
     save_eagle_head(random_head(target), folder, dtype=torch.float32)
-    with pytest.raises(OptionsError, match="token_counts.safetensors.*data vocab"):
+    with pytest.raises(OptionsError, match="token_counts.json.*data vocab"):
         Eagle2(target, Eagle2Options(head=str(folder), draft_vocab=16))
     save_counts(torch.ones(7, dtype=torch.int64), folder)
     with pytest.raises(ValueError, match=r"shape \(128,\)"):
@@ -140,3 +144,24 @@ def test_missing_or_mismatched_counts_are_clear_errors(tmp_path):
     save_medusa_heads(random_medusa_heads(32, 128, shared=False), own, base_model="tiny", dtype=torch.float32)
     with pytest.raises(OptionsError, match="share the target's lm_head"):
         Medusa(target, MedusaOptions(head=str(own), draft_vocab=16))
+
+
+def test_counts_file_is_json_and_round_trips(tmp_path):
+    # counts travel as JSON: if this failed, a head's token frequencies would change on disk (or be unreadable)
+    path = save_counts(torch.tensor([0, 5, 5, 1]), tmp_path)
+    assert path.name == "token_counts.json"
+    assert json.loads(path.read_text()) == {"vocab_size": 4, "counts": [0, 5, 5, 1]}
+    assert load_counts(tmp_path, 4).tolist() == [0, 5, 5, 1]
+    path.write_text('{"counts": [1, -2]}')
+    with pytest.raises(ValueError, match="no list of non-negative integers"):
+        load_counts(tmp_path, 2)
+
+
+def test_shipped_heads_hold_no_safetensors_but_their_weights():
+    # vLLM loads every *.safetensors in a head folder as weights: a statistics file there fails the engine's load
+    heads = sorted(SHIPPED_HEADS.glob("*/*"))
+    assert heads, "no shipped heads found"
+    for folder in heads:
+        extra = [f.name for f in folder.glob("*.safetensors") if f.name not in WEIGHT_FILES]
+        assert extra == [], f"{folder}: {extra} would be read as weights by vLLM"
+        assert load_counts(folder, 49152).sum() > 0

@@ -337,7 +337,7 @@ def test_train_eagle3_smoke(tmp_path):
     assert set(sd) == set(PUBLISHED_SHAPES) and sd["lm_head.weight"].shape == (40, H)
     config = json.loads((head_dir / "config.json").read_text())
     assert config["draft_vocab_size"] == 40 and config["eagle_aux_hidden_state_layer_ids"] == [1, 1, 1]
-    assert (head_dir / "token_counts.safetensors").is_file()
+    assert (head_dir / "token_counts.json").is_file()
     method = get_method("eagle3").create(target, {"head": str(head_dir), "total_tokens": 8, "depth": 2, "top_k": 3})
     prompt = target.render_chat([{"role": "user", "content": "repeat xyz please 3"}])
     gen = method.generate(prompt, 24, GREEDY)

@@ -82,10 +82,9 @@ def test_heads_off_the_hub_need_a_mapping():
 
 
 def test_count_parameters_from_safetensors_and_config(tmp_path):
-    """Sizes come from the safetensors headers (exact, nothing loaded; the draft-vocabulary statistics file is not
-    weights) or, without weights, from config.json's LLaMA shapes."""
+    """Sizes come from the safetensors headers (exact, nothing loaded) or, without weights, from config.json's
+    LLaMA shapes."""
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
-    save_file({"counts": torch.zeros(1000)}, str(tmp_path / "token_counts.safetensors"))
     assert count_parameters(tmp_path) == 17
     cfg = tmp_path / "cfg"
     cfg.mkdir()

@@ -266,7 +266,7 @@ def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_token
     recipe = train("eagle", target, root / "data", tmp_path / "v",
                    small_config(max_steps=3, warmup_steps=1, options={"train_vocab": 8}))
     assert recipe["options"]["train_vocab"] == 8
-    assert (tmp_path / "v" / "head" / "token_counts.safetensors").exists()
+    assert (tmp_path / "v" / "head" / "token_counts.json").exists()
     med = get_objective("medusa").create(target, {"num_heads": 2, "train_vocab": 8})
     med.set_token_counts(counts)
     batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])

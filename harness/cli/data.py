@@ -73,7 +73,7 @@ def _add_feature_parsers(subparsers) -> None:
 
     v = subparsers.add_parser("vocab", help="write a head's token frequencies (for the methods' draft_vocab option)")
     v.add_argument("--data", required=True, help="feature dataset the head was trained on")
-    v.add_argument("--out", required=True, help="head folder; token_counts.safetensors is written there")
+    v.add_argument("--out", required=True, help="head folder; token_counts.json is written there")
     v.add_argument("--max-shards", type=int, help="count the first N shards only")
     v.set_defaults(func=cmd_vocab)
 

@@ -24,7 +24,7 @@ RUN_FLAGS = {  # flag -> (config field, how to parse the text)
     "device_map": ("device_map", str), "limit": ("limit", int), "max_new_tokens": ("max_new_tokens", int),
     "top_p": ("top_p", float), "top_k": ("top_k", int), "repeats": ("repeats", int), "warmup": ("warmup", int),
     "output_dir": ("output_dir", str), "data_dir": ("data_dir", str), "threads": ("threads", int),
-    "attn_implementation": ("attn_implementation", str), "profile": ("profile", str),
+    "attn_implementation": ("attn_implementation", str), "profile": ("profile", str), "engine": ("engine", str),
 }
 
 

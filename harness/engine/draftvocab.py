@@ -11,19 +11,27 @@ the draft's top-k is the full top-k restricted to the kept tokens; at T>0 the sa
 actual distribution q (zero outside the kept tokens), and the q-corrected rejection rule is exact for any q.
 
 Token frequencies come from the training data (:func:`token_counts`: the tokens at loss positions, i.e. the
-assistant tokens the draft learned to predict) and are stored beside a head as ``token_counts.safetensors``
-(key ``counts``, int64 ``[V]``). The option ``draft_vocab=N`` of the EAGLE/Jakiro methods keeps the top N.
+assistant tokens the draft learned to predict) and are stored beside a head as ``token_counts.json``
+(``{"vocab_size": V, "counts": [V integers]}``). The option ``draft_vocab=N`` of the EAGLE/Jakiro methods keeps the
+top N.
+
+Why JSON and not safetensors: a head folder is also loaded by serving engines, and vLLM reads every
+``*.safetensors`` file in it as weights (a ``token_counts.safetensors`` beside the head fails its load with "no
+module or parameter named 'counts'"); a subfolder would not be safe either, since download filters such as
+``*.safetensors`` match paths inside subfolders. No engine reads a ``.json`` file it does not name as weights, so the
+counts ride along with the head unchanged. Integers are exact in JSON, and the file stays readable.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-COUNTS_FILE = "token_counts.safetensors"
+COUNTS_FILE = "token_counts.json"
 
 
 def token_counts(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -48,28 +56,31 @@ def top_tokens(counts: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def save_counts(counts: torch.Tensor, folder: str | Path) -> Path:
-    from safetensors.torch import save_file
-
+    """Write ``counts`` (``[V]``) as :data:`COUNTS_FILE` in ``folder``; returns the file."""
     path = Path(folder) / COUNTS_FILE
-    save_file({"counts": counts.to(torch.int64).contiguous()}, str(path))
+    values = [int(c) for c in counts.to(torch.int64).tolist()]
+    path.write_text(json.dumps({"vocab_size": len(values), "counts": values}, separators=(",", ":")) + "\n")
     return path
 
 
 def load_counts(folder: str | Path, vocab_size: int) -> torch.Tensor:
-    """The counts stored beside a head; a clear error when they are missing or were made for another vocabulary."""
-    from safetensors.torch import load_file
-
+    """The counts stored beside a head (int64 ``[vocab_size]``); a clear error when they are missing, malformed or
+    were made for another vocabulary."""
     path = Path(folder) / COUNTS_FILE
     if not path.is_file():
         raise FileNotFoundError(
             f"{folder}: no {COUNTS_FILE}; option draft_vocab needs the token frequencies of the head's training data "
             f"(`draftbench train` writes them; for another head run "
             f"`draftbench data vocab --data FEATURES --out {folder}`), or use draft_vocab=0 (the full vocabulary)")
-    counts = load_file(str(path)).get("counts")
-    if counts is None or counts.dim() != 1 or counts.shape[0] != vocab_size:
-        got = None if counts is None else tuple(counts.shape)
+    try:
+        values = json.loads(path.read_text(encoding="utf-8")).get("counts")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a token-counts file ({e})") from None
+    ok = isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+    if not ok or len(values) != vocab_size:
+        got = f"{len(values)} counts" if ok else "no list of non-negative integers"
         raise ValueError(f"{path}: expected key 'counts' of shape ({vocab_size},) (the target's vocabulary), got {got}")
-    return counts
+    return torch.tensor(values, dtype=torch.int64)
 
 
 class DraftLMHead(nn.Module):
@@ -153,7 +164,7 @@ def draft_lm_head(lm_head: nn.Module, size: int, folder: str | Path | None, meth
         return DraftLMHead(lm_head)
     try:
         if folder is None:
-            raise ValueError("option draft_vocab needs a head loaded from a folder (its token_counts.safetensors)")
+            raise ValueError("option draft_vocab needs a head loaded from a folder (its token_counts.json)")
         return DraftLMHead(lm_head, top_tokens(load_counts(folder, V), size))
     except (FileNotFoundError, ValueError) as e:
         raise OptionsError(f"method {method!r}: {e}") from None

@@ -19,7 +19,9 @@ Reading (:func:`load_records`, :func:`read_records`):
   ``0 .. question_turns - 1``. Per question key (:data:`KEY_FIELDS`) the reader keeps the latest complete attempt,
   else the latest attempt; records of the other attempts are *superseded* and left out. A resumed run re-runs every
   question that is not complete, so a partial question is finished with a new attempt, never counted twice.
-  An error record counts as a turn: a question that failed has its error records and is complete (not re-run).
+  An error record counts as a turn: a question that failed has its error records and is complete (not re-run),
+  unless one of its records says ``retry`` (the engine that ran it failed, not the method: the worker process
+  died or answered garbage, :mod:`harness.backends`); such an attempt is incomplete and a resumed run re-runs it.
 
 Fields (``None`` where not applicable or not measurable on this device; never NaN or infinity, the lines are
 strict JSON):
@@ -61,6 +63,10 @@ score, score_name           quality of the answer where the suite has a scorer (
 score_error                 why scoring failed (then ``score`` is None and ``status`` stays "ok": the generation
                             is measured, its quality is not); None otherwise
 timestamp                   ISO time the turn finished
+engine, engine_version      the engine that ran the turn when not the harness's own (``vllm``; absent otherwise)
+engine_counters             that engine's acceptance counters for the turn: drafts, draft_tokens, accepted_tokens,
+                            accepted_per_pos (None where the engine has no such counter; harness.backends.contract)
+retry                       true on an error record whose engine failed (a resumed run re-runs the question)
 =========================== ==================================================================================
 """
 
@@ -395,7 +401,8 @@ def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,
             recs = [r for _, r in members]
             expected = expected_turns.get(q) or _int(recs[0].get("question_turns")) or highest.get(q, 0)
             turns = sorted(r.get("turn") for r in recs if isinstance(r.get("turn"), int))
-            complete = len(recs) == expected and turns == list(range(expected))
+            retry = any(r.get("retry") for r in recs)  # an engine failed: run the question again
+            complete = len(recs) == expected and turns == list(range(expected)) and not retry
             latest = max(str(r.get("timestamp") or "") for r in recs)
             options.append((complete, latest, members[-1][0], members))
         complete, _, _, chosen = max(options, key=lambda o: o[:3])

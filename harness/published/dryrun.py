@@ -34,8 +34,6 @@ def count_parameters(folder: str | Path) -> int | None:
 
         total = 0
         for f in files:
-            if f.name == "token_counts.safetensors":  # draft vocabulary statistics, not weights
-                continue
             with safe_open(str(f), framework="pt") as st:
                 for k in st.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     n = 1

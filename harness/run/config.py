@@ -35,12 +35,16 @@ class ConfigError(InputError):
 class MethodSpec:
     """One method in a run. ``label`` tells apart two entries of the same method (an ablation); default = name.
     ``runtime``: how the target's forward runs for this entry (``eager`` or ``compiled``); None = every runtime of
-    the run (:meth:`RunConfig.entries`)."""
+    the run (:meth:`RunConfig.entries`). ``engine``: what runs the entry's turns (``harness``, or a backend of
+    :mod:`harness.backends` such as ``vllm``) and ``engine_options`` what it passes to that engine; None = the
+    run's."""
 
     name: str
     label: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     runtime: str | None = None
+    engine: str | None = None
+    engine_options: dict[str, Any] | None = None
 
     def __post_init__(self):
         if self.label is None:
@@ -79,6 +83,9 @@ class RunConfig:
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
     output_dir: str = "results"
     sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` came from (a record; never re-expanded)
+    engine: str = "harness"               # what runs the turns: harness (draftbench's own engine) or vllm
+    #                                       (harness.backends); a method entry may set its own
+    engine_options: dict[str, Any] = field(default_factory=dict)  # passed to the engine (harness.backends.vllm)
 
     def __post_init__(self):
         self.validate()
@@ -98,6 +105,18 @@ class RunConfig:
         for i, m in enumerate(self.methods):
             need(m.runtime is None or m.runtime in RUNTIMES, f"methods[{i}].runtime",
                  f"unknown runtime {m.runtime!r}; use {' or '.join(RUNTIMES)}")
+        from harness.backends.contract import ENGINES
+
+        need(self.engine in ENGINES, "engine", f"unknown engine {self.engine!r}; use {' or '.join(ENGINES)}")
+        for i, m in enumerate(self.methods):
+            need(m.engine is None or m.engine in ENGINES, f"methods[{i}].engine",
+                 f"unknown engine {m.engine!r}; use {' or '.join(ENGINES)}")
+            need(m.engine_options is None or isinstance(m.engine_options, dict), f"methods[{i}].engine_options",
+                 f"expected a mapping, got {m.engine_options!r}")
+        for m in self.entries():
+            need(m.engine == "harness" or m.runtime == "eager", "runtime",
+                 f"entry {m.label!r} runs on engine {m.engine}; runtime {m.runtime} is the harness engine's "
+                 "(give the entry its own engine: harness, or leave runtime at eager)")
         labels = [m.label for m in self.entries()]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
@@ -151,8 +170,11 @@ class RunConfig:
         [eager, compiled] -> vanilla, vanilla@compiled, eagle2, eagle2@compiled."""
         out = []
         for spec in self.methods:
+            engine = spec.engine or self.engine
+            engine_options = dict(self.engine_options if spec.engine_options is None else spec.engine_options)
             for runtime in [spec.runtime] if spec.runtime else self.runtime:
-                out.append(MethodSpec(spec.name, runtime_label(spec.label, runtime), dict(spec.options), runtime))
+                out.append(MethodSpec(spec.name, runtime_label(spec.label, runtime), dict(spec.options), runtime,
+                                      engine, engine_options))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,9 +184,14 @@ class RunConfig:
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
+        if d.get("engine") == "harness":
+            d.pop("engine")
+        if not d.get("engine_options"):
+            d.pop("engine_options", None)
         for m in d["methods"]:
-            if m.get("runtime") is None:
-                m.pop("runtime", None)
+            for key in ("runtime", "engine", "engine_options"):
+                if m.get(key) is None:
+                    m.pop(key, None)
         return d
 
     def digest(self) -> str:
@@ -204,10 +231,10 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
         return MethodSpec(raw)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a method name or a mapping with name/label/options, got {raw!r}")
-    unknown = set(raw) - {"name", "label", "options", "runtime"}
+    unknown = set(raw) - {"name", "label", "options", "runtime", "engine", "engine_options"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options, "
-                          "runtime")
+                          "runtime, engine, engine_options")
     if "name" not in raw or not isinstance(raw["name"], str):
         raise ConfigError(f"{where}.name: a method name is required")
     opts = raw.get("options") or {}
@@ -216,7 +243,10 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
     runtime = raw.get("runtime")
     if runtime is not None and not isinstance(runtime, str):
         raise ConfigError(f"{where}.runtime: expected eager or compiled, got {runtime!r}")
-    return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime)
+    engine = raw.get("engine")
+    if engine is not None and not isinstance(engine, str):
+        raise ConfigError(f"{where}.engine: expected an engine name, got {engine!r}")
+    return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime, engine, raw.get("engine_options"))
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from harness.backends import check_engine, create_backend
+from harness.backends.contract import BackendError, TurnRequest, turn_fields
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
@@ -179,26 +181,37 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 if budget <= 0:
                     raise ValueError(f"prompt of {prompt_ids.shape[1]} tokens leaves no room in the model's "
                                      f"{limit}-token context")
-            with tracker.track() as m:
-                gen = method.generate(prompt_ids, budget, sampling, generator)
-            answer = target.decode(gen.token_ids)
-            rec.update(
-                prompt_tokens=int(prompt_ids.shape[1]), new_tokens=len(gen.token_ids), steps=gen.steps,
-                accept_lengths=gen.accept_lengths, accepted_drafts=gen.accepted_drafts,
-                draft_depths=gen.draft_depths, wall_time_s=m.wall_time_s, prefill_time_s=gen.prefill_time_s,
-                stop_reason=gen.stop_reason, output_text=answer, output_ids=gen.token_ids,
-                rss_bytes=m.rss_bytes, peak_rss_bytes=m.peak_rss_bytes,
-                cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
-                cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
-                energy_j=m.energy_j, mean_power_w=m.mean_power_w, timings=gen.timings, counters=gen.counters,
-                timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
-                logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
-                logit_runner_ups=gen.logit_runner_ups or None,
-            )
+            if method.backend is not None:  # another engine runs the turn (harness.backends)
+                system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
+                turn_rec = method.backend.generate(TurnRequest(
+                    system + messages, prompt_ids[0].tolist(), budget, sampling.temperature, sampling.top_p,
+                    sampling.top_k, question_seed(ctx.seed, question.question_id)))
+                answer = target.decode(turn_rec.token_ids)
+                rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer,
+                           **turn_fields(turn_rec, method.backend))
+            else:
+                with tracker.track() as m:
+                    gen = method.generate(prompt_ids, budget, sampling, generator)
+                answer = target.decode(gen.token_ids)
+                rec.update(
+                    prompt_tokens=int(prompt_ids.shape[1]), new_tokens=len(gen.token_ids), steps=gen.steps,
+                    accept_lengths=gen.accept_lengths, accepted_drafts=gen.accepted_drafts,
+                    draft_depths=gen.draft_depths, wall_time_s=m.wall_time_s, prefill_time_s=gen.prefill_time_s,
+                    stop_reason=gen.stop_reason, output_text=answer, output_ids=gen.token_ids,
+                    rss_bytes=m.rss_bytes, peak_rss_bytes=m.peak_rss_bytes,
+                    cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
+                    cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
+                    energy_j=m.energy_j, mean_power_w=m.mean_power_w, timings=gen.timings, counters=gen.counters,
+                    timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
+                    logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
+                    logit_runner_ups=gen.logit_runner_ups or None,
+                )
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
             failed = _error_text(exc)
             rec.update(status="error", error=failed)
+            if isinstance(exc, BackendError):  # the engine failed, not the method: resume runs the question again
+                rec["retry"] = True
             if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
                 _free_memory(target.device)
         rec["score"], rec["score_name"], rec["score_error"] = None, None, None
@@ -332,11 +345,13 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     entries = config.entries()
     classes = {spec.label: get_method(spec.name) for spec in entries}
     for spec in entries:
-        build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
+        options = build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
+        check_engine(spec.engine, spec.name, options, set(spec.options), config.target, spec.engine_options)
     if resume is None:
         run_dir = _shared_run_dir(config, dist)
     lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
     started = manifest is not None  # the run has a manifest: it can be resumed
+    methods: dict[str, Method] = {}
     try:
         if target is None:
             device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
@@ -354,9 +369,14 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         for spec in entries:
             methods[spec.label].profile = PROFILE[config.profile]
             methods[spec.label].runtime = spec.runtime
+            methods[spec.label].backend = create_backend(
+                spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
+                str(target.dtype).replace("torch.", ""), spec.engine_options)
         if manifest is None and dist.rank == 0:
+            engines = {label: m.backend.describe() for label, m in methods.items() if m.backend is not None}
             manifest = {**build_manifest(config, run_dir, target, suites, methods), "processes": dist.world,
-                        **(manifest_extra or {})}
+                        # which engine ran which entry (absent when the harness ran them all)
+                        **({"engines": engines} if engines else {}), **(manifest_extra or {})}
             write_manifest(run_dir, manifest)
         dist.barrier()
         started = True
@@ -364,6 +384,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
     finally:
+        for m in methods.values():
+            if m.backend is not None:
+                m.backend.close()
         if lock is not None:
             lock.release()
         if not started and resume is None and dist.rank == 0:

@@ -1,0 +1,139 @@
+"""The backend contract: what a run asks of an engine other than the harness's own, and what one turn gives back.
+
+A backend is built once per method entry (target, method and its options, ``engine_options``) and then asked for
+one turn at a time (:class:`TurnRequest` -> :class:`EngineTurn`). It returns what the harness's own records hold
+where the engine exposes it: the new token ids, the turn's wall time, the time to the first token, and the
+speculative counters (drafts, drafted tokens, accepted tokens, accepted per draft position). A counter the engine
+does not expose is None ("n/a"), never 0: a missing counter must not read as zero acceptance.
+
+The prompt travels twice: as chat ``messages`` (for engines that apply their own chat template, e.g. a served chat
+endpoint) and as ``prompt_ids``, the harness's own rendering of the same messages. An in-process engine takes the
+ids, so the harness and the engine see the same tokens and their greedy outputs can be held against each other.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from harness.schema import InputError
+
+ENGINES = ("harness", "vllm")  # "harness": the verification engine of harness/engine (no backend object)
+
+
+class EngineError(InputError):
+    """An engine configuration the backend cannot run (unknown engine, a method or option it has no equivalent
+    for); the message names what the engine supports."""
+
+
+class BackendError(OSError):
+    """A backend that failed while running (did not start, died, answered garbage or an error): one line saying
+    which and why. The turn it happened in becomes an error record; before the run starts, the command prints it as
+    one line (an OSError, like a refused connection)."""
+
+
+@dataclass
+class TurnRequest:
+    """One turn: the conversation so far (``messages``, ending with the user's turn), the harness's token ids of it
+    rendered with the run's chat template and system prompt, sampling and the token budget."""
+
+    messages: list[dict[str, str]]
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass
+class EngineTurn:
+    """What a backend measured for one turn. Counters: the engine's own, for this turn only; None where the engine
+    has no such counter. ``accepted_per_pos[i]``: drafts whose first i + 1 tokens were accepted.
+    ``accepted_steps`` / ``drafted_steps``: per verification step that drafted, the accepted and drafted tokens,
+    where the engine reports steps (then :func:`accept_lengths` derives draftbench's per-forward counts)."""
+
+    token_ids: list[int]
+    wall_time_s: float
+    ttft_s: float | None = None
+    stop_reason: str | None = None
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    accepted_per_pos: list[int] | None = None
+    accepted_steps: list[int] | None = None
+    drafted_steps: list[int] | None = None
+
+    def counters(self) -> dict[str, Any]:
+        """The acceptance counters as a record stores them (``engine_counters``)."""
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "accepted_per_pos": self.accepted_per_pos}
+
+
+def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculative: bool) -> list[int] | None:
+    """draftbench's ``accept_lengths`` (tokens per target forward, :class:`harness.engine.method.Generation`) from
+    an engine's per-step accepted counts: the prefill's token, then accepted + 1 per drafting step, then one token
+    for each forward that drafted nothing (engines report only drafting steps, so those go last), cut so the total
+    is the turn's ``new_tokens`` (the last step's accepted tokens can run past the budget or EOS). Without
+    speculation every forward gives one token; speculating without step counts gives None (not derivable).
+
+    Examples: ([2, 0, 1], 7) -> [1, 3, 1, 2]; ([2, 0, 1], 9) -> [1, 3, 1, 2, 1, 1]; ([2, 0, 1], 5) -> [1, 3, 1];
+    ([2], 2) -> [1, 1]; (None, 3, speculative=False) -> [1, 1, 1].
+    """
+    if not speculative:
+        return [1] * new_tokens
+    if accepted_steps is None:
+        return None
+    out, left = [], new_tokens
+    for n in [1] + [a + 1 for a in accepted_steps]:
+        if left <= 0:
+            break
+        out.append(min(n, left))
+        left -= out[-1]
+    return out + [1] * left
+
+
+class Backend(abc.ABC):
+    """An engine that runs one method entry's turns. ``name``: the engine (``vllm``); :meth:`describe`: its name,
+    version and configuration, for the manifest and every record; :meth:`close` stops whatever it started (also
+    after a failure)."""
+
+    name: str = ""
+    speculative: bool = False
+
+    @abc.abstractmethod
+    def generate(self, request: TurnRequest) -> EngineTurn: ...
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+STOP_REASONS = {"stop": "eos", "length": "max_new_tokens"}  # an engine's finish reason -> the records' stop_reason
+
+
+def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
+    """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
+    measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
+    for what it cannot measure in another process (memory, energy, logits), and the engine's name, version and
+    counters (``engine``, ``engine_version``, ``engine_counters``)."""
+    n = len(turn.token_ids)
+    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative)
+    if lengths is None:
+        raise BackendError(f"engine {backend.name} speculated but reported no per-step acceptance; the turn's "
+                           "forwards cannot be counted")
+    return {
+        "new_tokens": n, "steps": len(lengths), "accept_lengths": lengths,
+        "accepted_drafts": list(turn.accepted_steps or []), "draft_depths": list(turn.drafted_steps or []),
+        "wall_time_s": turn.wall_time_s, "prefill_time_s": turn.ttft_s,
+        "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason), "output_ids": list(turn.token_ids),
+        "rss_bytes": None, "peak_rss_bytes": None, "cuda_peak_allocated_bytes": None,
+        "cuda_peak_reserved_bytes": None, "nvml_used_bytes": None, "energy_j": None, "mean_power_w": None,
+        "timings": {}, "counters": {}, "timings_synchronised": None, "nvml_devices": None, "logit_margins": None,
+        "logit_tops": None, "logit_runner_ups": None,
+        "engine": backend.name, "engine_version": backend.describe().get("version"),
+        "engine_counters": turn.counters(),
+    }

@@ -1,0 +1,130 @@
+"""The vLLM worker: run by the vLLM virtualenv's python (``DRAFTBENCH_VLLM_PYTHON``), never imported by the harness.
+
+vLLM pins its own torch and transformers, so it cannot live in the harness's environment; this script uses only the
+standard library and vLLM, and talks to :class:`harness.backends.worker.Worker` in JSON lines over stdin/stdout.
+Every request gets exactly one reply line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
+
+    {"op": "load", "model": DIR, "tokenizer": DIR, "dtype": "float32", "speculative_config": {...} | null,
+     "llm": {...}}                    -> {"ok": true, "version": "0.32.0", "load_s": 41.2, "config": {...}}
+    {"op": "generate", "prompt_ids": [...], "max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+     "seed": 7}                       -> {"ok": true, "token_ids": [...], "wall_time_s": ..., "ttft_s": ...,
+                                          "finish_reason": "length", "counters": {...}, "steps": {...} | null}
+    {"op": "close"}                   -> {"ok": true}, then the worker exits
+
+One prompt per ``generate`` call, timed here around ``LLM.generate`` (the pipe is not inside the time). The
+speculative counters are vLLM's Prometheus counters (``vllm:spec_decode_num_drafts`` and friends, read with
+``LLM.get_metrics()``) diffed around the turn; a counter vLLM does not expose is null, never 0. ``steps`` are the
+request's own per-step counts (vLLM's ``per_request_spec_decode_metrics="detailed"``): accepted and drafted tokens of
+each verification step. vLLM and its engine process print logs on stdout; fd 1 is pointed at stderr before vLLM is
+imported, so the protocol stream carries nothing but replies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+COUNTERS = {  # what draftbench calls it -> vLLM's Prometheus counter (Vector: one value per draft position)
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+
+
+def read_counters(llm) -> dict:
+    """The speculative counters summed over engines: ints, a list for the per-position vector; absent ones None."""
+    out: dict = dict.fromkeys(COUNTERS)
+    names = {v: k for k, v in COUNTERS.items()}
+    for metric in llm.get_metrics():
+        key = names.get(metric.name)
+        if key is None:
+            continue
+        if hasattr(metric, "values"):
+            old = out[key] or [0] * len(metric.values)
+            out[key] = [a + int(b) for a, b in zip(old, metric.values, strict=True)]
+        else:
+            out[key] = (out[key] or 0) + int(metric.value)
+    return out
+
+
+def diff_counters(before: dict, after: dict) -> dict:
+    def minus(a, b):
+        if a is None or b is None:
+            return None
+        return [x - y for x, y in zip(a, b, strict=True)] if isinstance(a, list) else a - b
+
+    return {k: minus(after[k], before[k]) for k in COUNTERS}
+
+
+def load(req: dict):
+    from vllm import LLM
+
+    options = {"model": req["model"], "tokenizer": req.get("tokenizer") or req["model"], "dtype": req["dtype"],
+               "enforce_eager": True, "max_model_len": 2048, "disable_log_stats": False, **(req.get("llm") or {})}
+    spec = req.get("speculative_config")
+    if spec:
+        options["speculative_config"] = spec
+        options.setdefault("per_request_spec_decode_metrics", "detailed")
+    start = time.perf_counter()
+    llm = LLM(**options)
+    return llm, {"load_s": round(time.perf_counter() - start, 3), "config": options}
+
+
+def generate(llm, req: dict) -> dict:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=req["max_tokens"], temperature=req["temperature"], top_p=req["top_p"],
+                            top_k=req["top_k"] or -1, seed=req.get("seed"))
+    before = read_counters(llm)
+    start = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=req["prompt_ids"])], params, use_tqdm=False)[0]
+    wall = time.perf_counter() - start
+    after = read_counters(llm)
+    completion = out.outputs[0]
+    stats = getattr(out, "metrics", None)
+    ttft = getattr(stats, "first_token_latency", None) or None
+    spec = getattr(completion, "spec_decode_metrics", None)
+    steps = None if spec is None else {"accepted": list(spec.per_step_accepted), "drafted": list(spec.per_step_drafted)}
+    return {"token_ids": list(completion.token_ids), "wall_time_s": wall, "ttft_s": ttft,
+            "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps}
+
+
+def main() -> int:
+    reply_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)  # vLLM's prints and its engine process's output go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+
+    def reply(obj: dict) -> None:
+        reply_stream.write(json.dumps(obj) + "\n")
+        reply_stream.flush()
+
+    llm = None
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            op = req.get("op") if isinstance(req, dict) else None
+            if op == "load":
+                import vllm
+
+                llm, info = load(req)
+                reply({"ok": True, "version": vllm.__version__, **info})
+            elif op == "generate":
+                if llm is None:
+                    raise RuntimeError("generate before load")
+                reply({"ok": True, **generate(llm, req)})
+            elif op == "close":
+                reply({"ok": True})
+                return 0
+            else:
+                raise ValueError(f"unknown request {line.strip()[:80]!r}")
+        except Exception as exc:  # one reply per request: the harness records the turn as an error
+            reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process, which re-imports this file
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Backends (harness/backends): the contract's derived counts, the method -> vLLM mapping, the engine fields of a run
+configuration, and the worker protocol's failure modes against a fake worker (tests/fake_engine_worker.py); the
+runner hands an entry's turns to its backend, records an engine failure as an error and re-runs it on resume."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.backends import check_engine
+from harness.backends import vllm as V
+from harness.backends.contract import BackendError, EngineError, TurnRequest, accept_lengths
+from harness.backends.worker import Worker
+from harness.cli import build_parser
+from harness.cli.run import config_from_args
+from harness.engine.method import build_options
+from harness.measure.records import read_records
+from harness.registry import get_method
+from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
+from harness.run.runner import run
+from tests.helpers import tiny_target
+
+FAKE = str(Path(__file__).resolve().with_name("fake_engine_worker.py"))
+EAGLE3_HEAD = Path(__file__).resolve().parents[1] / "methods" / "heads" / "smollm2-135m" / "eagle3"
+
+
+def mapped(method, target="smollm2-135m", engine_options=None, **options):
+    opts = build_options(get_method(method).Options, options, method)
+    return V.speculative_config(method, opts, set(options), target, engine_options)
+
+
+def test_accept_lengths_from_engine_steps():
+    # prefill token, accepted + 1 per drafting step, 1 per forward that drafted nothing, cut at the turn's length;
+    # if this failed, tau and steps of engine turns would not match what the harness counts for its own turns
+    assert accept_lengths([2, 0, 1], 7, True) == [1, 3, 1, 2]
+    assert accept_lengths([2, 0, 1], 9, True) == [1, 3, 1, 2, 1, 1]
+    assert accept_lengths([2, 0, 1], 5, True) == [1, 3, 1]
+    assert accept_lengths([2], 2, True) == [1, 1]
+    assert accept_lengths(None, 3, False) == [1, 1, 1]
+    assert accept_lengths(None, 3, True) is None  # speculation without step counts: not derivable, never guessed
+
+
+def test_methods_map_to_vllm_speculative_configs():
+    # what vLLM runs for each draftbench method; a wrong key would silently run another configuration
+    assert mapped("vanilla") is None
+    assert mapped("pld") == {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 1,
+                             "prompt_lookup_max": 3}
+    assert mapped("pld", num_draft_tokens=4, min_ngram=2) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    assert mapped("eagle3", depth=3) == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(EAGLE3_HEAD)}
+    assert mapped("eagle2", head="/heads/mine") == {"method": "eagle", "model": "/heads/mine",
+                                                   "num_speculative_tokens": 5}
+    assert mapped("eagle1", engine_options={"speculative_config": {"num_speculative_tokens": 4}}) == {
+        "method": "eagle", "model": str(EAGLE3_HEAD.with_name("eagle")), "num_speculative_tokens": 4}
+    assert mapped("vanilla", engine_options={"speculative_config": {"method": "suffix"}}) == {"method": "suffix"}
+    assert V.llm_options({"speculative_config": {"method": "mtp"}, "tensor_parallel_size": 2}) == {
+        "tensor_parallel_size": 2}
+
+
+def test_what_vllm_cannot_run_is_one_clear_error():
+    with pytest.raises(EngineError, match=r"cannot run method 'jakiro'; it runs vanilla, pld, eagle1, eagle2, "
+                                          r"eagle3, medusa, sps"):
+        mapped("jakiro")
+    with pytest.raises(EngineError, match=r"option\(s\) top_k have no vLLM equivalent .* it maps head, depth"):
+        mapped("eagle3", top_k=1)
+    with pytest.raises(EngineError, match="needs the chain length"):
+        mapped("eagle1")
+    with pytest.raises(EngineError, match="no eagle3 head is shipped for target 'tiny-llama'"):
+        mapped("eagle3", target="tiny-llama")
+    with pytest.raises(EngineError, match="option draft .* is required"):
+        mapped("sps")
+    with pytest.raises(EngineError, match="unknown engine 'sglang'; use harness or vllm"):
+        check_engine("sglang", "vanilla", None, set(), "smollm2-135m", None)
+
+
+def test_engine_in_the_run_configuration(tmp_path):
+    cfg = config_from_dict({"engine": "vllm", "engine_options": {"max_model_len": 1024},
+                            "methods": ["vanilla", {"name": "pld", "engine": "harness", "label": "pld-h"}]})
+    entries = {e.label: (e.engine, e.engine_options) for e in cfg.entries()}
+    assert entries == {"vanilla": ("vllm", {"max_model_len": 1024}), "pld-h": ("harness", {"max_model_len": 1024})}
+    # the default leaves the configuration (and so its digest) as runs before engines wrote it
+    d = RunConfig().to_dict()
+    assert "engine" not in d and "engine_options" not in d and "engine" not in d["methods"][0]
+    with pytest.raises(ConfigError, match=r"run.engine: unknown engine 'vlm'; use harness or vllm"):
+        config_from_dict({"engine": "vlm"})
+    with pytest.raises(ConfigError, match=r"run.methods\[0\].engine: unknown engine"):
+        config_from_dict({"methods": [{"name": "vanilla", "engine": "trt"}]})
+    with pytest.raises(ConfigError, match="runtime compiled is the harness engine's"):
+        config_from_dict({"engine": "vllm", "runtime": ["compiled"]})
+    args = build_parser().parse_args(["run", "--engine", "vllm", "--methods", "vanilla"])
+    assert config_from_args(args).engine == "vllm"
+
+
+@pytest.fixture()
+def fake_vllm(monkeypatch):
+    """VLLMBackend starts the fake worker; returns a setter for its behaviour (FAKE_WORKER)."""
+    monkeypatch.setenv(V.PYTHON_ENV, sys.executable)
+    monkeypatch.setattr(V, "WORKER", Path(FAKE))
+    return lambda mode: monkeypatch.setenv("FAKE_WORKER", mode)
+
+
+REQUEST = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 4)
+
+
+def test_fake_worker_turn_and_counters(fake_vllm):
+    fake_vllm("ok")
+    backend = V.VLLMBackend("/models/t", "float32", {"method": "ngram"})
+    try:
+        turn = backend.generate(REQUEST)
+        assert (turn.token_ids, turn.ttft_s, turn.accepted_per_pos) == ([10, 11, 12, 13], 0.002, [2, 1])
+        assert backend.describe()["version"] == "0.0-fake"
+    finally:
+        backend.close()
+    backend.close()  # twice is harmless
+    fake_vllm("ok")
+    plain = V.VLLMBackend("/models/t", "float32", None)
+    try:
+        assert plain.generate(REQUEST).drafts is None  # no counter: n/a, never 0
+    finally:
+        plain.close()
+
+
+@pytest.mark.parametrize("mode, when, message", [
+    ("exit_at_start", "load", r"exited during load \(exit code 3\); its log ends: fake worker: cannot import vllm"),
+    ("fail_load", "load", r"failed in load: ValueError: no such model"),
+    ("die_at=1", "generate", r"exited during generate \(exit code 9\); its log ends: fake worker: killed mid-turn"),
+    ("garbage_at=1", "generate", r"malformed reply to generate: b?'INFO vLLM says hello'"),
+])
+def test_worker_failures_are_one_clear_line(fake_vllm, mode, when, message):
+    fake_vllm(mode)
+    if when == "load":
+        with pytest.raises(BackendError, match=message):
+            V.VLLMBackend("/models/t", "float32", None)
+        return
+    backend = V.VLLMBackend("/models/t", "float32", None)
+    try:
+        with pytest.raises(BackendError, match=message):
+            backend.generate(REQUEST)
+    finally:
+        backend.close()
+
+
+def test_worker_that_cannot_start_or_hangs(fake_vllm, monkeypatch):
+    with pytest.raises(BackendError, match="cannot start /nonexistent/python"):
+        Worker(["/nonexistent/python"])
+    monkeypatch.setenv(V.PYTHON_ENV, "/nonexistent/python")
+    with pytest.raises(EngineError, match="no python at /nonexistent/python; create vLLM's venv with `make vllm-s"):
+        V.VLLMBackend("/models/t", "float32", None)
+    monkeypatch.setenv(V.PYTHON_ENV, sys.executable)
+    fake_vllm("hang")
+    monkeypatch.setattr(V, "TURN_TIMEOUT_S", 0.5)
+    backend = V.VLLMBackend("/models/t", "float32", None)
+    with pytest.raises(BackendError, match="did not answer generate within 0.5 s"):
+        backend.generate(REQUEST)
+    backend.worker.close(timeout=0.5)  # kills what does not exit
+    assert backend.worker.proc.returncode is not None
+
+
+QUESTIONS = [{"question_id": i, "category": "c", "turns": [f"q{i}", "and then?"]} for i in (1, 2, 3)]
+
+
+def engine_run(tmp_path, resume=None):
+    suite = tmp_path / "q.jsonl"
+    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    cfg = RunConfig(methods=[MethodSpec("vanilla"), MethodSpec("pld", "pld-vllm", engine="vllm")],
+                    suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))
+    return run(None if resume else cfg, resume=resume, target=tiny_target(eos=False), progress=False)
+
+
+def test_runner_records_engine_turns_and_resume_reruns_engine_failures(tmp_path, fake_vllm):
+    fake_vllm("die_at=3")  # the worker dies in question 2's first turn
+    run_dir = engine_run(tmp_path)
+    recs = {(r["label"], r["question_id"], r["turn"]): r for r in read_records(run_dir)}
+    ok = recs[("pld-vllm", "1", 0)]
+    assert (ok["engine"], ok["engine_version"], ok["output_ids"]) == ("vllm", "0.0-fake", [10, 11, 12, 13])
+    assert ok["accept_lengths"] == [1, 3] and ok["accepted_drafts"] == [2, 1]  # prefill, then 2 + 1 (cut at 4)
+    assert ok["engine_counters"] == {"drafts": 2, "draft_tokens": 4, "accepted_tokens": 3, "accepted_per_pos": [2, 1]}
+    assert ok["prefill_time_s"] == 0.002 and ok["stop_reason"] == "max_new_tokens"
+    died = recs[("pld-vllm", "2", 0)]
+    assert died["status"] == "error" and died["retry"] and "exited during generate (exit code 9)" in died["error"]
+    assert recs[("pld-vllm", "3", 0)]["status"] == "error"  # no failed turn is a success
+    assert "engine" not in recs[("vanilla", "1", 0)]  # the harness's own records are as before
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["engines"]["pld-vllm"]["config"] == {"model": "tiny-llama"}
+    fake_vllm("ok")
+    engine_run(tmp_path, resume=run_dir)
+    again = read_records(run_dir)
+    assert len(again) == 12 and all(r["status"] == "ok" for r in again)
