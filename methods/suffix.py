@@ -2,10 +2,10 @@
 
 Two :class:`harness.engine.suffixtree.SuffixTree` s: a per-request tree over the prompt and the tokens generated so
 far, and a global tree over the outputs generated (by this method instance) in earlier turns and questions and this
-turn's output so far. Every step matches the longest suffix of the context (the pending root included) in each
-tree and grows the paper's greedy speculation tree from each match (at most ``max_spec_factor`` * match length
-tokens, ``max_spec_tokens`` at most, nodes of estimated probability below ``min_token_prob`` pruned;
-:func:`harness.engine.suffixtree.speculate`); the tree with the higher score (expected accepted tokens) is proposed.
+turn's output so far. Every step matches the suffixes of the context (the pending root included) in each tree
+and grows the paper's greedy speculation tree from each match (at most ``max_spec_factor`` * match length tokens,
+``max_spec_tokens`` at most, nodes of estimated probability below ``min_token_prob`` pruned;
+:func:`harness.engine.suffixtree.speculate`); the tree with the highest score (expected accepted tokens) is proposed.
 Training-free and a deterministic function of the text seen, so verification is lossless at every temperature.
 
 ``global_tree``: "persist" (default, as published: the global tree grows across turns and questions, so results
@@ -13,9 +13,9 @@ depend on the order in which questions run, their warm-up and any question run a
 ``order_dependent: true``) or "per_question" (cold start: the global tree is emptied when a turn's prompt does not
 continue the previous turn's prompt, i.e. at every new question, warm-up included).
 
-Differences from the paper: the match is the longest suffix that was followed by some token (a suffix seen only at
-the end of an earlier output gives no candidates, so a shorter one is tried); the global tree holds only this run's
-outputs (the paper also seeds it from a log of earlier requests).
+Differences from the paper: every match length is tried and the best-scoring tree kept (as the authors'
+implementation in ArcticInference does; the paper's text describes the longest match); the global tree holds only
+this run's outputs (the paper also seeds it from a log of earlier requests).
 """
 
 from __future__ import annotations

@@ -39,13 +39,13 @@ def test_sequences_do_not_run_into_each_other_and_extend_continues_one():
     assert tree.counts[tree.find([3])] == 2
 
 
-def test_match_is_the_longest_suffix_with_a_continuation():
-    # [7, 1, 2] is absent, [1, 2] matches (p = 2); [4] ends the sequence, so it has no continuation and no match
+def test_matches_are_the_suffixes_the_tree_holds_shortest_first():
+    # [2] and [1, 2] are held, [7, 1, 2] is not (and ends the list); [9] is not held at all
     tree = tree_of([1, 2, 3, 1, 2, 4])
-    assert tree.match([7, 1, 2]) == (tree.find([1, 2]), 2)
-    assert tree.match([4]) == (0, 0)
+    assert tree.matches([7, 1, 2]) == [(tree.find([2]), 1), (tree.find([1, 2]), 2)]
+    assert tree.matches([9]) == []
     # max_depth 3 caps p at 2 (a full-depth node has no children): [3, 1, 2] would be 3
-    assert tree.match([3, 1, 2])[1] == 2
+    assert [p for _, p in tree.matches([3, 1, 2])] == [1, 2]
 
 
 def test_docstring_example_speculation_tree():
@@ -75,6 +75,17 @@ def test_adaptive_length_is_factor_times_match_length_capped():
     assert len(speculate(tree, [0, 1, 2], 2.0, 0.1, 32).tokens) == 6
     assert len(speculate(tree, [0, 1, 2], 2.0, 0.1, 4).tokens) == 4
     assert speculate(tree, [42], 2.0, 0.1, 4).tokens == []  # no match, no draft
+
+
+def test_a_shorter_match_wins_when_its_tree_scores_higher():
+    # the period-2 text [5, 6, 5, 6, 5, 6], context [6, 5, 6, 5], factor 2: the longest match (p 4, at position 1)
+    # is followed by one token before the text ends: [6], score 1. [5, 6, 5] (p 3, at 0 and 2) drafts 6 (D 1),
+    # 5 (D 1/2), 6 (D 1/2): score 2; [6, 5] (p 2) scores 2 too and [5] (p 1) 5/3. The best score wins, the
+    # longer match on a tie; a longest-match-only rule would draft a single token here
+    tree = tree_of([5, 6, 5, 6, 5, 6], max_depth=8)
+    spec = speculate(tree, [6, 5, 6, 5], 2.0, 0.1, 32)
+    assert (spec.tokens, spec.parents, spec.probs) == ([6, 5, 6], [-1, 0, 1], [1.0, 0.5, 0.5])
+    assert (spec.match_length, spec.score) == (3, 2.0)
 
 
 def test_method_drafts_from_the_prompt_then_from_earlier_outputs():

@@ -5,17 +5,19 @@ bounded depth, as the paper bounds its trees' depth), with a count per node: the
 node's token string occurs. Appending one token to a sequence updates the ``max_depth`` suffixes that end there, so a
 tree grows as text is generated. The same candidates and counts as a (compressed) suffix tree of bounded depth.
 
-:func:`speculate` is the paper's greedy speculation tree (Sec. 4, "tree expansion"): find the longest suffix of the
-context that the tree holds (match length p), then grow a tree below the matched node best-first by the estimated
+:func:`speculate` is the paper's greedy speculation tree (Sec. 4, "tree expansion"): match a suffix of the context
+in the tree (match length p), then grow a tree below the matched node best-first by the estimated
 probability D(child) = D(parent) * count(child) / count(parent), D(matched node) = 1; stop at ``max_spec_factor * p``
 tokens, at ``max_spec_tokens``, or when the best candidate's D falls below ``min_token_prob`` (and, as the trees
 are cut at ``max_depth``, match length + tree depth <= ``max_depth``). Its score (the sum of
-D over the tree: the expected number of accepted tokens) chooses between the prompt's tree and the global one.
+D over the tree: the expected number of accepted tokens) chooses between match lengths and between the prompt's
+tree and the global one.
 
 Worked example (used in the tests): the sequence [1, 2, 3, 1, 2, 4] with max_depth 3. The string [1, 2] occurs at
-positions 0 and 3 (count 2), followed once by 3 and once by 4 (counts 1, 1). The context [7, 1, 2] matches [1, 2]
-(p = 2; [7, 1, 2] does not occur); with max_spec_factor 1 the tree has at most 2 tokens: 3 (D = 1/2) then 4 (D = 1/2),
-both children of the match: tokens [3, 4], parents [-1, -1], score 1.0.
+positions 0 and 3 (count 2), followed once by 3 and once by 4 (counts 1, 1). The context [7, 1, 2] matches [2]
+(p = 1) and [1, 2] (p = 2; [7, 1, 2] does not occur). With max_spec_factor 1, p = 1 allows one token (3 or 4,
+D = 1/2: score 0.5) and p = 2 two: 3 (D = 1/2) then 4 (D = 1/2), both children of the match: tokens [3, 4],
+parents [-1, -1], score 1.0, which wins.
 """
 
 from __future__ import annotations
@@ -82,15 +84,17 @@ class SuffixTree:
                 return None
         return node
 
-    def match(self, context: list[int]) -> tuple[int, int]:
-        """(node, p): the longest suffix of ``context`` (p < max_depth tokens: a node at full depth has no children)
-        that the tree holds *and* that was followed by some token, and its length; (0, 0) when none. Example: after add([1, 2, 3, 1, 2, 4]):
-        match([7, 1, 2]) -> (node of [1, 2], 2); match([4]) -> (0, 0) (4 ends the sequence)."""
-        for p in range(min(len(context), self.max_depth - 1), 0, -1):
+    def matches(self, context: list[int]) -> list[tuple[int, int]]:
+        """(node, p) for every suffix of ``context`` of p < max_depth tokens that the tree holds (a node at full
+        depth has no children), shortest first; a suffix that is absent ends the list, as every longer one contains
+        it. Example: after add([1, 2, 3, 1, 2, 4]): matches([7, 1, 2]) -> [(node of [2], 1), (node of [1, 2], 2)]."""
+        out = []
+        for p in range(1, min(len(context), self.max_depth - 1) + 1):
             node = self.find(context[-p:])
-            if node is not None and self.children[node]:
-                return node, p
-        return 0, 0
+            if node is None:
+                break
+            out.append((node, p))
+        return out
 
 
 @dataclass
@@ -110,17 +114,31 @@ class Speculation:
 
 def speculate(tree: SuffixTree, context: list[int], max_spec_factor: float, min_token_prob: float,
               max_spec_tokens: int) -> Speculation:
-    """The greedy speculation tree of ``tree`` for ``context`` (arXiv:2411.04975 Sec. 4): at most
-    ``min(max_spec_tokens, floor(max_spec_factor * p))`` nodes, best-first by D, none with D < ``min_token_prob``.
+    """The best greedy speculation tree of ``tree`` for ``context`` (arXiv:2411.04975 Sec. 4): for every match
+    length p (:meth:`SuffixTree.matches`), the tree below that match of at most ``min(max_spec_tokens,
+    floor(max_spec_factor * p))`` nodes (:func:`expand`); the one with the highest score wins, ties going to the
+    longer match. Trying every p, not only the longest, is what the authors' implementation does: in a text that
+    repeats with period k the longest match is the most recent repetition, followed by fewer than k tokens.
+    Example: see the module docstring.
+    """
+    best = Speculation()
+    for node, p in reversed(tree.matches(context)):
+        budget = min(max_spec_tokens, int(max_spec_factor * p + 1e-9))
+        spec = expand(tree, node, budget, min_token_prob)
+        if spec.score > best.score:
+            best = spec
+            best.match_length = p
+    return best
+
+
+def expand(tree: SuffixTree, node: int, budget: int, min_token_prob: float) -> Speculation:
+    """The greedy tree below ``node``: at most ``budget`` nodes, best-first by D, none with D < ``min_token_prob``.
 
     Nodes come out in the order they were chosen, so parents precede children and siblings come in decreasing D
-    (preference order); ties go to the smaller token id. Example: see the module docstring.
+    (preference order); ties go to the smaller token id. Example: after add([5, 6, 7]) twice and add([5, 6, 8]),
+    below [5] with budget 3 and no pruning: tokens [6, 7, 8], parents [-1, 0, 0], D [1, 2/3, 1/3].
     """
-    node, p = tree.match(context)
-    budget = min(max_spec_tokens, int(max_spec_factor * p))
-    out = Speculation(match_length=p)
-    if budget < 1:
-        return out
+    out = Speculation()
     # heap of candidates: (-D, token, tree node, parent index in `out` (-1 = the matched node))
     heap: list[tuple[float, int, int, int]] = []
 
@@ -129,7 +147,8 @@ def speculate(tree: SuffixTree, context: list[int], max_spec_factor: float, min_
         for token, child in tree.children[parent_node].items():
             heapq.heappush(heap, (-parent_prob * tree.counts[child] / total, token, child, parent_index))
 
-    push(node, 1.0, -1)
+    if budget >= 1:
+        push(node, 1.0, -1)
     while heap and len(out.tokens) < budget:
         neg_prob, token, child, parent = heapq.heappop(heap)
         if -neg_prob < min_token_prob:
