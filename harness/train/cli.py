@@ -20,13 +20,15 @@ from harness.train.features import (
     merge_datasets,
     read_manifest,
 )
+from harness.train.datastore import add_datastore_cli
 from harness.train.loop import TrainConfig, train
 from harness.train.objectives import objective_names
 from harness.train.sources import SOURCES
 
 
 def add_data_cli(subparsers) -> None:
-    """Add ``build`` (``draftbench data build``) to the ``data`` subcommand's subparsers."""
+    """Add ``build``, ``merge``, ``vocab`` and ``datastore`` (``draftbench data ...``) to the ``data`` subcommand's
+    subparsers."""
     p = subparsers.add_parser("build", help="render training conversations and store the target's features")
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help=f"embedded alias, HF id or folder (default {DEFAULT_TARGET})")
@@ -59,6 +61,7 @@ def add_data_cli(subparsers) -> None:
     v.add_argument("--out", required=True, help="head folder; token_counts.safetensors is written there")
     v.add_argument("--max-shards", type=int, help="count the first N shards only")
     v.set_defaults(func=cmd_vocab)
+    add_datastore_cli(subparsers)
 
 
 def _print_merge(m: dict, out: str) -> int:
