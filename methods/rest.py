@@ -102,8 +102,9 @@ class Rest(SpeculativeMethod):
 
     def describe(self) -> dict[str, Any]:
         """The options plus what the datastore holds (path, source, documents, tokens, tokenizer)."""
+        manifest = self.store.manifest
         keep = ("path", "source", "documents", "tokens", "tokenizer")
-        return {**super().describe(), "datastore": {k: self.store.manifest[k] for k in keep if k in self.store.manifest}}
+        return {**super().describe(), "datastore": {k: manifest[k] for k in keep if k in manifest}}
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.context: list[int] = prompt_ids[0].tolist()

@@ -1,4 +1,4 @@
-"""SuffixDecoding on literal token lists: the bounded suffix tree, the greedy speculation tree and the method's trees."""
+"""SuffixDecoding on literal token lists: the bounded suffix tree, the greedy speculation tree, the method's trees."""
 
 import pytest
 import torch

@@ -33,7 +33,8 @@ SEPARATOR = -1  # after every document: no pattern contains it, so no match and 
 def tokenizer_identity(tokenizer, name: str) -> dict[str, Any]:
     """``{"name", "vocab_size", "vocab_sha256"}`` of a transformers tokenizer: ``name`` (the target's, for messages),
     ``len(tokenizer)`` and the SHA-256 of its vocabulary (``token\\tid`` lines sorted by id), which two tokenizers
-    share only when every id means the same token. Two identities match when size and hash do (:func:`same_tokenizer`)."""
+    share only when every id means the same token. Two identities match when size and hash do
+    (:func:`same_tokenizer`)."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     digest = hashlib.sha256("\n".join(f"{t}\t{i}" for t, i in vocab).encode()).hexdigest()
     return {"name": name, "vocab_size": len(tokenizer), "vocab_sha256": digest}
@@ -54,7 +55,8 @@ def default_datastore_dir(cache: Path, identity: dict[str, Any], source: str = "
 
 
 def concatenate(documents: list[list[int]]) -> np.ndarray:
-    """``tokens [T]`` int32: every document followed by :data:`SEPARATOR`. Example: [[5, 6], [7]] -> [5, 6, -1, 7, -1]."""
+    """``tokens [T]`` int32: every document followed by :data:`SEPARATOR`.
+    Example: [[5, 6], [7]] -> [5, 6, -1, 7, -1]."""
     out: list[int] = []
     for doc in documents:
         out.extend(doc)

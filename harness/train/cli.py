@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from harness.models import DEFAULT_TARGET, load_target
+from harness.train.datastore import add_datastore_cli
 from harness.train.features import (
     build_dataset,
     dataset_token_counts,
     merge_datasets,
     read_manifest,
 )
-from harness.train.datastore import add_datastore_cli
 from harness.train.loop import TrainConfig, train
 from harness.train.objectives import objective_names
 from harness.train.sources import SOURCES
