@@ -3,7 +3,9 @@
 :class:`SuffixTree` holds every suffix of the sequences given to it, cut at ``max_depth`` tokens (a suffix trie of
 bounded depth, as the paper bounds its trees' depth), with a count per node: the number of positions at which the
 node's token string occurs. Appending one token to a sequence updates the ``max_depth`` suffixes that end there, so a
-tree grows as text is generated. The same candidates and counts as a (compressed) suffix tree of bounded depth.
+tree grows as text is generated. The same candidates and counts as a (compressed) suffix tree of bounded depth, but
+not its size: a trie holds up to ``max_depth`` nodes per token of text (about 64 x 10k = 640k Python nodes for 80
+questions x 2 turns x 64 tokens), where a compressed tree holds O(1); a long run wants a smaller ``max_depth``.
 
 :func:`speculate` is the paper's greedy speculation tree (Sec. 4, "tree expansion"): match a suffix of the context
 in the tree (match length p), then grow a tree below the matched node best-first by the estimated
