@@ -1,16 +1,19 @@
-"""``draftbench data fetch | build | merge | vocab``: evaluation suites from their public sources, and the feature
-datasets that draft heads train on (:mod:`harness.train.features`)."""
+"""``draftbench data fetch | build | merge | vocab | datastore``: evaluation suites from their public sources, the
+feature datasets that draft heads train on (:mod:`harness.train.features`), and REST's datastore
+(:mod:`harness.train.datastore`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 from harness.models import DEFAULT_TARGET, load_target
 from harness.run import suites
 from harness.run.config import ConfigError
+from harness.train.datastore import build_datastore, load_tokenizer
 from harness.train.features import build_dataset, dataset_token_counts, merge_datasets, read_manifest
 from harness.train.sources import SOURCES
 
@@ -76,6 +79,7 @@ def _add_feature_parsers(subparsers) -> None:
     v.add_argument("--out", required=True, help="head folder; token_counts.json is written there")
     v.add_argument("--max-shards", type=int, help="count the first N shards only")
     v.set_defaults(func=cmd_vocab)
+    add_datastore_parser(subparsers)
 
 
 def _print_merge(m: dict, out: str) -> int:
@@ -107,4 +111,26 @@ def cmd_build(args) -> int:
                       progress=not args.no_progress, distill_batch=args.distill_batch, layers=args.layers)
     print(f"{args.out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shard(s); "
           f"{m['contaminated_dropped']} dropped as contaminated")
+    return 0
+
+
+def add_datastore_parser(subparsers) -> None:
+    """Add ``datastore`` to the ``data`` subcommand's subparsers."""
+    p = subparsers.add_parser("datastore", help="build the REST datastore of a corpus in the target's tokenizer")
+    p.add_argument("--source", default="sharegpt", help="sharegpt (default) or a ShareGPT-format .json file")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"whose tokenizer (default {DEFAULT_TARGET})")
+    p.add_argument("--out", help="output folder (default: the user cache, where the method rest looks)")
+    p.add_argument("--limit", type=int, help="at most this many conversations (default: all)")
+    p.add_argument("--key-length", type=int, default=32, help="tokens each suffix is sorted by (>= max_match)")
+    p.add_argument("--data-dir", help="evaluation data for the contamination check (default: $DRAFTBENCH_DATA)")
+    p.set_defaults(func=cmd_datastore)
+
+
+def cmd_datastore(args) -> int:
+    started = time.perf_counter()
+    folder, store = build_datastore(args.source, load_tokenizer(args.target), args.target, args.out, args.limit,
+                                    args.key_length, args.data_dir)
+    m = store.manifest
+    print(f"{folder}: {m['documents']} documents, {m['tokens']} tokens from {m['conversations']} conversations "
+          f"({m['dropped_contaminated']} dropped as contaminated) in {time.perf_counter() - started:.0f} s")
     return 0
