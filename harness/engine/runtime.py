@@ -25,7 +25,7 @@ the graphs it compiled and the seconds spent (``graphs``, ``compile_s``) so that
 out of measured turns (it is warm-up) and report it separately.
 
 Why the compiled CPU forward is faster (SmolLM2-135M, fp32, one thread; the verify-cost table of both runtimes is in
-the README, "The engine's parts"): the weights are read once per forward (540 MB) whatever the number of rows k, so
+docs/results.md, "The engine's parts"): the weights are read once per forward (540 MB) whatever the number of rows k, so
 up to ~8 rows a forward could cost what one row costs. MKL's sgemm for 2-8 rows is 1.5-3x slower than for one row,
 and a packed MKL sgemm is no better; oneDNN's packed fp32 linear (``torch.ops.mkldnn._linear_pointwise`` with a
 weight reordered for a batch of 64) reads the weights at ~30 GB/s for 1 to 8 rows alike. Inductor already packs

@@ -5,7 +5,7 @@ Protocol over that pipe (JSON messages ended by a NUL byte; the browser reads co
 its fd 4). The flags keep it off the network (no background networking, component updates or sync), so a page that
 loads here loads from a file or a CI artifact.
 
-Command line (the README's report screenshot)::
+Command line (the report screenshot in docs/)::
 
     python -m harness.measure.browser results/<run>/report.html --screenshot docs/report-screenshot.png
 
