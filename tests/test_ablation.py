@@ -1,4 +1,4 @@
-"""Ablation knobs, tables and plots on the literal run of tests/ablation_run.py (numbers worked out there)."""
+"""Ablation knobs, tables and plots on the literal run of tests/support/ablation_run.py (numbers worked out there)."""
 
 import pandas as pd
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from harness.measure import ablation as A
 from harness.measure import report as R
 from harness.measure import tables as T
-from tests.ablation_run import RECORDS, write_run
+from tests.support.ablation_run import RECORDS, write_run
 
 
 @pytest.fixture(scope="module")

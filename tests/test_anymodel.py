@@ -19,7 +19,7 @@ from harness.engine.tree import ancestor_matrix, slot_depths, windowed_tree_mask
 from harness.models import check_attn_implementation
 from harness.registry import get_method
 from methods.vanilla import Vanilla
-from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
+from tests.support.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
 from tests.test_engine import PROMPT, OracleBranched, OracleChain
 
 GREEDY = SamplingParams()
@@ -186,7 +186,7 @@ def test_attention_backend_reaches_the_model_and_the_command_line(tmp_path):
 
 
 def _char_tokenizer():
-    from tests.tiny import char_tokenizer
+    from tests.support.helpers import char_tokenizer
 
     return char_tokenizer()
 
@@ -230,7 +230,7 @@ def test_opt_heads_build_and_train(tmp_path):
     from harness.train.loop import TrainConfig, train
     from methods.eagle.checkpoint import load_eagle_head
     from methods.eagle.eagle2 import Eagle2, Eagle2Options
-    from tests.tiny import char_tokenizer
+    from tests.support.helpers import char_tokenizer
 
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM, OPTConfig

@@ -1,5 +1,5 @@
 """Backends (harness/backends): the contract's derived counts, the method -> vLLM mapping, the engine fields of a run
-configuration, and the worker protocol's failure modes against a fake worker (tests/fake_engine_worker.py); the
+configuration, and the worker protocol's failure modes against a fake worker (tests/support/fake_engine_worker.py); the
 runner hands an entry's turns to its backend, records an engine failure as an error and re-runs it on resume."""
 
 import json
@@ -19,9 +19,9 @@ from harness.measure.records import read_records
 from harness.registry import get_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from harness.run.runner import run
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
-FAKE = str(Path(__file__).resolve().with_name("fake_engine_worker.py"))
+FAKE = str(Path(__file__).resolve().parent / "support" / "fake_engine_worker.py")
 EAGLE3_HEAD = Path(__file__).resolve().parents[1] / "methods" / "heads" / "smollm2-135m" / "eagle3"
 
 

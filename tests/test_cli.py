@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.engine.method import Generation, Method
 from harness.registry import METHODS, register_method
 from harness.run import runner
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 QUESTIONS = [{"question_id": 1, "turns": ["Say hi.", "Now say bye."]}, {"question_id": 2, "turns": ["stop here"]},
              {"question_id": 3, "turns": ["3+3?"]}]

@@ -14,7 +14,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import chain_tree
 from harness.registry import get_method
-from tests.helpers import GREEDY, build_example, check_generation, install_oracle, registered_methods
+from tests.support.helpers import GREEDY, build_example, check_generation, install_oracle, registered_methods
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_greedy_equals_vanilla_with_random_draft_parts(real_target, prompts, van
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_oracle_drafts_are_accepted_to_full_depth(real_target, prompts, vanilla_long, name):
-    # the deepest path of each proposed tree rewritten with the target's continuation (tests/helpers.py
+    # the deepest path of each proposed tree rewritten with the target's continuation (tests/support/helpers.py
     # install_oracle): every step but the last (which may pass EOS) accepts the whole path, on a real cache
     if not isinstance(build_example(name, real_target, **SMALL.get(name, {})), SpeculativeMethod):
         pytest.skip(f"{name} is not a SpeculativeMethod: it proposes no draft tree to make an oracle of")

@@ -13,7 +13,7 @@ from harness.measure.markdown import divergence_note
 from harness.measure.tables import divergence_table, summary_table, turns_table
 from harness.models import target_from_model
 from methods.vanilla import Vanilla
-from tests.anymodel import tiny_causal_lm, tree_method
+from tests.support.anymodel import tiny_causal_lm, tree_method
 from tests.test_engine import PROMPT, OracleBranched
 
 GREEDY = SamplingParams()

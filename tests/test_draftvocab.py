@@ -26,8 +26,8 @@ from methods.jakiro.jakiro import Jakiro, JakiroOptions
 from methods.medusa.drafting import Medusa, MedusaOptions
 from methods.medusa.heads import save_medusa_heads
 from methods.vanilla import Vanilla
-from tests.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
-from tests.helpers import random_eagle_head as random_head
+from tests.support.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
+from tests.support.helpers import random_eagle_head as random_head
 
 WEIGHT_FILES = {"model.safetensors", "medusa_lm_head.safetensors"}  # what the shipped heads load as weights
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])

@@ -13,9 +13,9 @@ from harness.engine.checkpoints import CheckpointError
 from harness.engine.draftcache import DraftKV
 from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
 from methods.eagle.head import EagleHead
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
-H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/helpers.py)
+H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/support/helpers.py)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -299,8 +299,8 @@ from harness.registry import get_method  # noqa: E402
 from methods.eagle.eagle1 import Eagle1, Eagle1Options  # noqa: E402
 from methods.eagle.eagle2 import Eagle2, Eagle2Options  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
-from tests.helpers import GREEDY, bigram_target  # noqa: E402
-from tests.helpers import random_eagle_head as random_head  # noqa: E402
+from tests.support.helpers import GREEDY, bigram_target  # noqa: E402
+from tests.support.helpers import random_eagle_head as random_head  # noqa: E402
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 

@@ -20,7 +20,7 @@ from methods.eagle.head import rope_theta
 from methods.eagle3.checkpoint import check_vocab_maps, load_eagle3_head, save_eagle3_head
 from methods.eagle3.drafting import Eagle3, Eagle3Options
 from methods.eagle3.head import Eagle3Head
-from tests.helpers import GREEDY, check_generation, tiny_target
+from tests.support.helpers import GREEDY, check_generation, tiny_target
 
 H, V, I, VD = 32, 128, 64, 16  # tiny target: hidden, vocab, intermediate; the stand-in's draft vocabulary
 KEPT = [0, 3, 4, 5, 9, 17, 20, 33, 40, 41, 64, 77, 90, 101, 120, 127]  # its 16 target ids, sorted

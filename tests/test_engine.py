@@ -15,7 +15,7 @@ from harness.engine.tree import DraftTree, chain_tree
 from harness.engine.verify import verify_typical
 from methods.pld import PromptLookup
 from methods.vanilla import Vanilla
-from tests.helpers import (
+from tests.support.helpers import (
     GREEDY,
     SAMPLING_IDS,
     SAMPLINGS,

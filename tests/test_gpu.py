@@ -10,7 +10,7 @@ from harness.engine.sampling import SamplingParams
 from harness.measure.syncs import cuda_syncs_per_forward
 from harness.measure.trackers import Nvml, Tracker, pci_bus_id
 from methods.vanilla import Vanilla
-from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
+from tests.support.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -14,7 +14,7 @@ from harness.measure.records import read_records
 from harness.measure.trackers import Nvml, Tracker, model_devices, pci_bus_id
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from harness.run.runner import process_gpus, run
-from tests.tiny import tiny_target
+from tests.support.helpers import tiny_target
 
 
 class FakeNvml:

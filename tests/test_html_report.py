@@ -1,5 +1,5 @@
 """report.html: self-contained, loads from file:// in headless Chromium with no console error, shows the numbers of
-summary.csv, sorts, and has the divergence viewer. The run is the literal one of tests/ablation_run.py.
+summary.csv, sorts, and has the divergence viewer. The run is the literal one of tests/support/ablation_run.py.
 
 Chromium: Debian's ``chromium``; when it is missing and the tests run as root with apt, the fixture installs it.
 Otherwise the browser tests skip, unless ``DRAFTBENCH_REQUIRE_BROWSER=1`` (set by .ci/run), where they fail.
@@ -18,7 +18,7 @@ import pytest
 from harness.measure import html as H
 from harness.measure.browser import Browser, find_chromium
 from harness.measure.report import write_report
-from tests.ablation_run import write_run
+from tests.support.ablation_run import write_run
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_page_is_self_contained_and_has_the_divergence_viewer(run):
 def test_divergences_literal():
     """first_token / first_char come from metrics.first_difference; an off-by-one would show the wrong spot."""
     from harness.measure.tables import turns_table
-    from tests.ablation_run import RECORDS
+    from tests.support.ablation_run import RECORDS
 
     div = H.divergences(turns_table(RECORDS), "vanilla")
     assert div[["label", "question_id", "first_token", "first_char"]].values.tolist() == [["D", "q3", 2, 7]]

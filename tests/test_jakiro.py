@@ -39,10 +39,10 @@ from methods.jakiro.star import (
     published_star_bookkeeping,
 )
 from methods.vanilla import Vanilla
-from tests.helpers import GREEDY, sampled_pvalue, sampling_target, tiny_target
-from tests.helpers import random_jakiro_head as random_head
+from tests.support.helpers import GREEDY, sampled_pvalue, sampling_target, tiny_target
+from tests.support.helpers import random_jakiro_head as random_head
 
-H, V = 32, 128  # tiny target (tests/helpers.py)
+H, V = 32, 128  # tiny target (tests/support/helpers.py)
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
 
 

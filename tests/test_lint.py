@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.helpers import dev_tool
+from tests.support.helpers import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKED = ["harness", "methods", "suites", "tests"]

@@ -1,5 +1,5 @@
 """Losslessness of every registered method, by construction: the parameter lists are the registry
-(:func:`tests.helpers.registered_methods`, read at collection time), and each method is built without files by
+(:func:`tests.support.helpers.registered_methods`, read at collection time), and each method is built without files by
 ``Method.example`` (random draft parts). A method registered only in its own module is covered as soon as it
 registers; one that cannot be built by ``example`` fails here, saying so.
 
@@ -26,7 +26,7 @@ import torch
 
 from harness.engine.speculative import SpeculativeMethod
 from harness.registry import METHODS
-from tests.helpers import (
+from tests.support.helpers import (
     GREEDY,
     SAMPLING_IDS,
     SAMPLINGS,

@@ -16,7 +16,7 @@ from methods.medusa.heads import (
     load_medusa_heads,
     save_medusa_heads,
 )
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 H, V = 32, 128  # tiny target: hidden, vocab
 
@@ -158,8 +158,8 @@ from harness.engine.sampling import SamplingParams  # noqa: E402
 from harness.registry import get_method  # noqa: E402
 from methods.medusa.drafting import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
-from tests.helpers import GREEDY, bigram_target, sampled_pvalue, sampling_target  # noqa: E402
-from tests.helpers import random_medusa_heads as random_heads  # noqa: E402
+from tests.support.helpers import GREEDY, bigram_target, sampled_pvalue, sampling_target  # noqa: E402
+from tests.support.helpers import random_medusa_heads as random_heads  # noqa: E402
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 SMALL_TREE = [[0], [1], [0, 0], [1, 0], [0, 1]]

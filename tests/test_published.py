@@ -15,7 +15,7 @@ from harness.published.tables import TableError, load_table, table_from_dict, ta
 from harness.run import suites
 from harness.run.chat import resolve_chat_template
 from harness.run.suites import DataError, fetch_suite, load_suite, suite_info
-from tests.helpers import char_tokenizer, tiny_target
+from tests.support.helpers import char_tokenizer, tiny_target
 
 DATA = Path(__file__).resolve().parent / "data"
 STANDIN = DATA / "standin_eagle2.yaml"

@@ -15,7 +15,7 @@ from harness.registry import (
     method_names,
     register_method,
 )
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 
 def test_builtin_methods_register_themselves():
@@ -121,7 +121,7 @@ def test_entry_point_plugins_are_loaded(monkeypatch):
 
     import harness.registry as registry
 
-    ep = metadata.EntryPoint(name="plugin_test", value="tests.plugin_method", group=registry.ENTRY_POINT_GROUP)
+    ep = metadata.EntryPoint(name="plugin_test", value="tests.support.plugin_method", group=registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(registry.metadata, "entry_points",
                         lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_loaded", False)

@@ -21,7 +21,7 @@ from harness.engine.sampling import SamplingParams
 from harness.train.datastore import build_datastore
 from harness.train.sources import Conversation
 from methods.rest import Rest
-from tests.helpers import char_tokenizer, tiny_target
+from tests.support.helpers import char_tokenizer, tiny_target
 
 
 def test_concatenate_separates_documents():

@@ -11,7 +11,7 @@ from harness.measure.records import RecordStore, question_key, read_records
 from harness.registry import register_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
@@ -219,7 +219,7 @@ def test_data_parallel_run_splits_questions_across_processes(tmp_path):
 
     (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) + "\n"
                                               for i in range(6)))
-    script = Path(__file__).with_name("dp_run.py")
+    script = Path(__file__).parent / "support" / "dp_run.py"
     import os
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

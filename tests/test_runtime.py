@@ -42,7 +42,7 @@ from harness.measure import tables as T
 from harness.measure.ablation import ablation_table
 from harness.measure.records import baseline_labels
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from tests.helpers import GREEDY, build_example, registered_methods, tiny_llama, tiny_target
+from tests.support.helpers import GREEDY, build_example, registered_methods, tiny_llama, tiny_target
 
 METHOD_NAMES = registered_methods()
 

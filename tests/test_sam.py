@@ -8,7 +8,7 @@ from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.suffix import SuffixAutomaton
 from methods.sam import SamDecoding
-from tests.helpers import GREEDY, build_example, tiny_target
+from tests.support.helpers import GREEDY, build_example, tiny_target
 
 
 def naive_match(text: list[int], root: int) -> int:

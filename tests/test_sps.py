@@ -14,7 +14,7 @@ from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.models import target_from_model
 from harness.registry import get_method
 from methods.sps import Sps, SpsOptions
-from tests.helpers import GREEDY, char_tokenizer, check_generation, install_oracle, tiny_llama, tiny_target
+from tests.support.helpers import GREEDY, char_tokenizer, check_generation, install_oracle, tiny_llama, tiny_target
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 

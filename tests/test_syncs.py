@@ -14,7 +14,7 @@ from harness.engine.kv import compact_cache
 from harness.engine.sampling import SamplingParams
 from harness.measure.syncs import HostSyncCounter, StepSyncProbe
 from methods.vanilla import Vanilla
-from tests.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
+from tests.support.anymodel import TREE_METHODS, tiny_causal_lm, tree_method
 from tests.test_engine import PROMPT, OracleBranched
 
 GREEDY = SamplingParams()

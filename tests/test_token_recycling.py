@@ -10,7 +10,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import slot_top_ids
 from harness.engine.tree import STATIC_TREES, tree_from_choices
 from methods.token_recycling import TokenRecycling, tree_choices
-from tests.helpers import GREEDY, tiny_target
+from tests.support.helpers import GREEDY, tiny_target
 
 
 def test_recycle_writes_every_slot_and_the_last_slot_of_a_token_wins():

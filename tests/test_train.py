@@ -28,7 +28,7 @@ from harness.train.objectives import (
 )
 from methods.eagle.objective import EagleObjective, eagle_losses, unroll_mask
 from methods.medusa.objective import medusa_targets
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 REPO = Path(__file__).resolve().parent.parent
 

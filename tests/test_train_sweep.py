@@ -10,7 +10,7 @@ from harness.run.sweep import train_sweep_members
 from harness.train.features import build_dataset
 from harness.train.loop import TrainConfig
 from harness.train.sweep import member_command, members, parse_grid, train_sweep
-from tests.tiny import tiny_target
+from tests.support.helpers import tiny_target
 
 
 @pytest.fixture(scope="module")

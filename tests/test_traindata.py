@@ -23,7 +23,7 @@ from harness.train.sources import (
     json_array_prefix,
     normalise,
 )
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 CONVS = [  # ShareGPT format; c0 has two exchanges
     {"id": "c0", "conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},

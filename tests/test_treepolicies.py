@@ -15,7 +15,7 @@ from harness.registry import get_method
 from methods.eagle.eagle2 import DynamicTreeOptions, Eagle2Options
 from methods.eagle3.drafting import Eagle3Options
 from methods.jakiro.jakiro import JakiroOptions
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 CPU = torch.device("cpu")
 

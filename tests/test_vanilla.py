@@ -5,7 +5,7 @@ import torch
 
 from harness.engine.sampling import SamplingParams
 from harness.registry import get_method
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 
 def _generate_reference(target, prompt, n):

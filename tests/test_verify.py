@@ -21,7 +21,7 @@ from harness.engine.verify import (
     verify_sampling,
     verify_typical,
 )
-from tests.helpers import chi_square_pvalue
+from tests.support.helpers import chi_square_pvalue
 
 V = 5
 ROOT = torch.tensor([0.5, 1.0, 0.2, 0.8, -0.5])

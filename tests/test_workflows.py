@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import dev_tool
+from tests.support.helpers import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"

@@ -3,11 +3,11 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.helpers import tiny_target
+from tests.support.helpers import tiny_target
 
 out = Path(sys.argv[1])
 questions = out / "q.jsonl"

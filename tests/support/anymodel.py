@@ -21,7 +21,7 @@ from transformers import (
 from harness.engine.speculative import SpeculativeMethod
 from harness.models import Target, target_from_model
 from harness.registry import get_method
-from tests.helpers import build_example, registered_methods
+from tests.support.helpers import build_example, registered_methods
 
 VOCAB, HIDDEN = 64, 32
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
