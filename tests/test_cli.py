@@ -199,7 +199,7 @@ def test_flags_given_with_resume_are_refused_by_name(tmp_path, capsys, no_model)
                          "--no-report"], capsys)
     assert code == 2
     line = one_line(err)
-    assert "--limit, --opt cannot be given with it (only --no-progress, --no-report)" in line
+    assert "--limit, --opt cannot be given with it (only --no-progress, --no-report, --paths)" in line
 
 
 def test_method_option_of_the_wrong_type_names_option_and_type(tmp_path, suite_file, capsys, no_model):

@@ -79,6 +79,8 @@ class RunConfig:
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
     output_dir: str = "results"
     sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` came from (a record; never re-expanded)
+    ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
+    #                                       (harness.measure.ablation.ablated_options); the report only, not measured
 
     def __post_init__(self):
         self.validate()
@@ -157,11 +159,13 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None) are left out, so that the digest of an unchanged configuration stays the
-        same and comparisons with older runs do not report a difference that is none."""
+        eager, an entry's ``runtime`` None, no ``ablate``) are left out, so that the digest of an unchanged
+        configuration stays the same and comparisons with older runs do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
+        if d.get("ablate") is None:
+            d.pop("ablate")
         for m in d["methods"]:
             if m.get("runtime") is None:
                 m.pop("runtime", None)
@@ -172,6 +176,7 @@ class RunConfig:
         d = self.to_dict()
         d.pop("output_dir", None)
         d.pop("data_dir", None)
+        d.pop("ablate", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
