@@ -42,8 +42,8 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     """What a person reads at the end of a run: the paper table, the speed-ups' 95% CIs, one line on what the
     numbers mean, then the report page (and how to open it), the run directory and the resume command.
 
-    Example (one entry against vanilla): the table, "95% CI of the speed-up (bootstrap over questions): pld
-    mt_bench 1.50 [1.20, 1.80]", "speed-up = tokens/s ÷ vanilla's on the same questions; ...", "report:  RUN/
+    Example (one entry against vanilla): the table, "95% CI of the speed-up (paired bootstrap over questions):",
+    "  pld  mt_bench 1.50 [1.20, 1.80]", "speed-up = tokens/s ÷ vanilla's on the same questions; ...", "report:  RUN/
     report.html", "open it: xdg-open RUN/report.html  (or python -m webbrowser RUN/report.html)", "run:  RUN",
     "resume: draftbench run --resume RUN", "every table and plot: draftbench report RUN --paths"."""
     import shlex
@@ -54,11 +54,15 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
     base = " / ".join(bases) or "vanilla"
     lines = [paper_table(summary, bases[0] if bases else "vanilla").rstrip()]
-    cis = [f"{r['label']} {r['suite']} {interval(r['speedup'], r['speedup_ci_lo'], r['speedup_ci_hi'])}"
-           for r in summary.to_dict("records")
-           if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]]
+    cis: dict[str, list[str]] = {}  # label -> "suite estimate [lo, hi]" per suite and temperature
+    for r in summary.to_dict("records"):
+        if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]:
+            cis.setdefault(str(r["label"]), []).append(
+                f"{r['suite']} {interval(r['speedup'], r['speedup_ci_lo'], r['speedup_ci_hi'])}")
     if cis:
-        lines += ["", "95% CI of the speed-up (paired bootstrap over questions): " + "; ".join(cis)]
+        width = max(map(len, cis))
+        lines += ["", "95% CI of the speed-up (paired bootstrap over questions):"]
+        lines += [f"  {label:<{width}}  {'; '.join(parts)}" for label, parts in cis.items()]
     lines += ["", f"speed-up = tokens/s ÷ {base}'s on the same questions; τ = tokens per target forward (accepted "
                   f"drafts + 1); lossless = greedy output identical to {base}'s (†: a method that is not)."]
     if "divergent_turns" in summary:
