@@ -47,6 +47,7 @@ def test_every_phase_prints_its_line_with_seconds_and_last_runs_compile_time(tmp
             runner.graphs, runner.compile_s = runner.graphs + 1, runner.compile_s + 70.5
             say.on_compile(CompileEvent("end", runner.graphs, 70.5, "miss"))
             clock.now += 2.0
+            say.beat()  # the warm-up question after the compile: a heartbeat too
     bar = QuestionLines(["q1", "q2"], "interleaved mt_bench T=0", say)
     for _ in bar:
         clock.now += 10.0
@@ -54,13 +55,14 @@ def test_every_phase_prints_its_line_with_seconds_and_last_runs_compile_time(tmp
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["[    0s] loading the target smollm2-135m ...",
                          "[    4s] loading the target smollm2-135m: done in 4.0 s"]
-    assert lines[2:7] == [
+    assert lines[2:8] == [
         "[    4s] vanilla@compiled (1/3): compiling and warm-up ...",
         "[    5s]   vanilla@compiled (1/3): compiling graph 1 of its runtime ...",
         "[   35s]   vanilla@compiled (1/3): still compiling graph 1 (30 s so far)",
         "[   75s]   vanilla@compiled (1/3): graph 1 compiled in 70.5 s, inductor cache miss",
+        "[   77s]   vanilla@compiled (1/3): still warming up (73 s so far)",
         "[   77s] vanilla@compiled (1/3): warm-up done in 73.0 s, 1 new graph(s) compiled in 70.5 s"]
-    assert lines[7] == "[   77s] vanilla@compiled (1/3): compiling and warm-up; last time it compiled for 70 s ..."
+    assert lines[8] == "[   77s] vanilla@compiled (1/3): compiling and warm-up; last time it compiled for 70 s ..."
     assert lines[-3:] == ["[  150s] interleaved mt_bench T=0: 2 question(s) ...",
                           "[  160s] interleaved mt_bench T=0: 1/2 tok_s=25.0 tau=1.00",
                           "[  170s] interleaved mt_bench T=0: 2/2 tok_s=25.0 tau=1.00"]

@@ -3,8 +3,8 @@
 ``draftbench run`` says when it loads the target (and how long converting the embedded GGUF took), when each entry
 starts and ends compiling its graphs (the entry's label, its place in the list, the seconds so far, the inductor
 cache's outcome and, from the second run on, the seconds the same entry compiled last time), a heartbeat line every
-:data:`HEARTBEAT_S` seconds while a graph compiles, the warm-up, and one line per measured question when stderr is
-not a terminal (a terminal gets tqdm's bar). ``--no-progress`` silences all of it.
+:data:`HEARTBEAT_S` seconds while an entry warms up or a graph compiles, the warm-up's end, and one line per
+measured question when stderr is not a terminal (a terminal gets tqdm's bar). ``--no-progress`` silences all of it.
 
 Compile seconds per entry are kept in ``timings.json`` in the compiled runner's cache folder
 (:attr:`harness.engine.runtime.CompiledRunner.cache_dir`, one per torch version, model, dtype, device type and
@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from harness.engine.runtime import CompileEvent
 
-HEARTBEAT_S = 20.0  # a line at least this often while a graph compiles (no silent minute)
+HEARTBEAT_S = 20.0  # a line at least this often while an entry warms up or compiles (no silent minute)
 TIMINGS_FILE = "timings.json"
 
 
@@ -68,8 +68,7 @@ class Progress:
         self.heartbeat_s = heartbeat_s
         self.t0 = clock()
         self.entry = ""               # the entry whose graphs compile now ("vanilla@compiled (1/4)")
-        self._compile_t0: float | None = None
-        self._graph = 0
+        self._doing: list[tuple[str, float]] = []  # what the heartbeat says goes on (and since when), innermost last
         self._stop: threading.Event | None = None
         self._lock = threading.Lock()
 
@@ -92,23 +91,21 @@ class Progress:
         """A compiled runner's :attr:`~harness.engine.runtime.CompiledRunner.on_compile`: a line when a graph starts
         compiling (then heartbeat lines) and one when it is done."""
         if event.phase == "start":
-            self._compile_t0 = self.clock() - event.seconds
-            self._graph = event.graph + 1
-            self.say(f"  {self.entry}: compiling graph {self._graph} of its runtime ...")
-            self._start_heartbeat()
+            self.say(f"  {self.entry}: compiling graph {event.graph + 1} of its runtime ...")
+            self._begin(f"compiling graph {event.graph + 1}", self.clock() - event.seconds)
         else:
-            self._stop_heartbeat()
+            self._end()
             cache = f", inductor cache {event.cache}" if event.cache else ""
             self.say(f"  {self.entry}: graph {event.graph} compiled in {event.seconds:.1f} s{cache}")
-            self._compile_t0 = None
 
     def beat(self) -> None:
-        """The heartbeat line (every ``heartbeat_s`` while a graph compiles)."""
-        if self._compile_t0 is not None:
-            self.say(f"  {self.entry}: still compiling graph {self._graph} "
-                     f"({self.clock() - self._compile_t0:.0f} s so far)")
+        """The heartbeat line (every ``heartbeat_s`` while an entry warms up or a graph compiles)."""
+        if self._doing:
+            what, since = self._doing[-1]
+            self.say(f"  {self.entry}: still {what} ({self.clock() - since:.0f} s so far)")
 
-    def _start_heartbeat(self) -> None:
+    def _begin(self, what: str, since: float) -> None:
+        self._doing.append((what, since))
         if not self.enabled or self.heartbeat_s is None or self._stop is not None:
             return
         stop = self._stop = threading.Event()
@@ -119,8 +116,10 @@ class Progress:
 
         threading.Thread(target=loop, name="draftbench-heartbeat", daemon=True).start()
 
-    def _stop_heartbeat(self) -> None:
-        if self._stop is not None:
+    def _end(self) -> None:
+        if self._doing:
+            self._doing.pop()
+        if not self._doing and self._stop is not None:
             self._stop.set()
             self._stop = None
 
@@ -136,10 +135,12 @@ class Progress:
         compiled = "compiling and " if runner.runtime == "compiled" else ""
         self.say(f"{self.entry}: {compiled}warm-up{hint} ...")
         t0 = self.clock()
+        self._begin("warming up", t0)
         try:
             yield
         finally:
-            self._stop_heartbeat()
+            while self._doing:  # a compile that raised never said "end"
+                self._end()
         graphs, seconds = runner.graphs - before[0], runner.compile_s - before[1]
         what = f", {graphs} new graph(s) compiled in {seconds:.1f} s" if runner.runtime == "compiled" else ""
         self.say(f"{self.entry}: warm-up done in {self.clock() - t0:.1f} s{what}")
