@@ -283,7 +283,7 @@ def test_report_ends_with_the_table_what_it_means_and_the_page_to_open(tmp_path,
     """`draftbench report RUN` printed summary.md whole and then every path (34 in the demo): it must end with the
     paper table, the speed-ups' CIs, one line on what the numbers mean, report.html with the command that opens it,
     the run directory and the resume command, and list the other files only under --paths."""
-    from tests.ablation_run import write_run
+    from tests.ablation_run import RECORDS, write_run
 
     run = write_run(tmp_path)
     assert main(["report", str(run)]) == 0
@@ -302,3 +302,6 @@ def test_report_ends_with_the_table_what_it_means_and_the_page_to_open(tmp_path,
     assert main(["report", str(run), "--paths"]) == 0
     listed = capsys.readouterr().out
     assert f"summary_csv:          {run / 'tables' / 'summary.csv'}" in listed and "plot_speedup" in listed
+    alone = write_run(tmp_path / "alone", [r for r in RECORDS if r["label"] == "A"])  # no vanilla measured
+    assert main(["report", str(alone)]) == 0
+    assert "losslessness" not in capsys.readouterr().out  # nothing to compare with: no claim either way

@@ -65,7 +65,8 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
         lines += [f"  {label:<{width}}  {'; '.join(parts)}" for label, parts in cis.items()]
     lines += ["", f"speed-up = tokens/s ÷ {base}'s on the same questions; τ = tokens per target forward (accepted "
                   f"drafts + 1); lossless = greedy output identical to {base}'s (†: a method that is not)."]
-    if "divergent_turns" in summary:
+    measured_base = set(bases) & set(summary["label"])  # the losslessness check needs the baseline's outputs
+    if measured_base and "divergent_turns" in summary and summary["divergent_turns"].notna().any():  # greedy
         differ = int(summary["divergent_turns"].fillna(0).sum())
         lines.append(f"losslessness: {differ} greedy turn(s) differ from the baseline; see report.html"
                      if differ else "losslessness: every greedy output is identical to the baseline's")
