@@ -58,12 +58,23 @@ def _sha256(path: Path, limit: int | None = None) -> str:
     return h.hexdigest()
 
 
-def materialize_embedded(alias: str) -> Path:
-    """Convert the embedded GGUF to a safetensors folder once and return that folder."""
+def embedded_converted(alias: str) -> bool:
+    """Whether the embedded target's GGUF was already converted (:func:`materialize_embedded`; False on a first
+    run, which then spends a while converting)."""
+    return (_embedded_out(alias)[0] / "draftbench_source.json").exists()
+
+
+def _embedded_out(alias: str) -> tuple[Path, Path, str, str]:
+    """(converted folder, GGUF file, GGUF digest, package) of an embedded target."""
     package, _ = EMBEDDED_TARGETS[alias]
     gguf = _embedded_gguf(package)
     digest = _sha256(gguf)[:16]
-    out = cache_dir() / "targets" / f"{alias}-{digest}"
+    return cache_dir() / "targets" / f"{alias}-{digest}", gguf, digest, package
+
+
+def materialize_embedded(alias: str) -> Path:
+    """Convert the embedded GGUF to a safetensors folder once and return that folder."""
+    out, gguf, digest, package = _embedded_out(alias)
     if (out / "draftbench_source.json").exists():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer

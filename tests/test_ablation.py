@@ -6,7 +6,7 @@ import pytest
 from harness.measure import ablation as A
 from harness.measure import report as R
 from harness.measure import tables as T
-from tests.support.ablation_run import RECORDS, write_run
+from tests.support.ablation_run import MANIFEST, RECORDS, write_run
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,20 @@ def test_write_report_adds_knob_columns_ablation_table_and_plots(tmp_path):
     plain = write_run(tmp_path / "plain", [r for r in RECORDS if r["label"] in ("vanilla", "A")])
     plain_paths = R.write_report(plain)
     assert "ablation_csv" not in plain_paths and not list((plain / "plots").glob("ablation_*"))
+
+
+def test_only_swept_or_named_options_are_ablated(tmp_path):
+    """A run whose entries merely differ in options (no sweep:, no ablate:) must get no ablation table or plots
+    (the demo printed 21 ablation plots for a run that ablated nothing); naming one option ablates it and the knobs
+    it determines within the method, and a sweep ablates its options."""
+    assert A.ablated_options({}) == set()
+    assert A.ablated_options(MANIFEST["config"] | {"ablate": ["lookup"]}) == {"mode", "total_tokens", "lookup"}
+    turns = T.turns_table(RECORDS)
+    assert A.knob_names(A.ablation_turns(turns, set())) == []
+    assert A.knob_names(A.ablation_turns(turns, {"mode"})) == ["opt.mode"]  # total_tokens is not a function of mode
+    unswept = write_run(tmp_path / "unswept", manifest={**MANIFEST, "config": {"baseline": "vanilla"}})
+    paths = R.write_report(unswept)
+    assert "ablation_csv" not in paths and not list((unswept / "plots").glob("ablation_*"))
+    assert "opt.mode" in pd.read_csv(unswept / "tables" / "summary.csv").columns  # the tables keep the options
+    named = write_run(tmp_path / "named", manifest={**MANIFEST, "config": {"baseline": "vanilla", "ablate": ["mode"]}})
+    assert list(pd.read_csv(R.write_report(named)["ablation_csv"]).filter(like="opt.").columns) == ["opt.mode"]

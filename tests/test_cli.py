@@ -199,7 +199,7 @@ def test_flags_given_with_resume_are_refused_by_name(tmp_path, capsys, no_model)
                          "--no-report"], capsys)
     assert code == 2
     line = one_line(err)
-    assert "--limit, --opt cannot be given with it (only --no-progress, --no-report)" in line
+    assert "--limit, --opt cannot be given with it (only --no-progress, --no-report, --paths)" in line
 
 
 def test_method_option_of_the_wrong_type_names_option_and_type(tmp_path, suite_file, capsys, no_model):
@@ -277,3 +277,31 @@ def test_ctrl_c_while_the_report_is_written_says_the_records_are_complete(tmp_pa
     assert code == 130
     assert one_line(err) == (f"draftbench: interrupted while writing the report; the run's records are complete; "
                              f"finish the report with: draftbench report {run_dir}")
+
+
+def test_report_ends_with_the_table_what_it_means_and_the_page_to_open(tmp_path, capsys):
+    """`draftbench report RUN` printed summary.md whole and then every path (34 in the demo): it must end with the
+    paper table, the speed-ups' CIs, one line on what the numbers mean, report.html with the command that opens it,
+    the run directory and the resume command, and list the other files only under --paths."""
+    from tests.support.ablation_run import RECORDS, write_run
+
+    run = write_run(tmp_path)
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("**Temperature 0** — cells: speed-up vs `vanilla`")
+    assert "95% CI of the speed-up (paired bootstrap over questions):\n  A  mt 2.17 [" in out
+    assert "speed-up = tokens/s ÷ vanilla's on the same questions; τ = tokens per target forward" in out
+    assert "losslessness: 1 greedy turn(s) differ from the baseline; see report.html" in out  # D's q3
+    assert lines[-5] == f"report:  {run / 'report.html'}"
+    assert lines[-4] == f"open it: xdg-open {run / 'report.html'}   (or: python -m webbrowser {run / 'report.html'})"
+    assert lines[-3] == f"run:     {run}"
+    assert lines[-2].startswith(f"resume:  draftbench run --resume {run}")
+    assert lines[-1].startswith(f"files:   draftbench report {run} --paths")
+    assert ".png" not in out and "summary_csv" not in out
+    assert main(["report", str(run), "--paths"]) == 0
+    listed = capsys.readouterr().out
+    assert f"summary_csv:          {run / 'tables' / 'summary.csv'}" in listed and "plot_speedup" in listed
+    alone = write_run(tmp_path / "alone", [r for r in RECORDS if r["label"] == "A"])  # no vanilla measured
+    assert main(["report", str(alone)]) == 0
+    assert "losslessness" not in capsys.readouterr().out  # nothing to compare with: no claim either way

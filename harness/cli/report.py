@@ -14,23 +14,75 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--against", metavar="TABLE", help="compare the run with a published table")
     rep.add_argument("--model-dir", action="append", default=[], metavar="ID=FOLDER|FILE",
                      help="with --against: which table target a local model folder stands for")
+    add_paths_flag(rep)
     rep.set_defaults(func=cmd_report)
 
 
-def print_report(run_dir: Path) -> None:
-    """Write the run's report (:func:`harness.measure.report.write_report`), print its summary and its files."""
+def add_paths_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--paths", action="store_true",
+                        help="after the table, list every file of the report (tables, plots, summary.md)")
+
+
+def print_report(run_dir: Path, paths: bool = False) -> None:
+    """Write the run's report (:func:`harness.measure.report.write_report`) and print its ending
+    (:func:`report_ending`); ``paths``: then every file written, one per line."""
+    import pandas as pd
+
     from harness.measure.report import write_report
 
-    paths = write_report(run_dir)
-    summary_md = paths.get("summary_md")
-    if summary_md and Path(summary_md).exists():
-        print(Path(summary_md).read_text())
-    for name, path in sorted(paths.items()):
-        print(f"{name + ':':<22}{path}")
+    written = write_report(run_dir)
+    summary = pd.read_parquet(written["summary_parquet"])
+    print(report_ending(summary, Path(run_dir), Path(written["report_html"])))
+    if paths:
+        for name, path in sorted(written.items()):
+            print(f"{name + ':':<22}{path}")
+
+
+def report_ending(summary, run_dir: Path, report_html: Path) -> str:
+    """What a person reads at the end of a run: the paper table, the speed-ups' 95% CIs, one line on what the
+    numbers mean, then the report page (and how to open it), the run directory and the resume command.
+
+    Example (one entry against vanilla): the table, "95% CI of the speed-up (paired bootstrap over questions):",
+    "  pld  mt_bench 1.50 [1.20, 1.80]", "speed-up = tokens/s ÷ vanilla's on the same questions; ...", "report:  RUN/
+    report.html", "open it: xdg-open RUN/report.html  (or python -m webbrowser RUN/report.html)", "run:  RUN",
+    "resume: draftbench run --resume RUN", "every table and plot: draftbench report RUN --paths"."""
+    import shlex
+
+    from harness.measure.formatting import interval
+    from harness.measure.markdown import paper_table
+
+    bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
+    base = " / ".join(bases) or "vanilla"
+    lines = [paper_table(summary, bases[0] if bases else "vanilla").rstrip()]
+    cis: dict[str, list[str]] = {}  # label -> "suite estimate [lo, hi]" per suite and temperature
+    for r in summary.to_dict("records"):
+        if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]:
+            cis.setdefault(str(r["label"]), []).append(
+                f"{r['suite']} {interval(r['speedup'], r['speedup_ci_lo'], r['speedup_ci_hi'])}")
+    if cis:
+        width = max(map(len, cis))
+        lines += ["", "95% CI of the speed-up (paired bootstrap over questions):"]
+        lines += [f"  {label:<{width}}  {'; '.join(parts)}" for label, parts in cis.items()]
+    lines += ["", f"speed-up = tokens/s ÷ {base}'s on the same questions; τ = tokens per target forward (accepted "
+                  f"drafts + 1); lossless = greedy output identical to {base}'s (†: a method that is not)."]
+    measured_base = set(bases) & set(summary["label"])  # the losslessness check needs the baseline's outputs
+    if measured_base and "divergent_turns" in summary and summary["divergent_turns"].notna().any():  # greedy
+        differ = int(summary["divergent_turns"].fillna(0).sum())
+        lines.append(f"losslessness: {differ} greedy turn(s) differ from the baseline; see report.html"
+                     if differ else "losslessness: every greedy output is identical to the baseline's")
+    run, page = shlex.quote(str(run_dir)), shlex.quote(str(report_html))
+    lines += ["",
+              f"report:  {report_html}",
+              f"open it: xdg-open {page}   (or: python -m webbrowser {page})",
+              f"run:     {run_dir}",
+              f"resume:  draftbench run --resume {run}   (an interrupted run continues where it stopped)",
+              f"files:   draftbench report {run} --paths   (every table and plot; the run's manifest.json says how it "
+              "was made)"]
+    return "\n".join(lines)
 
 
 def cmd_report(args) -> int:
-    print_report(Path(args.run_dir))
+    print_report(Path(args.run_dir), paths=args.paths)
     return cmd_report_against(args) if args.against else 0
 
 

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness.cli.report import print_report
+from harness.cli.report import add_paths_flag, print_report
 from harness.run.config import (
     ConfigError,
     RunConfig,
@@ -29,7 +29,7 @@ RUN_FLAGS = {  # flag -> (config field, how to parse the text)
 
 
 # the only run flags that may accompany --resume: they change neither what is measured nor how
-RESUME_FLAGS = ("no_progress", "no_report")
+RESUME_FLAGS = ("no_progress", "no_report", "paths")
 
 
 def _csv(kind):
@@ -49,6 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--runtime", type=_csv(str), metavar="eager|compiled|eager,compiled",
                    help="how the target's forward runs: eager (default), compiled (torch.compile), or both side by "
                         "side (every method once per runtime; compiled labels end in @compiled)")
+    r.add_argument("--ablate", type=_csv(str), metavar="OPTION,...",
+                   help="method options that get ablation tables and plots (besides those of a sweep)")
     for flag, (_, kind) in RUN_FLAGS.items():
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
@@ -59,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"{' and '.join('--' + f.replace('_', '-') for f in RESUME_FLAGS)} may be given with it")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--no-report", action="store_true", help="do not build tables and plots at the end")
+    add_paths_flag(r)
     r.set_defaults(func=cmd_run)
 
 
@@ -67,7 +70,7 @@ def config_from_args(args) -> RunConfig:
     for flag, (field, _) in RUN_FLAGS.items():
         if getattr(args, flag) is not None:
             data[field] = getattr(args, flag)
-    for field in ("suites", "questions", "temperatures", "seeds", "runtime"):
+    for field in ("suites", "questions", "temperatures", "seeds", "runtime", "ablate"):
         if getattr(args, field) is not None:
             data[field] = getattr(args, field)
     if args.methods is not None:
@@ -119,10 +122,11 @@ def cmd_run(args) -> int:
         return 130
     if os.environ.get("RANK", "0") != "0":  # data-parallel run: rank 0 reports
         return 0
-    print(f"run:  {run_dir}")
-    if not args.no_report:
+    if args.no_report:
+        print(f"run:  {run_dir}")
+    else:
         try:
-            print_report(run_dir)
+            print_report(run_dir, paths=args.paths)
         except KeyboardInterrupt:  # every report file is replaced whole, so none is left half-written
             print(f"draftbench: interrupted while writing the report; the run's records are complete; finish the "
                   f"report with: draftbench report {shlex.quote(str(run_dir))}", file=sys.stderr)

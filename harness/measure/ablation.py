@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,30 @@ def knob_names(turns: pd.DataFrame) -> list[str]:
         if any(g[c].nunique(dropna=False) > 1 for _, g in opts.groupby("method", sort=False)):
             out.append(c)
     return out
+
+
+def ablated_options(config: Mapping[str, Any]) -> set[str]:
+    """The options a run ablates: those of its ``sweep:`` grids (the manifest config's ``sweep_spec``, label ->
+    option -> values) and those its ``ablate:`` field names. Example: sweep_spec [{"jakiro": {"mode": [...]}}],
+    ablate ["lookup"] -> {"mode", "lookup"}; a run without either ablates nothing."""
+    grids = config.get("sweep_spec") or []
+    swept = {str(o) for g in grids if isinstance(g, Mapping) for opts in g.values() if isinstance(opts, Mapping)
+             for o in opts}
+    return swept | {str(o) for o in config.get("ablate") or []}
+
+
+def ablation_turns(turns: pd.DataFrame, options: set[str]) -> pd.DataFrame:
+    """``turns`` keeping, of the knob columns, only the ablated ``options`` and the knobs a kept knob determines
+    within a method (``num_experts`` of a swept ``head``); the ablation tables and plots then show those only, not
+    every option that merely differs between entries (eagle3 with and without ``lookup`` in one run)."""
+    knobs = knob_names(turns)
+    kept = {OPT + o for o in options} & set(knobs)
+    opts = label_options(turns)
+    for k in knobs:
+        if k not in kept and any(_function_of(g[k], g[a]) for _, g in opts.groupby("method", sort=False)
+                                 for a in kept if g[a].nunique(dropna=False) > 1):
+            kept.add(k)
+    return turns.drop(columns=[k for k in knobs if k not in kept])
 
 
 def with_knobs(table: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:

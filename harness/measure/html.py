@@ -319,9 +319,10 @@ def ablation_html(turns: pd.DataFrame, baseline_label: str) -> str | None:
 
 def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: pd.DataFrame,
                       measured: pd.Series, questions: pd.DataFrame, summary: pd.DataFrame, paper_md: str,
-                      baseline_label: str, plots: Mapping[str, Path]) -> Path:
+                      baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path]) -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
-    mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown."""
+    mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
+    measured turns with the ablated knobs only (:func:`harness.measure.ablation.ablation_turns`)."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"
@@ -330,7 +331,7 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
                 f"{manifest.get('created', '')}")
     sections = [("paper", "Paper table", markdown_tables_html(paper_md)),
                 ("plots", "Plots", plots_html(plots))]
-    ablation = ablation_html(turns[measured], baseline_label)
+    ablation = ablation_html(ablated, baseline_label)
     if ablation is not None:
         sections.append(("ablation", "Ablation", ablation))
     sections += [

@@ -10,7 +10,8 @@
     tables/summary.md                        provenance header + paper_table (+ divergence note)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
-    tables/ablation.csv, plots/ablation_*    when options differ between entries of a method (harness.measure.ablation)
+    tables/ablation.csv, plots/ablation_*    for the options the run swept (``sweep:``) or names (``ablate:``) when they
+                                             differ between entries of a method (harness.measure.ablation)
     report.html                              all of it on one self-contained page (harness.measure.html)
 
 The tables are computed by :mod:`harness.measure.tables` (which turns are measured, and how, is said there), the
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.measure.ablation import ablation_markdown, with_knobs, write_ablation
+from harness.measure.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
 from harness.measure.html import write_html_report
 from harness.measure.markdown import category_markdown, divergence_note, paper_table, records_note
 from harness.measure.plots import (
@@ -128,6 +129,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         raise ValueError(f"{run_dir / RECORDS_FILE}: contains no complete record")
 
     turns = turns_table(records, manifest)
+    ablated = ablation_turns(turns[measured_rows(turns)], ablated_options(config))  # swept or named knobs only
     questions = with_knobs(questions_table(turns), turns)   # one opt.<knob> column per ablated option
     summary = with_knobs(summary_table(turns, baseline_label=baseline), turns)
     tables, plots = run_dir / "tables", run_dir / "plots"
@@ -152,7 +154,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     md = run_dir / SUMMARY_MD
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                       f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
-                      f"{divergence_note(divergence)}\n{ablation_markdown(turns[measured_rows(turns)], baseline)}"
+                      f"{divergence_note(divergence)}\n{ablation_markdown(ablated, baseline)}"
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""))
     paths["summary_md"] = md
     for name, written in (
@@ -164,8 +166,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ):
         if written is not None:
             paths[f"plot_{name}"] = written
-    paths |= write_ablation(run_dir, turns[measured_rows(turns)], baseline)
+    paths |= write_ablation(run_dir, ablated, baseline)
     paths["report_html"] = write_html_report(run_dir, manifest, turns, measured_rows(turns), questions, summary,
-                                             paper_table(summary, baseline), baseline,
+                                             paper_table(summary, baseline), baseline, ablated,
                                              {k: v for k, v in paths.items() if k.startswith("plot_")})
     return paths

@@ -86,6 +86,8 @@ class RunConfig:
     engine: str = "harness"               # what runs the turns: harness (draftbench's own engine) or vllm
     #                                       (harness.backends); a method entry may set its own
     engine_options: dict[str, Any] = field(default_factory=dict)  # passed to the engine (harness.backends.vllm)
+    ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
+    #                                       (harness.measure.ablation.ablated_options); the report only, not measured
 
     def __post_init__(self):
         self.validate()
@@ -179,8 +181,8 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None) are left out, so that the digest of an unchanged configuration stays the
-        same and comparisons with older runs do not report a difference that is none."""
+        eager, an entry's ``runtime`` None, no ``ablate``) are left out, so that the digest of an unchanged
+        configuration stays the same and comparisons with older runs do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
@@ -188,6 +190,8 @@ class RunConfig:
             d.pop("engine")
         if not d.get("engine_options"):
             d.pop("engine_options", None)
+        if d.get("ablate") is None:
+            d.pop("ablate")
         for m in d["methods"]:
             for key in ("runtime", "engine", "engine_options"):
                 if m.get(key) is None:
@@ -199,6 +203,7 @@ class RunConfig:
         d = self.to_dict()
         d.pop("output_dir", None)
         d.pop("data_dir", None)
+        d.pop("ablate", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 

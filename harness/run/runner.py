@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import traceback
 import uuid
 import zlib
@@ -54,10 +55,11 @@ from harness.measure.rundir import (
     write_manifest,
 )
 from harness.measure.trackers import Tracker, model_devices, release_cached_memory
-from harness.models import Target, load_target
+from harness.models import EMBEDDED_TARGETS, Target, embedded_converted, load_target, materialize_embedded
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
+from harness.run.progress import Progress, QuestionLines
 from harness.run.suites import Suite, load_suite
 from harness.run.suites import score as score_answer
 
@@ -336,6 +338,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         raise ConfigError("run: a configuration or --resume RUN_DIR is required")
     if config.threads:
         torch.set_num_threads(config.threads)
+    say = Progress(enabled=progress and dist.rank == 0)
 
     data_dir = config.data_dir or os.environ.get("DRAFTBENCH_DATA")
     suites = [load_suite(s, data_dir).select(config.limit, config.questions) for s in config.suites]
@@ -360,8 +363,12 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                 gpus = process_gpus(dist.rank, dist.world, torch.cuda.device_count())
                 max_memory = {i: torch.cuda.mem_get_info(i)[0] for i in gpus}
                 device = f"cuda:{gpus[0]}"
-            target = load_target(config.target, config.dtype, device, config.device_map,
-                                 config.attn_implementation, max_memory)
+            if config.target in EMBEDDED_TARGETS and not embedded_converted(config.target):
+                with say.phase(f"converting the embedded GGUF of {config.target} to safetensors (first run only)"):
+                    materialize_embedded(config.target)
+            with say.phase(f"loading the target {config.target}"):
+                target = load_target(config.target, config.dtype, device, config.device_map,
+                                     config.attn_implementation, max_memory)
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
@@ -372,6 +379,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             methods[spec.label].backend = create_backend(
                 spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
                 str(target.dtype).replace("torch.", ""), spec.engine_options)
+            if hasattr(methods[spec.label].target_runner, "on_compile"):
+                methods[spec.label].target_runner.on_compile = say.on_compile
         if manifest is None and dist.rank == 0:
             engines = {label: m.backend.describe() for label, m in methods.items() if m.backend is not None}
             manifest = {**build_manifest(config, run_dir, target, suites, methods), "processes": dist.world,
@@ -380,7 +389,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             write_manifest(run_dir, manifest)
         dist.barrier()
         started = True
-        _run_all(config, run_dir, dist, target, suites, methods, progress, on_question)
+        _run_all(config, run_dir, dist, target, suites, methods, say, on_question)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
     finally:
@@ -433,7 +442,7 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target, suites: list[Suite],
-             methods: dict[str, Method], progress: bool, on_question: Callable | None) -> None:
+             methods: dict[str, Method], say: Progress, on_question: Callable | None) -> None:
     """Every pending question of the run: those without a complete attempt in the run's records."""
     store = RecordStore(run_dir, rank=dist.rank if dist.world > 1 else None)  # repairs this process's torn tail
     dist.barrier()
@@ -443,6 +452,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     tracker = Tracker(target.device, devices)
 
     def measure(spec, compiling, ctx, q, sampling, bar) -> None:
+        say.entry = spec.label  # a question that still compiles a graph says whose
         recs = compiling.measure(functools.partial(
             run_question, methods[spec.label], target, ctx, q, sampling,
             ctx.suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
@@ -452,10 +462,14 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
         if on_question is not None:
             on_question(recs)
 
+    entries = config.entries()
+
     def warmed_up(spec) -> _Compiling:
         release_cached_memory(devices)  # a method's peak memory must not include the cache earlier ones left
-        compiling = _Compiling(methods[spec.label].target_runner)
-        with compiling.warm_up():
+        runner = methods[spec.label].target_runner
+        compiling = _Compiling(runner)
+        place = f"{entries.index(spec) + 1}/{len(entries)}"
+        with compiling.warm_up(), say.warm_up(spec.label, place, runner):
             _warm_up(methods[spec.label], target, config, suites, tracker)
         return compiling
 
@@ -467,7 +481,6 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                     for suite in suites:
                         yield temperature, sampling, seed, repeat, suite
 
-    entries = config.entries()
     if config.interleave:  # question-major: every entry answers a question before the next question starts
         compilings = {spec.label: warmed_up(spec) for spec in entries}
         for temperature, sampling, seed, repeat, suite in cells():
@@ -475,7 +488,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                     for spec in entries}
             todo = [q for q in suite.questions
                     if any(_key(c, q) not in done for c in ctxs.values())][dist.rank::dist.world]
-            bar = _progress(todo, f"interleaved {suite.name} T={temperature}", progress)
+            bar = _progress(todo, f"interleaved {suite.name} T={temperature}", say)
             for q in bar:
                 for spec in entries:
                     if _key(ctxs[spec.label], q) not in done:
@@ -487,7 +500,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
         for temperature, sampling, seed, repeat, suite in cells():
             ctx = TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
             todo = [q for q in suite.questions if _key(ctx, q) not in done][dist.rank::dist.world]
-            bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", progress)
+            bar = _progress(todo, f"{spec.label} {suite.name} T={temperature}", say)
             for q in bar:
                 measure(spec, compiling, ctx, q, sampling, bar)
 
@@ -558,9 +571,13 @@ def _warm_up(method: Method, target: Target, config: RunConfig, suites: list, tr
                      tracker, score=False)
 
 
-def _progress(items: list, desc: str, enabled: bool):
-    if not enabled or not items:
+def _progress(items: list, desc: str, say: Progress):
+    """The questions of one cell, shown as tqdm's bar on a terminal, as plain lines otherwise (a log file)."""
+    if not say.enabled or not items:
         return items
+    stream = say.stream or sys.stderr
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return QuestionLines(items, desc, say)
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, unit="q", leave=True, dynamic_ncols=True)
