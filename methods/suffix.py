@@ -74,6 +74,10 @@ class SuffixDecoding(SpeculativeMethod):
         self.global_tree = SuffixTree(self.options.max_depth)
         self.prompt: list[int] | None = None  # the last turn's prompt (per_question: a new question starts cold)
 
+    def forget(self) -> None:
+        self.global_tree = SuffixTree(self.options.max_depth)
+        self.prompt = None
+
     def describe(self) -> dict[str, Any]:
         """The options plus ``order_dependent``: whether the global tree carries text from one question to the next."""
         return {**super().describe(), "order_dependent": self.options.global_tree == "persist"}

@@ -92,6 +92,9 @@ class TokenRecycling(SpeculativeMethod):
                  else "reset every turn")
         return {**super().describe(), "state": state}
 
+    def forget(self) -> None:
+        self.adjacency = None  # the next turn starts from an empty matrix
+
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         if self.adjacency is None or not self.options.persist:
             self.adjacency = torch.zeros(self.vocab, self.options.top_k, dtype=torch.long, device=self.device)

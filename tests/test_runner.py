@@ -44,6 +44,9 @@ class Scripted(Method):
         ids = self.target.tokenizer("ok!", add_special_tokens=False)["input_ids"][:max_new_tokens]
         return Generation(token_ids=ids, accept_lengths=[1] * len(ids), stop_reason="max_new_tokens")
 
+    def forget(self):
+        Scripted.prompts.append("<forget>")
+
 
 @pytest.fixture()
 def suite_file(tmp_path):
@@ -394,3 +397,32 @@ def test_a_run_killed_while_its_model_loaded_says_there_is_nothing_to_resume(tmp
     with pytest.raises(ConfigError, match=r"run is empty: its run was stopped before it started \(while the model "
                                           r"loaded\), so there is nothing to resume"):
         resume_manifest(tmp_path / "run")
+
+
+def test_a_stateful_method_forgets_the_warm_up_before_the_first_measured_question(tmp_path, suite_file, target):
+    """The warm-up question is also the first measured one: Token Recycling's matrix and SuffixDecoding's global tree
+    kept the warm-up's answer and drafted it back on the measured turn (SuffixDecoding's τ 8.0 on that turn). The
+    runner must call forget() after the warm-up and before any measured question."""
+    Scripted.prompts.clear()
+    run(_config(tmp_path, suite_file, methods=[MethodSpec("scripted_test")], warmup=1), target=target,
+        progress=False)
+    assert Scripted.prompts.count("<forget>") == 1
+    warm = Scripted.prompts.index("<forget>")
+    assert warm == 2 and "Say hi." in Scripted.prompts[0] and "Now say bye." in Scripted.prompts[1]  # question 1
+    assert "Say hi." in Scripted.prompts[warm + 1]  # then the measured questions, from the first
+
+
+def test_token_recycling_and_suffix_forget_what_they_learned():
+    """forget() must leave the state a fresh method starts from: no matrix, an empty global tree."""
+    from harness.engine.sampling import SamplingParams
+    from harness.registry import get_method
+
+    small = tiny_target(eos=False)
+    prompt = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
+    recycling, suffix = get_method("token_recycling").example(small), get_method("suffix").example(small)
+    for method in (recycling, suffix):
+        method.generate(prompt, 8, SamplingParams())
+    assert recycling.adjacency is not None and len(suffix.global_tree) > 1  # nodes, the root included
+    recycling.forget()
+    suffix.forget()
+    assert recycling.adjacency is None and len(suffix.global_tree) == 1  # the root alone

@@ -156,6 +156,12 @@ class Method:
         of one runtime on this target)."""
         return target_runner(self.target, self.runtime)
 
+    def forget(self) -> None:
+        """Drop whatever the method learned from text it has seen, for a method whose state outlives a turn (Token
+        Recycling's matrix, SuffixDecoding's global tree). The runner calls it after the warm-up, so that no
+        measured question is answered with the warm-up's answers in the method's memory (the warm-up question is
+        also the first measured one). Stateless methods have nothing to drop."""
+
     def describe(self) -> dict[str, Any]:
         """What goes into the manifest and every table row: the options, the lossless flag and the runtime."""
         return {"method": self.name, "lossless": self.lossless, "options": dataclasses.asdict(self.options),

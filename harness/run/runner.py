@@ -569,6 +569,7 @@ def _warm_up(method: Method, target: Target, config: RunConfig, suites: list, tr
     for q in suite.questions[: config.warmup]:
         run_question(method, target, ctx, q, sampling, min(64, suite.max_new_tokens or config.max_new_tokens),
                      tracker, score=False)
+    method.forget()  # the measured questions must not find the warm-up's answers in a stateful method's memory
 
 
 def _progress(items: list, desc: str, say: Progress):
