@@ -64,10 +64,7 @@ def _grouped_bars(summary: pd.DataFrame, value: str, ylabel: str, title: str, pa
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     _legend(ax, len(series))
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    return path
+    return _save(fig, path)
 
 
 def plot_speedup(summary: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
@@ -119,10 +116,7 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylabel("share of steps")
     ax.set_title("Accepted-length histogram (all suites)")
     _legend(ax, len(series))
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    return path
+    return _save(fig, path)
 
 
 def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None:
@@ -143,6 +137,11 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance per draft position (all suites)")
     _legend(ax, len(series))
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """Lay ``fig`` out and write it to ``path`` whole (:func:`harness.measure.rundir.atomic_file`)."""
     fig.tight_layout()
     with atomic_file(path) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")

@@ -77,9 +77,9 @@ from harness.engine.method import OptionsError, build_options
 from harness.measure.metrics import TAU_CONVENTIONS
 from harness.registry import METHODS, UnknownNameError
 from harness.run.chat import ChatTemplateError, resolve_chat_template
-from harness.run.shipped import find_shipped, shipped_names
+from harness.run.shipped import resolve_shipped, shipped_names
 from harness.run.suites import DataError, suite_info
-from harness.schema import InputError, check, did_you_mean, unknown_keys
+from harness.schema import InputError, check, unknown_keys
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
 SOURCE_KINDS = ("paper", "leaderboard", "recomputed")
@@ -204,12 +204,7 @@ def table_names() -> list[str]:
 
 def resolve_table(name_or_path: str | Path) -> Path:
     """A shipped table id or the path of a table YAML file; a clear error with close matches otherwise."""
-    path = find_shipped(name_or_path, TABLE_DIR, (".yaml", ".yml"))
-    if path is not None:
-        return path
-    names = table_names()
-    raise TableError(f"unknown published table {str(name_or_path)!r} (not a YAML file either)."
-                     f"{did_you_mean(name_or_path, names)} Shipped: {', '.join(names) or '(none)'}")
+    return resolve_shipped(name_or_path, TABLE_DIR, (".yaml", ".yml"), "published table", TableError)
 
 
 def load_table(name_or_path: str | Path) -> Table:

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from harness.measure.records import runtime_label
-from harness.run.shipped import find_shipped, shipped_names
-from harness.schema import InputError, check, did_you_mean, field_types, unknown_keys
+from harness.run.shipped import resolve_shipped, shipped_names
+from harness.schema import InputError, check, field_types, unknown_keys
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -289,12 +289,7 @@ def _expand_sweep(methods: list[MethodSpec], raw: Any) -> tuple[list[MethodSpec]
 
 def resolve_preset(name_or_path: str) -> Path:
     """A built-in preset's name or the path of a preset YAML file; one clear error with close names otherwise."""
-    path = find_shipped(name_or_path, PRESET_DIR, (".yaml", ".yml"))
-    if path is not None:
-        return path
-    names = preset_names()
-    raise ConfigError(f"unknown preset {name_or_path!r} (not a YAML file either).{did_you_mean(name_or_path, names)} "
-                      f"Built-in: {', '.join(names)}")
+    return resolve_shipped(name_or_path, PRESET_DIR, (".yaml", ".yml"), "preset", ConfigError, "Built-in")
 
 
 def preset_names() -> list[str]:
