@@ -26,7 +26,7 @@ SHIPPED = {
     "eagle2_paper": (3, 3, 14),
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
-    "medusa1": (1, 1, 1),
+    "medusa1": (2, 1, 2),
     "spec_bench_a100": (7, 5, 56),
     "spec_bench_rtx3090": (7, 5, 56),
 }
@@ -58,7 +58,8 @@ def test_every_shipped_table_validates(name):
     ("eagle2_paper", "llama3_instruct_8b_eagle2", "mt_bench", "tau", 4.53),
     ("spec_bench_rtx3090", "eagle2", "overall", "tau", 4.35),
     ("spec_bench_a100", "pld", "summarization", "speedup", 2.66),
-    ("medusa1", "medusa1", "mt_bench", "speedup", 2.18),
+    ("medusa1", "medusa1", "mt_bench", "speedup", 1.97),
+    ("medusa1", "medusa1_paper_v15", "mt_bench", "speedup", 2.18),
     ("jakiro_a40_t0", "vicuna_13b_jakiro", "mean", "speedup", 2.97),
     ("jakiro_a40_t0", "vicuna_7b_eagle2", "mean", "baseline_tokens_per_s", 32.2),
     ("jakiro_a40_t1", "vicuna_7b_jakiro_star", "mt_bench", "tau", 5.64),
@@ -142,6 +143,47 @@ def test_a_wrong_field_fails_naming_it(path, value, message):
         data = _set(data, path, value)
     with pytest.raises(TableError, match=r"standin_eagle2\.yaml: " + message):
         table_from_dict(data, "standin_eagle2.yaml")
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("hardware", _DELETE, r"table: missing field\(s\) hardware"),
+    ("hardware", " ", r"hardware: expected a non-empty string"),
+    ("framework", _DELETE, r"table: missing field\(s\) framework"),
+    ("source.citation", _DELETE, r"source: missing field\(s\) citation"),
+    ("rows.0.gpus", 0, r"rows\[0\]\.gpus: must be >= 1, got 0"),
+    ("heads.weights", "", r"heads\.yuhuili/EAGLE-Vicuna-7B-v1\.3\.weights: expected a non-empty"),
+])
+def test_a_table_missing_its_provenance_is_refused(path, value, message):
+    """A table without its GPU (or "not stated"), framework or citation, or with a GPU count below 1 or an empty
+    weights source, would let a reproduction compare against an unnamed setting: loading must refuse it."""
+    data = _standin()
+    if path.startswith("heads."):
+        data["heads"]["yuhuili/EAGLE-Vicuna-7B-v1.3"]["weights"] = value
+    else:
+        data = _set(data, path, value)
+    with pytest.raises(TableError, match=r"standin_eagle2\.yaml: " + message):
+        table_from_dict(data, "standin_eagle2.yaml")
+
+
+def test_shipped_provenance_names_the_setting_the_numbers_came_from():
+    """The settings the sources state (issue #24): Medusa's 2.18x is a v1.5 figure with unreleased heads and no GPU is
+    named, Spec-Bench's A100 leaderboard is pinned to its commit with 96 CPU cores and CUDA 11.5, EAGLE-1's scripts
+    stop at 1024 new tokens, Jakiro's Vicuna-33B rows ran on 2 GPUs with the Google Drive heads. A regression to the
+    old metadata would make a reproduction compare against the wrong setting."""
+    medusa = load_table("medusa1")
+    assert medusa.hardware == "not stated" and medusa.row("medusa1").runnable
+    assert not medusa.row("medusa1_paper_v15").runnable
+    assert medusa.targets[medusa.row("medusa1_paper_v15").target].id == "lmsys/vicuna-7b-v1.5"
+    a100 = load_table("spec_bench_a100")
+    assert "96 CPU cores" in a100.hardware and "CUDA 11.5" in a100.framework
+    for name in ("spec_bench_a100", "spec_bench_rtx3090"):
+        assert "fd2c1cd7d2201ef71db4c5f4e455008f017967bf" in load_table(name).source["url"]
+    assert load_table("eagle1_paper").max_new_tokens == 1024
+    assert load_table("eagle2_paper").hardware == "not stated"
+    for name in ("jakiro_a40_t0", "jakiro_a40_t1"):
+        table = load_table(name)
+        assert {r.id: r.gpus for r in table.rows if r.gpus != 1} == {"vicuna_33b_eagle2": 2, "vicuna_33b_jakiro": 2}
+        assert all("f46e7b0" in h.weights for h in table.heads.values() if h.kind.startswith("jakiro"))
 
 
 def test_table_id_must_match_its_file_and_unknown_names_suggest(tmp_path):

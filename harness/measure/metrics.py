@@ -85,8 +85,10 @@ def _verification_steps(turns: Sequence[Sequence[int]]) -> tuple[int, int]:
 
 
 def tau_eagle_script(per_question: PerQuestionTurns) -> float:
-    """τ as the EAGLE / Jakiro evaluation scripts print it ("mean accepted tokens", arXiv:2401.15077 Tables 1-2,
-    arXiv:2406.16858, arXiv:2502.06282; their ``evaluation/speed_accept_len.py``):
+    """τ as Jakiro's evaluation prints it ("mean accepted tokens", arXiv:2502.06282): the formula is in Jakiro's fork
+    of EAGLE (``evaluation/speed_accept_len.py``); EAGLE's own ``evaluation/speed.py`` computes speed-ups only. The
+    name ``eagle_script`` (kept: stored runs and tables use it) is the convention the shipped EAGLE-1/2 tables
+    (arXiv:2401.15077, arXiv:2406.16858) read their τ cells in:
 
         τ_script = mean over questions q of  Σ_turns new_token / Σ_turns idx
 
@@ -108,7 +110,7 @@ def tau_eagle_script(per_question: PerQuestionTurns) -> float:
 
 
 def tau_eagle_step(per_question: PerQuestionTurns) -> float:
-    """τ_step: the EAGLE/Jakiro scripts' per-question average with the unbiased denominator (idx + 1 = K):
+    """τ_step: Jakiro's ``speed_accept_len.py`` per-question average with the unbiased denominator (idx + 1 = K):
 
         τ_step = mean over questions q of  Σ_turns S / Σ_turns K
 

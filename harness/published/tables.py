@@ -18,7 +18,7 @@ Fields (every one is checked; an error names the file and the field, e.g.
       url: https://...               # or null
       date: "2025-04-22"             # version / retrieval date, or null
       note: ...                      # or null
-    hardware: "NVIDIA A100 80GB"     # as the source states it
+    hardware: "NVIDIA A100 80GB"     # as the source states it; "not stated" when it names no GPU (required)
     dtype: float16                   # the source's precision; the run's default dtype
     framework: "PyTorch 2.5.1, CUDA 12.1, Spec-Bench"
     protocol:
@@ -44,7 +44,8 @@ Fields (every one is checked; an error names the file and the field, e.g.
         head_dim: 128
         max_position_embeddings: 2048
     heads:                           # id -> a draft head checkpoint
-      yuhuili/EAGLE-Vicuna-7B-v1.3: {kind: eagle, hub: true, url: null, parameters_b: 0.24}
+      yuhuili/EAGLE-Vicuna-7B-v1.3: {kind: eagle, hub: true, url: null, parameters_b: 0.24,
+                                     weights: null}   # which published copy produced the reported numbers, or null
     rows:
       - id: eagle2                   # unique; the run label of the row
         label: EAGLE-2               # display name
@@ -53,6 +54,7 @@ Fields (every one is checked; an error names the file and the field, e.g.
         head: yuhuili/EAGLE-Vicuna-7B-v1.3   # a key of heads, or null
         options: {total_tokens: 60, depth: 5, top_k: 10}   # checked against the method's options
         max_new_tokens: null         # overrides the protocol's for this row (or null)
+        gpus: 1                      # GPUs the source ran this row on (default 1; e.g. 2 for a model split in two)
         runnable: true               # false: kept as reported-only, `reason` says why
         reason: null
         note: null
@@ -62,6 +64,12 @@ Fields (every one is checked; an error names the file and the field, e.g.
 A cell holds any of ``speedup`` (× vs the source's own vanilla decoding), ``tau`` (in ``protocol.tau_convention``),
 ``tau_<convention>`` (the same records in another named convention, e.g. ``tau_eagle_step``), ``tokens_per_s`` and
 ``baseline_tokens_per_s`` (the vanilla run of the same source).
+
+Rounding: a cell holds the number as the source prints it. A ``recomputed`` table rounds each value to two decimals
+half up on its decimal value (4.1255 -> 4.13), so a recomputed cell is within 0.005 of the exact value. The shipped
+Jakiro cells (``jakiro_a40_t0``/``t1``) predate this rule: 19 of their 378 values differ by one unit in the last
+digit at an x.xx5 boundary (e.g. t0 ``vicuna_13b_jakiro`` cnn_dm tau recomputes to 4.1255, shipped 4.12), so they
+are good to 0.01. Their source output files are not in this repository, so no test recomputes them.
 """
 
 from __future__ import annotations
@@ -92,9 +100,9 @@ PROTOCOL_FIELDS = ("suites", "max_new_tokens", "temperature", "warmup", "repeats
 COLUMN_FIELDS = ("label", "suite", "category", "mean_of")
 TARGET_FIELDS = ("id", "chat_template", "system_prompt", "parameters_b", "layers", "kv_heads", "head_dim",
                  "max_position_embeddings")
-HEAD_FIELDS = ("kind", "hub", "url", "parameters_b")
-ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tokens", "runnable", "reason", "note",
-              "cells")
+HEAD_FIELDS = ("kind", "hub", "url", "parameters_b", "weights")
+ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tokens", "gpus", "runnable", "reason",
+              "note", "cells")
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -134,6 +142,7 @@ class HeadSpec:
     hub: bool = True
     url: str | None = None
     parameters_b: float | None = None
+    weights: str | None = None  # which published copy of the checkpoint produced the reported numbers
 
 
 @dataclass
@@ -146,6 +155,7 @@ class Row:
     options: dict[str, Any]
     cells: dict[str, dict[str, float]]
     max_new_tokens: int | None = None
+    gpus: int = 1  # GPUs the source ran the row on
     runnable: bool = True
     reason: str | None = None
     note: str | None = None
@@ -329,8 +339,9 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
         if h.get("hub") is False and not h.get("url"):
             c.fail(f"{p}.url", "a head that is not on the Hugging Face hub needs the address it is published at")
         c.number(h.get("parameters_b"), f"{p}.parameters_b", optional=True, minimum=0)
+        c.string(h.get("weights"), f"{p}.weights", optional=True)
         heads[hid] = HeadSpec(id=hid, kind=h["kind"], hub=h.get("hub", True), url=h.get("url"),
-                              parameters_b=h.get("parameters_b"))
+                              parameters_b=h.get("parameters_b"), weights=h.get("weights"))
 
     rows_raw = data["rows"]
     if not isinstance(rows_raw, list) or not rows_raw:
@@ -416,6 +427,7 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
     if head is not None and head not in heads:
         c.fail(f"{p}.head", f"{head!r} is not an id of heads ({', '.join(heads) or 'none'})")
     c.integer(r.get("max_new_tokens"), f"{p}.max_new_tokens", optional=True, minimum=1)
+    gpus = c.integer(r.get("gpus", 1), f"{p}.gpus", minimum=1)
     cells = r["cells"]
     c.mapping(cells, f"{p}.cells", tuple(columns))
     for cid, cell in cells.items():
@@ -424,5 +436,5 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
             c.number(value, f"{p}.cells.{cid}.{metric}", minimum=0)
     return Row(id=row_id, label=r.get("label") or row_id, target=r["target"], method=method, head=head,
                options=dict(options), cells={k: {m: float(v) for m, v in cell.items()} for k, cell in cells.items()},
-               max_new_tokens=r.get("max_new_tokens") or None, runnable=runnable, reason=r.get("reason"),
+               max_new_tokens=r.get("max_new_tokens") or None, gpus=gpus, runnable=runnable, reason=r.get("reason"),
                note=r.get("note"))
