@@ -95,9 +95,10 @@ def _standin() -> dict:
     return yaml.safe_load(STANDIN.read_text())
 
 
-def _set(data: dict, path: str, value) -> dict:
+def _set(data: dict, path: str | tuple[str, ...], value) -> dict:
+    """A copy of ``data`` with the field at ``path`` (dotted, or a tuple of keys when a key has dots) set or deleted."""
     data = copy.deepcopy(data)
-    keys = path.split(".")
+    keys = path.split(".") if isinstance(path, str) else list(path)
     node = data
     for k in keys[:-1]:
         node = node[int(k)] if isinstance(node, list) else node[k]
@@ -132,17 +133,17 @@ _DELETE = object()
     ("dtype", "fp8", r"dtype: must be one of float16, bfloat16, float32"),
     ("hardwre", "A100", r"table: unknown field 'hardwre' \(did you mean 'hardware'\?\)"),
     ("targets.vicuna_7b.chat_template", "vicuna_v2", r"targets\.vicuna_7b\.chat_template: unknown chat template"),
-    ("heads.Jakiro-Vicuna-7B-v1.3.url", None, r"heads\.Jakiro-Vicuna-7B-v1\.3\.url: a head that is not on the"),
+    (("heads", "Jakiro-Vicuna-7B-v1.3", "url"), None, r"heads\.Jakiro-Vicuna-7B-v1\.3\.url: a head that is not on the"),
 ])
 def test_a_wrong_field_fails_naming_it(path, value, message):
     """Every bad field must give one line naming the file and the field path, so a table author can fix it."""
-    data = _standin()
-    if path.startswith("heads.Jakiro"):
-        data["heads"]["Jakiro-Vicuna-7B-v1.3"]["url"] = value
-    else:
-        data = _set(data, path, value)
+    _assert_refused(path, value, message)
+
+
+def _assert_refused(path, value, message: str) -> None:
+    """The stand-in table with ``path`` set to ``value`` (or deleted) must fail loading with ``message``."""
     with pytest.raises(TableError, match=r"standin_eagle2\.yaml: " + message):
-        table_from_dict(data, "standin_eagle2.yaml")
+        table_from_dict(_set(_standin(), path, value), "standin_eagle2.yaml")
 
 
 @pytest.mark.parametrize("path, value, message", [
@@ -151,18 +152,13 @@ def test_a_wrong_field_fails_naming_it(path, value, message):
     ("framework", _DELETE, r"table: missing field\(s\) framework"),
     ("source.citation", _DELETE, r"source: missing field\(s\) citation"),
     ("rows.0.gpus", 0, r"rows\[0\]\.gpus: must be >= 1, got 0"),
-    ("heads.weights", "", r"heads\.yuhuili/EAGLE-Vicuna-7B-v1\.3\.weights: expected a non-empty"),
+    (("heads", "yuhuili/EAGLE-Vicuna-7B-v1.3", "weights"), "",
+     r"heads\.yuhuili/EAGLE-Vicuna-7B-v1\.3\.weights: expected a non-empty"),
 ])
 def test_a_table_missing_its_provenance_is_refused(path, value, message):
     """A table without its GPU (or "not stated"), framework or citation, or with a GPU count below 1 or an empty
     weights source, would let a reproduction compare against an unnamed setting: loading must refuse it."""
-    data = _standin()
-    if path.startswith("heads."):
-        data["heads"]["yuhuili/EAGLE-Vicuna-7B-v1.3"]["weights"] = value
-    else:
-        data = _set(data, path, value)
-    with pytest.raises(TableError, match=r"standin_eagle2\.yaml: " + message):
-        table_from_dict(data, "standin_eagle2.yaml")
+    _assert_refused(path, value, message)
 
 
 def test_shipped_provenance_names_the_setting_the_numbers_came_from():
