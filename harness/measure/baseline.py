@@ -9,7 +9,8 @@ cells           label, method, lossless flag, suite, temperature, n_questions, n
                 (ratio of means), lossless_share, quality, peak_memory_bytes, energy_per_token_j (as in the report)
 questions       per question of a cell: accepted tokens (Σ accept_lengths) and steps (so τ pools exactly over any
                 subset), new tokens, wall time, tokens/s, speed-up (its tokens/s ÷ the baseline label's on the same
-                question in the same run), score, n_errors
+                question in the same run), score, n_errors; accepted drafts, drafted tokens and drafting steps
+                (:func:`harness.measure.tables.draft_totals`, so the draft acceptance rate pools over any subset)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
@@ -18,8 +19,9 @@ provenance      run id, creation time, command, git hash and dirty flag, library
 
 :class:`Side` is the in-memory form of either source: a run directory is reduced by the report's own table
 builders (:mod:`harness.measure.tables`, so every number comes from :mod:`harness.measure.metrics`), a baseline
-is read back as the same three tables plus provenance. Only a run directory keeps ``output_ids`` and
-``output_text`` (used to show where an output changed).
+is read back as the same three tables plus provenance, an export (:mod:`harness.measure.exports`) is read back
+into records and reduced like a run. Only a run directory keeps ``output_ids`` and ``output_text`` (used to show
+where an output changed).
 
 The device slug names the folder of a device's baselines: ``cpu`` for any CPU (the CPU gate compares outputs and
 τ, which pinned CPU kernels make the same on every x86 machine, never speed), the lower-cased GPU name with runs
@@ -28,12 +30,11 @@ of other characters turned into ``-`` for a GPU (``NVIDIA H100 80GB HBM3`` -> ``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ import pandas as pd
 
 from harness.measure import metrics as M
 from harness.measure import tables as T
+from harness.measure.exports import ids_sha256, read_export, write_export
 from harness.measure.records import baseline_labels, load_records, record_files
 from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest
 
@@ -55,16 +57,9 @@ CELL_COLUMNS = ["label", "method", "lossless", "suite", "temperature", "n_questi
                 "tokens_per_s", "speedup", "lossless_share", "quality", "peak_memory_bytes", "energy_per_token_j"]
 QUESTION_COLUMNS = [*CELL, "question_id", "accepted_tokens", "steps", "new_tokens", "wall_time_s", "tokens_per_s",
                     "speedup", "score", "n_errors"]
+# written since the draft acceptance rate; a baseline saved before has none (compare shows n/a)
+DRAFT_COLUMNS = ["accepted_drafts_total", "drafted_tokens", "draft_steps"]
 TURN_COLUMNS = [*CELL, *TURN, "new_tokens", "stop_reason", "sha256"]
-
-
-def ids_sha256(ids: Sequence[int]) -> str:
-    """sha256 (hex) of a token-id sequence, written as decimal ids joined by commas (``[1, 22]`` -> ``"1,22"``).
-
-    Two outputs have the same hash exactly when they have the same ids (up to sha256 collisions), so a baseline
-    can gate outputs without storing them. Example: ids_sha256([]) is the sha256 of the empty string.
-    """
-    return hashlib.sha256(",".join(str(int(t)) for t in ids).encode()).hexdigest()
 
 
 def slugify(text: str) -> str:
@@ -151,7 +146,21 @@ class Side:
         if not records:
             raise ValueError(f"{run_dir}: no complete question in its records*.jsonl")
         config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
-        label = config.get("baseline") or "vanilla"
+        return cls.from_records(run_dir, "run", records, manifest, run_provenance(manifest),
+                                config.get("baseline") or "vanilla", n_boot, seed)
+
+    @classmethod
+    def from_export(cls, path: str | Path, baseline_label: str = "vanilla", n_boot: int = 2000,
+                    seed: int = 0) -> Side:
+        """Reduce an export file (:func:`harness.measure.exports.read_export`, either format) like a run: its
+        ``request`` parts are the records; outputs are compared by their ``output_sha256``."""
+        records, provenance = read_export(path)
+        return cls.from_records(Path(path), "export", records, {}, provenance, baseline_label, n_boot, seed)
+
+    @classmethod
+    def from_records(cls, path: Path, kind: str, records: list[dict[str, Any]], manifest: Mapping[str, Any],
+                     provenance: dict[str, Any], label: str, n_boot: int = 2000, seed: int = 0) -> Side:
+        """Reduce complete records with the report's table builders; ``kind`` "run" keeps output ids and texts."""
         turns = T.turns_table(records, manifest)
         turns["question_id"] = turns["question_id"].astype(str)
         qt = T.questions_table(turns)
@@ -160,9 +169,11 @@ class Side:
         # per question: accepted tokens and steps over its measured turns, speed-up vs the baseline label
         measured_q = qt[qt["n_errors"] == 0][[*CELL, "question_id"]]
         ok = turns[turns["status"] == "ok"].merge(measured_q, on=[*CELL, "question_id"])
-        totals = (ok.assign(accepted_tokens=ok["accept_lengths"].map(lambda a: int(sum(a))),
-                            steps=ok["accept_lengths"].map(len))
-                  .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps"]].sum().reset_index())
+        totals = (pd.concat([ok, T.draft_totals(ok)[DRAFT_COLUMNS]], axis=1)
+                  .assign(accepted_tokens=ok["accept_lengths"].map(lambda a: int(sum(a))),
+                          steps=ok["accept_lengths"].map(len))
+                  .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps", *DRAFT_COLUMNS]]
+                  .sum(min_count=1).reset_index())
         questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
         questions["speedup"] = math.nan
         bases = baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
@@ -178,11 +189,14 @@ class Side:
         for col in ("accepted_tokens", "steps"):
             questions[col] = questions[col].fillna(0).astype(int)
 
-        turn_rows = ok.assign(sha256=ok["output_ids"].map(lambda ids: ids_sha256(ids or [])))
-        turn_rows = turn_rows[[*TURN_COLUMNS, "output_ids", "output_text"]].reset_index(drop=True)
+        if kind == "run":
+            turn_rows = ok.assign(sha256=ok["output_ids"].map(lambda ids: ids_sha256(ids or [])))
+            turn_rows = turn_rows[[*TURN_COLUMNS, "output_ids", "output_text"]].reset_index(drop=True)
+        else:
+            turn_rows = ok.assign(sha256=ok["output_sha256"])[TURN_COLUMNS].reset_index(drop=True)
         cells = summary.assign(n_errors=summary["n_errors"].astype(int))[CELL_COLUMNS].reset_index(drop=True)
-        return cls(run_dir, "run", run_provenance(manifest), label, cells,
-                   questions[QUESTION_COLUMNS].reset_index(drop=True), turn_rows)
+        return cls(path, kind, provenance, label, cells,
+                   questions[[*QUESTION_COLUMNS, *DRAFT_COLUMNS]].reset_index(drop=True), turn_rows)
 
     # ---- a committed baseline -----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -191,7 +205,7 @@ class Side:
             "format": BASELINE_FORMAT, "version": BASELINE_VERSION,
             "provenance": self.provenance, "baseline_label": self.baseline_label,
             "cells": _records_of(self.cells, CELL_COLUMNS),
-            "questions": _records_of(self.questions, QUESTION_COLUMNS),
+            "questions": _records_of(self.questions, [*QUESTION_COLUMNS, *DRAFT_COLUMNS]),
             "turns": _records_of(self.turns, TURN_COLUMNS),
         }
 
@@ -219,6 +233,9 @@ class Side:
             if missing:
                 raise ValueError(f"{file}: {name} rows lack field(s) {missing}")
             tables[name] = df
+        drafts = pd.DataFrame([{c: r.get(c) for c in DRAFT_COLUMNS} for r in doc["questions"]],
+                              columns=DRAFT_COLUMNS, dtype=float)
+        tables["questions"] = pd.concat([tables["questions"], drafts], axis=1)
         for name in ("questions", "turns"):
             tables[name]["question_id"] = tables[name]["question_id"].astype(str)
         for df in tables.values():
@@ -256,10 +273,13 @@ def run_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_side(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
-    """A run directory (manifest.json + records*.jsonl) or a baseline (its folder or its baseline.json)."""
+    """A run directory (manifest.json + records*.jsonl), a baseline (its folder or its baseline.json) or an export
+    (a ``.jsonl`` file of :mod:`harness.measure.exports`)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run or baseline directory")
+    if path.is_file() and path.suffix == ".jsonl":
+        return Side.from_export(path, n_boot=n_boot, seed=seed)
     if path.is_file() or (path / BASELINE_FILE).exists():
         return Side.from_baseline(path)
     if (path / MANIFEST_FILE).exists() or record_files(path):
@@ -327,3 +347,18 @@ def current_device_slug(device: str = "auto") -> str:
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is visible on this machine")
     return device_slug(device_info(device))
+
+
+def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> Path:
+    """Write a run's complete measured records as an export of format ``fmt`` (:mod:`harness.measure.exports`);
+    returns the file (default ``RUN_DIR/exports/<fmt>.jsonl``)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if not manifest:
+        raise FileNotFoundError(f"{run_dir}: no {MANIFEST_FILE}; not a draftbench run directory")
+    prov = run_provenance(manifest)
+    short = {"run_id": prov["run_id"], "created": prov["created"], "git_hash": prov["git_hash"],
+             "versions": prov["versions"], "device_slug": prov["device_slug"],
+             "target": {k: prov["target"].get(k) for k in ("name", "dtype")}, "config_digest": prov["config_digest"]}
+    out = Path(out) if out is not None else run_dir / "exports" / f"{fmt}.jsonl"
+    return write_export(load_records(run_dir).complete_records, short, fmt, out)

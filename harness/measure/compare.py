@@ -35,7 +35,9 @@ missing     a cell or a measured question of BASE that NEW lacks.
 =========== =========================================================================================================
 
 Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
-each side's speed-up (ratio of means, as in the report). A cell of NEW that BASE lacks is listed as "new".
+each side's speed-up (ratio of means, as in the report), each side's draft acceptance rate and drafted tokens per
+drafting step over the shared questions (:func:`harness.measure.metrics.draft_acceptance_rate`; n/a for a baseline
+saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.measure.exports`). A cell of NEW that BASE lacks is listed as "new".
 Warnings say when the sides are not comparable for exact gating: another device or dtype, another configuration
 (the differing fields are named), other library versions, or the baseline label's own outputs changed (then the
 target's numerics changed, and the methods' output changes follow from it).
@@ -162,7 +164,9 @@ def comparability_warnings(base: Side, new: Side) -> list[str]:
     tb, tn = (pb.get("target") or {}).get("name"), (pn.get("target") or {}).get("name")
     if tb != tn:
         out.append(f"targets differ (BASE {tb}, NEW {tn})")
-    diff = _config_differences(pb.get("config") or {}, pn.get("config") or {})
+    both = pb.get("config") is not None and pn.get("config") is not None  # an export carries only its digest
+    diff = (_config_differences(pb.get("config") or {}, pn.get("config") or {}) if both
+            else ["config_digest"] if pb.get("config_digest") != pn.get("config_digest") else [])
     if diff:
         shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
         out.append(f"run configurations differ in {shown}")
@@ -178,7 +182,7 @@ def comparability_warnings(base: Side, new: Side) -> list[str]:
 def _outputs(name: str, bt: pd.DataFrame, nt: pd.DataFrame, base: Side, new: Side) -> tuple[dict, Finding | None]:
     """Changed turns of one T = 0 cell: counts and, for the first changed turn, where and how it differs."""
     merged = bt.merge(nt, on=TURN, how="left", suffixes=("_b", "_n"))
-    compared = merged[merged["sha256_n"].notna()]
+    compared = merged[merged["sha256_n"].notna() & merged["sha256_b"].notna()]  # an export may carry no hash
     changed = compared[compared["sha256_b"] != compared["sha256_n"]]
     info = {"turns_compared": len(compared), "turns_changed": len(changed)}
     if changed.empty:
@@ -302,6 +306,9 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         findings.append(Finding(name, "tau", f"τ rose {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}): improved; "
                                              "refresh the baseline to keep it", fails=False))
 
+    rate_b, rate_n = (M.draft_acceptance_rate(q["accepted_drafts_total"], q["drafted_tokens"]) for q in (sb, sn))
+    drafted_b, drafted_n = (M.drafted_per_step(q["drafted_tokens"], q["draft_steps"]) for q in (sb, sn))
+
     is_reference = label in (base.baseline_label, new.baseline_label)
     sp = (math.nan,) * 3 if is_reference else _change(sn["speedup"], sb["speedup"], th)
     if th.gate_speed and not missing(sp[2]) and sp[2] < 1 - th.speed_tol:
@@ -329,6 +336,8 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         "cell": name, "label": label, "suite": suite, "temperature": float(temp), "method": cn["method"],
         "method_base": cb["method"], "lossless": cn["lossless"], "n_questions": len(shared),
         "tau_base": tau_b, "tau_new": tau_n, "tau_change": tau_change,
+        "draft_acceptance_rate_base": rate_b, "draft_acceptance_rate_new": rate_n,
+        "drafted_per_step_base": drafted_b, "drafted_per_step_new": drafted_n,
         "speedup_base": cb["speedup"], "speedup_new": cn["speedup"],
         "speedup_change": sp[0], "speedup_change_lo": sp[1], "speedup_change_hi": sp[2],
         "tokens_per_s_base": cb["tokens_per_s"], "tokens_per_s_new": cn["tokens_per_s"],
@@ -365,7 +374,8 @@ def _ci(g: Any, lo: Any, hi: Any) -> str:
     return NA if missing(g) else interval(g, lo, hi, ".3f")
 
 
-COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "speed-up BASE → NEW", "Δ speed-up [95% CI]",
+COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "acc. rate BASE → NEW", "drafted/step BASE → NEW",
+           "speed-up BASE → NEW", "Δ speed-up [95% CI]",
            "tok/s BASE → NEW", "Δ tok/s [95% CI]", "lossless", "quality", "outputs changed", "peak mem NEW",
            "J/token NEW", "verdict")
 
@@ -383,6 +393,8 @@ def table_rows(cmp: Comparison) -> list[list[str]]:
         out.append([
             r["cell"], str(r["method"]), str(r["n_questions"]), _arrow(r["tau_base"], r["tau_new"], ".3f"),
             number(r["tau_change"] * 100 if not missing(r["tau_change"]) else None, "+.1f", "%"),
+            _arrow(r["draft_acceptance_rate_base"], r["draft_acceptance_rate_new"], ".3f"),
+            _arrow(r["drafted_per_step_base"], r["drafted_per_step_new"], ".2f"),
             _arrow(r["speedup_base"], r["speedup_new"], ".2f", "×"),
             _ci(r["speedup_change"], r["speedup_change_lo"], r["speedup_change_hi"]),
             _arrow(r["tokens_per_s_base"], r["tokens_per_s_new"], ".1f"),

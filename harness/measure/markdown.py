@@ -39,6 +39,27 @@ def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_
     return "\n\n".join(parts) + "\n"
 
 
+def acceptance_markdown(summary: pd.DataFrame) -> str:
+    """Markdown table of the acceptance figures as engines report them, one row per drafting (label, suite,
+    temperature): τ, vLLM's / AIPerf's mean acceptance length, the draft acceptance rate, drafted tokens per
+    drafting step and the accepted drafts terminal steps lost to a cut (definitions and terminal-step conventions:
+    :mod:`harness.measure.metrics`). Empty text when no row drafted."""
+    if "drafted_per_step" not in summary:
+        return ""
+    rows = summary[summary["drafted_per_step"].notna()]
+    if rows.empty:
+        return ""
+    table = [[str(r["label"]), str(r["suite"]), f"{float(r['temperature']):g}", number(r["tau"]),
+              number(r["mean_acceptance_length"]), number(r["draft_acceptance_rate"], ".3f"),
+              number(r["drafted_per_step"]), number(r["drafts_cut"], ".0f")] for _, r in rows.iterrows()]
+    lines = ["**Acceptance as engines report it** — mean acceptance length = 1 + accepted / drafting steps "
+             "(vLLM, AIPerf); rate = accepted / drafted tokens (a tree: its depth); terminal steps count their "
+             "verdict before a cut at EOS or the budget, τ what they emitted", "",
+             *markdown_table(["method", "suite", "T", "τ", "mean acc. length", "draft acc. rate", "drafted/step",
+                              "drafts cut"], table, left=3)]
+    return "\n".join(lines) + "\n"
+
+
 def divergence_note(divergence: pd.DataFrame) -> str:
     """Markdown lines under the paper table when some greedy turn differs from the baseline (empty otherwise)."""
     if divergence.empty:

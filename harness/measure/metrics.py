@@ -12,6 +12,8 @@ Conventions, stated once so that no script can drift from them:
 
 * Tokens are always counted from token ids (``new_tokens == len(output_ids)``), for the baseline and every method.
 * tau (mean accepted length) includes the bonus token and counts the prefill as a step, so vanilla is exactly 1.0.
+* A terminal step (cut at EOS or the token budget) counts what it emitted in τ and the histogram, and the verifier's
+  verdict before the cut in the acceptance rates (:func:`drafts_before_cut` says which metric takes which).
 * A speed-up compares a method with the baseline on the same questions only (paired on question ids).
 * Missing measurements are ``None`` / NaN and are skipped, never read as zero.
 """
@@ -68,7 +70,8 @@ def tau(accept_lengths_lists: Iterable[Sequence[int]]) -> float:
     ``steps`` are target forwards including the prefill (``len(accept_lengths)``) and every step's count includes
     the bonus token, so vanilla (all ones) is exactly 1.0. Close to, but not the same as, Spec-Bench's pooled
     per-step mean, which leaves the prefill out (:func:`tau_spec_bench`; other conventions in :data:`TAU_CONVENTIONS`).
-    Example: [[1, 3, 2], [1, 4]] -> (6 + 5) / (3 + 2) = 2.2.
+    A terminal step cut at EOS or the budget counts the tokens it emitted (every τ convention does;
+    :func:`drafts_before_cut`). Example: [[1, 3, 2], [1, 4]] -> (6 + 5) / (3 + 2) = 2.2.
     """
     lists = [list(a) for a in accept_lengths_lists]
     steps = sum(len(a) for a in lists)
@@ -94,7 +97,8 @@ def tau_eagle_script(per_question: PerQuestionTurns) -> float:
 
     with, per turn, ``new_token`` = S = tokens committed by the verification steps (the prefill's token is not
     counted: it becomes the first step's root) and ``idx`` = K − 1, the loop index at exit (K verification steps).
-    From a record: S = Σ accept_lengths[1:], K = len(accept_lengths) − 1. Dividing by K − 1 instead of K overstates
+    From a record: S = Σ accept_lengths[1:] (a terminal step's tokens after any cut at EOS / the budget),
+    K = len(accept_lengths) − 1. Dividing by K − 1 instead of K overstates
     τ (by about τ/K). Questions whose Σ idx is 0 (a single verification step per turn) have no value and are
     skipped (the scripts would divide by zero). Input: question id -> that question's turns' accept_lengths.
     Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> a: 9 / 2 = 4.5, b: (4 + 4) / (1 + 1) = 4.0
@@ -114,7 +118,8 @@ def tau_eagle_step(per_question: PerQuestionTurns) -> float:
 
         τ_step = mean over questions q of  Σ_turns S / Σ_turns K
 
-    (S = Σ accept_lengths[1:], K = len(accept_lengths) − 1 per turn, as in :func:`tau_eagle_script`). This is the
+    (S = Σ accept_lengths[1:], K = len(accept_lengths) − 1 per turn, terminal steps after the cut, as in
+    :func:`tau_eagle_script`). This is the
     third number of the Jakiro A40 cells recomputed from its committed outputs (github.com/haiduo/Jakiro,
     jakiro/outputs/A40). Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> (9/3 + 8/4) / 2 = 2.5.
     """
@@ -133,7 +138,8 @@ def tau_spec_bench(per_question: PerQuestionTurns) -> float:
 
         #MAT = Σ_q Σ_turns S / Σ_q Σ_turns K,   S = Σ accept_lengths[1:], K = len(accept_lengths) − 1
 
-    Vanilla is 1.0. Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> (9 + 8) / (3 + 4) = 17/7 = 2.43.
+    Vanilla is 1.0; a terminal step counts the tokens it emitted (after any cut at EOS / the budget).
+    Example: {"a": [[1, 3, 2, 4]], "b": [[1, 2, 2], [1, 1, 3]]} -> (9 + 8) / (3 + 4) = 17/7 = 2.43.
     """
     s = k = 0
     for turns in per_question.values():
@@ -289,7 +295,8 @@ def acceptance_per_position(accepted_drafts_lists: Iterable[Sequence[int]],
         rate_i = #steps with accepted >= i / #steps whose draft depth >= i
 
     i.e. how often the i-th drafted token was accepted when there was one (vLLM's per-position rate). NaN where no
-    step drafted that deep. ``max_pos`` defaults to the deepest draft seen.
+    step drafted that deep. A terminal step counts its verdict before any cut at EOS / the budget
+    (:func:`drafts_before_cut`). ``max_pos`` defaults to the deepest draft seen.
     Example: accepted [2, 0, 1], depths [3, 3, 1] -> i=1: 2/3, i=2: 1/2, i=3: 0/2 -> [0.667, 0.5, 0.0].
     """
     acc, depth = _steps(accepted_drafts_lists, draft_depths_lists)
@@ -309,7 +316,8 @@ def conditional_acceptance_per_position(accepted_drafts_lists: Iterable[Sequence
         rate_i = #steps with accepted >= i / #steps with accepted >= i−1 and depth >= i
 
     The chance the i-th drafted token survives given that every token before it did; position 1 equals
-    :func:`acceptance_per_position`. Example: accepted [2, 0, 1], depths [3, 3, 1] -> i=1: 2/3, i=2: 1/1
+    :func:`acceptance_per_position` (and, like it, counts a terminal step's verdict before the cut).
+    Example: accepted [2, 0, 1], depths [3, 3, 1] -> i=1: 2/3, i=2: 1/1
     (only the first step reached position 2 with room for it), i=3: 0/1 -> [0.667, 1.0, 0.0].
     """
     acc, depth = _steps(accepted_drafts_lists, draft_depths_lists)
@@ -321,10 +329,92 @@ def conditional_acceptance_per_position(accepted_drafts_lists: Iterable[Sequence
     return out
 
 
+def drafts_before_cut(accept_lengths: Sequence[int], accepted_drafts: Sequence[int]) -> list[int]:
+    """Per verification step j, the accepted drafts that reached the output: min(accepted_drafts[j],
+    accept_lengths[j + 1]) (0 where the cut left no entry for the step).
+
+    Terminal steps, counted explicitly: a step appends its accepted drafts and the bonus token, cut at EOS or the
+    token budget (:func:`harness.engine.method.cut_at_stop`). ``accepted_drafts`` is the verifier's verdict, before
+    the cut; ``accept_lengths`` after it. Only a turn's last step can differ: it says here how many drafts it
+    accepted before the cut. Which count each metric takes: τ in every convention (:data:`TAU_CONVENTIONS`) and the
+    accepted-length histogram count what the step emitted (after the cut); per-position acceptance
+    (:func:`acceptance_per_position`), :func:`draft_acceptance_rate` and :func:`mean_acceptance_length` take the
+    verdict (before it), as vLLM's scheduler counts a step before its stop check, so that a turn's end does not read
+    as a rejection (vllm-project/vllm#56137 is a mean acceptance length that mixed the two on terminal steps).
+    Example: accept_lengths [1, 3, 2], accepted [2, 3] (the second step verified 3 drafts, EOS was the second of
+    them) -> [2, 2]; a budget cut to [1, 3, 1] -> [2, 1].
+    """
+    emitted = list(accept_lengths)[1:]
+    return [min(int(a), int(emitted[j])) if j < len(emitted) else 0 for j, a in enumerate(accepted_drafts)]
+
+
+def draft_counts(accepted_drafts: Sequence[int] | None, draft_depths: Sequence[int] | None,
+                 engine_counters: Mapping[str, Any] | None = None) -> tuple[int | None, int | None, int | None]:
+    """One turn's ``(accepted, drafted, drafting steps)``: the inputs of :func:`draft_acceptance_rate`,
+    :func:`drafted_per_step` and :func:`mean_acceptance_length`.
+
+    From a draftbench record: accepted = Σ accepted_drafts (the verifier's verdict, before any cut at EOS / the
+    budget: :func:`drafts_before_cut`), drafted = Σ draft_depths and drafting steps = #steps with depth > 0 (a
+    step that drafted nothing, e.g. a lookup without a match, is not a speculative step, as in vLLM and AIPerf's
+    ``num_spec_steps``). Drafted tokens of a step are its draft depth: for a chain exactly the tokens drafted
+    (vLLM's ``num_draft_tokens``, AIPerf's ``per_step_drafted``); for a tree the depth of the drafted tree, the
+    most drafts the step could accept along one path (its other branches are scored by the target but not
+    counted as drafted here: the tree's node count per turn is ``counters.tree_tokens``). From an engine record
+    (``engine_counters``, :mod:`harness.backends.contract`): the engine's own ``accepted_tokens``,
+    ``draft_tokens`` and ``drafts`` where it reports them, else the per-step lists. A count that is neither
+    reported nor derivable is None. Example: accepted [2, 0, 3], depths [3, 0, 3] -> (5, 6, 2); engine counters
+    {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 7} -> (7, 12, 4).
+    """
+    acc, depth = list(accepted_drafts or []), list(draft_depths or [])
+    counters = engine_counters or {}
+    own = (sum(acc), sum(depth), sum(1 for d in depth if d > 0)) if depth else (None, None, None)
+    keys = ("accepted_tokens", "draft_tokens", "drafts")
+    out = tuple(int(counters[k]) if not _missing(counters.get(k)) else own[i] for i, k in enumerate(keys))
+    return out[0], out[1], out[2]
+
+
+def _pooled(numerator: Sequence[Number | None], denominator: Sequence[Number | None]) -> tuple[float, float]:
+    """Σ numerator and Σ denominator over the turns where both are measured."""
+    pairs = [(n, d) for n, d in zip(numerator, denominator) if not _missing(n) and not _missing(d)]
+    return float(sum(n for n, _ in pairs)), float(sum(d for _, d in pairs))
+
+
+def draft_acceptance_rate(accepted: Sequence[Number | None], drafted: Sequence[Number | None]) -> float:
+    """Draft acceptance rate = Σ accepted drafts / Σ drafted tokens, pooled over turns (:func:`draft_counts` per
+    turn; one turn's pair gives that turn's rate): vLLM's ``draft_acceptance_rate`` and AIPerf's
+    (``num_accepted_draft_tokens / num_draft_tokens``). Bonus tokens are not counted; terminal steps count their
+    verdict before the cut (:func:`drafts_before_cut`). NaN when nothing was drafted. Example: turns (5, 8) and
+    (0, 0) -> 0.625; (None, None) skipped.
+    """
+    acc, drafted_total = _pooled(accepted, drafted)
+    return acc / drafted_total if drafted_total else math.nan
+
+
+def drafted_per_step(drafted: Sequence[Number | None], steps: Sequence[Number | None]) -> float:
+    """Drafted tokens per drafting step = Σ drafted / Σ drafting steps, pooled over turns (:func:`draft_counts`):
+    vLLM's ``num_draft_tokens / num_spec_steps`` (k for a chain of k; the draft depth for a tree). NaN when no
+    step drafted. Example: turns (8, 2) and (3, 1) -> 11 / 3 = 3.667.
+    """
+    drafted_total, n = _pooled(drafted, steps)
+    return drafted_total / n if n else math.nan
+
+
+def mean_acceptance_length(accepted: Sequence[Number | None], steps: Sequence[Number | None]) -> float:
+    """Mean acceptance length as vLLM and AIPerf report it: 1 + Σ accepted drafts / Σ drafting steps, pooled
+    over turns (:func:`draft_counts`). Unlike τ (:func:`tau`) the prefill and the steps that drafted nothing are
+    not steps, and a terminal step counts its verdict before the cut (:func:`drafts_before_cut`), so a turn cut
+    at EOS or the budget reads the same as its uncut steps. NaN when no step drafted (the engines' zero-step
+    payload says 1.0). Example: turns (5, 2) and (1, 1) -> 1 + 6 / 3 = 3.0.
+    """
+    acc, n = _pooled(accepted, steps)
+    return 1.0 + acc / n if n else math.nan
+
+
 def accept_length_histogram(accept_lengths_lists: Iterable[Sequence[int]]) -> dict[int, int]:
     """Counts of tokens appended per verification step ``{length: steps}``, sorted by length.
 
-    Element 0 of every list (the prefill, always 1) is excluded: only verification steps are counted.
+    Element 0 of every list (the prefill, always 1) is excluded: only verification steps are counted; a terminal
+    step cut at EOS or the budget counts the tokens it emitted (:func:`drafts_before_cut`).
     Example: [[1, 3, 1], [1, 3]] -> {1: 1, 3: 2}.
     """
     counts = Counter(int(x) for a in accept_lengths_lists for x in list(a)[1:])

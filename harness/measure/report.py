@@ -32,7 +32,13 @@ import pandas as pd
 
 from harness.measure.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
 from harness.measure.html import write_html_report
-from harness.measure.markdown import category_markdown, divergence_note, paper_table, records_note
+from harness.measure.markdown import (
+    acceptance_markdown,
+    category_markdown,
+    divergence_note,
+    paper_table,
+    records_note,
+)
 from harness.measure.plots import (
     plot_accept_histogram,
     plot_acceptance_per_position,
@@ -152,9 +158,11 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         divergence.to_csv(tmp, index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
     md = run_dir / SUMMARY_MD
+    accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                       f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
                       f"{divergence_note(divergence)}\n{ablation_markdown(ablated, baseline)}"
+                      + (f"\n{accepted}" if accepted else "")
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""))
     paths["summary_md"] = md
     for name, written in (

@@ -41,6 +41,8 @@ BASE_COLUMNS = (
     "cuda_peak_reserved_bytes", "nvml_used_bytes", "energy_j", "mean_power_w", "score", "score_name", "timestamp",
     "score_error", "question_turns", "attempt", "runtime", "compile_s", "turn_compile_s",
 )
+# columns every turns table derives from a turn's record
+TURN_DERIVED = ("tokens_per_s", "tau_turn", "draft_acceptance_rate_turn", "drafted_per_step_turn")
 # nested dict fields of a record -> prefix of their dotted columns
 FLATTENED = {"method_options": "opt", "timings": "timing", "counters": "counter"}
 
@@ -100,6 +102,10 @@ def _turn_row(rec: Mapping[str, Any], prov: Mapping[str, Any]) -> dict[str, Any]
                            if ok else math.nan)
     lengths = row.get("accept_lengths")
     row["tau_turn"] = M.tau([lengths]) if ok and lengths is not None else math.nan
+    accepted, drafted, steps = M.draft_counts(rec.get("accepted_drafts"), rec.get("draft_depths"),
+                                              rec.get("engine_counters")) if ok else (None, None, None)
+    row["draft_acceptance_rate_turn"] = M.draft_acceptance_rate([accepted], [drafted])
+    row["drafted_per_step_turn"] = M.drafted_per_step([drafted], [steps])
     return row
 
 
@@ -107,17 +113,20 @@ def turns_table(records: Iterable[Mapping[str, Any]], manifest: Mapping[str, Any
     """One tidy row per turn record: the record's fields, ``method_options`` / ``timings`` / ``counters``
     flattened to ``opt.*`` / ``timing.*`` / ``counter.*``, run provenance from the manifest (``run_id``,
     ``git_hash``, ``device_name``, ``torch_version``, ...), and derived ``tokens_per_s`` and ``tau_turn``
-    (NaN on error rows). Provenance and derived columns come first, then the record fields."""
+    (NaN on error rows). Provenance and derived columns come first, then the record fields, then the turn's
+    ``draft_acceptance_rate_turn`` and ``drafted_per_step_turn`` (NaN when it drafted nothing,
+    :func:`harness.measure.metrics.draft_counts`)."""
     prov = provenance(manifest or {})
     rows = [_turn_row(r, prov) for r in records]
     df = pd.DataFrame(rows)
-    for col in (*PROVENANCE, *BASE_COLUMNS, "tokens_per_s", "tau_turn"):
+    for col in (*PROVENANCE, *BASE_COLUMNS, *TURN_DERIVED):
         if col not in df.columns:
             df[col] = None
-    for col in ("tokens_per_s", "tau_turn"):
+    for col in TURN_DERIVED:
         df[col] = df[col].astype(float)
     first = [*PROVENANCE, *BASE_COLUMNS[1:], "tokens_per_s", "tau_turn"]
-    return df[[*first, *[c for c in df.columns if c not in first]]]
+    rest = [c for c in df.columns if c not in first and c not in TURN_DERIVED]
+    return df[[*first, *rest, *TURN_DERIVED[2:]]]
 
 
 def _complete(turns: pd.DataFrame) -> pd.Series:
@@ -194,6 +203,23 @@ def _max_depth(turns: pd.DataFrame) -> int:
     return max((max(d) for d in lists(turns["draft_depths"]) if d), default=0)
 
 
+def draft_totals(turns: pd.DataFrame) -> pd.DataFrame:
+    """Per row of a turns table, the turn's ``accepted_drafts_total``, ``drafted_tokens`` and ``draft_steps``
+    (:func:`harness.measure.metrics.draft_counts`: an engine's counters where its records carry them; NaN where a
+    turn has none), and ``drafts_cut``: accepted drafts its terminal step lost to a cut at EOS or the budget
+    (Σ accepted_drafts − Σ :func:`harness.measure.metrics.drafts_before_cut`)."""
+    counters = turns["engine_counters"] if "engine_counters" in turns else [None] * len(turns)
+    rows = []
+    for acc, depth, lengths, engine in zip(lists(turns["accepted_drafts"]), lists(turns["draft_depths"]),
+                                           lists(turns["accept_lengths"]), counters):
+        engine = engine if isinstance(engine, dict) else None
+        a, d, n = M.draft_counts(acc, depth, engine)
+        rows.append({"accepted_drafts_total": a, "drafted_tokens": d, "draft_steps": n,
+                     "drafts_cut": sum(acc) - sum(M.drafts_before_cut(lengths, acc)) if depth else None})
+    return pd.DataFrame(rows, index=turns.index, columns=["accepted_drafts_total", "drafted_tokens", "draft_steps",
+                                                          "drafts_cut"], dtype=float)
+
+
 def _lossless_flag(values: pd.Series) -> bool | None:
     """A label's declared lossless flag from its records (False if any record says so; None if none says)."""
     present = [bool(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -215,7 +241,10 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     divergent_turns and divergent_ties (temperature 0: turns that differ from the baseline, and how many of them
     are near ties within the dtype's noise); peak_memory_bytes (CUDA peak allocated, else RSS) and
     peak_reserved_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
-    draft); lossless (the method's declared flag); runtime, baseline (the label the speed-up, lossless share and
+    draft); draft_acceptance_rate (accepted / drafted tokens), drafted_per_step (per drafting step),
+    mean_acceptance_length (vLLM's and AIPerf's: 1 + accepted / drafting steps) and drafts_cut (accepted drafts
+    that terminal steps lost to a cut at EOS or the budget), pooled over the measured turns (:func:`draft_totals`,
+    NaN for methods that never draft); lossless (the method's declared flag); runtime, baseline (the label the speed-up, lossless share and
     divergence are measured against: the baseline of the row's runtime, :func:`baseline_labels`),
     speedup_vs_eager (ratio of means vs the eager ``baseline_label``: for a compiled row, its speed-up over eager
     decoding) and eager_match_share (temperature 0: share of turns whose output equals the eager baseline's),
@@ -275,6 +304,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "compile_s": max_value(g["compile_s"]),
             "turn_compile_s": sum_values(ok["turn_compile_s"]),
         }
+        row.update(_acceptance(ok))
         acc = M.acceptance_per_position(accepted, depths, max_pos=depth)
         cond = M.conditional_acceptance_per_position(accepted, depths, max_pos=depth)
         row.update({f"acc@{i + 1}": v for i, v in enumerate(acc)})
@@ -285,6 +315,17 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
         if col in df.columns:
             df[col] = df[col].astype(float)
     return df
+
+
+def _acceptance(ok: pd.DataFrame) -> dict[str, float]:
+    """The pooled engine-convention acceptance columns of one group's measured turns (see :func:`summary_table`)."""
+    t = draft_totals(ok)
+    acc, drafted, steps = list(t["accepted_drafts_total"]), list(t["drafted_tokens"]), list(t["draft_steps"])
+    cut = t["drafts_cut"].dropna()
+    return {"draft_acceptance_rate": M.draft_acceptance_rate(acc, drafted),
+            "drafted_per_step": M.drafted_per_step(drafted, steps),
+            "mean_acceptance_length": M.mean_acceptance_length(acc, steps),
+            "drafts_cut": float(cut.sum()) if len(cut) else math.nan}
 
 
 def max_value(col: pd.Series) -> float:
