@@ -37,7 +37,8 @@ missing     a cell or a measured question of BASE that NEW lacks.
 Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
 each side's speed-up (ratio of means, as in the report), each side's draft acceptance rate and drafted tokens per
 drafting step over the shared questions (:func:`harness.measure.metrics.draft_acceptance_rate`; n/a for a baseline
-saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.measure.exports`). A cell of NEW that BASE lacks is listed as "new".
+saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.measure.exports`). A cell of
+NEW that BASE lacks is listed as "new".
 Warnings say when the sides are not comparable for exact gating: another device or dtype, another configuration
 (the differing fields are named), other library versions, or the baseline label's own outputs changed (then the
 target's numerics changed, and the methods' output changes follow from it).

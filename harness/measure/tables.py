@@ -244,8 +244,9 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     draft); draft_acceptance_rate (accepted / drafted tokens), drafted_per_step (per drafting step),
     mean_acceptance_length (vLLM's and AIPerf's: 1 + accepted / drafting steps) and drafts_cut (accepted drafts
     that terminal steps lost to a cut at EOS or the budget), pooled over the measured turns (:func:`draft_totals`,
-    NaN for methods that never draft); lossless (the method's declared flag); runtime, baseline (the label the speed-up, lossless share and
-    divergence are measured against: the baseline of the row's runtime, :func:`baseline_labels`),
+    NaN for methods that never draft); lossless (the method's declared flag); runtime, baseline (the label the
+    speed-up, lossless share and divergence are measured against: the baseline of the row's runtime,
+    :func:`baseline_labels`),
     speedup_vs_eager (ratio of means vs the eager ``baseline_label``: for a compiled row, its speed-up over eager
     decoding) and eager_match_share (temperature 0: share of turns whose output equals the eager baseline's),
     compile_s (the most compile seconds any of the label's records reports: warm-up, never inside a turn's wall
