@@ -1,8 +1,8 @@
-"""``draftbench`` command line: run, report, list, data, train, reproduce, compare, baseline, cache.
+"""``draftbench`` command line: run, report, list, data, train, reproduce, compare, baseline, export, cache.
 
 Every parser of the command lives in this package, a module per command (``run``, ``report``, ``list``, ``data``,
-``train``, ``reproduce``, ``compare``, ``baseline``, ``cache``): each adds its subparser (``add_parser``) and a
-``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix print one line,
+``train``, ``reproduce``, ``compare``, ``baseline``, ``export``, ``cache``): each adds its subparser
+(``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix print one line,
 ``draftbench: error: ...``, and exit 2; Ctrl-C exits 130.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 import warnings
 
-from harness.cli import baseline, cache, compare, data, report, reproduce, run, train
+from harness.cli import baseline, cache, compare, data, export, report, reproduce, run, train
 from harness.cli import list as list_cmd
 from harness.run.config import ConfigError
 
@@ -20,7 +20,7 @@ from harness.run.config import ConfigError
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="draftbench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (run, report, list_cmd, data, train, reproduce, compare, baseline, cache):
+    for command in (run, report, list_cmd, data, train, reproduce, compare, baseline, export, cache):
         command.add_parser(sub)
     return p
 
