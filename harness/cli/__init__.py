@@ -2,8 +2,8 @@
 
 Every parser of the command lives in this package, a module per command (``run``, ``report``, ``list``, ``data``,
 ``train``, ``reproduce``, ``compare``, ``baseline``, ``export``, ``cache``): each adds its subparser
-(``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix print one line,
-``draftbench: error: ...``, and exit 2; Ctrl-C exits 130.
+(``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix
+print one line, ``draftbench: error: ...``, and exit 2; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
