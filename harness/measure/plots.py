@@ -19,6 +19,8 @@ from harness.measure import metrics as M
 from harness.measure.rundir import atomic_file
 from harness.measure.tables import lists, measured_rows, summary_runtimes
 
+HIST_COLUMNS = 3  # panels per row of the accepted-length histogram
+
 
 def _series_name(label: str, temperature: float, temperatures: Sequence[float]) -> str:
     return label if len(temperatures) <= 1 else f"{label} (T={temperature:g})"
@@ -95,27 +97,38 @@ def _drafting(turns: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, float]
 
 
 def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
-    """Share of verification steps by tokens appended (accepted + bonus), per drafting method, all suites pooled."""
+    """Share of verification steps by tokens appended (accepted + bonus), all suites pooled: one panel per drafting
+    method (label and temperature), up to :data:`HIST_COLUMNS` panels a row, all on the same axes so that the panels
+    read side by side; each panel titled with its method and the histogram's mean (tokens per verification step,
+    :func:`harness.measure.metrics.tau_spec_bench`)."""
     ok, series, temps = _drafting(turns)
     if not series:
         return None
-    hists = {s: M.accept_length_histogram(lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]
-                                                 ["accept_lengths"])) for s in series}
-    lengths = sorted({n for h in hists.values() for n in h})
-    fig = Figure(figsize=(max(6.0, 0.6 * len(lengths) * len(series)), 4.0))
-    ax = fig.subplots()
-    _style_series(ax, len(series))
-    width = 0.8 / len(series)
-    x = np.arange(len(lengths))                                            # [L]
-    for i, s in enumerate(series):
+    turn_lengths = {s: lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]["accept_lengths"])
+                    for s in series}
+    hists = {s: M.accept_length_histogram(turn_lengths[s]) for s in series}
+    lengths = list(range(1, max(n for h in hists.values() for n in h) + 1)) if any(hists.values()) else [1]
+    cols = min(len(series), HIST_COLUMNS)
+    rows = -(-len(series) // cols)
+    fig = Figure(figsize=(3.2 * cols + 0.6, 2.6 * rows + 0.6))
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel()
+    colors = matplotlib.colormaps["tab10" if len(series) <= 10 else "tab20"]
+    for i, (s, ax) in enumerate(zip(series, axes)):
         total = sum(hists[s].values())
         shares = [hists[s].get(n, 0) / total if total else 0.0 for n in lengths]  # [L]
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, shares, width, label=_series_name(*s, temps))
-    ax.set_xticks(x, [str(n) for n in lengths])
-    ax.set_xlabel("tokens appended per verification step (accepted drafts + 1)")
-    ax.set_ylabel("share of steps")
-    ax.set_title("Accepted-length histogram (all suites)")
-    _legend(ax, len(series))
+        ax.bar(lengths, shares, 0.8, color=colors(i % colors.N))
+        mean = M.tau_spec_bench({0: turn_lengths[s]})  # the histogram's mean: tokens per verification step
+        ax.set_title(f"{_series_name(*s, temps)}  (mean {mean:.2f})", fontsize=11)
+        ax.set_xticks(lengths)
+        ax.tick_params(labelsize=10)
+        ax.grid(axis="y", linewidth=0.5, alpha=0.5)
+    for ax in axes[len(series):]:
+        ax.set_visible(False)
+    for ax in axes[(rows - 1) * cols:]:
+        ax.set_xlabel("tokens per step (accepted + 1)", fontsize=10)
+    for ax in axes[::cols]:
+        ax.set_ylabel("share of steps", fontsize=10)
+    fig.suptitle("Accepted-length histogram (all suites)", fontsize=12)
     return _save(fig, path)
 
 
