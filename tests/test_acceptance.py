@@ -20,6 +20,7 @@ from harness.measure import metrics as M
 from harness.measure.baseline import export_run, load_side
 from harness.measure.compare import compare_sides, format_text
 from harness.measure.exports import read_export
+from harness.measure.report import write_report
 from harness.measure.tables import summary_table, turns_table
 
 EOS = {"accept_lengths": [1, 4, 2], "accepted_drafts": [3, 3], "draft_depths": [4, 5], "stop_reason": "eos"}
@@ -165,3 +166,13 @@ def test_export_command_writes_the_file(tmp_path, capsys):
     run = write_run(tmp_path)
     assert main(["export", str(run), "--format", "vllm"]) == 0
     assert capsys.readouterr().out.strip() == f"export: {run / 'exports' / 'vllm.jsonl'}"
+
+
+def test_the_report_shows_the_acceptance_table(tmp_path):
+    """summary.md gains one row per drafting method (vanilla, which never drafts, has none); τ counts the emitted
+    tokens (16 in 9 forwards), the rest the verdicts before the cut."""
+    paths = write_report(write_run(tmp_path))
+    md = paths["summary_md"].read_text()
+    assert "| tree | s1 | 0 | 1.78 | 3.75 | 0.733 | 3.75 | 2 |" in md
+    assert "| vanilla | s1 |" not in md
+    assert paths["plot_accept_hist"].exists()

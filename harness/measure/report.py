@@ -7,7 +7,8 @@
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
     tables/categories.csv                    per category, for suites with several (category_table)
     tables/accept_hist.csv                   accepted-length histogram (histogram_table)
-    tables/summary.md                        provenance header + paper_table (+ divergence note)
+    tables/summary.md                        provenance header + paper_table (+ divergence note, + the acceptance
+                                             figures as engines report them when a method drafts)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
     tables/ablation.csv, plots/ablation_*    for the options the run swept (``sweep:``) or names (``ablate:``) when they
@@ -161,8 +162,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                       f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
-                      f"{divergence_note(divergence)}\n{ablation_markdown(ablated, baseline)}"
-                      + (f"\n{accepted}" if accepted else "")
+                      f"{divergence_note(divergence)}" + (f"\n{accepted}" if accepted else "")
+                      + f"\n{ablation_markdown(ablated, baseline)}"
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""))
     paths["summary_md"] = md
     for name, written in (
