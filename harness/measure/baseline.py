@@ -105,8 +105,8 @@ class Side:
 
     ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS` (measured questions only: a question
     with an error turn has NaN figures and its ``n_errors``), ``turns`` :data:`TURN_COLUMNS` (measured turns; a
-    run directory adds ``output_ids`` and ``output_text``). ``kind`` is "run" or "baseline".
-    """
+    run directory adds ``output_ids`` and ``output_text``). ``kind`` is "run", "baseline" or "export"
+    (:mod:`harness.measure.exports`)."""
 
     path: Path
     kind: str
@@ -128,7 +128,7 @@ class Side:
     def describe(self) -> str:
         """One line: what this side is. Example: "baseline of run 2026...-e715da1e, git d4aa865, cpu, float32"."""
         p = self.provenance
-        what = f"baseline of run {p.get('run_id')}" if self.kind == "baseline" else f"run {p.get('run_id')}"
+        what = f"{self.kind} of run {p.get('run_id')}" if self.kind != "run" else f"run {p.get('run_id')}"
         git = (p.get("git_hash") or "?")[:7] + (" (dirty)" if p.get("git_dirty") else "")
         versions = p.get("versions") or {}
         return (f"{what}, git {git}, device {p.get('device_slug')}, dtype {(p.get('target') or {}).get('dtype', '?')}, "

@@ -340,7 +340,7 @@ def drafts_before_cut(accept_lengths: Sequence[int], accepted_drafts: Sequence[i
     accepted-length histogram count what the step emitted (after the cut); per-position acceptance
     (:func:`acceptance_per_position`), :func:`draft_acceptance_rate` and :func:`mean_acceptance_length` take the
     verdict (before it), as vLLM's scheduler counts a step before its stop check, so that a turn's end does not read
-    as a rejection (vllm-project/vllm#56137 is a mean acceptance length that mixed the two on terminal steps).
+    as a rejection (vllm-project/vllm#56137 is a mean acceptance length that was wrong on terminal steps).
     Example: accept_lengths [1, 3, 2], accepted [2, 3] (the second step verified 3 drafts, EOS was the second of
     them) -> [2, 2]; a budget cut to [1, 3, 1] -> [2, 1].
     """
