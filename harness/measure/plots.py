@@ -124,7 +124,8 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
         ax.grid(axis="y", linewidth=0.5, alpha=0.5)
     for ax in axes[len(series):]:
         ax.set_visible(False)
-    for ax in axes[(rows - 1) * cols:]:
+    for ax in axes[max(len(series) - cols, 0):len(series)]:  # the lowest panel of each column
+        ax.tick_params(labelbottom=True)
         ax.set_xlabel("tokens per step (accepted + 1)", fontsize=10)
     for ax in axes[::cols]:
         ax.set_ylabel("share of steps", fontsize=10)
