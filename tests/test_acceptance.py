@@ -140,6 +140,7 @@ def test_exports_use_the_engines_field_names_and_read_back_into_compare(tmp_path
         assert (tree["tau_base"], tree["draft_acceptance_rate_base"]) == pytest.approx(
             (tree["tau_new"], tree["draft_acceptance_rate_new"]))
         assert tree["draft_acceptance_rate_new"] == pytest.approx(11 / 15) and tree["turns_compared"] == 3
+        assert cmp.warnings == []  # an export carries no configuration: nothing to say differs
         back = compare_sides(load_side(path), load_side(run))
         assert back.exit_code == 0, format_text(back)
 

@@ -165,9 +165,8 @@ def comparability_warnings(base: Side, new: Side) -> list[str]:
     tb, tn = (pb.get("target") or {}).get("name"), (pn.get("target") or {}).get("name")
     if tb != tn:
         out.append(f"targets differ (BASE {tb}, NEW {tn})")
-    both = pb.get("config") is not None and pn.get("config") is not None  # an export carries only its digest
-    diff = (_config_differences(pb.get("config") or {}, pn.get("config") or {}) if both
-            else ["config_digest"] if pb.get("config_digest") != pn.get("config_digest") else [])
+    both = pb.get("config") is not None and pn.get("config") is not None  # an export carries no configuration
+    diff = _config_differences(pb.get("config") or {}, pn.get("config") or {}) if both else []
     if diff:
         shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
         out.append(f"run configurations differ in {shown}")
