@@ -9,7 +9,9 @@ cells           label, method, lossless flag, suite, temperature, n_questions, n
                 (ratio of means), lossless_share, quality, peak_memory_bytes, energy_per_token_j (as in the report)
 questions       per question of a cell: accepted tokens (Σ accept_lengths) and steps (so τ pools exactly over any
                 subset), new tokens, wall time, tokens/s, speed-up (its tokens/s ÷ the baseline label's on the same
-                question in the same run), score, n_errors
+                question in the same run), score, n_errors; ``accepted_at`` / ``drafted_at``: the per-position
+                acceptance counts (:func:`harness.measure.metrics.acceptance_counts`; absent in baselines saved
+                before them, then per-position acceptance is not gated against it)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
@@ -56,6 +58,7 @@ CELL_COLUMNS = ["label", "method", "lossless", "suite", "temperature", "n_questi
 QUESTION_COLUMNS = [*CELL, "question_id", "accepted_tokens", "steps", "new_tokens", "wall_time_s", "tokens_per_s",
                     "speedup", "score", "n_errors"]
 TURN_COLUMNS = [*CELL, *TURN, "new_tokens", "stop_reason", "sha256"]
+POSITION_COLUMNS = ["accepted_at", "drafted_at"]  # per question; optional when a baseline is read
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -108,8 +111,9 @@ def _records_of(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
 class Side:
     """One side of a comparison: a run directory or a committed baseline, as three tables and provenance.
 
-    ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS` (measured questions only: a question
-    with an error turn has NaN figures and its ``n_errors``), ``turns`` :data:`TURN_COLUMNS` (measured turns; a
+    ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS` and :data:`POSITION_COLUMNS`
+    (measured questions only: a question with an error turn has NaN figures and its ``n_errors``; the position
+    counts are None in a baseline saved before they existed), ``turns`` :data:`TURN_COLUMNS` (measured turns; a
     run directory adds ``output_ids`` and ``output_text``). ``kind`` is "run" or "baseline".
     """
 
@@ -163,6 +167,11 @@ class Side:
         totals = (ok.assign(accepted_tokens=ok["accept_lengths"].map(lambda a: int(sum(a))),
                             steps=ok["accept_lengths"].map(len))
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps"]].sum().reset_index())
+        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, M.acceptance_counts(
+            T.lists(g["accepted_drafts"]), T.lists(g["draft_depths"]))))}
+            for key, g in ok.groupby([*CELL, "question_id"], sort=False)]
+        totals = totals.merge(pd.DataFrame(positions, columns=[*CELL, "question_id", *POSITION_COLUMNS]),
+                              on=[*CELL, "question_id"], how="left")
         questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
         questions["speedup"] = math.nan
         bases = baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
@@ -182,7 +191,7 @@ class Side:
         turn_rows = turn_rows[[*TURN_COLUMNS, "output_ids", "output_text"]].reset_index(drop=True)
         cells = summary.assign(n_errors=summary["n_errors"].astype(int))[CELL_COLUMNS].reset_index(drop=True)
         return cls(run_dir, "run", run_provenance(manifest), label, cells,
-                   questions[QUESTION_COLUMNS].reset_index(drop=True), turn_rows)
+                   questions[QUESTION_COLUMNS + POSITION_COLUMNS].reset_index(drop=True), turn_rows)
 
     # ---- a committed baseline -----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -191,7 +200,7 @@ class Side:
             "format": BASELINE_FORMAT, "version": BASELINE_VERSION,
             "provenance": self.provenance, "baseline_label": self.baseline_label,
             "cells": _records_of(self.cells, CELL_COLUMNS),
-            "questions": _records_of(self.questions, QUESTION_COLUMNS),
+            "questions": _records_of(self.questions, QUESTION_COLUMNS + POSITION_COLUMNS),
             "turns": _records_of(self.turns, TURN_COLUMNS),
         }
 
@@ -219,6 +228,8 @@ class Side:
             if missing:
                 raise ValueError(f"{file}: {name} rows lack field(s) {missing}")
             tables[name] = df
+        for col in POSITION_COLUMNS:
+            tables["questions"][col] = [r.get(col) for r in doc["questions"]]
         for name in ("questions", "turns"):
             tables[name]["question_id"] = tables[name]["question_id"].astype(str)
         for df in tables.values():
