@@ -7,7 +7,7 @@ The run (suite s1, greedy, bfloat16, one-turn questions q1 and q2):
 * eagle3 (harness, chain of 3): lossless; q1 accepted [2, 0, 2, 1] -> accept lengths [1, 3, 1, 3, 2];
   q2 accepted [3, 3, 2] -> [1, 4, 4, 1] (cut at the budget);
 * vllm-eagle3 (engine vllm, chain of 3): q1 equal to vanilla, accepted [2, 0, 3, 0] -> [1, 3, 1, 4, 1]: its
-  third position accepts at step 2 where the harness's does not (first differing step 2, token 1 + 3 + 1 = 5);
+  third position accepts at step 2 where the harness's does not (first differing drafting step 2, token 1 + 3 + 1 = 5);
   q2 takes 99 at position 4 (a near tie of vanilla's: the runner-up within tolerance) with the harness's steps.
 
 Hand-computed, q1: engine acc@1..3 = 2/4, 2/4, 1/4; harness 3/4, 2/4, 0/4; both τ = 10 / 5 = 2.0.
@@ -55,15 +55,21 @@ RECORDS = [
 
 
 def test_step_difference_names_the_step_both_counts_and_the_token():
-    """The docstring example; equal steps are no difference; a turn that ended earlier has no count at that step.
-    An off-by-one in the token position would point at the wrong token of the output."""
-    assert RF.step_difference([2, 0, 1, 3], [2, 0, 2]) == {"step": 2, "accepted_engine": 1, "accepted_harness": 2,
-                                                           "token_position": 5}
-    assert RF.step_difference([1, 1], [1, 1]) is None
-    assert RF.step_difference([1, 1, 0], [1, 1]) == {"step": 2, "accepted_engine": 0, "accepted_harness": None,
-                                                     "token_position": 5}
-    assert RF.step_difference([0], [3]) == {"step": 0, "accepted_engine": 0, "accepted_harness": 3,
-                                            "token_position": 1}
+    """The docstring examples; equal steps are no difference; a turn that ended earlier has no count at that step;
+    steps that drafted nothing (prompt lookup without a match) count on neither side, as an engine reports only
+    the forwards that drafted. An off-by-one in the token position would point at the wrong token of the output."""
+    def d3(a):
+        return [3] * len(a)
+
+    for engine, harness, expected in (
+            ([2, 0, 1, 3], [2, 0, 2], {"step": 2, "accepted_engine": 1, "accepted_harness": 2, "token_position": 5}),
+            ([1, 1], [1, 1], None),
+            ([1, 1, 0], [1, 1], {"step": 2, "accepted_engine": 0, "accepted_harness": None, "token_position": 5}),
+            ([0], [3], {"step": 0, "accepted_engine": 0, "accepted_harness": 3, "token_position": 1})):
+        assert RF.step_difference(engine, harness, d3(engine), d3(harness)) == expected
+    assert RF.step_difference([1, 1], [0, 1, 0, 2], [2, 2], [0, 2, 0, 2]) == {
+        "step": 1, "accepted_engine": 1, "accepted_harness": 2, "token_position": 5}
+    assert RF.step_difference([1], [0, 1, 0], [2], [0, 2, 0]) is None
 
 
 def entry(label, method, engine="harness", depth=3, head=None, referee=None, runtime="eager"):
@@ -141,6 +147,7 @@ def test_the_report_gains_the_referee_only_when_a_run_has_engine_entries(tmp_pat
     paths = write_report(run)
     assert {"referee_csv", "plot_referee"} <= set(paths)
     csv = pd.read_csv(run / "tables" / "referee.csv")
+    assert json.loads(csv["acc_harness"][1]) == [1.0, 1.0, 2 / 3]
     assert csv["first_step"].tolist()[0] == 2 and json.loads(csv["acc_engine"][0]) == [0.5, 0.5, 0.25]
     md = (run / "tables" / "summary.md").read_text()
     assert "**Referee: engine entries held against the harness**" in md

@@ -339,7 +339,8 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
         sections.append(("ablation", "Ablation", ablation))
     if referee is not None:
         sections.append(("referee", "Referee", markdown_tables_html(referee.markdown)
-                         + table_html(referee.table, "referee-table", filterable=True)))
+                         + table_html(referee.table.astype(object).where(referee.table.notna(), None),
+                                      "referee-table", filterable=True)))
     sections += [
         ("summary", "Summary", '<p class="muted">One row per label, suite and temperature (tables/summary.csv); '
                                "click a header to sort.</p>" + table_html(summary, "summary-table", filterable=True)),

@@ -10,7 +10,7 @@ Leviathan et al. 2023, arXiv 2211.17192, §2.3). Three questions per turn:
   one-sided: an engine exposes no logits, so the harness's margin decides between a near tie and a disagreement);
 * τ and the acceptance per draft position of the engine next to the harness entry's
   (:func:`harness.measure.metrics.tau`, :func:`harness.measure.metrics.acceptance_per_position`);
-* at T = 0, the first verification step whose accepted count differs (:func:`step_difference`): from there on the
+* at T = 0, the first drafting step whose accepted count differs (:func:`step_difference`): from there on the
   two no longer draft from the same context.
 
 Pairing (:func:`pair_entries`): an engine entry is held against the harness entry (eager) of the same method, the
@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.formatting import markdown_table, number
+from harness.measure.formatting import markdown_table, missing, number
 from harness.measure.plots import plot_referee
 from harness.measure.rundir import atomic_file
 from harness.measure.tables import lists, max_depth, measured_rows
@@ -128,25 +128,31 @@ def pair_entries(entries: Mapping[str, Entry], baseline_label: str = "vanilla") 
     return out
 
 
-def step_difference(engine_accepted: Sequence[int], harness_accepted: Sequence[int]) -> dict[str, Any] | None:
-    """The first verification step whose accepted draft count differs between two turns of the same prompt, or None
-    when every step agrees: ``{"step", "accepted_engine", "accepted_harness", "token_position"}``.
+def step_difference(engine_accepted: Sequence[int], harness_accepted: Sequence[int], engine_depths: Sequence[int],
+                    harness_depths: Sequence[int]) -> dict[str, Any] | None:
+    """The first drafting step whose accepted draft count differs between two turns of the same prompt, or None
+    when every one agrees: ``{"step", "accepted_engine", "accepted_harness", "token_position"}``.
 
-    ``step``: 0-based among verification steps (:func:`harness.measure.metrics.first_difference` of the two
-    ``accepted_drafts`` lists); an accepted count is None on the side whose turn ended before that step.
-    ``token_position``: the index in ``output_ids`` of the first token that step emits, 1 (the prefill's token) +
-    Σ (accepted + 1) over the steps before it, the same on both sides since those steps agree.
-    Example: engine [2, 0, 1, 3], harness [2, 0, 2] -> step 2, accepted 1 vs 2, token position 1 + 3 + 1 = 5.
+    Steps are the verification steps that drafted something (depth > 0), counted on both sides alike: an engine
+    reports only the forwards that drafted (:func:`harness.backends.contract.accept_lengths`), the harness also
+    those where, for example, prompt lookup found nothing. ``step``: 0-based among them
+    (:func:`harness.measure.metrics.first_difference` of the two accepted lists); an accepted count is None on the
+    side whose turn ended before that step. ``token_position``: the index in ``output_ids`` of the first token that
+    step emits on the harness's side, 1 (the prefill's token) + Σ (accepted + 1) over all its steps before it.
+    Examples: accepted [2, 0, 1, 3] vs [2, 0, 2], depths 3 everywhere -> step 2, accepted 1 vs 2, token 1 + 3 + 1
+    = 5; engine [1, 1] (depths [2, 2]) vs harness [0, 1, 0, 2] (depths [0, 2, 0, 2]) -> drafting steps [1, 1] vs
+    [1, 2] differ at step 1, the harness's fourth step: token 1 + 1 + 2 + 1 = 5.
     """
-    step = M.first_difference(list(engine_accepted), list(harness_accepted))
+    engine = [int(a) for a, d in zip(engine_accepted, engine_depths) if d > 0]
+    drafting = [j for j, d in enumerate(harness_depths) if d > 0]              # the harness's drafting steps
+    harness = [int(harness_accepted[j]) for j in drafting]
+    step = M.first_difference(engine, harness)
     if step is None:
         return None
-
-    def at(a: Sequence[int]) -> int | None:
-        return int(a[step]) if step < len(a) else None
-
-    return {"step": step, "accepted_engine": at(engine_accepted), "accepted_harness": at(harness_accepted),
-            "token_position": 1 + sum(int(a) + 1 for a in list(harness_accepted)[:step])}
+    before = drafting[step] if step < len(drafting) else len(harness_accepted)
+    return {"step": step, "accepted_engine": engine[step] if step < len(engine) else None,
+            "accepted_harness": harness[step] if step < len(harness) else None,
+            "token_position": 1 + sum(int(a) + 1 for a in list(harness_accepted)[:before])}
 
 
 def _key(rec: Mapping[str, Any]) -> tuple:
@@ -163,7 +169,7 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
     """One row per measured turn of each paired engine entry (:data:`COLUMNS`): whether its output equals the
     harness vanilla's (T = 0; None without a vanilla turn), the first differing token and its kind, τ and the
     acceptance per position (1..the deeper of the two entries' drafts) of the engine's turn and of the harness
-    entry's turn of the same prompt, and at T = 0 the first verification step that differs (:func:`step_difference`;
+    entry's turn of the same prompt, and at T = 0 the first drafting step that differs (:func:`step_difference`;
     None when every step agrees)."""
     ok = turns[measured_rows(turns)]
     by_label = {label: {_key(r): r for r in g.to_dict("records")} for label, g in ok.groupby("label", sort=False)}
@@ -184,7 +190,8 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
             tau_e, acc_e = _per_turn(rec, depth)
             tau_h, acc_h = _per_turn(ref, depth)
             acc_steps_e, acc_steps_h = rec.get("accepted_drafts"), ref.get("accepted_drafts")
-            step = (step_difference(acc_steps_e, acc_steps_h)
+            step = (step_difference(acc_steps_e, acc_steps_h, rec.get("draft_depths") or [],
+                                    ref.get("draft_depths") or [])
                     if greedy and isinstance(acc_steps_e, list) and isinstance(acc_steps_h, list) else None)
             rows.append({
                 "engine_label": pair.engine_label, "harness_label": pair.harness_label,
@@ -224,10 +231,15 @@ def pair_summary(turns: pd.DataFrame, pair: Pair) -> dict[str, Any]:
     return out
 
 
+def _count(v: Any) -> str:
+    """A count of the table (nullable integer): "n/a" where the turn had no such step."""
+    return "n/a" if pd.isna(v) else str(int(v))
+
+
 def referee_markdown(turns: pd.DataFrame, pairs: Sequence[Pair], table: pd.DataFrame) -> str:
     """The report's referee section: per engine entry, what it was paired with and why, τ and acceptance per
     position side by side, how many greedy outputs equal the harness vanilla's (ties / disagreements), and how many
-    turns' verification steps differ, with the first such turns. Empty text when the run has no engine entry."""
+    turns' drafting steps differ, with the first such turns. Empty text when the run has no engine entry."""
     if not pairs:
         return ""
     lines = ["**Referee: engine entries held against the harness** (same prompts; τ = tokens per target forward; "
@@ -256,12 +268,12 @@ def referee_markdown(turns: pd.DataFrame, pairs: Sequence[Pair], table: pd.DataF
         differ = rows[rows["first_step"].notna()]
         stepped = rows[rows["temperature"] == 0.0]
         if len(stepped):
-            lines.append(f"- verification steps differ in {len(differ)}/{len(stepped)} greedy turns"
+            lines.append(f"- drafting steps differ in {len(differ)}/{len(stepped)} greedy turns"
                          + (":" if len(differ) else ""))
             for r in differ.head(5).itertuples(index=False):
                 lines.append(f"  - {r.suite} / {r.question_id} turn {r.turn}: step {int(r.first_step)} (token "
-                             f"{int(r.token_position)}), engine accepted {number(r.accepted_engine, '.0f')}, "
-                             f"harness {number(r.accepted_harness, '.0f')}")
+                             f"{int(r.token_position)}), engine accepted {_count(r.accepted_engine)}, "
+                             f"harness {_count(r.accepted_harness)}")
             if len(differ) > 5:
                 lines.append(f"  - … and {len(differ) - 5} more (tables/referee.csv)")
         lines.append("")
@@ -290,7 +302,8 @@ def write_referee(turns: pd.DataFrame, config: Mapping[str, Any] | None, baselin
     table = referee_table(turns, pairs)
     report = RefereeReport(referee_markdown(turns, pairs, table), table)
     with atomic_file(tables / "referee.csv") as tmp:
-        table.map(lambda v: json.dumps(v) if isinstance(v, list) else v).to_csv(tmp, index=False)
+        table.map(lambda v: json.dumps([None if missing(x) else x for x in v]) if isinstance(v, list) else v
+                  ).to_csv(tmp, index=False)  # lists as strict JSON (NaN: null)
     report.paths["referee_csv"] = tables / "referee.csv"
     panels = []
     for pair in pairs:
