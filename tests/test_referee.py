@@ -105,6 +105,9 @@ def test_run_entries_read_engine_head_depth_and_referee_key():
     assert entries["vllm-eagle3"] == RF.Entry("vllm-eagle3", "eagle3", "vllm", None, 3, "eager", "eagle3")
     assert entries["vanilla"] == RF.Entry("vanilla", "vanilla", "harness", None, 0, "eager", None)
     assert RF.has_engines(entries) and not RF.has_engines({"vanilla": entries["vanilla"]})
+    own_head = [{**r, "method_options": {"head": "/heads/mine"}} if r["label"] == "vllm-eagle3" else r
+                for r in RECORDS]
+    assert RF.run_entries(T.turns_table(own_head, MANIFEST))["vllm-eagle3"].head == "/heads/mine"
 
 
 def test_divergence_one_sided_decides_on_the_baselines_margin():

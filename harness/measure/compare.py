@@ -377,7 +377,8 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         acc_b, acc_n = _acceptance(sb), _acceptance(sn)
         tolerance = {"gate": "tolerance", "acceptance_rtol": rtol, "acc_base": acc_b, "acc_new": acc_n}
         findings.append(Finding(name, "acceptance", f"gated with tolerance ±{rtol:.1%} ({', '.join(inexact)}): "
-                                                    f"τ and acc@1..{len(acc_b)} instead of the exact τ rule",
+                                                    f"τ{f' and acc@1..{len(acc_b)}' if acc_b else ''} instead of the "
+                                                    "exact τ rule",
                                 fails=False))
         findings += [Finding(name, rule, msg) for rule, msg in acceptance_failures(tau_b, tau_n, acc_b, acc_n, rtol)]
         if acc_n and not acc_b:

@@ -81,10 +81,10 @@ def run_entries(turns: pd.DataFrame, config: Mapping[str, Any] | None = None) ->
     out = {}
     for label, g in ok.groupby("label", sort=False):
         engines = [e for e in g.get("engine", []) if _text(e)]
-        options = next((o for o in g.get("method_options", []) if isinstance(o, Mapping)), {})
+        head = next((str(h) for h in g.get("opt.head", []) if _text(h)), None)  # method_options.head, flattened
         runtime = next((r for r in g["runtime"] if _text(r)), "eager")
         out[label] = Entry(label, str(g["method"].iloc[0]), engines[0] if engines else HARNESS,
-                           _text(options.get("head")), max_depth(g), runtime, referees.get(label))
+                           head, max_depth(g), runtime, referees.get(label))
     return out
 
 
