@@ -187,3 +187,24 @@ def test_runner_records_engine_turns_and_resume_reruns_engine_failures(tmp_path,
     engine_run(tmp_path, resume=run_dir)
     again = read_records(run_dir)
     assert len(again) == 12 and all(r["status"] == "ok" for r in again)
+
+
+def test_an_engine_entry_is_refereed_against_the_harness_entry_its_referee_key_names(tmp_path, fake_vllm):
+    """From the run configuration to the report: the `referee:` key travels in the manifest and pairs the engine's
+    pld with the harness's (their deepest drafts differ, so only the key can pair them); every measured turn of the
+    engine gets a row, held against the harness's vanilla for its output."""
+    from harness.measure.report import write_report
+
+    fake_vllm("ok")
+    suite = tmp_path / "q.jsonl"
+    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    cfg = RunConfig(methods=[MethodSpec("vanilla"), MethodSpec("pld"),
+                             MethodSpec("pld", "pld-vllm", engine="vllm", referee="pld")],
+                    suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))
+    run_dir = run(cfg, target=tiny_target(eos=False), progress=False)
+    write_report(run_dir)
+    text = (run_dir / "tables" / "referee.csv").read_text()
+    assert "NaN" not in text  # lists of rates as strict JSON: a position not drafted is null
+    rows = [line.split(",")[:3] for line in text.splitlines()[1:]]
+    assert rows == [["pld-vllm", "pld", "vanilla"]] * 6  # 3 questions x 2 turns
+    assert "`pld-vllm` against `pld` (referee key (pld))" in (run_dir / "tables" / "summary.md").read_text()

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.measure import compare
 from harness.measure import metrics as M
 from harness.measure.baseline import (
     Side,
@@ -418,3 +419,88 @@ def test_a_half_finished_question_is_missing_not_measured(tmp_path, base):
     side = load_side(new)
     assert "2" not in set(side.questions[side.questions["label"] == "eagle2"]["question_id"])
     assert "2" not in set(side.turns[side.turns["label"] == "eagle2"]["question_id"])
+
+
+# ---- tolerance gates (acceptance within rtol, per-position floors) -------------------------------------------------
+def drafting(lengths, accepted):
+    """An edit giving eagle2 chain-of-3 steps: ``accepted`` per step (depth 3 each) and the matching lengths."""
+    def edit(label, q, r):
+        if label == "eagle2":
+            r.update(accept_lengths=list(lengths), accepted_drafts=list(accepted), draft_depths=[3] * len(accepted))
+        return r
+    return edit
+
+
+# BASE: 12 tokens in 5 forwards (τ 2.4), accepted [3, 2, 2, 0] -> acc@1..3 = 3/4, 3/4, 1/4
+BASE_STEPS = ([1, 4, 3, 3, 1], [3, 2, 2, 0])
+# NEW: the same τ, accepted [3, 2, 1, 1] -> acc@1..3 = 4/4, 2/4, 1/4: position 2 below 0.75 × 0.95 = 0.7125
+LOWER_SECOND = ([1, 4, 3, 2, 2], [3, 2, 1, 1])
+GPU = {"device": {"device": "cuda:0", "device_type": "cuda", "device_name": "NVIDIA H200"}}
+
+
+def test_acceptance_failures_hand_computed():
+    """vLLM's CI rule (mean within rtol, each position >= expected × (1 − rtol)), on the docstring's example and on
+    a rise: a wrong floor would pass a drafter that lost its deep positions, or fail on noise."""
+    acc = [0.70, 0.50, 0.30]
+    assert compare.acceptance_failures(2.0, 1.92, acc, acc, 0.05) == []
+    assert compare.acceptance_failures(2.0, 2.0, acc, [0.70, 0.50, 0.28], 0.05) == [
+        ("position", "acc@3 0.300 -> 0.280 below the floor 0.2850 (0.300 × (1 − 0.05))")]
+    assert compare.acceptance_failures(2.0, 1.89, acc, acc, 0.05) == [
+        ("acceptance", "τ 2.000 -> 1.890 (-5.5%) outside ±5.0%")]
+    (rise,) = compare.acceptance_failures(2.0, 2.2, acc, acc, 0.05)
+    assert rise[0] == "acceptance" and "a rise too fails" in rise[1]
+    # a position NEW never drafted fails; one BASE never drafted (NaN) is not gated
+    assert [r for r, _ in compare.acceptance_failures(2.0, 2.0, acc, [0.7, 0.5], 0.05)] == ["position"]
+    assert compare.acceptance_failures(2.0, 2.0, [0.7, math.nan], [0.7], 0.05) == []
+    assert M.acceptance_counts([[2, 0, 1]], [[3, 3, 1]]) == ([2, 1, 0], [3, 2, 2])
+    assert M.acceptance_pooled([[2, 1], [1]], [[3, 2], [1]]) == pytest.approx([0.75, 0.5])
+    with pytest.raises(ValueError, match="acceptance-rtol must be in"):
+        Thresholds(acceptance_rtol=1.5)
+
+
+def test_tolerance_gates_apply_where_exact_gating_does_not(tmp_path):
+    """NEW on another device with the same τ but a lower acc@2: the exact τ rule (the default) passes it; with
+    --acceptance-rtol 0.05 the cell is gated on acceptance and fails on position 2 alone. A saved baseline gates
+    the same; one saved before the per-position counts leaves the floors ungated and says so."""
+    base = write_run(tmp_path, "base", edit=drafting(*BASE_STEPS))
+    new = write_run(tmp_path, "new", edit=drafting(*LOWER_SECOND), manifest=GPU)
+    assert run_compare(base, new, gate_speed=False).exit_code == 0  # default: unchanged, τ is equal
+    cmp = run_compare(base, new, gate_speed=False, acceptance_rtol=0.05)
+    assert failing(cmp) == [("eagle2 / s1 / T=0", "position")]
+    assert "acc@2 0.750 -> 0.500 below the floor 0.7125" in cmp.failures[0].message
+    eagle = next(r for r in cmp.rows if r["label"] == "eagle2")
+    assert eagle["gate"] == "tolerance" and eagle["acc_base"] == pytest.approx([0.75, 0.75, 0.25])
+    assert eagle["acc_new"] == pytest.approx([1.0, 0.5, 0.25])
+    notes = [f.message for f in cmp.findings if f.rule == "acceptance" and not f.fails]
+    assert notes[0].startswith("gated with tolerance ±5.0% (devices differ)")
+
+    saved = save_baseline(base, out=tmp_path / "saved")
+    assert failing(run_compare(saved, new, gate_speed=False, acceptance_rtol=0.05)) == [
+        ("eagle2 / s1 / T=0", "position")]
+    doc = json.loads((saved / "baseline.json").read_text())
+    for q in doc["questions"]:
+        q.pop("accepted_at"), q.pop("drafted_at")
+    (saved / "baseline.json").write_text(json.dumps(doc))
+    old = run_compare(saved, new, gate_speed=False, acceptance_rtol=0.05)
+    assert old.exit_code == 0 and any("per-position floors not gated" in f.message for f in old.findings)
+
+
+def test_an_engine_cell_is_gated_with_tolerance_and_exact_outputs(tmp_path):
+    """A label the run configuration puts on vLLM: no flag needed, τ within 5% (vLLM's CI) instead of the exact τ
+    rule, outputs still exact at T = 0. A τ 2.4 -> 2.0 drop fails on acceptance; a changed token on outputs."""
+    engine = {"config": {**MANIFEST["config"], "methods": [{"name": "eagle2", "engine": "vllm"}]}}
+    base = write_run(tmp_path, "base", edit=drafting(*BASE_STEPS), manifest=engine)
+    worse = drafting([1, 3, 3, 3, 1, 1], [2, 2, 2, 0, 0])
+
+    def changed(label, q, r):
+        r = worse(label, q, r)
+        return {**r, "output_ids": ids(q)[:-1] + [5]} if label == "eagle2" and q == "3" else r
+
+    cmp = run_compare(base, write_run(tmp_path, "new", edit=changed, manifest=engine), gate_speed=False)
+    # accepted [2, 2, 2, 0, 0] also falls below every floor (3/5, 3/5, 0/5 against 3/4, 3/4, 1/4); the changed
+    # token is also a lossless failure (NEW's own vanilla kept its output)
+    assert {rule for _, rule in failing(cmp)} == {"acceptance", "position", "outputs", "lossless"}
+    assert [f.message for f in cmp.failures if f.rule == "acceptance"] == ["τ 2.400 -> 2.000 (-16.7%) outside ±5.0%"]
+    assert all(f.cell == "eagle2 / s1 / T=0" for f in cmp.failures)
+    assert compare.inexact_reasons(load_side(base), load_side(base), "eagle2", 0.0) == ["engine vllm"]
+    assert compare.inexact_reasons(load_side(base), load_side(base), "vanilla", 0.0) == []

@@ -14,7 +14,7 @@ from harness.measure.compare import FORMATS, Thresholds, compare_sides, write_ht
 def cmd_compare(args) -> int:
     th = Thresholds(tau_rtol=args.tau_rtol, speed_tol=args.speed_tol, gate_speed=not args.no_speed,
                     tps_tol=args.tps_tol, quality_tol=args.quality_tol, gate_outputs=not args.no_outputs,
-                    n_boot=args.n_boot, seed=args.seed)
+                    n_boot=args.n_boot, seed=args.seed, acceptance_rtol=args.acceptance_rtol)
     base = load_side(args.base, n_boot=th.n_boot, seed=th.seed)
     new = load_side(args.new, n_boot=th.n_boot, seed=th.seed)
     cmp = compare_sides(base, new, th, args.labels, allow_mismatch=args.allow_mismatch)
@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quality-tol", type=float, default=0.0,
                    help="allowed drop of the mean quality score (default %(default)s)")
     c.add_argument("--no-outputs", action="store_true", help="do not gate changed greedy outputs")
+    c.add_argument("--acceptance-rtol", type=float, default=None, metavar="R",
+                   help="where exact gating does not apply (other device or dtype, T > 0, engines): τ within ±R and "
+                        "acc@i >= BASE's × (1 − R) instead of the τ rule (default: engines 0.05, others the τ rule)")
     c.add_argument("--allow-mismatch", action="store_true",
                    help="compare sides of different targets or dtypes (an error otherwise), with a warning")
     c.add_argument("--labels", type=lambda t: [x for x in t.split(",") if x],

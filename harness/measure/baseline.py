@@ -10,7 +10,10 @@ cells           label, method, lossless flag, suite, temperature, n_questions, n
 questions       per question of a cell: accepted tokens (Σ accept_lengths) and steps (so τ pools exactly over any
                 subset), new tokens, wall time, tokens/s, speed-up (its tokens/s ÷ the baseline label's on the same
                 question in the same run), score, n_errors; accepted drafts, drafted tokens and drafting steps
-                (:func:`harness.measure.tables.draft_totals`, so the draft acceptance rate pools over any subset)
+                (:func:`harness.measure.tables.draft_totals`, so the draft acceptance rate pools over any subset);
+                ``accepted_at`` / ``drafted_at``: the per-position acceptance counts
+                (:func:`harness.measure.metrics.acceptance_counts`; absent in baselines saved before them, then
+                per-position acceptance is not gated against it)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
@@ -60,6 +63,7 @@ QUESTION_COLUMNS = [*CELL, "question_id", "accepted_tokens", "steps", "new_token
 # written since the draft acceptance rate; a baseline saved before has none (compare shows n/a)
 DRAFT_COLUMNS = ["accepted_drafts_total", "drafted_tokens", "draft_steps"]
 TURN_COLUMNS = [*CELL, *TURN, "new_tokens", "stop_reason", "sha256"]
+POSITION_COLUMNS = ["accepted_at", "drafted_at"]  # per question; optional when a baseline is read
 
 
 def slugify(text: str) -> str:
@@ -103,10 +107,11 @@ def _records_of(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
 class Side:
     """One side of a comparison: a run directory or a committed baseline, as three tables and provenance.
 
-    ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS` (measured questions only: a question
-    with an error turn has NaN figures and its ``n_errors``), ``turns`` :data:`TURN_COLUMNS` (measured turns; a
-    run directory adds ``output_ids`` and ``output_text``). ``kind`` is "run", "baseline" or "export"
-    (:mod:`harness.measure.exports`)."""
+    ``cells`` has :data:`CELL_COLUMNS`, ``questions`` :data:`QUESTION_COLUMNS`, :data:`DRAFT_COLUMNS` and
+    :data:`POSITION_COLUMNS` (measured questions only: a question with an error turn has NaN figures and its
+    ``n_errors``; the draft and position counts are n/a in a baseline saved before they existed), ``turns``
+    :data:`TURN_COLUMNS` (measured turns; a run directory adds ``output_ids`` and ``output_text``). ``kind`` is
+    "run", "baseline" or "export" (:mod:`harness.measure.exports`)."""
 
     path: Path
     kind: str
@@ -174,6 +179,11 @@ class Side:
                           steps=ok["accept_lengths"].map(len))
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps", *DRAFT_COLUMNS]]
                   .sum(min_count=1).reset_index())
+        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, M.acceptance_counts(
+            T.lists(g["accepted_drafts"]), T.lists(g["draft_depths"]))))}
+            for key, g in ok.groupby([*CELL, "question_id"], sort=False)]
+        totals = totals.merge(pd.DataFrame(positions, columns=[*CELL, "question_id", *POSITION_COLUMNS]),
+                              on=[*CELL, "question_id"], how="left")
         questions = qt.merge(totals, on=[*CELL, "question_id"], how="left")
         questions["speedup"] = math.nan
         bases = baseline_labels(turns, label)  # a compiled label against the compiled baseline, as the summary
@@ -196,7 +206,8 @@ class Side:
             turn_rows = ok.assign(sha256=ok["output_sha256"])[TURN_COLUMNS].reset_index(drop=True)
         cells = summary.assign(n_errors=summary["n_errors"].astype(int))[CELL_COLUMNS].reset_index(drop=True)
         return cls(path, kind, provenance, label, cells,
-                   questions[[*QUESTION_COLUMNS, *DRAFT_COLUMNS]].reset_index(drop=True), turn_rows)
+                   questions[[*QUESTION_COLUMNS, *DRAFT_COLUMNS, *POSITION_COLUMNS]].reset_index(drop=True),
+                   turn_rows)
 
     # ---- a committed baseline -----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -205,7 +216,7 @@ class Side:
             "format": BASELINE_FORMAT, "version": BASELINE_VERSION,
             "provenance": self.provenance, "baseline_label": self.baseline_label,
             "cells": _records_of(self.cells, CELL_COLUMNS),
-            "questions": _records_of(self.questions, [*QUESTION_COLUMNS, *DRAFT_COLUMNS]),
+            "questions": _records_of(self.questions, [*QUESTION_COLUMNS, *DRAFT_COLUMNS, *POSITION_COLUMNS]),
             "turns": _records_of(self.turns, TURN_COLUMNS),
         }
 
@@ -236,6 +247,8 @@ class Side:
         drafts = pd.DataFrame([{c: r.get(c) for c in DRAFT_COLUMNS} for r in doc["questions"]],
                               columns=DRAFT_COLUMNS, dtype=float)
         tables["questions"] = pd.concat([tables["questions"], drafts], axis=1)
+        for col in POSITION_COLUMNS:
+            tables["questions"][col] = [r.get(col) for r in doc["questions"]]
         for name in ("questions", "turns"):
             tables[name]["question_id"] = tables[name]["question_id"].astype(str)
         for df in tables.values():

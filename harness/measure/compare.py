@@ -17,7 +17,18 @@ outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`har
             are run directories: a baseline keeps hashes, not texts). ``--no-outputs`` turns it off.
 tau         τ of NEW < τ of BASE × (1 − ``tau_rtol``), both pooled over the questions the two runs share
             (:func:`harness.measure.metrics.tau_pooled`). A rise beyond ``tau_rtol`` is reported as "improved" and
-            does not fail (refresh the baseline to keep it).
+            does not fail (refresh the baseline to keep it). Where exact gating does not apply and a tolerance is
+            set, the two acceptance rules below replace it.
+acceptance  tolerance gating, as the engines' own CI does (vLLM's acceptance-length test: mean within rtol of the
+            expected value, each position at least expected × (1 − rtol)), in the cells where exact gating does not
+            apply: the sides ran on another device or dtype, T > 0, or the cell's label ran on another engine
+            than the harness's (``engine:`` in the run configuration). The tolerance is ``acceptance_rtol``
+            (``--acceptance-rtol``); an engine's cell uses :data:`ENGINE_RTOL` when none is given, other cells keep
+            the τ rule when none is given. Fails when |τ NEW / τ BASE − 1| > rtol (a rise too: counting or
+            drafting changed; refresh the baseline if that is intended).
+position    with the acceptance rule: acc@i of NEW < acc@i of BASE × (1 − rtol) at a position i BASE drafted,
+            both pooled over the shared questions (:func:`harness.measure.metrics.acceptance_pooled` of each
+            question's counts); not gated against a baseline saved before it kept those counts.
 speed       Δ speed-up = :func:`harness.measure.metrics.paired_change` of the per-question speed-ups (each run's own
             tokens/s ÷ its own baseline label's on the same question, :func:`harness.measure.metrics.
             per_question_speedups`): the geometric mean of NEW/BASE with a seeded percentile-bootstrap 95% CI.
@@ -62,6 +73,7 @@ from harness.measure.html import write_tables_page
 from harness.measure.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
+ENGINE_RTOL = 0.05  # an engine's cells without --acceptance-rtol: vLLM's acceptance-length CI tolerance
 CONFIG_IGNORED = ("output_dir", "data_dir")
 
 
@@ -77,10 +89,13 @@ class Thresholds:
     gate_outputs: bool = True
     n_boot: int = 2000
     seed: int = 0
+    acceptance_rtol: float | None = None
 
     def __post_init__(self):
-        for name in ("tau_rtol", "speed_tol", "quality_tol"):
+        for name in ("tau_rtol", "speed_tol", "quality_tol", "acceptance_rtol"):
             value = getattr(self, name)
+            if name == "acceptance_rtol" and value is None:
+                continue
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"compare: --{name.replace('_', '-')} must be in [0, 1), got {value!r}")
         if self.tps_tol is not None and not 0 <= self.tps_tol < 1:
@@ -278,6 +293,65 @@ def _select(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
     return df[(df["label"] == label) & (df["suite"] == suite) & (df["temperature"].astype(float) == float(temp))]
 
 
+def label_engine(provenance: Mapping[str, Any], label: str) -> str:
+    """The engine that ran ``label`` according to a side's run configuration: the entry's ``engine``, else the
+    run's, else ``harness`` (also for labels the configuration does not list, such as ``eagle2@compiled``).
+    Example: {"config": {"engine": "vllm", "methods": [{"name": "pld", "engine": "harness"}]}}, "pld" -> "harness"."""
+    config = provenance.get("config") or {}
+    for m in config.get("methods") or []:
+        if isinstance(m, Mapping) and (m.get("label") or m.get("name")) == label:
+            return str(m.get("engine") or config.get("engine") or "harness")
+    return "harness"
+
+
+def inexact_reasons(base: Side, new: Side, label: str, temperature: float) -> list[str]:
+    """Why a cell's outputs and τ are not reproducible exactly between the two sides (empty when they are): another
+    device or dtype, sampling (T > 0), or an engine other than the harness's on either side (then "engine ..."
+    comes last). Example: same CPU and dtype, T = 0, ``vllm-eagle3`` run by vllm -> ["engine vllm"]."""
+    pb, pn = base.provenance, new.provenance
+    out = []
+    if pb.get("device_slug") != pn.get("device_slug"):
+        out.append("devices differ")
+    if (pb.get("target") or {}).get("dtype") != (pn.get("target") or {}).get("dtype"):
+        out.append("dtypes differ")
+    if temperature > 0:
+        out.append(f"T = {temperature:g}")
+    engines = sorted({label_engine(pb, label), label_engine(pn, label)} - {"harness"})
+    if engines:
+        out.append(f"engine {', '.join(engines)}")
+    return out
+
+
+def _acceptance(questions: pd.DataFrame) -> list[float]:
+    """Acceptance per position pooled over a cell's shared questions (their ``accepted_at`` / ``drafted_at``
+    counts); [] when the side keeps no counts."""
+    if "accepted_at" not in questions:
+        return []
+    return M.acceptance_pooled(questions["accepted_at"], questions["drafted_at"])
+
+
+def acceptance_failures(tau_base: float, tau_new: float, acc_base: list[float], acc_new: list[float],
+                        rtol: float) -> list[tuple[str, str]]:
+    """The tolerance rules (module docstring: acceptance, position) as (rule, message) failures.
+
+    acceptance: |τ_new / τ_base − 1| > rtol. position: acc_new[i] < acc_base[i] × (1 − rtol) (or NEW did not draft
+    there) at every position i where BASE has a rate. Example, rtol 0.05: τ 2.00 -> 1.92 (−4%) passes; acc
+    [0.70, 0.50, 0.30] -> [0.70, 0.50, 0.28] fails at position 3 (floor 0.30 × 0.95 = 0.285).
+    """
+    out = []
+    change = M.relative_change(tau_new, tau_base)
+    if not missing(change) and abs(change) > rtol:
+        out.append(("acceptance", f"τ {tau_base:.3f} -> {tau_new:.3f} ({change:+.1%}) outside ±{rtol:.1%}"
+                                  + ("; a rise too fails: refresh the baseline if it is intended" if change > 0
+                                     else "")))
+    for i, b in enumerate(acc_base):
+        n = acc_new[i] if i < len(acc_new) else math.nan
+        if not missing(b) and (missing(n) or n < b * (1 - rtol)):
+            out.append(("position", f"acc@{i + 1} {b:.3f} -> {number(n, '.3f')} below the floor "
+                                    f"{b * (1 - rtol):.4f} ({b:.3f} × (1 − {rtol:g}))"))
+    return out
+
+
 def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[dict[str, Any], list[Finding]]:
     label, suite, temp = key
     name = cell_name_of(key)
@@ -299,7 +373,23 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
 
     tau_b, tau_n = M.tau_pooled(sb["accepted_tokens"], sb["steps"]), M.tau_pooled(sn["accepted_tokens"], sn["steps"])
     tau_change = M.relative_change(tau_n, tau_b)
-    if not missing(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
+    inexact = inexact_reasons(base, new, label, float(temp))
+    on_engine = bool(inexact) and inexact[-1].startswith("engine ")
+    rtol = th.acceptance_rtol if th.acceptance_rtol is not None else ENGINE_RTOL if on_engine else None
+    tolerance: dict[str, Any] = {}
+    if inexact and rtol is not None:
+        acc_b, acc_n = _acceptance(sb), _acceptance(sn)
+        tolerance = {"gate": "tolerance", "acceptance_rtol": rtol, "acc_base": acc_b, "acc_new": acc_n}
+        findings.append(Finding(name, "acceptance", f"gated with tolerance ±{rtol:.1%} ({', '.join(inexact)}): "
+                                                    f"τ{f' and acc@1..{len(acc_b)}' if acc_b else ''} instead of the "
+                                                    "exact τ rule",
+                                fails=False))
+        findings += [Finding(name, rule, msg) for rule, msg in acceptance_failures(tau_b, tau_n, acc_b, acc_n, rtol)]
+        if acc_n and not acc_b:
+            findings.append(Finding(name, "position", "BASE keeps no per-position acceptance counts (a baseline "
+                                                      "saved before them): per-position floors not gated",
+                                    fails=False))
+    elif not missing(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
         findings.append(Finding(name, "tau", f"τ dropped {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}; "
                                              f"allowed -{th.tau_rtol:.1%})"))
     elif not missing(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
@@ -356,6 +446,7 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         row.update(info)
         if finding:
             findings.append(finding)
+    row.update(tolerance)
     row["status"] = ("FAIL" if any(f.fails for f in findings)
                      else "improved" if any(f.rule == "tau" for f in findings) else "ok")
     row["rules_failed"] = sorted({f.rule for f in findings if f.fails})
@@ -411,6 +502,9 @@ def _gated(th: Thresholds) -> str:
              "lossless share", f"quality (drop > {th.quality_tol:g})", "errors", "missing cells/questions"]
     if th.tps_tol is not None:
         parts.append(f"tok/s (CI upper end < {1 - th.tps_tol:g})")
+    if th.acceptance_rtol is not None:
+        parts.append(f"acceptance within ±{th.acceptance_rtol:.1%} and per-position floors where exact gating does "
+                     "not apply (other device or dtype, T > 0, engines)")
     return ", ".join(parts)
 
 

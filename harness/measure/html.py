@@ -4,7 +4,8 @@ reproduction against published numbers).
 Self-contained: inline CSS and a few lines of vanilla JavaScript, plots embedded as base64 PNG, no network request
 (no CDN, no web font, an inline favicon), so the file opens from disk or from a CI artifact. Sections of a run's
 page: provenance (from ``manifest.json``), the paper table (the same text as ``tables/summary.md``), every plot,
-the ablation pivots (:mod:`harness.measure.ablation`) when the run has knobs, sortable and filterable summary and
+the ablation pivots (:mod:`harness.measure.ablation`) when the run has knobs, the referee
+(:mod:`harness.measure.referee`) when entries ran on another engine, sortable and filterable summary and
 per-question tables, and the losslessness audit with a divergence viewer (for every turn whose ``output_ids``
 differ from the baseline's at temperature 0: the first differing token, and the two texts side by side around the
 first differing character).
@@ -319,10 +320,12 @@ def ablation_html(turns: pd.DataFrame, baseline_label: str) -> str | None:
 
 def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: pd.DataFrame,
                       measured: pd.Series, questions: pd.DataFrame, summary: pd.DataFrame, paper_md: str,
-                      baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path]) -> Path:
+                      baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path],
+                      referee: Any = None) -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
     mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
-    measured turns with the ablated knobs only (:func:`harness.measure.ablation.ablation_turns`)."""
+    measured turns with the ablated knobs only (:func:`harness.measure.ablation.ablation_turns`); ``referee``: the
+    :class:`harness.measure.referee.RefereeReport` of a run with engine entries (a section of its own), else None."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"
@@ -334,6 +337,10 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
     ablation = ablation_html(ablated, baseline_label)
     if ablation is not None:
         sections.append(("ablation", "Ablation", ablation))
+    if referee is not None:
+        sections.append(("referee", "Referee", markdown_tables_html(referee.markdown)
+                         + table_html(referee.table.astype(object).where(referee.table.notna(), None),
+                                      "referee-table", filterable=True)))
     sections += [
         ("summary", "Summary", '<p class="muted">One row per label, suite and temperature (tables/summary.csv); '
                                "click a header to sort.</p>" + table_html(summary, "summary-table", filterable=True)),

@@ -299,12 +299,37 @@ def acceptance_per_position(accepted_drafts_lists: Iterable[Sequence[int]],
     (:func:`drafts_before_cut`). ``max_pos`` defaults to the deepest draft seen.
     Example: accepted [2, 0, 1], depths [3, 3, 1] -> i=1: 2/3, i=2: 1/2, i=3: 0/2 -> [0.667, 0.5, 0.0].
     """
+    accepted_at, drafted_at = acceptance_counts(accepted_drafts_lists, draft_depths_lists, max_pos)
+    return acceptance_pooled([accepted_at], [drafted_at])
+
+
+def acceptance_counts(accepted_drafts_lists: Iterable[Sequence[int]], draft_depths_lists: Iterable[Sequence[int]],
+                      max_pos: int | None = None) -> tuple[list[int], list[int]]:
+    """The counts behind :func:`acceptance_per_position` at positions i = 1..max_pos: ``(accepted_at [P],
+    drafted_at [P])`` = (#steps with accepted >= i, #steps whose draft depth >= i). What a committed baseline keeps
+    per question, so that the rate pools exactly over any subset of questions (:func:`acceptance_pooled`).
+    ``max_pos`` defaults to the deepest draft seen. Example: accepted [2, 0, 1], depths [3, 3, 1] -> ([2, 1, 0],
+    [3, 2, 2]).
+    """
     acc, depth = _steps(accepted_drafts_lists, draft_depths_lists)
     top = max_pos if max_pos is not None else int(depth.max(initial=0))
+    return ([int((acc >= i).sum()) for i in range(1, top + 1)], [int((depth >= i).sum()) for i in range(1, top + 1)])
+
+
+def acceptance_pooled(accepted_at: Iterable[Sequence[Number] | None],
+                      drafted_at: Iterable[Sequence[Number] | None]) -> list[float]:
+    """Acceptance per position from per-question counts (:func:`acceptance_counts`): rate_i = Σ_q accepted_at[q][i]
+    / Σ_q drafted_at[q][i], over as many positions as the longest list; NaN where nothing was drafted that deep.
+    Questions whose counts are missing (None) are skipped. The same numbers as :func:`acceptance_per_position` over
+    those questions' steps, as :func:`tau_pooled` is to :func:`tau`.
+    Example: questions ([2, 1], [3, 2]) and ([1], [1]) -> [3/4, 1/2].
+    """
+    pairs = [(list(a), list(d)) for a, d in zip(accepted_at, drafted_at) if a is not None and d is not None]
+    top = max((len(d) for _, d in pairs), default=0)
     out = []
-    for i in range(1, top + 1):
-        n = int((depth >= i).sum())
-        out.append(int((acc >= i).sum()) / n if n else math.nan)
+    for i in range(top):
+        n = sum(d[i] for _, d in pairs if i < len(d))
+        out.append(sum(a[i] for a, _ in pairs if i < len(a)) / n if n else math.nan)
     return out
 
 
@@ -572,7 +597,8 @@ def tie_tolerance(dtype: str, top_logit: float) -> float:
     return TIE_ULPS * DTYPE_EPS[dtype] * max(abs(float(top_logit)), 1.0)
 
 
-def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
+def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any],
+               one_sided: bool = False) -> dict[str, Any] | None:
     """How a greedy turn of a method departs from the baseline's turn (same question, turn, seed): None when the
     ``output_ids`` are equal, else
 
@@ -589,6 +615,10 @@ def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[s
     - "disagreement": a margin exceeds the tolerance, or the other run's token was not even the runner-up: the
       target was confident in one run. A bug, or a method that is not lossless.
     - "unknown": no margins recorded (sampling, or records written before margins were).
+
+    ``one_sided``: the method's run exposes no logits (another engine, :mod:`harness.backends`), so the baseline's
+    side decides alone: "disagreement" when its margin exceeds the tolerance or its runner-up is not the method's
+    token, else "tie"; "unknown" only without the baseline's margins.
 
     Example: ids [5, 6, 7] vs [5, 9, 7], margins [.., 0.25, ..] and [.., 0.5, ..], tops 20, runner-ups 9 and 6,
     bfloat16 -> position 1, tolerance 0.625, kind "tie".
@@ -613,7 +643,9 @@ def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[s
     m_second, b_second = at(method, "logit_runner_ups"), at(baseline, "logit_runner_ups")
     swapped = (m_second is None or b_second is None
                or (int(m_second) == baseline_token and int(b_second) == token))
-    if mm is None or bm is None or tol is None:
+    if one_sided and bm is not None and tol is not None:
+        kind = "tie" if bm <= tol and (b_second is None or int(b_second) == token) else "disagreement"
+    elif mm is None or bm is None or tol is None:
         kind = "unknown"
     else:
         kind = "tie" if mm <= tol and bm <= tol and swapped else "disagreement"

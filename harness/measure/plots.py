@@ -154,6 +154,27 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     return _save(fig, path)
 
 
+def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: Path) -> Path | None:
+    """Acceptance per draft position of each engine entry next to the harness entry it is held against
+    (:mod:`harness.measure.referee`), one panel per pair: ``panels`` = [(title, engine rates, harness rates)]. None
+    when there is no pair or no pair drafted."""
+    panels = [p for p in panels if len(p[1]) or len(p[2])]
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.0 * len(panels) + 1.0, 3.6))
+    for ax, (title, engine, harness) in zip(np.atleast_1d(fig.subplots(1, len(panels), sharey=True)), panels):
+        for rates, name, style in ((engine, "engine", "o-"), (harness, "harness", "s--")):
+            ax.plot(range(1, len(rates) + 1), rates, style, label=name)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("draft position")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(title, fontsize="medium")
+        ax.legend(fontsize="small")
+    fig.axes[0].set_ylabel("acceptance rate")
+    fig.suptitle("Referee: acceptance per draft position, engine vs harness")
+    return _save(fig, path)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     """Lay ``fig`` out and write it to ``path`` whole (:func:`harness.measure.rundir.atomic_file`)."""
     fig.tight_layout()

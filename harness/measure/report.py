@@ -13,6 +13,8 @@
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
     tables/ablation.csv, plots/ablation_*    for the options the run swept (``sweep:``) or names (``ablate:``) when they
                                              differ between entries of a method (harness.measure.ablation)
+    tables/referee.csv, plots/referee.png    runs with entries on another engine only: each engine entry held
+                                             against the harness's own (harness.measure.referee)
     report.html                              all of it on one self-contained page (harness.measure.html)
 
 The tables are computed by :mod:`harness.measure.tables` (which turns are measured, and how, is said there), the
@@ -48,6 +50,7 @@ from harness.measure.plots import (
     plot_tokens_per_s,
 )
 from harness.measure.records import load_records, record_files
+from harness.measure.referee import write_referee
 from harness.measure.rundir import (
     MANIFEST_FILE,
     RECORDS_FILE,
@@ -158,13 +161,15 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     with atomic_file(tables / "divergence.csv") as tmp:
         divergence.to_csv(tmp, index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
+    referee = write_referee(turns, config, baseline, tables, plots)
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
                       f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
                       f"{divergence_note(divergence)}" + (f"\n{accepted}" if accepted else "")
                       + f"\n{ablation_markdown(ablated, baseline)}"
-                      + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else ""))
+                      + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else "")
+                      + (f"\n{referee.markdown}" if referee else ""))
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),
@@ -175,8 +180,10 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ):
         if written is not None:
             paths[f"plot_{name}"] = written
+    if referee:
+        paths |= referee.paths
     paths |= write_ablation(run_dir, ablated, baseline)
     paths["report_html"] = write_html_report(run_dir, manifest, turns, measured_rows(turns), questions, summary,
                                              paper_table(summary, baseline), baseline, ablated,
-                                             {k: v for k, v in paths.items() if k.startswith("plot_")})
+                                             {k: v for k, v in paths.items() if k.startswith("plot_")}, referee)
     return paths

@@ -198,7 +198,7 @@ def lists(col: pd.Series) -> list[list[int]]:
     return [list(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else [] for v in col]
 
 
-def _max_depth(turns: pd.DataFrame) -> int:
+def max_depth(turns: pd.DataFrame) -> int:
     """Deepest draft of any turn in the table (0 when no method drafts): how many acc@i columns the summary has."""
     return max((max(d) for d in lists(turns["draft_depths"]) if d), default=0)
 
@@ -255,7 +255,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     questions = questions_table(turns)
     measured = measured_rows(turns)
     score_failed = _score_failed(turns)
-    depth = _max_depth(turns)
+    depth = max_depth(turns)
     runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
     rows = []
 

@@ -37,7 +37,8 @@ class MethodSpec:
     ``runtime``: how the target's forward runs for this entry (``eager`` or ``compiled``); None = every runtime of
     the run (:meth:`RunConfig.entries`). ``engine``: what runs the entry's turns (``harness``, or a backend of
     :mod:`harness.backends` such as ``vllm``) and ``engine_options`` what it passes to that engine; None = the
-    run's."""
+    run's. ``referee``: for an entry on another engine, the label of the harness entry its acceptance is held
+    against (:mod:`harness.measure.referee`; needed only when the automatic pairing is ambiguous)."""
 
     name: str
     label: str | None = None
@@ -45,6 +46,7 @@ class MethodSpec:
     runtime: str | None = None
     engine: str | None = None
     engine_options: dict[str, Any] | None = None
+    referee: str | None = None
 
     def __post_init__(self):
         if self.label is None:
@@ -122,6 +124,11 @@ class RunConfig:
         labels = [m.label for m in self.entries()]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
+        harness = [m.label for m in self.entries() if m.engine == "harness"]
+        for m in self.entries():
+            need(m.referee is None or (m.engine != "harness" and m.referee in harness), "referee",
+                 f"entry {m.label!r}: referee {m.referee!r} must be the label of an entry the harness runs "
+                 f"({', '.join(harness) or 'none'}), on an entry another engine runs")
         need(bool(self.suites), "suites", "at least one suite is required")
         from harness.run.suites import duplicate_suite_names
 
@@ -176,7 +183,7 @@ class RunConfig:
             engine_options = dict(self.engine_options if spec.engine_options is None else spec.engine_options)
             for runtime in [spec.runtime] if spec.runtime else self.runtime:
                 out.append(MethodSpec(spec.name, runtime_label(spec.label, runtime), dict(spec.options), runtime,
-                                      engine, engine_options))
+                                      engine, engine_options, spec.referee))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,7 +200,7 @@ class RunConfig:
         if d.get("ablate") is None:
             d.pop("ablate")
         for m in d["methods"]:
-            for key in ("runtime", "engine", "engine_options"):
+            for key in ("runtime", "engine", "engine_options", "referee"):
                 if m.get(key) is None:
                     m.pop(key, None)
         return d
@@ -236,10 +243,10 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
         return MethodSpec(raw)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a method name or a mapping with name/label/options, got {raw!r}")
-    unknown = set(raw) - {"name", "label", "options", "runtime", "engine", "engine_options"}
+    unknown = set(raw) - {"name", "label", "options", "runtime", "engine", "engine_options", "referee"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options, "
-                          "runtime, engine, engine_options")
+                          "runtime, engine, engine_options, referee")
     if "name" not in raw or not isinstance(raw["name"], str):
         raise ConfigError(f"{where}.name: a method name is required")
     opts = raw.get("options") or {}
@@ -251,7 +258,11 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
     engine = raw.get("engine")
     if engine is not None and not isinstance(engine, str):
         raise ConfigError(f"{where}.engine: expected an engine name, got {engine!r}")
-    return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime, engine, raw.get("engine_options"))
+    referee = raw.get("referee")
+    if referee is not None and not isinstance(referee, str):
+        raise ConfigError(f"{where}.referee: expected the label of a harness entry, got {referee!r}")
+    return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime, engine, raw.get("engine_options"),
+                      referee)
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
