@@ -142,8 +142,8 @@ class LookaheadOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.slots > SpeculativeMethod.max_tree_slots:
-            raise ValueError(f"window={self.window}, ngram={self.ngram}, guess={self.guess} need {self.slots} slots per "
-                             f"forward (1 + (W - 1) + W (N - 2) + G (N - 1)), more than the "
+            raise ValueError(f"window={self.window}, ngram={self.ngram}, guess={self.guess} need {self.slots} slots "
+                             f"per forward (1 + (W - 1) + W (N - 2) + G (N - 1)), more than the "
                              f"{SpeculativeMethod.max_tree_slots} a verification forward may take")
 
     @property
