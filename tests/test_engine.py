@@ -171,6 +171,51 @@ def test_max_new_tokens_zero_emits_nothing():
     assert gen.token_ids == [] and gen.accept_lengths == []
 
 
+class SideBranched(OracleChain):
+    """A side branch below every root (harness.engine.speculative's ``side_branch``): the target's own greedy
+    continuation as a chain, plus a wrong sibling below the root; records the top-1 the engine hands back for each
+    side slot beside the argmax of a plain forward over prefix + root + that slot's side path."""
+
+    logit_topk = 1
+    draft_depth = 0  # nodes of the oracle chain proposed as the draft (0: an empty draft)
+
+    def propose(self, root, sampling, generator):
+        self.root, self.observed = root, self.__dict__.get("observed", [])
+        good = self.greedy_continuation(root, 3)
+        vocab = self.target.config.vocab_size
+        self.side = DraftTree(torch.tensor(good + [(good[0] + 1) % vocab]), torch.tensor([-1, 0, 1, -1]))
+        return chain_tree(self.greedy_continuation(root, self.draft_depth) if self.draft_depth else [])
+
+    def side_branch(self):
+        return self.side
+
+    def observe(self, slot_ids, top_ids):
+        n = slot_ids.shape[0] - 1 - len(self.side)  # draft nodes
+        paths = [self.side.tokens[:1], self.side.tokens[:2], self.side.tokens[:3], self.side.tokens[3:]]
+        want = [int(self.next_logits(self.context + [self.root] + p.tolist()).argmax()) for p in paths]
+        self.observed.append((top_ids[n + 1:, 0].tolist(), want))
+
+
+@pytest.mark.parametrize("draft_depth", [0, 4])
+def test_a_side_branch_is_run_but_never_verified(draft_depth):
+    # the side slots are the target's own continuation: a verifier that walked into them would accept them (empty
+    # draft: accepted_drafts > 0); a draft slot that saw them, or a side slot at a wrong position or seeing the
+    # draft, would change the draft's acceptance or the side's top-1 against a plain forward; K/V left behind
+    # would break the cache length check_generation makes
+    target = engine_target()
+    want = Vanilla(target).generate(PROMPT, 21, GREEDY)
+    method = SideBranched(target)
+    method.draft_depth = draft_depth
+    gen = method.generate(PROMPT, 21, GREEDY)
+    assert gen.token_ids == want.token_ids
+    assert gen.accepted_drafts == [draft_depth] * len(gen.accepted_drafts)
+    assert gen.counters["tree_tokens"] == draft_depth * len(gen.accepted_drafts)  # side slots are not tree tokens
+    check_generation(gen, method, PROMPT.shape[1], 21)
+    assert len(method.observed) == len(gen.accepted_drafts)
+    for got, expected in method.observed:
+        assert got == expected
+
+
 class HiddenRecorder(OracleBranched):
     """Records the hidden states the engine hands over, to compare with a plain forward."""
 

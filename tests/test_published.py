@@ -27,8 +27,8 @@ SHIPPED = {
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
-    "spec_bench_a100": (7, 5, 56),
-    "spec_bench_rtx3090": (7, 5, 56),
+    "spec_bench_a100": (7, 6, 56),
+    "spec_bench_rtx3090": (7, 6, 56),
 }
 
 

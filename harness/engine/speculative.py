@@ -8,14 +8,18 @@ A method subclasses :class:`SpeculativeMethod` and implements three verbs::
 
 (a method that sets ``logit_topk = k > 0`` also hears ``observe(slot_ids [N+1], top_ids [N+1, k])`` after every
 verification forward: the top-k of the target's logits at each slot, best first, on the device; Token Recycling
-recycles them) and the engine (:meth:`SpeculativeMethod.generate`) does the rest:
+recycles them; a method may also hand the engine a *side branch* right after each proposal, ``side_branch() ->
+DraftTree | None``: slots that ride along in the same forward, each seeing the committed prefix, the root and its own
+side ancestors, never verified, never accepted, their K/V dropped by the compaction and their top-k handed to
+``observe`` after the draft's slots; Lookahead decoding's Jacobi window, arXiv:2402.02057 Sec. 3.3) and the engine
+(:meth:`SpeculativeMethod.generate`) does the rest:
 
 1. prefill (``_prefill``): the target runs over the prompt with a transformers ``DynamicCache``; x0 =
    ``next_token`` of the last logits is emitted as step 0 (accept length 1) and becomes the first root (emitted,
    not yet in the cache);
 2. loop: ``tree = propose(root)``; a verification step (``_verify_step``): ONE target forward over
-   ``[root, *tree.tokens]`` with position ids ``committed_len + depth`` and a 4D mask (causal over the committed
-   prefix, ancestor-or-self inside the tree);
+   ``[root, *tree.tokens]`` (then the side branch's tokens, if any) with position ids ``committed_len + depth`` and
+   a 4D mask (causal over the committed prefix, ancestor-or-self inside the tree);
    :meth:`SpeculativeMethod.verify` picks the accepted path and the bonus token; the accepted drafts and the bonus
    are emitted (cut by :func:`harness.engine.method.cut_at_stop`: never past EOS or ``max_new_tokens``); the cache is
    compacted to the committed prefix + root + accepted path (:func:`harness.engine.kv.compact_cache`); ``accept`` is
@@ -88,6 +92,7 @@ from harness.engine.tree import (
     DraftTree,
     ancestor_matrix,
     check_tree,
+    join_side,
     slot_depths,
     tree_flags,
     windowed_tree_mask,
@@ -237,7 +242,17 @@ class SpeculativeMethod(Method):
     def observe(self, slot_ids: torch.Tensor, top_ids: torch.Tensor) -> None:
         """After a verification forward (only when ``logit_topk`` = k > 0): ``slot_ids [N+1]`` the tokens the target
         ran on (the root, then the tree's nodes), ``top_ids [N+1, k]`` the top-k ids of its logits at each, best
-        first; on the target's device. Called before :meth:`accept` (also on the turn's last step)."""
+        first; on the target's device. Called before :meth:`accept` (also on the turn's last step). With a side
+        branch of M slots, ``slot_ids`` and ``top_ids`` have N+1+M rows: the side's slots come last, in its order."""
+
+    def side_branch(self) -> DraftTree | None:
+        """Slots to run in the next verification forward without verifying them, asked for right after
+        :meth:`propose` (Lookahead decoding's Jacobi window, arXiv:2402.02057 Sec. 3.3): a tree below the root whose
+        ``parents`` index its own nodes (-1 = the root). A side slot sits at position ``committed + depth``, sees the
+        committed prefix, the root and its side ancestors; no draft slot sees it (:func:`join_side`). It is never
+        accepted, its K/V is dropped with the rejected slots, and its logits reach :meth:`observe` (set
+        ``logit_topk``). Default None: the forward is the draft tree alone."""
+        return None
 
     # ---- verification (overridable) ----------------------------------------------------------------------------
     def verify(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
@@ -302,12 +317,14 @@ class SpeculativeMethod(Method):
             del out
             while stop is None:
                 tree = self.propose(root, sampling, generator)
+                side = self.side_branch()
                 clock.mark("draft_s")
                 self._check_proposal(tree, turn.vocab)
-                step, out = self._verify_step(turn, tree, root_dev)
+                forward = tree if side is None else join_side(tree, side)  # the slots the target runs on
+                step, out = self._verify_step(turn, tree, root_dev, forward)
                 clock.mark("verify_s")
                 if self.logit_topk:
-                    self.observe(*slot_top_ids(root_dev, tree.tokens, out.logits[0], self.logit_topk))
+                    self.observe(*slot_top_ids(root_dev, forward.tokens, out.logits[0], self.logit_topk))
                     clock.mark("draft_s")
                 new = step.path_tokens + [step.bonus]
                 kept, stop = cut_at_stop(new, len(emitted), max_new_tokens, eos)
@@ -368,20 +385,25 @@ class SpeculativeMethod(Method):
         turn.stats.record_logits(readback, [0])
         return out, root_dev, readback.bonus
 
-    def _verify_step(self, turn: _Turn, tree: DraftTree, root_dev: torch.Tensor) -> tuple[_Verified, object]:
-        """ONE target forward over ``[root, *tree.tokens]`` and the acceptance: on the device with one readback when
+    def _verify_step(self, turn: _Turn, tree: DraftTree, root_dev: torch.Tensor,
+                     forward: DraftTree) -> tuple[_Verified, object]:
+        """ONE target forward over ``[root, *forward.tokens]`` (``forward``: ``tree``, or ``tree`` joined with a side
+        branch of M slots, :func:`join_side`) and the acceptance of ``tree``: on the device with one readback when
         ``turn.fast`` (greedy argmax), else by :meth:`verify` on the host. Returns the verdict and the forward's
         output (whose hidden states the caller hands to ``accept``)."""
         n, vocab, device = len(tree), turn.vocab, turn.device
         parents, tokens = tree.parents.to(device), tree.tokens.to(device)
-        ancestors = ancestor_matrix(parents)  # [N+1, N+1]
-        depth = slot_depths(ancestors)        # [N+1]
-        flags = tree_flags(DraftTree(tokens, parents), vocab)  # [2]
+        all_parents, all_tokens = forward.parents.to(device), forward.tokens.to(device)
+        all_ancestors = ancestor_matrix(all_parents)  # [N+M+1, N+M+1]
+        all_depth = slot_depths(all_ancestors)        # [N+M+1]
+        ancestors, depth = all_ancestors[: n + 1, : n + 1], all_depth[: n + 1]  # the draft's own: [N+1, N+1], [N+1]
+        flags = tree_flags(DraftTree(all_tokens, all_parents), vocab)  # [2]
         if not turn.fast:  # the method's verify reads the tree on the host: check it first
-            self._raise_if_bad(fetch(flags), tree, vocab)
-        ids = torch.cat([root_dev.to(device), tokens.clamp(0, vocab - 1)])[None]  # [1, N+1]
+            self._raise_if_bad(fetch(flags), forward, vocab)
+        ids = torch.cat([root_dev.to(device), all_tokens.clamp(0, vocab - 1)])[None]  # [1, N+M+1]
         # eager: position ids depth + committed and the tree mask; compiled: the same, padded (runtime.py)
-        ids, pos, mask = turn.runner.verify_inputs(ids, ancestors, depth, turn.committed, turn.layout, turn.cache)
+        ids, pos, mask = turn.runner.verify_inputs(ids, all_ancestors, all_depth, turn.committed, turn.layout,
+                                                   turn.cache)
         turn.clock.mark("overhead_s")
         out = turn.runner.forward(ids, turn.cache, attention_mask=mask, position_ids=pos,
                                   output_hidden_states=turn.want_hidden)
@@ -392,7 +414,7 @@ class SpeculativeMethod(Method):
             accepted = torch.where(on_path, tokens.to(here), -1)  # [N] a slot's token on the path, else -1
             packed = pack_step(flags, depth.max(), bonus_dev, accepted, *logit_margins(logits), turn.packed_dtype)
             readback = unpack_step(fetch(packed), n)
-            self._raise_if_bad(readback.flags, tree, vocab)
+            self._raise_if_bad(readback.flags, forward, vocab)
             return _Verified(readback.path, readback.path_tokens, readback.bonus, bonus_dev.to(device),
                              readback.depth, readback), out
         path, bonus = self.verify(tree, logits, turn.sampling, turn.generator)

@@ -290,6 +290,22 @@ def graft_chain(tokens: list[int], parents: list[int], chain: list[int]) -> tupl
     return tokens, parents
 
 
+def join_side(tree: DraftTree, side: DraftTree) -> DraftTree:
+    """The tree one verification forward runs on: ``tree``'s N nodes, then ``side``'s M nodes (a second tree below
+    the same root, :meth:`harness.engine.speculative.SpeculativeMethod.side_branch`) with their parents shifted past
+    the draft: ``tokens [N+M]``, ``parents [N+M]``. No draft node is an ancestor of a side node or the reverse, so
+    the ancestor matrix of the first N+1 slots is ``tree``'s own.
+
+    Example: tree tokens [7, 8], parents [-1, 0]; side tokens [5, 6], parents [-1, 0] -> tokens [7, 8, 5, 6],
+    parents [-1, 0, -1, 2].
+    """
+    n = tree.parents.shape[0]
+    side_parents = side.parents.to(tree.parents.device)
+    shifted = torch.where(side_parents >= 0, side_parents + n, side_parents)  # [M]
+    return DraftTree(tokens=torch.cat([tree.tokens, side.tokens.to(tree.tokens.device)]),
+                     parents=torch.cat([tree.parents, shifted]))
+
+
 def path_length(tokens: list[int], parents: list[int], path: list[int]) -> int:
     """How many leading tokens of ``path`` spell a path from the root in the tree (host lists ``tokens [N]``,
     ``parents [N]``, -1 = root): the drafts of an accepted sequence that this tree proposed.
