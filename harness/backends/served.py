@@ -38,6 +38,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from harness.backends.contract import (
@@ -106,14 +107,16 @@ def http_get(url: str, timeout: float) -> tuple[int, str]:
         raise _fail(f"GET {url}", e, timeout) from None
 
 
-def wait_ready(url: str, timeout: float, alive=lambda: None) -> None:
-    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does). ``alive``: called
-    between tries, raises when the server's process has died. A refused connection is retried until ``timeout``
-    (a server that is starting does not listen yet); the last failure is the error."""
+def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None) -> None:
+    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does). ``alive``: for a
+    server the harness started, called between tries, raises when its process has died; a refused connection is
+    then retried (a starting server does not listen yet), while for a server started elsewhere it is the error at
+    once. Any other failure is retried until ``timeout``; the last one is the error."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while True:
-        alive()
+        if alive is not None:
+            alive()
         try:
             status, body = http_get(url + "/health", min(10.0, timeout))
             if status == 404:
@@ -122,6 +125,8 @@ def wait_ready(url: str, timeout: float, alive=lambda: None) -> None:
                 return
             last = f"GET /health answered HTTP {status} {body.strip()[:80]}".rstrip()
         except BackendError as e:
+            if alive is None and "connection refused" in str(e):
+                raise
             last = str(e)
         if time.monotonic() >= deadline:
             raise BackendError(f"the server at {url} is not ready after {timeout:g} s: {last}")
@@ -244,6 +249,13 @@ class ServedBackend(Backend):
                                    "the server; measure at concurrency 1 on a server of its own")
             turn.accepted_steps = steps
             turn.notes.append("per-step acceptance from the server's counters (the order of the steps is unknown)")
+            # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,
+            # vLLM's own convention; exact when the drafted tokens say every draft was that deep
+            k = len(per_pos)
+            turn.drafted_steps = [k] * len(steps)
+            if turn.draft_tokens != k * drafts:
+                turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
+                                  f"tokens in {drafts} drafts)")
         elif self.speculative:
             raise BackendError(f"the server at {self.url} exposes no per-position acceptance counters at /metrics "
                                f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}); a speculative "
