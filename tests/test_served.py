@@ -140,11 +140,17 @@ def test_chunks_of_several_tokens_and_text_only_servers_say_so(fake):
     state.mode = "text_only"
     backend = backend_at(url, method="vanilla", speculative=False)
     turn = backend.generate(REQUEST)
-    assert (turn.token_ids, turn.text, turn.completion_tokens, turn.token_times_s) == (
-        None, "t10 t11 t12 t13 ", 4, None)
+    assert (turn.token_ids, turn.text, turn.completion_tokens, len(turn.token_times_s)) == (
+        None, "t10 t11 t12 t13 ", 4, 4)  # four chunks for the server's four tokens: one token per chunk
     rec = turn_fields(turn, backend)
     assert rec["output_ids"] is None and rec["new_tokens"] == 4  # losslessness n/a for the turn, never a pass
-    assert "text without token ids: output_ids n/a (losslessness n/a)" in rec["engine_notes"][0]
+    assert rec["engine_notes"][0] == ("text without token ids: output_ids n/a (losslessness n/a), the turn's "
+                                      "length is the server's own count, one token per chunk")
+    # the fake drafts although the entry is vanilla: the server's counters say it speculated, and tau counts it
+    assert rec["accept_lengths"] == [1, 3] and "from the server's counters" in rec["engine_notes"][1]
+    state.mode = "text_only,pairs"
+    turn = backend.generate(REQUEST)
+    assert turn.token_times_s is None and turn.notes[0].endswith("token times n/a (chunks are not tokens)")
 
 
 def closed_port_url():

@@ -16,7 +16,7 @@ sending the request to the end of the stream, time to the first token, and per n
 (``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
 evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
 token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
-token count (``usage``); the notes say so.
+token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed; a counter the server lacks is None (n/a).
@@ -271,6 +271,7 @@ class ServedBackend(Backend):
         ids: list[int] = []
         text: list[str] = []
         times: list[float] = []
+        chunk_times: list[float] = []  # arrival of each chunk of text without token ids
         notes: list[str] = []
         ttft = finish = usage = None
         with_ids, prev, done = True, 0.0, False
@@ -308,6 +309,7 @@ class ServedBackend(Backend):
                                              "tokens")
                         elif piece:
                             with_ids = False
+                            chunk_times.append(now)
                         if piece:
                             text.append(piece)
                         if new or piece:
@@ -326,13 +328,15 @@ class ServedBackend(Backend):
         if with_ids and (ids or not text):
             return EngineTurn(token_ids=ids, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
                               completion_tokens=completion, token_times_s=times, notes=notes)
-        notes = ["text without token ids: output_ids n/a (losslessness n/a), the turn's length is the server's own "
-                 "count, token times n/a"]
         if completion is None:
             raise BackendError(f"{what} sent text without token ids and no usage count: the turn's tokens cannot "
                                "be counted")
+        per_token = len(chunk_times) == int(completion)  # as many chunks as tokens: one token per chunk
+        notes = ["text without token ids: output_ids n/a (losslessness n/a), the turn's length is the server's own "
+                 "count, " + ("one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
         return EngineTurn(token_ids=None, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
-                          completion_tokens=int(completion), notes=notes)
+                          completion_tokens=int(completion), token_times_s=chunk_times if per_token else None,
+                          notes=notes)
 
     def close(self) -> None:
         if self.server is not None:
