@@ -210,8 +210,8 @@ class ServedBackend(Backend):
         return last
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "server": getattr(self, "server_kind", None),
-                "version": getattr(self, "version", None), "url": self.url, "config": getattr(self, "config", {})}
+        return {"engine": self.name, "server": self.server_kind, "version": self.version, "url": self.url,
+                "config": self.config}
 
     def payload(self, request: TurnRequest) -> dict[str, Any]:
         """The request body of a turn."""
