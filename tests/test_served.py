@@ -82,8 +82,10 @@ def test_served_options_and_the_vllm_serve_command():
     assert launch.vllm_serve_argv("/v/bin/vllm", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
                                   {"max_model_len": 1024, "enable_prefix_caching": False}) == [
         "/v/bin/vllm", "serve", "/m", "--served-model-name", "smollm2-135m", "--dtype", "float32", "--host",
-        "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024", "--no-enable-prefix-caching",
+        "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024",
+        "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
         "--speculative-config", '{"method": "ngram"}']
+    assert "--per-request-spec-decode-metrics" not in launch.vllm_serve_argv("v", "/m", "t", "float32", 1, None, {})
     args = build_parser().parse_args(["run", "--server-url", "http://h:1", "--methods", "vanilla"])
     cfg = config_from_args(args)
     assert (cfg.engine, cfg.engine_options) == ("openai", {"server_url": "http://h:1"})
@@ -126,6 +128,11 @@ def test_a_served_turn_with_token_ids_times_and_counters(fake):
     assert rec["engine_notes"] == ["per-step acceptance from the server's counters (the order of the steps is "
                                    "unknown)"]
     assert backend.describe()["server"] == "vllm"
+    state.mode = "per_request"  # vLLM's ordered per-step acceptance rides on the usage chunk: it wins
+    rec = turn_fields(backend.generate(REQUEST), backend)
+    assert (rec["accepted_drafts"], rec["draft_depths"], rec["accept_lengths"]) == ([1, 2], [2, 2], [1, 2, 1])
+    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics"]
+    state.mode = ""
     completions = backend_at(url, api="completions")
     completions.generate(REQUEST)
     assert state.requests[-1]["prompt"] == [1, 2, 3] and "messages" not in state.requests[-1]  # the harness's ids

@@ -46,12 +46,14 @@ def vllm_serve_argv(vllm: str, target_path: str, served_name: str, dtype: str, p
 
     Example: ("/v/bin/vllm", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"}, {"max_model_len": 1024}) ->
     ["/v/bin/vllm", "serve", "/m", "--served-model-name", "smollm2-135m", "--dtype", "float32", "--host",
-    "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024", "--speculative-config",
-    '{"method": "ngram"}'].
+    "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024", "--per-request-spec-decode-metrics",
+    "detailed", "--speculative-config", '{"method": "ngram"}'].
     """
     argv = [vllm, "serve", target_path, "--served-model-name", served_name, "--dtype", dtype, "--host", "127.0.0.1",
             "--port", str(port)]
-    for key, value in {**SERVE_DEFAULTS, **options}.items():
+    # a speculative server sends each request's ordered per-step acceptance (harness.backends.served)
+    per_request = {"per_request_spec_decode_metrics": "detailed"} if speculative is not None else {}
+    for key, value in {**SERVE_DEFAULTS, **per_request, **options}.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)

@@ -20,10 +20,12 @@ token count (``usage``), and per-token times only where it sent as many chunks a
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed; a counter the server lacks is None (n/a).
-From vLLM's drafts and per-position counters the per-step accepted counts follow
-(:func:`harness.backends.contract.steps_from_counters`), so τ and the per-step histogram are derived as for the
-harness's own turns (the order of the steps is not in the counters). An entry that speculates on a server without
-those counters fails its turns with one line saying so: its forwards cannot be counted.
+The per-step accepted and drafted tokens, from which τ and the per-step histogram are derived as for the harness's
+own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
+chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
+detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-position counters
+(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters). An entry
+that speculates on a server with neither fails its turns with one line saying so: its forwards cannot be counted.
 
 Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
 in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
@@ -230,7 +232,7 @@ class ServedBackend(Backend):
 
     def generate(self, request: TurnRequest) -> EngineTurn:
         before = self._read_counters() if self.has_metrics else None
-        turn = self._stream(request)
+        turn, per_request = self._stream(request)
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
             counters = dict.fromkeys(COUNTERS)
@@ -238,32 +240,43 @@ class ServedBackend(Backend):
             counters = diff(before, self._settled_counters())
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
         turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
-        drafts, per_pos = counters["drafts"], counters["accepted_per_pos"]
-        if drafts is not None and per_pos is not None and (drafts > 0 or self.speculative):
-            steps = steps_from_counters(drafts, per_pos)
-            n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
-            # one request yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most k past what it emitted
-            if steps is None or 1 + len(steps) + sum(steps) > n + len(per_pos):
-                raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({drafts} "
-                                   f"drafts, accepted per position {per_pos}, {n} tokens): another client is using "
-                                   "the server; measure at concurrency 1 on a server of its own")
-            turn.accepted_steps = steps
-            turn.notes.append("per-step acceptance from the server's counters (the order of the steps is unknown)")
-            # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,
-            # vLLM's own convention; exact when the drafted tokens say every draft was that deep
-            k = len(per_pos)
-            turn.drafted_steps = [k] * len(steps)
-            if turn.draft_tokens != k * drafts:
-                turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
-                                  f"tokens in {drafts} drafts)")
+        accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
+        if isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted):
+            turn.accepted_steps, turn.drafted_steps = [int(a) for a in accepted], [int(d) for d in drafted]
+            turn.notes.append("per-step acceptance from the server's per-request metrics")
+        elif counters["drafts"] is not None and counters["accepted_per_pos"] is not None and (
+                counters["drafts"] > 0 or self.speculative):
+            self._steps_from_counters(turn)
         elif self.speculative:
             raise BackendError(f"the server at {self.url} exposes no per-position acceptance counters at /metrics "
-                               f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}); a speculative "
-                               "entry's forwards cannot be counted (an entry of method vanilla measures its tokens "
-                               "and times)")
+                               f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}) nor per-request "
+                               "acceptance; a speculative entry's forwards cannot be counted (an entry of method "
+                               "vanilla measures its tokens and times)")
         return turn
 
-    def _stream(self, request: TurnRequest) -> EngineTurn:
+    def _steps_from_counters(self, turn: EngineTurn) -> None:
+        """The turn's per-step accepted and drafted tokens from its counters (vLLM's drafts and per position)."""
+        drafts, per_pos = turn.drafts, turn.accepted_per_pos
+        steps = steps_from_counters(drafts, per_pos)
+        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        # one request yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most k past what it emitted
+        if steps is None or 1 + len(steps) + sum(steps) > n + len(per_pos):
+            raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({drafts} "
+                               f"drafts, accepted per position {per_pos}, {n} tokens): another client is using "
+                               "the server; measure at concurrency 1 on a server of its own")
+        turn.accepted_steps = steps
+        turn.notes.append("per-step acceptance from the server's counters (the order of the steps is unknown)")
+        # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,
+        # vLLM's own convention; exact when the drafted tokens say every draft was that deep
+        k = len(per_pos)
+        turn.drafted_steps = [k] * len(steps)
+        if turn.draft_tokens != k * drafts:
+            turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
+                              f"tokens in {drafts} drafts)")
+
+    def _stream(self, request: TurnRequest) -> tuple[EngineTurn, dict[str, Any]]:
+        """The streamed turn, and the server's per-request speculative metrics (vLLM's
+        ``metrics.speculative_decoding`` on the usage chunk; {} where it sends none)."""
         path = APIS[self.options["api"]]
         what = f"POST {self.url}{path}"
         req = urllib.request.Request(self.url + path, data=json.dumps(self.payload(request)).encode(),
@@ -274,6 +287,7 @@ class ServedBackend(Backend):
         chunk_times: list[float] = []  # arrival of each chunk of text without token ids
         notes: list[str] = []
         ttft = finish = usage = None
+        per_request: dict[str, Any] = {}
         with_ids, prev, done = True, 0.0, False
         start = time.perf_counter()
         try:
@@ -296,6 +310,9 @@ class ServedBackend(Backend):
                         raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
                                            f"{json.dumps(err)[:200]}")
                     usage = chunk.get("usage") or usage
+                    metrics = chunk.get("metrics")
+                    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+                        per_request = metrics["speculative_decoding"]
                     for choice in chunk.get("choices") or []:
                         piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                         new = choice.get("token_ids")
@@ -327,7 +344,7 @@ class ServedBackend(Backend):
         completion = (usage or {}).get("completion_tokens")
         if with_ids and (ids or not text):
             return EngineTurn(token_ids=ids, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
-                              completion_tokens=completion, token_times_s=times, notes=notes)
+                              completion_tokens=completion, token_times_s=times, notes=notes), per_request
         if completion is None:
             raise BackendError(f"{what} sent text without token ids and no usage count: the turn's tokens cannot "
                                "be counted")
@@ -336,7 +353,7 @@ class ServedBackend(Backend):
                  "count, " + ("one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
         return EngineTurn(token_ids=None, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
                           completion_tokens=int(completion), token_times_s=chunk_times if per_token else None,
-                          notes=notes)
+                          notes=notes), per_request
 
     def close(self) -> None:
         if self.server is not None:

@@ -11,9 +11,10 @@ and the usage, then ``[DONE]``.
 completion answers HTTP N), ``hang`` (the completion answers after 5 s), ``no_counters`` (/metrics without the
 speculative counters), ``cut_at=N`` (the stream closes after N tokens, without finish or ``[DONE]``),
 ``model=NAME`` (serves another model), ``text_only`` (no token ids), ``pairs`` (two token ids per chunk),
-``error_at=N`` (an error object in the stream after N tokens); as a process also ``exit`` (exits with code 3
-before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and writes its pid to
-``$FAKE_CHILD_PID``: stopping the server must stop it too).
+``error_at=N`` (an error object in the stream after N tokens), ``per_request`` (vLLM's per-request acceptance,
+``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk); as a process also
+``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
+writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
 """
 
 import json
@@ -122,7 +123,13 @@ def handler(fake: Fake):
                 fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
                 last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
                 self.event({"choices": [last]})
-                self.event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}})
+                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+                if fake.flag("per_request"):
+                    usage["metrics"] = {"speculative_decoding": {
+                        "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.75, "acceptance_histogram": [0, 1, 1],
+                        "num_spec_steps": 2, "num_accepted_draft_tokens": 3, "num_draft_tokens": 4,
+                        "num_spec_tokens": 2, "per_step_accepted": [1, 2], "per_step_drafted": [2, 2]}}
+                self.event(usage)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
