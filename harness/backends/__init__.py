@@ -1,10 +1,11 @@
-"""Backends: engines other than the harness's own that a run can measure (vLLM today), behind one contract.
+"""Backends: engines other than the harness's own that a run can measure, behind one contract.
 
 Not to be confused with :mod:`harness.engine`, the verification engine every draftbench method runs on (the
 ``harness`` engine of a run). A backend takes a method entry (target, method, options, ``engine_options``) and runs
 its turns in another engine, returning the same per-turn data (:mod:`harness.backends.contract`).
-``engine: vllm`` in a run configuration (per run or per method entry) or ``--engine vllm`` selects one
-(:func:`create_backend`); ``engine: harness``, the default, runs the method itself, as before.
+``engine: vllm`` (vLLM in-process, :mod:`harness.backends.vllm`) or ``engine: openai`` (any OpenAI-compatible
+server, :mod:`harness.backends.served`) in a run configuration (per run or per method entry), or ``--engine``,
+selects one (:func:`create_backend`); ``engine: harness``, the default, runs the method itself, as before.
 """
 
 from __future__ import annotations
@@ -22,17 +23,57 @@ def check_engine(engine: str, method: str, options: Any, given: set[str], target
     if engine == "vllm":
         from harness.backends.vllm import check_python, speculative_config
 
+        if "server_url" in (engine_options or {}):
+            raise EngineError("engine vllm runs vLLM in-process; a server_url is measured with engine openai")
         speculative_config(method, options, given, target, engine_options)
         check_python()
+    elif engine == "openai":
+        _served_options(method, options, given, target, engine_options)
+
+
+def _served_options(method: str, options: Any, given: set[str], target: str,
+                    engine_options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any] | None, bool]:
+    """An ``engine: openai`` entry's own options, the speculative configuration of the vLLM it launches (None when
+    it launches none or vLLM does not speculate) and whether the entry speculates."""
+    from harness.backends.served import OPTIONS, check_options
+
+    opts = check_options(method, given, engine_options)
+    if opts.get("launch") is None:
+        return opts, None, method != "vanilla"
+    from harness.backends.vllm import check_python, speculative_config
+
+    vllm_options = {k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}
+    spec = speculative_config(method, options, given, target, vllm_options)
+    check_python()
+    return opts, spec, spec is not None
 
 
 def create_backend(engine: str, method: str, options: Any, given: set[str], target: str, target_path: str,
                    dtype: str, engine_options: dict[str, Any] | None) -> Backend | None:
-    """The backend of a method entry (None for ``engine: harness``); it is loaded and ready for turns."""
+    """The backend of a method entry (None for ``engine: harness``); it is loaded (or connected) and ready."""
     check_engine(engine, method, options, given, target, engine_options)
     if engine == "harness":
         return None
+    if engine == "openai":
+        return _served_backend(method, options, given, target, target_path, dtype, engine_options)
     from harness.backends.vllm import VLLMBackend, llm_options, speculative_config
 
     return VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
                        llm_options(engine_options))
+
+
+def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
+                    engine_options: dict[str, Any] | None) -> Backend:
+    from harness.backends.served import OPTIONS, ServedBackend
+
+    opts, spec, speculative = _served_options(method, options, given, target, engine_options)
+    if opts.get("launch") is None:
+        return ServedBackend(opts["server_url"], opts, target, target_path, speculative)
+    from harness.backends import launch
+    from harness.backends.vllm import llm_options
+
+    serve_options = llm_options({k: v for k, v in (engine_options or {}).items() if k not in OPTIONS})
+    server = launch.launch_vllm(target, target_path, dtype, spec, serve_options,
+                                float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
+    return ServedBackend(server.url, opts, target, target_path, speculative, server,
+                         {"launch": "vllm", "argv": server.argv, "speculative_config": spec, "load_s": server.load_s})

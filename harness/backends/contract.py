@@ -9,17 +9,23 @@ does not expose is None ("n/a"), never 0: a missing counter must not read as zer
 The prompt travels twice: as chat ``messages`` (for engines that apply their own chat template, e.g. a served chat
 endpoint) and as ``prompt_ids``, the harness's own rendering of the same messages. An in-process engine takes the
 ids, so the harness and the engine see the same tokens and their greedy outputs can be held against each other.
+
+A served engine may return text without token ids (then ``token_ids`` is None, the record's ``output_ids`` is null
+and the losslessness check is n/a for the turn, never a pass), per-chunk rather than per-token times, or counters
+but no per-step acceptance; ``notes`` says which, and every record carries them (``engine_notes``).
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.schema import InputError
 
-ENGINES = ("harness", "vllm")  # "harness": the verification engine of harness/engine (no backend object)
+# "harness": the verification engine of harness/engine (no backend object); "openai": any OpenAI-compatible server
+ENGINES = ("harness", "vllm", "openai")
 
 
 class EngineError(InputError):
@@ -52,9 +58,12 @@ class EngineTurn:
     """What a backend measured for one turn. Counters: the engine's own, for this turn only; None where the engine
     has no such counter. ``accepted_per_pos[i]``: drafts whose first i + 1 tokens were accepted.
     ``accepted_steps`` / ``drafted_steps``: per verification step that drafted, the accepted and drafted tokens,
-    where the engine reports steps (then :func:`accept_lengths` derives draftbench's per-forward counts)."""
+    where the engine reports steps (then :func:`accept_lengths` derives draftbench's per-forward counts).
+    ``token_ids``: None when the engine returned only ``text`` (then ``completion_tokens``, its own count, is the
+    turn's length). ``token_times_s``: per new token, seconds from the request to its arrival, where the engine
+    streams. ``notes``: how this turn was measured where it departs from the harness's own (one phrase each)."""
 
-    token_ids: list[int]
+    token_ids: list[int] | None
     wall_time_s: float
     ttft_s: float | None = None
     stop_reason: str | None = None
@@ -64,6 +73,10 @@ class EngineTurn:
     accepted_per_pos: list[int] | None = None
     accepted_steps: list[int] | None = None
     drafted_steps: list[int] | None = None
+    text: str | None = None
+    completion_tokens: int | None = None
+    token_times_s: list[float] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def counters(self) -> dict[str, Any]:
         """The acceptance counters as a record stores them (``engine_counters``)."""
@@ -94,6 +107,23 @@ def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculativ
     return out + [1] * left
 
 
+def steps_from_counters(drafts: int, accepted_per_pos: list[int]) -> list[int] | None:
+    """Per drafting step, the accepted draft tokens, from a turn's counters alone: ``drafts`` D and
+    ``accepted_per_pos`` p[0..k-1] (p[i]: drafts whose first i + 1 tokens were accepted) fix how many steps accepted
+    exactly j tokens: D - p[0] for j = 0, p[j-1] - p[j] for 0 < j < k, p[k-1] for j = k. Their order is not in the
+    counters: listed from most to fewest accepted. None when the counters contradict a chain (p rising with the
+    position, p[0] > D, a negative count).
+
+    Examples: (4, [3, 1]) -> [2, 1, 1, 0]; (2, [0, 0, 0]) -> [0, 0]; (0, []) -> []; (1, [0, 1]) -> None.
+    """
+    p = list(accepted_per_pos)
+    if drafts < 0 or any(x < 0 for x in p) or (p and p[0] > drafts) or any(b > a for a, b in itertools.pairwise(p)):
+        return None
+    # exact[j]: steps that accepted exactly j tokens, j = 0..k
+    exact = [drafts - (p[0] if p else 0)] + [a - b for a, b in itertools.pairwise([*p, 0])]
+    return [j for j in range(len(exact) - 1, -1, -1) for _ in range(exact[j])]
+
+
 class Backend(abc.ABC):
     """An engine that runs one method entry's turns. ``name``: the engine (``vllm``); :meth:`describe`: its name,
     version and configuration, for the manifest and every record; :meth:`close` stops whatever it started (also
@@ -119,9 +149,14 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
     measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
     for what it cannot measure in another process (memory, energy, logits), and the engine's name, version and
-    counters (``engine``, ``engine_version``, ``engine_counters``)."""
-    n = len(turn.token_ids)
-    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative)
+    counters (``engine``, ``engine_version``, ``engine_counters``), where it ran (``engine_url``, for a server) and
+    how it was configured (``engine_config``), with the turn's ``token_times_s`` and ``engine_notes``."""
+    n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens
+    if n is None:
+        raise BackendError(f"engine {backend.name} returned neither token ids nor a token count")
+    info = backend.describe()
+    # a server launched elsewhere may speculate although the entry did not say so: its counters tell
+    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative or bool(turn.accepted_steps))
     if lengths is None:
         raise BackendError(f"engine {backend.name} speculated but reported no per-step acceptance; the turn's "
                            "forwards cannot be counted")
@@ -129,11 +164,13 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "new_tokens": n, "steps": len(lengths), "accept_lengths": lengths,
         "accepted_drafts": list(turn.accepted_steps or []), "draft_depths": list(turn.drafted_steps or []),
         "wall_time_s": turn.wall_time_s, "prefill_time_s": turn.ttft_s,
-        "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason), "output_ids": list(turn.token_ids),
+        "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason),
+        "output_ids": None if turn.token_ids is None else list(turn.token_ids),
         "rss_bytes": None, "peak_rss_bytes": None, "cuda_peak_allocated_bytes": None,
         "cuda_peak_reserved_bytes": None, "nvml_used_bytes": None, "energy_j": None, "mean_power_w": None,
         "timings": {}, "counters": {}, "timings_synchronised": None, "nvml_devices": None, "logit_margins": None,
         "logit_tops": None, "logit_runner_ups": None,
-        "engine": backend.name, "engine_version": backend.describe().get("version"),
-        "engine_counters": turn.counters(),
+        "engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
+        "engine_config": info.get("config"), "engine_counters": turn.counters(), "token_times_s": turn.token_times_s,
+        "engine_notes": list(turn.notes),
     }

@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="method options that get ablation tables and plots (besides those of a sweep)")
     for flag, (_, kind) in RUN_FLAGS.items():
         r.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind)
+    r.add_argument("--server-url", metavar="URL",
+                   help="measure a running OpenAI-compatible server (vLLM, SGLang, trtllm-serve, llama-server): "
+                        "engine_options server_url, and engine openai unless --engine says otherwise")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
     r.add_argument("--sweep", action="append", default=[], metavar="LABEL.OPTION=V1,V2", help="a grid of option values")
@@ -78,6 +81,10 @@ def config_from_args(args) -> RunConfig:
     for item in args.set:
         key, value = parse_assignment(item)
         data[key] = value
+    if args.server_url is not None:
+        data["engine_options"] = {**(data.get("engine_options") or {}), "server_url": args.server_url}
+        if args.engine is None:
+            data["engine"] = "openai"
     cfg = config_from_dict(add_cli_sweeps(data, args.sweep))
     for item in args.opt:
         key, value = parse_assignment(item)

@@ -63,9 +63,14 @@ score, score_name           quality of the answer where the suite has a scorer (
 score_error                 why scoring failed (then ``score`` is None and ``status`` stays "ok": the generation
                             is measured, its quality is not); None otherwise
 timestamp                   ISO time the turn finished
-engine, engine_version      the engine that ran the turn when not the harness's own (``vllm``; absent otherwise)
+engine, engine_version      the engine that ran the turn when not the harness's own (``vllm``, ``openai``; absent
+                            otherwise) and its version (None where the engine does not say)
+engine_url, engine_config   where it ran (a server's URL; None in-process) and how it was configured
 engine_counters             that engine's acceptance counters for the turn: drafts, draft_tokens, accepted_tokens,
                             accepted_per_pos (None where the engine has no such counter; harness.backends.contract)
+token_times_s               per new token, seconds from the request to its arrival (a streaming engine; else None)
+engine_notes                how the engine turn was measured where it departs from the harness's own (token times
+                            split over a chunk, text without token ids, acceptance from counters), one phrase each
 retry                       true on an error record whose engine failed (a resumed run re-runs the question)
 =========================== ==================================================================================
 """

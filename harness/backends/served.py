@@ -1,0 +1,360 @@
+"""Served engines (``engine: openai``): any OpenAI-compatible server (vLLM, SGLang, ``trtllm-serve``, llama.cpp's
+``llama-server``), measured through its HTTP API, one request at a time.
+
+Where the server is: ``engine_options: {server_url: http://host:port}`` (``draftbench run --server-url URL``), a
+server started elsewhere and measured as it runs (the entry's method options cannot configure it and are refused);
+or ``engine_options: {launch: vllm}``, a local ``vllm serve`` started from vLLM's venv (``make vllm-setup``) with the
+speculative configuration the in-process vLLM backend maps for the entry's method (:mod:`harness.backends.launch`),
+stopped at the end of the run, also on Ctrl-C and on failure.
+
+Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
+messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
+harness's own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with
+the turn's temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids
+(vLLM's ``return_token_ids``) and the usage count. Measured, as the harness measures its own turns: wall time from
+sending the request to the end of the stream, time to the first token, and per new token its arrival time
+(``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
+evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
+token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
+token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so.
+
+Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
+(concurrency 1: nothing else may use the server meanwhile) and diffed; a counter the server lacks is None (n/a).
+The per-step accepted and drafted tokens, from which τ and the per-step histogram are derived as for the harness's
+own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
+chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
+detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-position counters
+(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters). An entry
+that speculates on a server with neither fails its turns with one line saying so: its forwards cannot be counted.
+
+Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
+in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
+sent inside the stream, a server that serves another model (checked against ``/v1/models`` before the run), counters
+that moved by more than one request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from harness.backends.contract import (
+    Backend,
+    BackendError,
+    EngineError,
+    EngineTurn,
+    TurnRequest,
+    steps_from_counters,
+)
+from harness.backends.prometheus import COUNTERS, diff, read_counters, server_kind
+
+OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s")  # this backend's own options
+APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+TIMEOUT_S = 300.0        # no byte from the server for this long: the request failed
+READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
+SETTLE_S = 0.05          # counters are re-read until two readings this far apart agree (a server updates them late)
+SETTLE_MAX_S = 2.0
+
+
+def check_options(method: str, given: set[str], engine_options: dict[str, Any] | None) -> dict[str, Any]:
+    """This backend's options of ``engine_options`` with their defaults; an :class:`EngineError` for a missing or
+    contradictory server (``server_url`` xor ``launch``) and, with ``server_url``, for anything that would have to
+    configure a server the harness does not start (method options, other engine options)."""
+    opts = dict(engine_options or {})
+    url, launch = opts.get("server_url"), opts.get("launch")
+    if (url is None) == (launch is None):
+        raise EngineError("engine openai needs exactly one of engine_options server_url (a running server, "
+                          "--server-url URL) or launch: vllm (a local vllm serve started for the run)")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+        raise EngineError(f"engine openai: server_url must be an http:// or https:// URL, got {url!r}")
+    if launch is not None and launch != "vllm":
+        raise EngineError(f"engine openai: launch {launch!r} is not known; it launches vllm")
+    if opts.get("api", "chat") not in APIS:
+        raise EngineError(f"engine openai: api {opts['api']!r} is not known; use {' or '.join(APIS)}")
+    if url is not None:
+        extra = sorted(set(opts) - set(OPTIONS))
+        if given or extra:
+            raise EngineError(f"engine openai, method {method!r} at {url}: {', '.join(sorted(given) + extra)} would "
+                              "configure the server, which runs as it was started; start it with them, or use "
+                              "launch: vllm")
+    return {"api": "chat", "timeout_s": TIMEOUT_S, **opts}
+
+
+def _fail(what: str, exc: BaseException, timeout: float) -> BackendError:
+    """One line for a failed HTTP exchange."""
+    if isinstance(exc, urllib.error.HTTPError):
+        body = exc.read().decode(errors="replace").strip().replace("\n", " ")
+        return BackendError(f"{what} answered HTTP {exc.code} {exc.reason}: {body[:200]}")
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return BackendError(f"{what}: connection refused (is the server running?)")
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return BackendError(f"{what}: no answer within {timeout:g} s")
+    return BackendError(f"{what}: {getattr(reason, 'strerror', None) or reason}")
+
+
+def http_get(url: str, timeout: float) -> tuple[int, str]:
+    """GET ``url``: (status, body); an HTTP error status is returned, not raised; no answer is a BackendError."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        raise _fail(f"GET {url}", e, timeout) from None
+
+
+def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None) -> None:
+    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does). ``alive``: for a
+    server the harness started, called between tries, raises when its process has died; a refused connection is
+    then retried (a starting server does not listen yet), while for a server started elsewhere it is the error at
+    once. Any other failure is retried until ``timeout``; the last one is the error."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        if alive is not None:
+            alive()
+        try:
+            status, body = http_get(url + "/health", min(10.0, timeout))
+            if status == 404:
+                status, body = http_get(url + "/v1/models", min(10.0, timeout))
+            if status == 200:
+                return
+            last = f"GET /health answered HTTP {status} {body.strip()[:80]}".rstrip()
+        except BackendError as e:
+            if alive is None and "connection refused" in str(e):
+                raise
+            last = str(e)
+        if time.monotonic() >= deadline:
+            raise BackendError(f"the server at {url} is not ready after {timeout:g} s: {last}")
+        time.sleep(0.25)
+
+
+class ServedBackend(Backend):
+    """One method entry on a server. ``target``: the run's target name, ``target_path`` its folder (the model the
+    server must serve); ``speculative``: whether the entry speculates (its turns then need the server's acceptance
+    counters); ``server``: a launched server (:class:`harness.backends.launch.ServerProcess`, stopped by
+    :meth:`close`) or None; ``config``: what configured the server, for the manifest."""
+
+    name = "openai"
+
+    def __init__(self, url: str, options: dict[str, Any], target: str, target_path: str, speculative: bool,
+                 server=None, config: dict[str, Any] | None = None):
+        self.url, self.options, self.speculative, self.server = url.rstrip("/"), options, speculative, server
+        self.timeout = float(options["timeout_s"])
+        try:
+            if server is None:
+                wait_ready(self.url, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
+            self.model = self._check_model(options.get("model"), target, target_path)
+            self.version = self._version()
+            status, text = http_get(self.url + "/metrics", self.timeout)
+            self.has_metrics = status == 200 and self._counters_of(text) is not None
+            self.server_kind = server_kind(text) if self.has_metrics else None
+        except BaseException:
+            self.close()
+            raise
+        self.config = {"server_url": self.url, "api": options["api"], "model": self.model, **(config or {})}
+
+    def _check_model(self, wanted: str | None, target: str, target_path: str) -> str:
+        status, body = http_get(self.url + "/v1/models", self.timeout)
+        try:
+            served = [m["id"] for m in json.loads(body)["data"]] if status == 200 else None
+        except (ValueError, KeyError, TypeError):
+            served = None
+        if served is None:
+            raise BackendError(f"GET {self.url}/v1/models answered HTTP {status} without a model list: "
+                               f"{body.strip()[:120]}")
+        names = [wanted] if wanted else [target, target_path, target_path.rstrip("/").rsplit("/", 1)[-1]]
+        for name in names:
+            if name in served:
+                return name
+        raise BackendError(f"the server at {self.url} serves {', '.join(served) or 'no model'}, not "
+                           f"{wanted or target} ({target_path}); point at a server of the run's target, or name its "
+                           "model with engine_options model: NAME if it is the same model")
+
+    def _version(self) -> str | None:
+        try:
+            status, body = http_get(self.url + "/version", self.timeout)
+            return str(json.loads(body)["version"]) if status == 200 else None
+        except (BackendError, ValueError, KeyError, TypeError):
+            return None  # the server does not say: n/a
+
+    @staticmethod
+    def _counters_of(text: str) -> dict[str, Any] | None:
+        try:
+            return read_counters(text)
+        except ValueError:
+            return None  # not the exposition format (trtllm-serve's /metrics is JSON): no counters
+
+    def _read_counters(self) -> dict[str, Any]:
+        status, text = http_get(self.url + "/metrics", self.timeout)
+        counters = self._counters_of(text) if status == 200 else None
+        if counters is None:
+            raise BackendError(f"GET {self.url}/metrics answered HTTP {status} without Prometheus counters, though "
+                               "it had them when the run started")
+        return counters
+
+    def _settled_counters(self) -> dict[str, Any]:
+        """The counters once two readings :data:`SETTLE_S` apart agree (a server may count a request's last steps
+        after it has sent the last chunk)."""
+        last, deadline = self._read_counters(), time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_S)
+            now = self._read_counters()
+            if now == last:
+                break
+            last = now
+        return last
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "server": self.server_kind, "version": self.version, "url": self.url,
+                "config": self.config}
+
+    def payload(self, request: TurnRequest) -> dict[str, Any]:
+        """The request body of a turn."""
+        body: dict[str, Any] = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                                "max_tokens": request.max_new_tokens, "temperature": request.temperature,
+                                "top_p": request.top_p, "return_token_ids": True}
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.top_k:
+            body["top_k"] = request.top_k
+        if self.options["api"] == "chat":
+            body["messages"] = request.messages
+        else:
+            body["prompt"] = list(request.prompt_ids)
+        return body
+
+    def generate(self, request: TurnRequest) -> EngineTurn:
+        before = self._read_counters() if self.has_metrics else None
+        turn, per_request = self._stream(request)
+        if before is None:
+            turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
+            counters = dict.fromkeys(COUNTERS)
+        else:
+            counters = diff(before, self._settled_counters())
+        turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
+        turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
+        accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
+        if isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted):
+            turn.accepted_steps, turn.drafted_steps = [int(a) for a in accepted], [int(d) for d in drafted]
+            turn.notes.append("per-step acceptance from the server's per-request metrics")
+        elif counters["drafts"] is not None and counters["accepted_per_pos"] is not None and (
+                counters["drafts"] > 0 or self.speculative):
+            self._steps_from_counters(turn)
+        elif self.speculative:
+            raise BackendError(f"the server at {self.url} exposes no per-position acceptance counters at /metrics "
+                               f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}) nor per-request "
+                               "acceptance; a speculative entry's forwards cannot be counted (an entry of method "
+                               "vanilla measures its tokens and times)")
+        return turn
+
+    def _steps_from_counters(self, turn: EngineTurn) -> None:
+        """The turn's per-step accepted and drafted tokens from its counters (vLLM's drafts and per position)."""
+        drafts, per_pos = turn.drafts, turn.accepted_per_pos
+        steps = steps_from_counters(drafts, per_pos)
+        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        # one request yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most k past what it emitted
+        if steps is None or 1 + len(steps) + sum(steps) > n + len(per_pos):
+            raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({drafts} "
+                               f"drafts, accepted per position {per_pos}, {n} tokens): another client is using "
+                               "the server; measure at concurrency 1 on a server of its own")
+        turn.accepted_steps = steps
+        turn.notes.append("per-step acceptance from the server's counters (the order of the steps is unknown)")
+        # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,
+        # vLLM's own convention; exact when the drafted tokens say every draft was that deep
+        k = len(per_pos)
+        turn.drafted_steps = [k] * len(steps)
+        if turn.draft_tokens != k * drafts:
+            turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
+                              f"tokens in {drafts} drafts)")
+
+    def _stream(self, request: TurnRequest) -> tuple[EngineTurn, dict[str, Any]]:
+        """The streamed turn, and the server's per-request speculative metrics (vLLM's
+        ``metrics.speculative_decoding`` on the usage chunk; {} where it sends none)."""
+        path = APIS[self.options["api"]]
+        what = f"POST {self.url}{path}"
+        req = urllib.request.Request(self.url + path, data=json.dumps(self.payload(request)).encode(),
+                                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        ids: list[int] = []
+        text: list[str] = []
+        times: list[float] = []
+        chunk_times: list[float] = []  # arrival of each chunk of text without token ids
+        notes: list[str] = []
+        ttft = finish = usage = None
+        per_request: dict[str, Any] = {}
+        with_ids, prev, done = True, 0.0, False
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                for raw in r:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    now = time.perf_counter() - start
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise BackendError(f"{what} streamed a line that is not JSON: {data[:120]!r}") from None
+                    if not isinstance(chunk, dict) or "error" in chunk:
+                        err = chunk.get("error") if isinstance(chunk, dict) else chunk
+                        raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
+                                           f"{json.dumps(err)[:200]}")
+                    usage = chunk.get("usage") or usage
+                    metrics = chunk.get("metrics")
+                    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+                        per_request = metrics["speculative_decoding"]
+                    for choice in chunk.get("choices") or []:
+                        piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                        new = choice.get("token_ids")
+                        if (new or piece) and ttft is None:  # the first chunk's tokens all arrive with it
+                            ttft = prev = now
+                        if new:
+                            ids += [int(t) for t in new]
+                            times += [prev + (now - prev) * (i + 1) / len(new) for i in range(len(new))]
+                            if len(new) > 1 and not notes:
+                                notes.append("chunks of several tokens: each chunk's time is split evenly over its "
+                                             "tokens")
+                        elif piece:
+                            with_ids = False
+                            chunk_times.append(now)
+                        if piece:
+                            text.append(piece)
+                        if new or piece:
+                            prev = now
+                        finish = choice.get("finish_reason") or finish
+        except BackendError:
+            raise
+        except (urllib.error.URLError, OSError) as e:  # HTTPError is a URLError; a socket timeout is an OSError
+            raise _fail(what, e, self.timeout) from None
+        wall = time.perf_counter() - start
+        if not done or finish is None:
+            missing = "no finish reason" if finish is None else "no [DONE]"
+            raise BackendError(f"{what}: the stream ended mid-turn after {len(ids) or len(text)} "
+                               f"{'tokens' if ids else 'chunks'} ({missing})")
+        completion = (usage or {}).get("completion_tokens")
+        if with_ids and (ids or not text):
+            return EngineTurn(token_ids=ids, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
+                              completion_tokens=completion, token_times_s=times, notes=notes), per_request
+        if completion is None:
+            raise BackendError(f"{what} sent text without token ids and no usage count: the turn's tokens cannot "
+                               "be counted")
+        per_token = len(chunk_times) == int(completion)  # as many chunks as tokens: one token per chunk
+        notes = ["text without token ids: output_ids n/a (losslessness n/a), the turn's length is the server's own "
+                 "count, " + ("one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
+        return EngineTurn(token_ids=None, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
+                          completion_tokens=int(completion), token_times_s=chunk_times if per_token else None,
+                          notes=notes), per_request
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()

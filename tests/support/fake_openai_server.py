@@ -1,0 +1,167 @@
+"""A fake OpenAI-compatible server for the served-engine tests (harness/backends/served.py): standard library only,
+in a thread (:func:`serve`) or as a process (``python fake_openai_server.py PORT MODE``, for the launch tests).
+
+It serves ``/health``, ``/version``, ``/v1/models`` (model ``smollm2-135m``), ``/metrics`` (vLLM's speculative
+counters, which each request advances by 2 drafts of 2 tokens, 3 accepted: 2 at position 0, 1 at position 1) and
+streams ``/v1/chat/completions`` and ``/v1/completions`` as server-sent events: token ids 10, 11, ... up to the
+request's ``max_tokens``, one per chunk, each with its text ``t10 ``, then a chunk with ``finish_reason: length``
+and the usage, then ``[DONE]``.
+
+``mode`` (``Fake.mode``, comma-separated) makes it misbehave: ``not_ready`` (/health answers 503), ``status=N`` (the
+completion answers HTTP N), ``hang`` (the completion answers after 5 s), ``no_counters`` (/metrics without the
+speculative counters), ``cut_at=N`` (the stream closes after N tokens, without finish or ``[DONE]``),
+``model=NAME`` (serves another model), ``text_only`` (no token ids), ``pairs`` (two token ids per chunk),
+``error_at=N`` (an error object in the stream after N tokens), ``per_request`` (vLLM's per-request acceptance,
+``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk); as a process also
+``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
+writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Fake:
+    """What the server does and saw: ``mode``, the request bodies it got (``requests``) and its counters."""
+
+    def __init__(self, mode: str = ""):
+        self.mode = mode
+        self.requests: list[dict] = []
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.per_pos = [0, 0]
+
+    def flag(self, name: str) -> str | None:
+        for part in self.mode.split(","):
+            key, _, value = part.partition("=")
+            if key == name:
+                return value or "1"
+        return None
+
+    def metrics(self) -> str:
+        lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                 "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 0.0']
+        if not self.flag("no_counters"):
+            lines += ["# TYPE vllm:spec_decode_num_drafts counter",
+                      f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="smollm2-135m"}} {self.drafts}.0',
+                      f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {self.draft_tokens}.0',
+                      f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}.0',
+                      'vllm:spec_decode_num_accepted_tokens_created{engine="0"} 1.7e+09'] + [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}.0'
+                for i, v in enumerate(self.per_pos)]
+        return "\n".join(lines) + "\n"
+
+
+def handler(fake: Fake):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # quiet
+            pass
+
+        def reply(self, status: int, body: str, kind: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.reply(503 if fake.flag("not_ready") else 200, "")
+            elif self.path == "/version":
+                self.reply(200, json.dumps({"version": "0.0-fake"}))
+            elif self.path == "/v1/models":
+                self.reply(200, json.dumps({"object": "list", "data": [
+                    {"id": fake.flag("model") or "smollm2-135m", "object": "model"}]}))
+            elif self.path == "/metrics":
+                self.reply(200, fake.metrics(), "text/plain; version=0.0.4")
+            else:
+                self.reply(404, json.dumps({"detail": "Not Found"}))
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            fake.requests.append(body)
+            status = fake.flag("status")
+            if status:
+                self.reply(int(status), json.dumps({"error": {"message": f"fake error {status}"}}))
+                return
+            if fake.flag("hang"):
+                time.sleep(5)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            chat = self.path == "/v1/chat/completions"
+            n, cut, error = body["max_tokens"], fake.flag("cut_at"), fake.flag("error_at")
+            step = 2 if fake.flag("pairs") else 1
+            if chat:
+                self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            for i in range(0, n, step):
+                if cut is not None and i >= int(cut):
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if error is not None and i >= int(error):
+                    self.event({"error": {"message": "fake engine crashed", "code": 500}})
+                    break
+                ids = list(range(10 + i, 10 + min(i + step, n)))
+                text = "".join(f"t{t} " for t in ids)
+                choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                if not fake.flag("text_only"):
+                    choice["token_ids"] = ids
+                self.event({"choices": [choice]})
+                time.sleep(0.001)
+            else:
+                fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
+                fake.accepted += 3
+                fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
+                last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+                self.event({"choices": [last]})
+                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+                if fake.flag("per_request"):
+                    usage["metrics"] = {"speculative_decoding": {
+                        "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.75, "acceptance_histogram": [0, 1, 1],
+                        "num_spec_steps": 2, "num_accepted_draft_tokens": 3, "num_draft_tokens": 4,
+                        "num_spec_tokens": 2, "per_step_accepted": [1, 2], "per_step_drafted": [2, 2]}}
+                self.event(usage)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+        def event(self, obj: dict) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+def serve(fake: Fake, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    """Serve ``fake`` in a daemon thread; (server, its URL). Stop it with ``server.shutdown()``."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler(fake))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def main() -> int:
+    port, mode = int(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "")
+    fake = Fake(mode)
+    if fake.flag("exit"):
+        print("fake server: cannot load the model", flush=True)
+        return 3
+    if fake.flag("spawn"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.environ["FAKE_CHILD_PID"], "w") as f:
+            f.write(str(child.pid))
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler(fake))
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Served engines (harness/backends/served.py, prometheus.py, launch.py): the Prometheus parser on literal text, the
+per-step counts from counters, the ``vllm serve`` command, and the client against a fake OpenAI-compatible server
+(tests/support/fake_openai_server.py): a measured turn, every failure mode as one clear line, a failed turn recorded
+as an error and re-run on resume, a launched server stopped on success, failure and Ctrl-C, and one run end to end
+with its report."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.backends import check_engine, create_backend, launch
+from harness.backends import served as S
+from harness.backends import vllm as V
+from harness.backends.contract import BackendError, EngineError, TurnRequest, steps_from_counters, turn_fields
+from harness.backends.prometheus import diff, parse_exposition, read_counters, server_kind
+from harness.backends.served import ServedBackend, check_options
+from harness.cli import build_parser
+from harness.cli.run import config_from_args
+from harness.measure.records import read_records
+from harness.measure.report import write_report
+from harness.run.config import MethodSpec, RunConfig
+from harness.run.runner import RunInterrupted, run
+from tests.support.fake_openai_server import Fake, serve
+from tests.support.helpers import tiny_target
+
+FAKE_SERVER = str(Path(__file__).resolve().parent / "support" / "fake_openai_server.py")
+
+EXPOSITION = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 36.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+http_requests_total{handler="/v1/chat/completions",path="a\\"b"} 7 1700000000000
+"""
+
+
+def test_prometheus_exposition_is_parsed_and_counters_picked():
+    samples = parse_exposition(EXPOSITION)
+    assert samples[0] == ("vllm:spec_decode_num_drafts_total", {"engine": "0", "model_name": "m"}, 12.0)
+    assert samples[-1] == ("http_requests_total", {"handler": "/v1/chat/completions", "path": 'a"b'}, 7.0)
+    # summed over engines, per position in position order; no accepted_tokens counter here: None, never 0
+    assert read_counters(EXPOSITION) == {"drafts": 15, "draft_tokens": 36, "accepted_tokens": None,
+                                         "accepted_per_pos": [9, 4, 1]}
+    assert diff({"drafts": 10, "draft_tokens": None, "accepted_per_pos": [5, 4]},
+                {"drafts": 15, "draft_tokens": 36, "accepted_per_pos": [9, 4, 1]}) == {
+        "drafts": 5, "draft_tokens": None, "accepted_per_pos": [4, 0, 1]}
+    assert server_kind(EXPOSITION) == "vllm" and server_kind("llamacpp:tokens_predicted_total 3\n") == "llama.cpp"
+    with pytest.raises(ValueError, match="line 2 is not a Prometheus sample"):
+        parse_exposition('a 1\n{"iter": 3}\n')  # trtllm-serve's /metrics is JSON: no counters, not garbage
+
+
+def test_steps_from_counters():
+    # 4 drafts, 3 accepted their first token, 1 its first two: steps accepting 2, 1, 1 and 0 tokens; a wrong split
+    # would give engine turns another tau and histogram than the turns had
+    assert steps_from_counters(4, [3, 1]) == [2, 1, 1, 0]
+    assert steps_from_counters(2, [0, 0, 0]) == [0, 0]
+    assert steps_from_counters(0, []) == []
+    assert steps_from_counters(1, [0, 1]) is None  # a later position accepted more than an earlier one: no chain
+    assert steps_from_counters(1, [2]) is None
+
+
+def test_served_options_and_the_vllm_serve_command():
+    with pytest.raises(EngineError, match="needs exactly one of engine_options server_url"):
+        check_options("vanilla", set(), {})
+    with pytest.raises(EngineError, match="server_url must be an http:// or https:// URL, got 'localhost:8000'"):
+        check_options("vanilla", set(), {"server_url": "localhost:8000"})
+    with pytest.raises(EngineError, match=r"depth, max_model_len would configure the server, which runs as it was"):
+        check_options("eagle3", {"depth"}, {"server_url": "http://h:1", "max_model_len": 1024})
+    with pytest.raises(EngineError, match="launch 'sglang' is not known; it launches vllm"):
+        check_options("vanilla", set(), {"launch": "sglang"})
+    with pytest.raises(EngineError, match="a server_url is measured with engine openai"):
+        check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"server_url": "http://h:1"})
+    assert check_options("pld", set(), {"server_url": "http://h:1"}) == {
+        "api": "chat", "timeout_s": 300.0, "server_url": "http://h:1"}
+    # the mapping the in-process backend uses, as vllm serve flags, over the same CPU defaults
+    assert launch.vllm_serve_argv("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
+                                  {"max_model_len": 1024, "enable_prefix_caching": False}) == [
+        "/v/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name",
+        "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--enforce-eager",
+        "--max-model-len", "1024", "--per-request-spec-decode-metrics", "detailed", "--no-enable-prefix-caching",
+        "--speculative-config", '{"method": "ngram"}']
+    assert "--per-request-spec-decode-metrics" not in launch.vllm_serve_argv("v", "/m", "t", "float32", 1, None, {})
+    args = build_parser().parse_args(["run", "--server-url", "http://h:1", "--methods", "vanilla"])
+    cfg = config_from_args(args)
+    assert (cfg.engine, cfg.engine_options) == ("openai", {"server_url": "http://h:1"})
+
+
+@pytest.fixture()
+def fake():
+    """A fake server in a thread: (Fake, its URL)."""
+    state = Fake()
+    server, url = serve(state)
+    yield state, url
+    server.shutdown()
+
+
+REQUEST = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 4, temperature=0.0, top_p=0.9, seed=7)
+
+
+def backend_at(url, method="pld", speculative=True, **options):
+    return ServedBackend(url, check_options(method, set(), {"server_url": url, **options}), "smollm2-135m",
+                         "/models/smollm2-135m", speculative)
+
+
+def test_a_served_turn_with_token_ids_times_and_counters(fake):
+    state, url = fake
+    backend = backend_at(url)
+    turn = backend.generate(REQUEST)
+    assert state.requests[-1] == {"model": "smollm2-135m", "stream": True, "stream_options": {"include_usage": True},
+                                  "max_tokens": 4, "temperature": 0.0, "top_p": 0.9, "return_token_ids": True,
+                                  "seed": 7, "messages": [{"role": "user", "content": "hi"}]}
+    assert (turn.token_ids, turn.stop_reason, turn.completion_tokens) == ([10, 11, 12, 13], "length", 4)
+    assert len(turn.token_times_s) == 4 and turn.token_times_s[0] == turn.ttft_s
+    assert turn.token_times_s == sorted(turn.token_times_s) and turn.token_times_s[-1] <= turn.wall_time_s
+    # the fake's counters moved by 2 drafts, 2 + 1 accepted at positions 0 and 1: steps accepting 2 and 1 tokens
+    assert (turn.drafts, turn.draft_tokens, turn.accepted_tokens, turn.accepted_per_pos) == (2, 4, 3, [2, 1])
+    rec = turn_fields(turn, backend)
+    assert rec["accept_lengths"] == [1, 3] and rec["output_ids"] == [10, 11, 12, 13]  # prefill, 2 + 1 (cut at 4)
+    assert rec["accepted_drafts"] == [2, 1] and rec["draft_depths"] == [2, 2]  # 4 drafted tokens in 2 drafts of 2
+    assert (rec["engine"], rec["engine_version"], rec["engine_url"]) == ("openai", "0.0-fake", url)
+    assert rec["engine_config"] == {"server_url": url, "api": "chat", "model": "smollm2-135m"}
+    assert rec["engine_notes"] == ["per-step acceptance from the server's counters (the order of the steps is "
+                                   "unknown)"]
+    assert backend.describe()["server"] == "vllm"
+    state.mode = "per_request"  # vLLM's ordered per-step acceptance rides on the usage chunk: it wins
+    rec = turn_fields(backend.generate(REQUEST), backend)
+    assert (rec["accepted_drafts"], rec["draft_depths"], rec["accept_lengths"]) == ([1, 2], [2, 2], [1, 2, 1])
+    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics"]
+    state.mode = ""
+    completions = backend_at(url, api="completions")
+    completions.generate(REQUEST)
+    assert state.requests[-1]["prompt"] == [1, 2, 3] and "messages" not in state.requests[-1]  # the harness's ids
+
+
+def test_chunks_of_several_tokens_and_text_only_servers_say_so(fake):
+    state, url = fake
+    state.mode = "pairs"
+    turn = backend_at(url).generate(REQUEST)
+    assert turn.token_ids == [10, 11, 12, 13] and turn.token_times_s[0] == turn.token_times_s[1] == turn.ttft_s
+    assert turn.notes[0] == "chunks of several tokens: each chunk's time is split evenly over its tokens"
+    state.mode = "text_only"
+    backend = backend_at(url, method="vanilla", speculative=False)
+    turn = backend.generate(REQUEST)
+    assert (turn.token_ids, turn.text, turn.completion_tokens, len(turn.token_times_s)) == (
+        None, "t10 t11 t12 t13 ", 4, 4)  # four chunks for the server's four tokens: one token per chunk
+    rec = turn_fields(turn, backend)
+    assert rec["output_ids"] is None and rec["new_tokens"] == 4  # losslessness n/a for the turn, never a pass
+    assert rec["engine_notes"][0] == ("text without token ids: output_ids n/a (losslessness n/a), the turn's "
+                                      "length is the server's own count, one token per chunk")
+    # the fake drafts although the entry is vanilla: the server's counters say it speculated, and tau counts it
+    assert rec["accept_lengths"] == [1, 3] and "from the server's counters" in rec["engine_notes"][1]
+    state.mode = "text_only,pairs"
+    turn = backend.generate(REQUEST)
+    assert turn.token_times_s is None and turn.notes[0].endswith("token times n/a (chunks are not tokens)")
+
+
+def closed_port_url():
+    return f"http://127.0.0.1:{launch.free_port()}"
+
+
+@pytest.mark.parametrize("mode, options, message", [
+    ("not_ready", {"startup_timeout_s": 0.3}, r"is not ready after 0.3 s: GET /health answered HTTP 503"),
+    ("model=other/model", {}, r"serves other/model, not smollm2-135m \(/models/smollm2-135m\); point at a server"),
+])
+def test_a_server_that_cannot_be_measured_fails_before_the_run(fake, mode, options, message):
+    state, url = fake
+    state.mode = mode
+    with pytest.raises(BackendError, match=message):
+        backend_at(url, **options)
+
+
+def test_a_refused_connection_is_one_line_at_once():
+    url = closed_port_url()
+    start = time.monotonic()
+    with pytest.raises(BackendError, match=rf"GET {url}/health: connection refused \(is the server running\?\)"):
+        backend_at(url)
+    assert time.monotonic() - start < 5  # not the readiness wait: nothing listens there
+
+
+@pytest.mark.parametrize("mode, options, message", [
+    ("status=500", {}, r"POST http://\S+/v1/chat/completions answered HTTP 500 Internal Server Error: "
+                       r'\{"error": \{"message": "fake error 500"\}\}'),
+    ("status=400", {}, r"answered HTTP 400 Bad Request: "),
+    ("hang", {"timeout_s": 0.5}, r"/v1/chat/completions: no answer within 0.5 s"),
+    ("cut_at=2", {}, r"the stream ended mid-turn after 2 tokens \(no finish reason\)"),
+    ("error_at=1", {}, r'sent an error mid-stream after 1 tokens: \{"message": "fake engine crashed"'),
+    ("no_counters", {}, r"exposes no per-position acceptance counters at /metrics \(vllm:spec_decode_num_drafts_"),
+])
+def test_a_failed_turn_is_one_clear_line(fake, mode, options, message):
+    state, url = fake
+    backend = backend_at(url, **options)
+    state.mode = mode
+    with pytest.raises(BackendError, match=message):
+        backend.generate(REQUEST)
+
+
+def test_missing_counters_are_na_for_a_vanilla_entry(fake):
+    state, url = fake
+    state.mode = "no_counters"
+    turn = backend_at(url, method="vanilla", speculative=False).generate(REQUEST)
+    assert (turn.drafts, turn.accepted_per_pos, turn.accepted_steps) == (None, None, None)  # n/a, never 0
+
+
+def test_counters_moved_by_another_client_fail_the_turn(fake, monkeypatch):
+    state, url = fake
+    monkeypatch.setattr(S, "SETTLE_MAX_S", 0.2)  # the counters never settle here
+    backend = backend_at(url)
+    original = state.metrics
+
+    def busy():  # another client's drafts land between the two readings
+        state.drafts += 50
+        state.per_pos[0] += 40
+        return original()
+
+    state.metrics = busy
+    with pytest.raises(BackendError, match="moved by more than this request .* another client is using the server"):
+        backend.generate(REQUEST)
+
+
+QUESTIONS = [{"question_id": i, "category": "c", "turns": [f"q{i}", "and then?"]} for i in (1, 2)]
+
+
+def served_run(tmp_path, engine_options, resume=None, on_question=None):
+    suite = tmp_path / "q.jsonl"
+    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    cfg = RunConfig(methods=[MethodSpec("vanilla", engine="harness"), MethodSpec("pld", "pld-served")],
+                    suites=[str(suite)],
+                    max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"), engine="openai",
+                    engine_options={"model": "smollm2-135m", **engine_options})
+    return run(None if resume else cfg, resume=resume, target=tiny_target(eos=False), progress=False,
+               on_question=on_question)
+
+
+def test_a_served_run_end_to_end_with_failures_resumed_and_a_report(tmp_path, fake):
+    state, url = fake
+    state.mode = "cut_at=2"
+    run_dir = served_run(tmp_path, {"server_url": url})
+    recs = {(r["label"], r["question_id"], r["turn"]): r for r in read_records(run_dir)}
+    cut = recs[("pld-served", "1", 0)]
+    assert cut["status"] == "error" and cut["retry"] and "stream ended mid-turn after 2 tokens" in cut["error"]
+    assert recs[("pld-served", "1", 1)]["status"] == "error"  # no failed turn is a success
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["engines"]["pld-served"] == {
+        "engine": "openai", "server": "vllm", "version": "0.0-fake", "url": url,
+        "config": {"server_url": url, "api": "chat", "model": "smollm2-135m"}}
+    state.mode = ""
+    served_run(tmp_path, {}, resume=run_dir)
+    again = read_records(run_dir)
+    assert len(again) == 8 and all(r["status"] == "ok" for r in again)
+    served = [r for r in again if r["label"] == "pld-served"]
+    assert all(r["engine"] == "openai" and r["accept_lengths"] == [1, 3] for r in served)
+    assert served[1]["output_ids"] == [10, 11, 12, 13]
+    written = write_report(run_dir)
+    assert Path(written["report_html"]).is_file() and Path(written["summary_parquet"]).is_file()
+
+
+def fake_serve_argv(mode):
+    def argv(python, target_path, served_name, dtype, port, speculative, options):
+        return [sys.executable, FAKE_SERVER, str(port), mode]
+    return argv
+
+
+def gone(pid: int, wait: float = 5.0) -> bool:
+    """Whether process ``pid`` has ended (a zombie, exited but not yet reaped, has), within ``wait`` s: a signal
+    to a process group is delivered asynchronously."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_launch_vllm_stops_the_server_on_success_failure_and_ctrl_c(tmp_path, monkeypatch):
+    monkeypatch.setenv(V.PYTHON_ENV, sys.executable)
+    monkeypatch.setenv("FAKE_CHILD_PID", str(tmp_path / "child"))
+    monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("spawn"))
+    backend = create_backend("openai", "vanilla", None, set(), "smollm2-135m", "/m", "float32", {"launch": "vllm"})
+    pid, child = backend.server.proc.pid, int((tmp_path / "child").read_text())
+    assert backend.generate(REQUEST).token_ids == [10, 11, 12, 13]
+    assert backend.describe()["config"]["launch"] == "vllm"
+    backend.close()
+    assert gone(pid) and gone(child)  # the server and the engine process it spawned
+    monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("exit"))
+    with pytest.raises(BackendError, match=r"vllm serve exited before it was ready \(exit code 3\); its log ends: "
+                                           r"fake server: cannot load the model"):
+        create_backend("openai", "vanilla", None, set(), "smollm2-135m", "/m", "float32", {"launch": "vllm"})
+    monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("spawn"))
+
+    def interrupt(records):
+        raise KeyboardInterrupt
+
+    with pytest.raises(RunInterrupted):
+        served_run(tmp_path, {"launch": "vllm"}, on_question=interrupt)
+    child = int((tmp_path / "child").read_text())
+    assert gone(child)  # Ctrl-C mid-run: the runner closed the backend, which stopped the server's group
+
+
+def test_engine_openai_in_check_engine():
+    with pytest.raises(EngineError, match="engine openai needs exactly one of"):
+        check_engine("openai", "vanilla", None, set(), "smollm2-135m", None)
+    with pytest.raises(EngineError, match="unknown engine 'sglang'; use harness or vllm or openai"):
+        check_engine("sglang", "vanilla", None, set(), "smollm2-135m", None)
