@@ -284,7 +284,7 @@ def _context_suite(info: dict[str, Any], sources: list[Question], path: str, dig
     except ContextError as e:
         raise DataError(str(e)) from None
     documents = [(q.question_id, q.turns[0].removeprefix(recipe.strip_prefix)) for q in sources]
-    questions = [Question(question_id=question_id(b, j), category=str(b), turns=[],
+    questions = [Question(question_id=question_id(b, j), category=None, turns=[],
                           context={"bucket": b, "prompt": j}) for b in recipe.buckets for j in range(recipe.prompts)]
     return Suite(name=info["name"], version=info["version"], questions=questions, scorer=info["scorer"],
                  system_prompt=info["system_prompt"], max_new_tokens=info["max_new_tokens"], source=path,
