@@ -43,11 +43,13 @@ def data_env(monkeypatch):
 def test_suite_names_are_the_yaml_files():
     """Discovery is a sorted glob; a missing YAML would silently drop a suite from `draftbench suites`."""
     assert suite_names() == ["alpaca", "cnn_dm", "gsm8k", "humaneval", "long_context", "mt_bench", "nq", "spec_bench",
+                             "speed_bench_qualitative", "speed_bench_throughput_16k", "speed_bench_throughput_1k",
+                             "speed_bench_throughput_2k", "speed_bench_throughput_32k", "speed_bench_throughput_8k",
                              "tiny"]
 
 
 @pytest.mark.parametrize("name", ["alpaca", "cnn_dm", "gsm8k", "humaneval", "long_context", "mt_bench", "nq",
-                                  "spec_bench", "tiny"])
+                                  "spec_bench", "speed_bench_qualitative", "speed_bench_throughput_8k", "tiny"])
 def test_every_yaml_is_valid(name):
     """Each YAML must carry every field with a string version, or result rows lose their provenance."""
     info = suite_info(name)

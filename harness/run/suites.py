@@ -331,13 +331,16 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_questions(path: str | Path) -> list[Question]:
-    """Parse a questions file; blank lines (and a missing final newline) are fine, anything else malformed is not."""
+    """Parse a questions file: JSON lines, or a Parquet table with the same columns (SPEED-Bench's format,
+    :func:`parquet_records`). Blank lines (and a missing final newline) are fine, anything else malformed is not."""
+    if Path(path).suffix == ".parquet":
+        return _unique([(f"{path}:row {i}", parse_record(r, f"{path}:row {i}"))
+                        for i, r in enumerate(parquet_records(path), start=1)], path)
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 ({e})") from e
-    questions: list[Question] = []
-    seen: set[str] = set()
+    parsed = []
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -345,14 +348,40 @@ def read_questions(path: str | Path) -> list[Question]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-        question = parse_record(record, f"{path}:{lineno}")
+        parsed.append((f"{path}:{lineno}", parse_record(record, f"{path}:{lineno}")))
+    return _unique(parsed, path)
+
+
+def _unique(parsed: list[tuple[str, Question]], path: str | Path) -> list[Question]:
+    """The questions of ``parsed`` ((where, question) in file order); a repeated question_id or none at all fails."""
+    seen: set[str] = set()
+    for where, question in parsed:
         if question.question_id in seen:
-            raise DataError(f"{path}:{lineno}: duplicate question_id {question.question_id!r}")
+            raise DataError(f"{where}: duplicate question_id {question.question_id!r}")
         seen.add(question.question_id)
-        questions.append(question)
-    if not questions:
+    if not parsed:
         raise DataError(f"{path}: no records")
-    return questions
+    return [q for _, q in parsed]
+
+
+def parquet_records(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a Parquet questions table as records, e.g. SPEED-Bench's (arXiv:2604.09557; the
+    ``nvidia/SPEED-Bench`` dataset: ``question_id``, ``category``, ``sub_category``, ``turns``, ``source``,
+    ``src_id``, ``difficulty``, ``multiturn``); the columns besides ``question_id``, ``category`` and ``turns`` are
+    not needed. A row whose turns are empty is a placeholder that SPEED-Bench's own preparation script fills from its
+    sources (its throughput splits ship so): refused, naming it."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow's errors for a file that is not Parquet
+        raise DataError(f"{path}: not a readable Parquet table ({type(e).__name__}: {e})") from e
+    for i, row in enumerate(rows, start=1):
+        turns = row.get("turns")
+        if isinstance(turns, list) and (not turns or not all(isinstance(t, str) and t for t in turns)):
+            raise DataError(f"{path}:row {i}: question {row.get('question_id')!r} has empty turns, a placeholder "
+                            "left for SPEED-Bench's data preparation script to fill from its sources; run it first")
+    return rows
 
 
 def parse_record(record: Any, where: str) -> Question:
