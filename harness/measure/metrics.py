@@ -46,7 +46,8 @@ def _missing(x: Any) -> bool:
 
 
 def tokens_per_second(new_tokens: Number | Sequence[Number], wall_time_s: Number | Sequence[Number]) -> float:
-    """Throughput = Σ new_tokens / Σ wall_time_s (a pooled ratio, not a mean of per-turn ratios).
+    """Throughput = Σ new_tokens / Σ wall_time_s (a pooled ratio, not a mean of per-turn ratios), prefill included
+    (:func:`decode_tokens_per_second` is the rate without it).
 
     Called with one turn's numbers it gives that turn's rate; called with the turns of one question it gives the
     question's rate, which is what the papers average over questions. NaN when there is no time to divide by.
