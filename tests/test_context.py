@@ -98,12 +98,12 @@ def test_digest_covers_source_and_recipe():
 
 @pytest.fixture()
 def context_suite(tmp_path, monkeypatch):
-    """A suite ``ctx`` in a registered folder: six documents of 60 characters, buckets 64 and 128, two prompts."""
+    """A suite ``ctx`` in a registered folder: six documents of 200 characters, buckets 64 and 128, two prompts."""
     folder = tmp_path / "defs"
     folder.mkdir()
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"question_id": 100 + i, "category": "news",
-                                        "turns": [f"Summarize: {chr(65 + i) * 59}."]}) + "\n" for i in range(6)))
+                                        "turns": [f"Summarize: {chr(65 + i) * 199}."]}) + "\n" for i in range(6)))
     from harness.run.suites import sha256_file
 
     (folder / "ctx.yaml").write_text(f"""name: ctx
@@ -144,7 +144,7 @@ def test_context_suite_built_with_the_targets_tokenizer(context_suite):
                                 lambda t: target.render_chat([{"role": "user", "content": t}]).shape[1])
     q = suite.questions[1]  # 64-1: starts at document 6 * 1 // 2 = 3 ("D..."), 64 - 19 - 15 = 30 characters of it
     assert q.turns == ["D" * 30 + "\nWhich letters?"]
-    assert q.context == {"bucket": 64, "prompt": 1, "documents": ["103"], "cut_tokens": 30, "prompt_tokens": 64}
+    assert q.context == {"bucket": 64, "prompt": 1, "documents": ["103"], "cut_tokens": 170, "prompt_tokens": 64}
     assert [x.context["prompt_tokens"] for x in suite.questions] == [64, 64, 128, 128]
 
 
@@ -157,15 +157,25 @@ def test_run_records_buckets_and_refuses_a_bucket_past_the_window(context_suite,
     run_dir = run(cfg, target=target, progress=False)
     recs = read_records(run_dir)
     assert [(r["context_bucket"], r["prompt_tokens"], r["context_documents"]) for r in recs] == \
-        [(64, 64, ["100"]), (64, 64, ["103"]), (128, 128, ["100", "101"]), (128, 128, ["103", "104"])]
+        [(64, 64, ["100"]), (64, 64, ["103"]), (128, 128, ["100"]), (128, 128, ["103"])]
     # 2 (K, V) x 2 layers x 2 kv heads x head_dim 8 x (64 + 3 positions) x 4 bytes
     assert recs[0]["kv_cache_bytes"] == 2 * 2 * 2 * 8 * 67 * 4
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["suites"]["ctx"]["context"]["prompts"]["128-1"]["documents"] == ["103", "104"]
+    assert manifest["suites"]["ctx"]["context"]["prompts"]["128-1"]["documents"] == ["103"]
     with pytest.raises(ConfigError, match="2048 do not fit target 'tiny-llama''s 1024-position window"):
         run(RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], context_buckets=[64, 2048],
                       output_dir=str(tmp_path / "out2")), target=target, progress=False)
     assert not (tmp_path / "out2").exists() or not any((tmp_path / "out2").iterdir())
+
+
+def test_an_answer_cut_by_the_window_says_so(context_suite, tmp_path):
+    """A 1000-token prompt leaves 24 of the tiny model's 1024 positions: the 30-token budget is cut to 24 and the
+    record says so (nothing is cut silently). The prompt reads five documents (966 characters of 200 + separators)."""
+    cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], context_buckets=[1000], limit=1,
+                    max_new_tokens=30, warmup=0, output_dir=str(tmp_path / "out"))
+    (rec,) = read_records(run(cfg, target=tiny_target(eos=False), progress=False))
+    assert (rec["prompt_tokens"], rec["new_tokens"], rec["max_new_tokens_cut_to"]) == (1000, 24, 24)
+    assert rec["context_documents"] == ["100", "101", "102", "103", "104"] and rec["context_cut_tokens"] == 42
 
 
 def test_missing_document_source_is_one_line(context_suite):
