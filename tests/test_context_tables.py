@@ -81,12 +81,14 @@ def test_context_table_per_bucket_numbers():
 
 
 def test_crossover_table_and_markdown():
-    """pld crosses at 4096 with its CI wholly below 1.0; vanilla, the baseline, has no row."""
+    """pld crosses at 4096 with its CI wholly below 1.0, and so does its decode speed-up (2.67, then 0.67);
+    vanilla, the baseline, has no row."""
     ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
     cross = T.crossover_table(ctx)
-    assert cross[["label", "crossover_bucket", "significant"]].values.tolist() == [["pld", 4096, True]]
+    assert cross[["label", "crossover_bucket", "significant", "decode_crossover_bucket"]].values.tolist() == \
+        [["pld", 4096, True, 4096]]
     md = context_markdown(ctx, cross)
-    assert "| pld | 2.00 [2.00, 2.00]× / 3.00 | 0.80 [0.80, 0.80]× / 3.00 | 4096 (0.80 [0.80, 0.80]×) |" in md
+    assert "| pld | 2.00 [2.00, 2.00]× / 3.00 | 0.80 [0.80, 0.80]× / 3.00 | 4096 (0.80 [0.80, 0.80]×) | 4096 |" in md
     assert "| pld | 4096 | 4096 | 1.000 | 3.6 | 5.3 | 0.67× | 50.0 | 500.0 | 180 MiB |" in md
 
 

@@ -167,12 +167,14 @@ def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_la
             rows = at[at["label"] == label].set_index("context_bucket")
             cells = [f"{_speedup_ci(rows.loc[b])} / {number(rows.loc[b, 'tau'])}" if b in rows.index else ""
                      for b in buckets]
-            crossing = "(baseline)"
+            crossing, decode = "(baseline)", ""
             if label in cross.index:
                 c = cross.loc[label]
                 crossing = ("not within these lengths" if pd.isna(c["crossover_bucket"])
                             else f"{int(c['crossover_bucket'])} ({_speedup_ci(c)})")
-            table.append([label, *cells, crossing])
+                decode = ("not within these lengths" if pd.isna(c["decode_crossover_bucket"])
+                          else str(int(c["decode_crossover_bucket"])))
+            table.append([label, *cells, crossing, decode])
             for b, r in rows.iterrows():
                 detail.append([label, str(int(b)), number(r["prompt_tokens"], ".0f"), number(r["prefill_s"], ".3f"),
                                number(r["tokens_per_s"], ".1f"), number(r["decode_tokens_per_s"], ".1f"),
@@ -180,9 +182,10 @@ def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_la
                                number(r["verify_ms_per_step"], ".1f"), size(r["kv_cache_bytes"])])
         parts.append("\n".join([
             f"**{suite}, temperature {temp:g}, against input length** — speed-up vs `{at['baseline'].iloc[0]}` "
-            "(geometric mean over prompts) × [95% CI] / τ; last column: the input length from which the speed-up "
-            "stays below 1.0", "",
-            *markdown_table(["method", *(f"{int(b)} tokens" for b in buckets), "speed-up < 1.0 from"], table), "",
+            "(geometric mean over prompts) × [95% CI] / τ; last columns: the input length from which the speed-up "
+            "stays below 1.0, and from which the decode speed-up (prefill left out) does", "",
+            *markdown_table(["method", *(f"{int(b)} tokens" for b in buckets), "speed-up < 1.0 from",
+                             "decode speed-up < 1.0 from"], table), "",
             f"**{suite}, temperature {temp:g}, prefill and decode per input length** — tokens/s with prefill (all "
             "tokens over the whole turn) and without (decode: `harness.measure.metrics.decode_tokens_per_second`), "
             "draft and verify time per verification step, the target's KV cache at the turn's length", "",

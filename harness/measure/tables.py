@@ -452,11 +452,14 @@ def context_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
 
 
 def crossover_table(context: pd.DataFrame) -> pd.DataFrame:
-    """One row per (label, method, suite, temperature) of a context table, its baseline label left out: the input length
-    at which its speed-up (``speedup_gmean``) falls below 1.0 for good (:func:`harness.measure.metrics.
-    crossover_context`; None: not within the buckets measured) with that bucket's speed-up and 95% CI, and whether
-    the CI lies wholly below 1.0 there (``significant``)."""
-    cols = [*GROUP, "crossover_bucket", "speedup_gmean", "speedup_ci_lo", "speedup_ci_hi", "significant"]
+    """One row per (label, method, suite, temperature) of a context table, its baseline label left out: the input
+    length at which its speed-up (``speedup_gmean``) falls below 1.0 for good
+    (:func:`harness.measure.metrics.crossover_context`; None: not within the buckets measured) with that bucket's
+    speed-up and 95% CI, whether the CI lies wholly below 1.0 there (``significant``), and the same crossing of the
+    decode speed-up, prefill left out (``decode_crossover_bucket``): a long prompt's prefill, the same for every
+    method, pulls every speed-up towards 1.0."""
+    cols = [*GROUP, "crossover_bucket", "speedup_gmean", "speedup_ci_lo", "speedup_ci_hi", "significant",
+            "decode_crossover_bucket"]
     rows = []
     for key, g in context.groupby(GROUP, dropna=False, sort=False):
         if (g["label"] == g["baseline"]).all():
@@ -468,5 +471,7 @@ def crossover_table(context: pd.DataFrame) -> pd.DataFrame:
                      "speedup_gmean": at["speedup_gmean"] if at is not None else math.nan,
                      "speedup_ci_lo": at["speedup_ci_lo"] if at is not None else math.nan,
                      "speedup_ci_hi": at["speedup_ci_hi"] if at is not None else math.nan,
-                     "significant": bool(at["speedup_ci_hi"] < 1.0) if at is not None else False})
+                     "significant": bool(at["speedup_ci_hi"] < 1.0) if at is not None else False,
+                     "decode_crossover_bucket": M.crossover_context(list(g["context_bucket"]),
+                                                                    list(g["decode_speedup"]))})
     return pd.DataFrame(rows, columns=cols)
