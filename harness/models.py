@@ -272,6 +272,29 @@ def resolve_target_path(name: str) -> str:
     return name
 
 
+def kv_shape(config: dict) -> tuple[int | None, int | None, int | None, int | None]:
+    """(layers, kv heads, head_dim, max positions) of a model's ``config.json`` (its ``text_config`` for a
+    multimodal one); None for what it does not say. Example: SmolLM2-135M -> (30, 3, 64, 8192)."""
+    cfg = config.get("text_config") or config
+    heads = cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and "hidden_size" in cfg else None)
+    return (cfg.get("num_hidden_layers"), cfg.get("num_key_value_heads", heads), head_dim,
+            cfg.get("max_position_embeddings"))
+
+
+def target_window(name: str) -> int | None:
+    """The number of positions target ``name`` can attend over (``max_position_embeddings``), read from its
+    config alone, before the weights load; None when its config does not say."""
+    path = Path(resolve_target_path(name))
+    if (path / "config.json").is_file():
+        config = json.loads((path / "config.json").read_text())
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name).to_dict()
+    return kv_shape(config)[3]
+
+
 def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "auto",
                 device_map: str | None = None, attn_implementation: str = "auto",
                 max_memory: dict | None = None) -> Target:

@@ -42,10 +42,14 @@ def data_env(monkeypatch):
 
 def test_suite_names_are_the_yaml_files():
     """Discovery is a sorted glob; a missing YAML would silently drop a suite from `draftbench suites`."""
-    assert suite_names() == ["alpaca", "cnn_dm", "gsm8k", "humaneval", "mt_bench", "nq", "spec_bench", "tiny"]
+    assert suite_names() == ["alpaca", "cnn_dm", "gsm8k", "humaneval", "long_context", "mt_bench", "nq", "spec_bench",
+                             "speed_bench_qualitative", "speed_bench_throughput_16k", "speed_bench_throughput_1k",
+                             "speed_bench_throughput_2k", "speed_bench_throughput_32k", "speed_bench_throughput_8k",
+                             "tiny"]
 
 
-@pytest.mark.parametrize("name", ["alpaca", "cnn_dm", "gsm8k", "humaneval", "mt_bench", "nq", "spec_bench", "tiny"])
+@pytest.mark.parametrize("name", ["alpaca", "cnn_dm", "gsm8k", "humaneval", "long_context", "mt_bench", "nq",
+                                  "spec_bench", "speed_bench_qualitative", "speed_bench_throughput_8k", "tiny"])
 def test_every_yaml_is_valid(name):
     """Each YAML must carry every field with a string version, or result rows lose their provenance."""
     info = suite_info(name)
@@ -62,6 +66,19 @@ def test_load_every_shared_suite(name, data_env):
     assert (len(suite), suite.sha256, suite.questions[0].question_id, suite.version) == (records, sha, first_id, "1")
     assert suite.source == str(SHARED_DATA / suite_info(name)["file"])
     assert len({q.question_id for q in suite.questions}) == records
+
+
+@needs_data
+def test_long_context_loads_its_buckets(data_env):
+    """The shipped long-context suite: 4 prompts at each of 5 lengths under the default model's 8,192 positions,
+    its documents the 80 CNN/DM articles without their "Summarize: " instruction, known by a digest of file and
+    recipe (not the cnn_dm file's own, which would let a recipe change pass a resume check)."""
+    suite = load_suite("long_context")
+    assert suite.context.buckets == (512, 1024, 2048, 4096, 7168) and len(suite) == 20
+    assert suite.questions[5].question_id == "1024-1" and suite.questions[5].context == {"bucket": 1024, "prompt": 1}
+    assert len(suite.documents) == 80 and suite.documents[0][0] == "241"
+    assert suite.documents[0][1].startswith("Hillary Clinton")
+    assert suite.sha256 != EXPECTED["cnn_dm"][1] and len(suite.sha256) == 64
 
 
 @needs_data

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.formatting import markdown_table, number, ratio, speedup_tau
+from harness.measure.formatting import interval, markdown_table, number, ratio, size, speedup_tau
 from harness.measure.records import RecordsRead
 from harness.measure.tables import max_value, sum_values, summary_runtimes
 
@@ -169,3 +169,52 @@ def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None
         parts.append(f"{int(summary['n_score_errors'].sum())} answers failed to score (score_error); the quality of "
                      "their groups is n/a")
     return f"- records: {'; '.join(parts)}\n" if parts else ""
+
+
+def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_label: str = "vanilla") -> str:
+    """Markdown of a run with context-length buckets (:func:`harness.measure.tables.context_table`), per (suite,
+    temperature): labels × input lengths, cells "speed-up× [95% CI] / τ" (geometric mean of per-prompt speed-ups
+    with its bootstrap CI), and the input length at which the speed-up falls below 1.0
+    (:func:`harness.measure.tables.crossover_table`); then prefill and decode per input length. Empty text when the
+    run has no buckets."""
+    if context.empty:
+        return ""
+    parts = []
+    for (suite, temp), at in context.groupby(["suite", "temperature"], sort=False):
+        buckets = sorted(at["context_bucket"].unique())
+        cross = crossover[(crossover["suite"] == suite) & (crossover["temperature"] == temp)].set_index("label")
+        table, detail = [], []
+        for label in _row_order(at, baseline_label):
+            rows = at[at["label"] == label].set_index("context_bucket")
+            cells = [f"{_speedup_ci(rows.loc[b])} / {number(rows.loc[b, 'tau'])}" if b in rows.index else ""
+                     for b in buckets]
+            crossing, decode = "(baseline)", ""
+            if label in cross.index:
+                c = cross.loc[label]
+                crossing = ("not within these lengths" if pd.isna(c["crossover_bucket"])
+                            else f"{int(c['crossover_bucket'])} ({_speedup_ci(c)})")
+                decode = ("not within these lengths" if pd.isna(c["decode_crossover_bucket"])
+                          else str(int(c["decode_crossover_bucket"])))
+            table.append([label, *cells, crossing, decode])
+            for b, r in rows.iterrows():
+                detail.append([label, str(int(b)), number(r["prompt_tokens"], ".0f"), number(r["prefill_s"], ".3f"),
+                               number(r["tokens_per_s"], ".1f"), number(r["decode_tokens_per_s"], ".1f"),
+                               ratio(r["decode_speedup"]), number(r["draft_ms_per_step"], ".1f"),
+                               number(r["verify_ms_per_step"], ".1f"), size(r["kv_cache_bytes"])])
+        parts.append("\n".join([
+            f"**{suite}, temperature {temp:g}, against input length** — speed-up vs `{at['baseline'].iloc[0]}` "
+            "(geometric mean over prompts) × [95% CI] / τ; last columns: the input length from which the speed-up "
+            "stays below 1.0, and from which the decode speed-up (prefill left out) does", "",
+            *markdown_table(["method", *(f"{int(b)} tokens" for b in buckets), "speed-up < 1.0 from",
+                             "decode speed-up < 1.0 from"], table), "",
+            f"**{suite}, temperature {temp:g}, prefill and decode per input length** — tokens/s with prefill (all "
+            "tokens over the whole turn) and without (decode: `harness.measure.metrics.decode_tokens_per_second`), "
+            "draft and verify time per verification step, the target's KV cache at the turn's length", "",
+            *markdown_table(["method", "input", "prompt tokens", "prefill s", "tok/s", "decode tok/s",
+                             "decode speed-up", "draft ms/step", "verify ms/step", "KV cache"], detail)]))
+    return "\n\n".join(parts) + "\n"
+
+
+def _speedup_ci(row: pd.Series) -> str:
+    """A row's geometric-mean speed-up with its 95% CI. Example: 1.42, 1.30, 1.55 -> "1.42 [1.30, 1.55]×"."""
+    return interval(row["speedup_gmean"], row["speedup_ci_lo"], row["speedup_ci_hi"]) + "×"

@@ -48,7 +48,8 @@ def _missing(x: Any) -> bool:
 
 
 def tokens_per_second(new_tokens: Number | Sequence[Number], wall_time_s: Number | Sequence[Number]) -> float:
-    """Throughput = Σ new_tokens / Σ wall_time_s (a pooled ratio, not a mean of per-turn ratios).
+    """Throughput = Σ new_tokens / Σ wall_time_s (a pooled ratio, not a mean of per-turn ratios), prefill included
+    (:func:`decode_tokens_per_second` is the rate without it).
 
     Called with one turn's numbers it gives that turn's rate; called with the turns of one question it gives the
     question's rate, which is what the papers average over questions. NaN when there is no time to divide by.
@@ -62,6 +63,52 @@ def tokens_per_second(new_tokens: Number | Sequence[Number], wall_time_s: Number
     if not pairs or total_t <= 0:
         return math.nan
     return sum(n for n, _ in pairs) / total_t
+
+
+def decode_tokens_per_second(new_tokens: Number | Sequence[Number], wall_time_s: Number | Sequence[Number],
+                             prefill_time_s: Number | Sequence[Number | None]) -> float:
+    """Decode throughput, prefill left out = Σ (new_tokens − 1) / Σ (wall_time_s − prefill_time_s), pooled like
+    :func:`tokens_per_second` (which is the throughput *with* prefill: every token over the whole wall time).
+
+    The prefill forward produces a turn's first token, so that token and the prefill's time both leave the ratio;
+    what remains is the rate of the decoding (or verification) steps, which a long prompt's prefill would otherwise
+    hide. Turns without a prefill time or without tokens are skipped; NaN when no decode time remains.
+    Example: (new, wall, prefill) = (33, 2.0, 1.0) and (17, 1.5, 0.5) -> (32 + 16) / (1.0 + 1.0) = 24.0 tokens/s.
+    """
+    tokens, times, prefills = _as_list(new_tokens), _as_list(wall_time_s), _as_list(prefill_time_s)
+    if not len(tokens) == len(times) == len(prefills):
+        raise ValueError(f"decode_tokens_per_second: {len(tokens)} new_tokens, {len(times)} wall times and "
+                         f"{len(prefills)} prefill times")
+    rows = [(n - 1, t - p) for n, t, p in zip(tokens, times, prefills)
+            if not (_missing(n) or _missing(t) or _missing(p)) and n >= 1]
+    decode_s = sum(t for _, t in rows)
+    return sum(n for n, _ in rows) / decode_s if rows and decode_s > 0 else math.nan
+
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, bytes_per_value: int) -> int:
+    """Bytes of a full-attention KV cache holding ``positions`` tokens = 2 (K and V) x layers x kv_heads x
+    head_dim x positions x bytes per value.
+    Example: SmolLM2-135M (30 layers, 3 kv heads, head_dim 64) at 4096 positions in float32 -> 2 * 30 * 3 * 64 *
+    4096 * 4 = 188,743,680 bytes (180 MiB)."""
+    return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
+
+
+def crossover_context(buckets: Sequence[int], speedups: Sequence[float]) -> int | None:
+    """The input length at which speculation stops paying: the shortest bucket whose speed-up is below 1.0 with
+    every longer bucket below 1.0 too (a bucket without a speed-up, NaN, is skipped). None when the longest measured
+    bucket still has a speed-up >= 1.0 (no crossover in range) or nothing was measured.
+    Examples: buckets [512, 2048, 4096] with speed-ups [1.4, 0.9, 0.8] -> 2048; [1.4, 0.9, 1.1] -> None;
+    [0.9, 0.8, 0.7] -> 512 (below 1.0 from the shortest bucket on).
+    """
+    if len(buckets) != len(speedups):
+        raise ValueError(f"crossover_context: {len(buckets)} buckets but {len(speedups)} speed-ups")
+    measured = sorted((b, s) for b, s in zip(buckets, speedups) if not _missing(s))
+    crossing = None
+    for bucket, speedup in reversed(measured):
+        if speedup >= 1.0:
+            break
+        crossing = bucket
+    return crossing
 
 
 def tau(accept_lengths_lists: Iterable[Sequence[int]]) -> float:

@@ -175,6 +175,50 @@ def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]],
     return _save(fig, path)
 
 
+def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
+    """Four panels against input length (:func:`harness.measure.tables.context_table`, log-2 x axis, one line per
+    label and temperature, every suite pooled into its own lines): the speed-up (geometric mean with its 95% CI as
+    error bars, 1.0 dashed), τ, draft and verify milliseconds per verification step (solid and dotted), and decode
+    tokens/s (prefill left out). None when the run has no buckets."""
+    if context.empty:
+        return None
+    series = list(dict.fromkeys(zip(context["label"], context["suite"], context["temperature"])))
+    temps = sorted(context["temperature"].unique())
+    suites = list(dict.fromkeys(context["suite"]))
+    fig = Figure(figsize=(11.0, 8.0))
+    axes = fig.subplots(2, 2).ravel()
+    for ax in axes:
+        _style_series(ax, len(series))
+    for label, suite, temp in series:
+        g = context[(context["label"] == label) & (context["suite"] == suite)
+                    & (context["temperature"] == temp)].sort_values("context_bucket")
+        name = _series_name(label, temp, temps) + (f" [{suite}]" if len(suites) > 1 else "")
+        x = g["context_bucket"].to_numpy(dtype=float)                       # [B]
+        y = g["speedup_gmean"].to_numpy(dtype=float)                        # [B]
+        err = np.abs(np.vstack([y - g["speedup_ci_lo"].to_numpy(dtype=float),
+                                g["speedup_ci_hi"].to_numpy(dtype=float) - y]))  # [2, B]
+        line = axes[0].errorbar(x, y, yerr=np.nan_to_num(err), marker="o", capsize=3, label=name)
+        color = line[0].get_color()
+        axes[1].plot(x, g["tau"], marker="o", color=color, label=name)
+        axes[2].plot(x, g["draft_ms_per_step"], marker="o", color=color, label=f"{name} draft")
+        axes[2].plot(x, g["verify_ms_per_step"], marker="s", linestyle=":", color=color, label=f"{name} verify")
+        axes[3].plot(x, g["decode_tokens_per_s"], marker="o", color=color, label=name)
+    axes[0].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    titles = [(f"speed-up vs {baseline_label} (×, 95% CI)", "Speed-up against input length"),
+              ("τ (tokens per target forward)", "Mean accepted length"),
+              ("ms per verification step", "Draft (solid) and verify (dotted) time per step"),
+              ("decode tokens / s (prefill left out)", "Decode throughput")]
+    buckets = sorted(context["context_bucket"].unique())
+    for ax, (ylabel, title) in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(buckets, [str(int(b)) for b in buckets])
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+    _legend(axes[0], len(series))
+    return _save(fig, path)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     """Lay ``fig`` out and write it to ``path`` whole (:func:`harness.measure.rundir.atomic_file`)."""
     fig.tight_layout()

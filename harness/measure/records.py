@@ -72,6 +72,12 @@ token_times_s               per new token, seconds from the request to its arriv
 engine_notes                how the engine turn was measured where it departs from the harness's own (token times
                             split over a chunk, text without token ids, acceptance from counters), one phrase each
 retry                       true on an error record whose engine failed (a resumed run re-runs the question)
+context_bucket,             a prompt of a context suite only (harness.run.context): its input length bucket, the
+context_documents,          source documents it reads, and how many tokens of the last one its cut left out;
+context_cut_tokens          ``prompt_tokens`` is its exact length
+kv_cache_bytes              a context prompt only: the target's KV cache at prompt + answer, computed from its
+                            config and dtype (``harness.measure.metrics.kv_cache_bytes``)
+max_new_tokens_cut_to       a context prompt only, when the model's window cut its answer's budget: that budget
 =========================== ==================================================================================
 """
 

@@ -11,6 +11,8 @@
                                              figures as engines report them when a method drafts)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
+    tables/context.csv, crossover.csv,       for a run with context-length buckets (harness.run.context) only: every
+    plots/context.png                        number per input length, where each speed-up falls below 1.0, the plot
     tables/ablation.csv, plots/ablation_*    for the options the run swept (``sweep:``) or names (``ablate:``) when they
                                              differ between entries of a method (harness.measure.ablation)
     tables/referee.csv, plots/referee.png    runs with entries on another engine only: each engine entry held
@@ -38,6 +40,7 @@ from harness.measure.html import write_html_report
 from harness.measure.markdown import (
     acceptance_markdown,
     category_markdown,
+    context_markdown,
     divergence_note,
     paper_table,
     records_note,
@@ -45,6 +48,7 @@ from harness.measure.markdown import (
 from harness.measure.plots import (
     plot_accept_histogram,
     plot_acceptance_per_position,
+    plot_context,
     plot_speedup,
     plot_tau,
     plot_tokens_per_s,
@@ -61,7 +65,10 @@ from harness.measure.rundir import (
 )
 from harness.measure.tables import (
     category_table,
+    context_table,
+    crossover_table,
     divergence_table,
+    has_context,
     histogram_table,
     measured_rows,
     provenance,
@@ -162,6 +169,13 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         divergence.to_csv(tmp, index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
     referee = write_referee(turns, config, baseline, tables, plots)
+    context = context_table(turns, baseline) if has_context(turns) else None  # only a run with buckets has these
+    if context is not None:
+        crossover = crossover_table(context)
+        for name, frame in (("context", context), ("crossover", crossover)):
+            with atomic_file(tables / f"{name}.csv") as tmp:
+                frame.to_csv(tmp, index=False)
+            paths[f"{name}_csv"] = tables / f"{name}.csv"
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
@@ -169,6 +183,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
                       f"{divergence_note(divergence)}" + (f"\n{accepted}" if accepted else "")
                       + f"\n{ablation_markdown(ablated, baseline)}"
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else "")
+                      + (f"\n{context_markdown(context, crossover, baseline)}" if context is not None else "")
                       + (f"\n{referee.markdown}" if referee else ""))
     paths["summary_md"] = md
     for name, written in (
@@ -177,6 +192,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
         ("tokens_per_s", plot_tokens_per_s(summary, plots / "tokens_per_s.png")),
         ("accept_hist", plot_accept_histogram(turns, plots / "accept_hist.png")),
         ("acceptance", plot_acceptance_per_position(turns, plots / "acceptance.png")),
+        ("context", plot_context(context, plots / "context.png", baseline) if context is not None else None),
     ):
         if written is not None:
             paths[f"plot_{name}"] = written

@@ -11,7 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from harness.models import EMBEDDED_TARGETS, materialize_embedded
+from harness.measure.metrics import kv_cache_bytes
+from harness.models import EMBEDDED_TARGETS, kv_shape, materialize_embedded
 from harness.published.reproduce import Part
 from harness.published.tables import Table, TargetSpec
 from harness.run.config import RunConfig
@@ -61,11 +62,7 @@ def count_parameters(folder: str | Path) -> int | None:
 def _kv_shape(folder: Path | None, spec: TargetSpec) -> tuple[int | None, int | None, int | None, int | None]:
     """(layers, kv_heads, head_dim, max positions) from a local config.json, else from the table."""
     if folder is not None and (folder / "config.json").is_file():
-        cfg = json.loads((folder / "config.json").read_text())
-        heads = cfg.get("num_attention_heads")
-        hd = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and "hidden_size" in cfg else None)
-        return (cfg.get("num_hidden_layers"), cfg.get("num_key_value_heads", heads), hd,
-                cfg.get("max_position_embeddings"))
+        return kv_shape(json.loads((folder / "config.json").read_text()))
     return spec.layers, spec.kv_heads, spec.head_dim, spec.max_position_embeddings
 
 
@@ -108,7 +105,8 @@ def dry_run(table: Table, parts: list[Part], config_of, model_dir: dict[str, str
         if n_target is None and part.target.parameters_b:
             n_target = int(part.target.parameters_b * 1e9)
         layers, kv, hd, positions = _kv_shape(folder, part.target)
-        kv_bytes = 2 * layers * kv * hd * positions * nbytes if None not in (layers, kv, hd, positions) else None
+        known = None not in (layers, kv, hd, positions)
+        kv_bytes = kv_cache_bytes(layers, kv, hd, positions, nbytes) if known else None
         out.append(f"part {part.index + 1}/{len(parts)}: target {part.target.id} -> {where}")
         out.append(f"  weights: {_params(n_target)} parameters ({source}), {_gb(n_target and n_target * nbytes)} "
                    f"in {cfg.dtype}")

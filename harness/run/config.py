@@ -88,6 +88,8 @@ class RunConfig:
     engine: str = "harness"               # what runs the turns: harness (draftbench's own engine), vllm or openai
     #                                       (harness.backends); a method entry may set its own
     engine_options: dict[str, Any] = field(default_factory=dict)  # passed to the engine (harness.backends)
+    context_buckets: list[int] | None = None  # input lengths (tokens) every context suite is built at instead of
+    #                                       its own (harness.run.context), e.g. [512, 2048, 4096]
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
     #                                       (harness.measure.ablation.ablated_options); the report only, not measured
 
@@ -134,6 +136,13 @@ class RunConfig:
 
         clash = duplicate_suite_names([str(x) for x in self.suites])
         need(clash is None, "suites", str(clash))
+        if self.context_buckets is not None:
+            from harness.run.context import ContextError, check_bucket_list
+
+            try:
+                check_bucket_list(self.context_buckets, "run.context_buckets")
+            except ContextError as e:
+                raise ConfigError(str(e)) from None
         need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
         need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
         from harness.engine.sampling import TEMPERATURE_RULE, check_temperature
@@ -188,8 +197,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None, no ``ablate``) are left out, so that the digest of an unchanged
-        configuration stays the same and comparisons with older runs do not report a difference that is none."""
+        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``) are left out, so that the digest of
+        an unchanged configuration stays the same and comparisons with older runs do not report a difference that is
+        none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
@@ -199,6 +209,8 @@ class RunConfig:
             d.pop("engine_options", None)
         if d.get("ablate") is None:
             d.pop("ablate")
+        if d.get("context_buckets") is None:
+            d.pop("context_buckets")
         for m in d["methods"]:
             for key in ("runtime", "engine", "engine_options", "referee"):
                 if m.get(key) is None:

@@ -44,6 +44,7 @@ from harness.backends.contract import BackendError, TurnRequest, turn_fields
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
+from harness.measure.metrics import kv_cache_bytes
 from harness.measure.records import RecordStore, question_key
 from harness.measure.rundir import (
     LOCK_FILE,
@@ -55,12 +56,21 @@ from harness.measure.rundir import (
     write_manifest,
 )
 from harness.measure.trackers import Tracker, model_devices, release_cached_memory
-from harness.models import EMBEDDED_TARGETS, Target, embedded_converted, load_target, materialize_embedded
+from harness.models import (
+    EMBEDDED_TARGETS,
+    Target,
+    embedded_converted,
+    kv_shape,
+    load_target,
+    materialize_embedded,
+    target_window,
+)
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
+from harness.run.context import ContextError, check_buckets, context_fields
 from harness.run.progress import Progress, QuestionLines
-from harness.run.suites import Suite, load_suite
+from harness.run.suites import Suite, build_context_suite, load_suite
 from harness.run.suites import score as score_answer
 
 
@@ -137,7 +147,11 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
                    "num_parameters": sum(p.numel() for p in target.model.parameters()),
                    "source": json.loads(source.read_text()) if source.exists() else None},
         "suites": {s.name: {"version": s.version, "source": str(s.source), "sha256": s.sha256,
-                            "questions": len(s.questions)} for s in suites},
+                            "questions": len(s.questions),
+                            # a context suite's recipe and what it built: bucket, exact tokens, documents, cut
+                            **({"context": {"recipe": s.context.to_dict(),
+                                            "prompts": {q.question_id: q.context for q in s.questions}}}
+                               if s.context is not None else {})} for s in suites},
         "methods": {label: m.describe() for label, m in methods.items()},
         # how each runtime of the run calls the target (backend, cache, shapes, CUDA graphs, linear kernels)
         "runtimes": {m.runtime: m.target_runner.describe() for m in methods.values()},
@@ -167,7 +181,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
             "category": question.category, "turn": turn, "question_turns": len(question.turns), "target": target.name,
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
-            "runtime": method.runtime,
+            "runtime": method.runtime, **context_fields(question.context),
         }
         if failed:
             rec.update(status="error", error=f"skipped: an earlier turn failed ({failed})")
@@ -183,6 +197,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 if budget <= 0:
                     raise ValueError(f"prompt of {prompt_ids.shape[1]} tokens leaves no room in the model's "
                                      f"{limit}-token context")
+                if question.context:  # a context prompt says that its answer was cut to fit the window
+                    rec["max_new_tokens_cut_to"] = budget
             if method.backend is not None:  # another engine runs the turn (harness.backends)
                 system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
                 turn_rec = method.backend.generate(TurnRequest(
@@ -209,6 +225,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
                     logit_runner_ups=gen.logit_runner_ups or None,
                 )
+                if question.context:
+                    rec["kv_cache_bytes"] = target_kv_bytes(target, rec["prompt_tokens"] + rec["new_tokens"])
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
             failed = _error_text(exc)
@@ -227,6 +245,43 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
         rec["timestamp"] = env.now_iso()
         records.append(rec)
     return records
+
+
+def target_kv_bytes(target: Target, positions: int) -> int | None:
+    """Bytes of the target's KV cache holding ``positions`` tokens in its dtype
+    (:func:`harness.measure.metrics.kv_cache_bytes`); None when its config does not give the shape."""
+    layers, kv_heads, head_dim, _ = kv_shape(target.config.to_dict())
+    if None in (layers, kv_heads, head_dim):
+        return None
+    return kv_cache_bytes(layers, kv_heads, head_dim, positions, target.dtype.itemsize)
+
+
+def check_context_windows(suites: list[Suite], target_name: str, target: Target | None) -> None:
+    """Refuse, before the target's weights load, a context suite's bucket longer than the target's window."""
+    context = [s for s in suites if s.context is not None]
+    if not context:
+        return
+    window = (getattr(target.config, "max_position_embeddings", None) if target is not None
+              else target_window(target_name))
+    try:
+        for s in context:
+            check_buckets(s.context.buckets, window, target_name)
+    except ContextError as e:
+        raise ConfigError(f"suite {s.name!r}: {e}") from None
+
+
+def built_suites(suites: list[Suite], target: Target) -> list[Suite]:
+    """The suites with every context suite's prompts built by the target's tokenizer and chat template (each
+    suite's own system prompt included), so that every prompt is exactly its bucket's length."""
+    tok = target.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def measure(suite: Suite) -> Callable[[str], int]:
+        return lambda text: int(target.render_chat([{"role": "user", "content": text}], suite.system_prompt).shape[1])
+
+    return [build_context_suite(s, encode, tok.decode, measure(s)) for s in suites]
 
 
 def _checked_score(value: Any) -> float:
@@ -342,7 +397,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     say = Progress(enabled=progress and dist.rank == 0)
 
     data_dir = config.data_dir or os.environ.get("DRAFTBENCH_DATA")
-    suites = [load_suite(s, data_dir).select(config.limit, config.questions) for s in config.suites]
+    suites = [load_suite(s, data_dir, config.context_buckets).select(config.limit, config.questions)
+              for s in config.suites]
     if manifest is not None:
         check_suites_unchanged(manifest, suites, run_dir)
     # unknown method names and bad options fail here, before anything heavy is loaded
@@ -351,6 +407,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     for spec in entries:
         options = build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
         check_engine(spec.engine, spec.name, options, set(spec.options), config.target, spec.engine_options)
+    check_context_windows(suites, config.target, target)
     if resume is None:
         run_dir = _shared_run_dir(config, dist)
     lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
@@ -373,6 +430,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
+        suites = built_suites(suites, target)
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
         for spec in entries:
             methods[spec.label].profile = PROFILE[config.profile]

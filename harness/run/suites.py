@@ -5,9 +5,12 @@ A suite YAML has these fields (``SUITE_FIELDS``): ``name`` (= the file stem), ``
 any change that makes old results incomparable), ``description``, ``file`` (relative to ``$DRAFTBENCH_DATA``, or
 to the definition's folder when ``bundled: true``), ``sha256``, ``records`` (expected count), ``source_url`` (raw
 download URL), ``licence``, ``scorer`` (null or a registered scorer, :data:`harness.registry.SCORERS`), and optional
-``system_prompt`` (null: the chat template's default), ``max_new_tokens`` (null: the run's default), ``bundled`` and
+``system_prompt`` (null: the chat template's default), ``max_new_tokens`` (null: the run's default), ``bundled``,
 ``category_groups`` (group name ->
-the file's categories recorded under that name, e.g. Spec-Bench's eight MT-bench categories as ``mt_bench``).
+the file's categories recorded under that name, e.g. Spec-Bench's eight MT-bench categories as ``mt_bench``) and
+``context`` (a recipe that builds the suite's prompts at input lengths from the file's documents, with the target's
+tokenizer: :mod:`harness.run.context`; its questions are ``<bucket>-<j>`` and get their text from
+:func:`build_context_suite` once the target is loaded).
 
 ``sha256: null`` says the upstream file has no published checksum yet: the first ``fetch_suite`` records the digest
 of what it downloaded in ``<file>.sha256`` beside it, and every later load checks the file against that pin (a file
@@ -29,6 +32,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +40,23 @@ from typing import Any
 import yaml
 
 from harness.registry import SCORERS, UnknownNameError, suite_dirs
+from harness.run.context import (
+    ContextError,
+    Recipe,
+    build_prompt,
+    first_document,
+    parse_recipe,
+    question_id,
+    recipe_digest,
+    with_buckets,
+)
 from harness.schema import InputError, did_you_mean, type_error, unknown_keys
 
 DATA_ENV = "DRAFTBENCH_DATA"
 
 REQUIRED_FIELDS = ("name", "version", "description", "file", "sha256", "records", "source_url", "licence", "scorer")
-OPTIONAL_FIELDS = {"system_prompt": None, "max_new_tokens": None, "bundled": False, "category_groups": None}
+OPTIONAL_FIELDS = {"system_prompt": None, "max_new_tokens": None, "bundled": False, "category_groups": None,
+                   "context": None}
 PIN_SUFFIX = ".sha256"  # beside a data file whose definition has sha256: null (pinned on first fetch)
 SUITE_FIELDS = REQUIRED_FIELDS + tuple(OPTIONAL_FIELDS)
 
@@ -58,6 +73,7 @@ class Question:
     category: str | None
     turns: list[str]
     reference: list[Any] | None = None  # strings for the scored suites; other JSON values are kept as they are
+    context: dict[str, Any] | None = None  # a context suite's prompt: bucket, documents, cut_tokens (run.context)
 
 
 @dataclass
@@ -72,11 +88,16 @@ class Suite:
     max_new_tokens: int | None = None
     source: str = ""
     sha256: str | None = None
+    context: Recipe | None = None  # a context suite's recipe (harness.run.context); its documents follow
+    documents: list[tuple[str, str]] | None = None  # (source question_id, text) of a context suite's documents
 
     def select(self, limit: int | None = None, question_ids: list[str] | None = None) -> Suite:
-        """A copy with only ``question_ids`` (kept in file order), then only the first ``limit`` of those.
+        """A copy with only ``question_ids`` (kept in file order), then only the first ``limit`` of those; in a
+        context suite, the first ``limit`` of every bucket.
 
         Example: questions q1, q2, q3; select(question_ids=["q3", "q1"]) -> [q1, q3]; select(limit=2) -> [q1, q2].
+        Context suite with buckets 512, 1024 and prompts 512-0, 512-1, 1024-0, 1024-1: select(limit=1) -> 512-0,
+        1024-0.
         """
         questions = self.questions
         if question_ids is not None:
@@ -92,7 +113,10 @@ class Suite:
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise DataError(f"limit must be a positive integer or None, got {limit!r}")
-            questions = questions[:limit]
+            if self.context is not None:
+                questions = [q for q in questions if q.context["prompt"] < limit]
+            else:
+                questions = questions[:limit]
         return dataclasses.replace(self, questions=list(questions))
 
     def __len__(self) -> int:
@@ -147,6 +171,11 @@ def _validate_info(info: Any, path: Path) -> dict[str, Any]:
     if sha is not None and (not isinstance(sha, str) or len(sha) != 64
                             or any(c not in "0123456789abcdef" for c in sha)):
         raise DataError(f"{path}: sha256 must be 64 lowercase hex digits or null (pinned on first fetch), got {sha!r}")
+    if info["context"] is not None:
+        try:
+            info["context"] = parse_recipe(info["context"], str(path))
+        except ContextError as e:
+            raise DataError(str(e)) from None
     groups = info["category_groups"]
     if type_error(groups, dict[str, list[str]] | None):
         raise DataError(f"{path}: category_groups must map a group name to a list of category names, "
@@ -201,11 +230,14 @@ def duplicate_suite_names(entries: list[str]) -> str | None:
     return None
 
 
-def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> Suite:
+def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None,
+               buckets: list[int] | None = None) -> Suite:
     """Load a built-in suite by name (checksum and record count verified) or a user ``.jsonl`` file by path.
 
     A user file becomes a suite named after its stem (:func:`suite_name_of`), version "user", no scorer, with its
-    sha256 computed.
+    sha256 computed. A context suite (a ``context`` recipe) loads its documents and one question per bucket and
+    prompt, without text until :func:`build_context_suite`; ``buckets`` (a run's ``context_buckets``) replaces the
+    recipe's buckets, and its sha256 is :func:`harness.run.context.recipe_digest` of its file and recipe.
     """
     text = str(name_or_path)
     if is_suite_file(text):
@@ -220,7 +252,8 @@ def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> 
     path = suite_path(info, data_dir)
     if not path.is_file():
         fetch = "" if info["bundled"] else f"; when online, `draftbench data fetch {info['name']}` downloads it"
-        raise DataError(f"suite {info['name']!r}: data file {path} is missing; it comes from {info['source_url']}"
+        what = "document source" if info["context"] else "data file"
+        raise DataError(f"suite {info['name']!r}: {what} {path} is missing; it comes from {info['source_url']}"
                         f"{fetch}")
     digest = sha256_file(path)
     expected, where = info["sha256"], "expected sha256"
@@ -236,9 +269,48 @@ def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None) -> 
         questions = [dataclasses.replace(q, category=group_of.get(q.category, q.category)) for q in questions]
     if len(questions) != info["records"]:
         raise DataError(f"suite {info['name']!r}: {path} has {len(questions)} records, expected {info['records']}")
+    if info["context"] is not None:
+        return _context_suite(info, questions, str(path), digest, buckets)
     return Suite(name=info["name"], version=info["version"], questions=questions, scorer=info["scorer"],
                  system_prompt=info["system_prompt"], max_new_tokens=info["max_new_tokens"], source=str(path),
                  sha256=digest)
+
+
+def _context_suite(info: dict[str, Any], sources: list[Question], path: str, digest: str,
+                   buckets: list[int] | None) -> Suite:
+    """A context suite's documents and its questions (``<bucket>-<j>``, no text yet) from its source records."""
+    try:
+        recipe = with_buckets(info["context"], buckets)
+    except ContextError as e:
+        raise DataError(str(e)) from None
+    documents = [(q.question_id, q.turns[0].removeprefix(recipe.strip_prefix)) for q in sources]
+    questions = [Question(question_id=question_id(b, j), category=None, turns=[],
+                          context={"bucket": b, "prompt": j}) for b in recipe.buckets for j in range(recipe.prompts)]
+    return Suite(name=info["name"], version=info["version"], questions=questions, scorer=info["scorer"],
+                 system_prompt=info["system_prompt"], max_new_tokens=info["max_new_tokens"], source=path,
+                 sha256=recipe_digest(digest, recipe), context=recipe, documents=documents)
+
+
+def build_context_suite(suite: Suite, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+                        measure: Callable[[str], int]) -> Suite:
+    """A context suite with the text of its (selected) questions built by the target's tokenizer
+    (:func:`harness.run.context.build_prompt`: ``encode``/``decode`` without special tokens, ``measure`` the rendered
+    prompt's length); any other suite unchanged. A bucket that cannot be built raises :class:`DataError`."""
+    if suite.context is None:
+        return suite
+    recipe, texts = suite.context, [text for _, text in suite.documents]
+    questions = []
+    for q in suite.questions:
+        bucket, j = q.context["bucket"], q.context["prompt"]
+        try:
+            built = build_prompt(texts, first_document(j, recipe.prompts, len(texts)), bucket, recipe, encode, decode,
+                                 measure)
+        except ContextError as e:
+            raise DataError(f"suite {suite.name!r}: {e}") from None
+        context = {**q.context, "documents": [suite.documents[i][0] for i in built["documents"]],
+                   "cut_tokens": built["cut_tokens"], "prompt_tokens": built["prompt_tokens"]}
+        questions.append(dataclasses.replace(q, turns=[built["text"]], context=context))
+    return dataclasses.replace(suite, questions=questions)
 
 
 def pinned_sha256(path: str | Path) -> str | None:
@@ -259,13 +331,16 @@ def sha256_file(path: str | Path) -> str:
 
 
 def read_questions(path: str | Path) -> list[Question]:
-    """Parse a questions file; blank lines (and a missing final newline) are fine, anything else malformed is not."""
+    """Parse a questions file: JSON lines, or a Parquet table with the same columns (SPEED-Bench's format,
+    :func:`parquet_records`). Blank lines (and a missing final newline) are fine, anything else malformed is not."""
+    if Path(path).suffix == ".parquet":
+        return _unique([(f"{path}:row {i}", parse_record(r, f"{path}:row {i}"))
+                        for i, r in enumerate(parquet_records(path), start=1)], path)
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 ({e})") from e
-    questions: list[Question] = []
-    seen: set[str] = set()
+    parsed = []
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -273,14 +348,40 @@ def read_questions(path: str | Path) -> list[Question]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-        question = parse_record(record, f"{path}:{lineno}")
+        parsed.append((f"{path}:{lineno}", parse_record(record, f"{path}:{lineno}")))
+    return _unique(parsed, path)
+
+
+def _unique(parsed: list[tuple[str, Question]], path: str | Path) -> list[Question]:
+    """The questions of ``parsed`` ((where, question) in file order); a repeated question_id or none at all fails."""
+    seen: set[str] = set()
+    for where, question in parsed:
         if question.question_id in seen:
-            raise DataError(f"{path}:{lineno}: duplicate question_id {question.question_id!r}")
+            raise DataError(f"{where}: duplicate question_id {question.question_id!r}")
         seen.add(question.question_id)
-        questions.append(question)
-    if not questions:
+    if not parsed:
         raise DataError(f"{path}: no records")
-    return questions
+    return [q for _, q in parsed]
+
+
+def parquet_records(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a Parquet questions table as records, e.g. SPEED-Bench's (arXiv:2604.09557; the
+    ``nvidia/SPEED-Bench`` dataset: ``question_id``, ``category``, ``sub_category``, ``turns``, ``source``,
+    ``src_id``, ``difficulty``, ``multiturn``); the columns besides ``question_id``, ``category`` and ``turns`` are
+    not needed. A row whose turns are empty is a placeholder that SPEED-Bench's own preparation script fills from its
+    sources (its throughput splits ship so): refused, naming it."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow's errors for a file that is not Parquet
+        raise DataError(f"{path}: not a readable Parquet table ({type(e).__name__}: {e})") from e
+    for i, row in enumerate(rows, start=1):
+        turns = row.get("turns")
+        if isinstance(turns, list) and (not turns or not all(isinstance(t, str) and t for t in turns)):
+            raise DataError(f"{path}:row {i}: question {row.get('question_id')!r} has empty turns, a placeholder "
+                            "left for SPEED-Bench's data preparation script to fill from its sources; run it first")
+    return rows
 
 
 def parse_record(record: Any, where: str) -> Question:

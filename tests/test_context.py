@@ -1,0 +1,193 @@
+"""Context-length buckets (issue #23, item 1): prompts built at exact input lengths from real documents, the recipe
+parsed and hashed, buckets refused past the target's window, and the records that say what was built."""
+
+import json
+
+import pytest
+
+from harness import registry
+from harness.measure.records import read_records
+from harness.run.config import ConfigError, RunConfig
+from harness.run.context import ContextError, Recipe, build_prompt, check_buckets, parse_recipe, recipe_digest
+from harness.run.runner import run
+from harness.run.suites import DataError, build_context_suite, load_suite
+from tests.support.helpers import tiny_target
+
+DOCS = ["Alpha one.", "Bravo two.", "Charlie three."]
+RECIPE = Recipe(buckets=(40,), prompts=1, question="\nQ?", preamble="Docs:\n", separator=" | ")
+TEMPLATE = 19  # tokens the character tokenizer's ChatML template adds around one user message (see tiny_target)
+
+
+def encode(text):
+    return [ord(c) for c in text]
+
+
+def decode(ids):
+    return "".join(chr(i) for i in ids)
+
+
+def measure(text):
+    return TEMPLATE + len(text)
+
+
+def test_prompt_is_cut_to_exactly_the_bucket():
+    """28 tokens are fixed (template 19 + preamble and question 9), so 12 document tokens fit; two documents are read
+    (23 tokens) and 11 are cut. A prompt off by one token would put it in the wrong bucket."""
+    built = build_prompt(DOCS, 0, 40, RECIPE, encode, decode, measure)
+    assert built == {"text": "Docs:\nAlpha one. |\nQ?", "prompt_tokens": 40, "documents": [0, 1], "cut_tokens": 11}
+
+
+def test_prompt_starts_at_its_document_and_wraps_around():
+    """Prompt j reads from its own first document on, wrapping to the first; otherwise two prompts would be one."""
+    built = build_prompt(DOCS, 2, 50, RECIPE, encode, decode, measure)
+    assert built["text"] == "Docs:\nCharlie three. | Alpha\nQ?" and built["documents"] == [2, 0]
+
+
+def test_retokenisation_is_corrected_to_the_exact_length():
+    """A tokenizer whose decoded cut re-tokenises longer (here "." counts twice when measured) must still land on the
+    bucket: n is corrected by the difference (12 document tokens measure 41, 11 measure 40)."""
+    def measure_dot_twice(text):
+        return TEMPLATE + len(text) + text.count(".")
+    built = build_prompt(DOCS, 0, 40, RECIPE, encode, decode, measure_dot_twice)
+    assert built["prompt_tokens"] == 40 and built["text"] == "Docs:\nAlpha one. \nQ?"
+
+
+def test_a_bucket_no_cut_can_hit_keeps_the_longest_below_it():
+    """When 12 document tokens measure 41 and 11 measure 39 ("|" counts twice), the prompt is 39 tokens and says
+    so, rather than 41 (past the bucket) or a failure."""
+    def measure_pipe_twice(text):
+        return TEMPLATE + len(text) + text.count("|")
+    built = build_prompt(DOCS, 0, 40, RECIPE, encode, decode, measure_pipe_twice)
+    assert (built["prompt_tokens"], built["text"], built["cut_tokens"]) == (39, "Docs:\nAlpha one. \nQ?", 12)
+
+
+def test_too_little_text_is_refused():
+    """A bucket the documents cannot fill must fail, not give a shorter prompt labelled with the bucket."""
+    with pytest.raises(ContextError, match="bucket 200: the 3 documents give a prompt of 68 tokens"):
+        build_prompt(DOCS, 0, 200, RECIPE, encode, decode, measure)
+    with pytest.raises(ContextError, match="alone take 28 tokens"):
+        build_prompt(DOCS, 0, 28, RECIPE, encode, decode, measure)
+
+
+def test_bucket_past_the_window_is_refused_naming_the_limit():
+    """The issue's bad input: a 9000-token bucket on an 8192-position model fails before anything runs."""
+    with pytest.raises(ContextError, match="9000 do not fit target 'm''s 8192-position window"):
+        check_buckets((512, 9000), 8192, "m")
+    check_buckets((512, 8191), 8192, "m")  # the longest that leaves one position for the answer
+
+
+def test_recipe_fields_are_checked():
+    """Misspelt or unsorted recipe fields would build another suite than the one named."""
+    assert parse_recipe({"buckets": [512, 1024], "prompts": 2, "question": "Q?"}, "x.yaml") == \
+        Recipe((512, 1024), 2, "Q?")
+    with pytest.raises(ContextError, match="x.yaml: unknown context field"):
+        parse_recipe({"buckets": [512], "prompts": 1, "question": "Q", "bukets": 1}, "x.yaml")
+    with pytest.raises(ContextError, match="distinct and increasing"):
+        parse_recipe({"buckets": [1024, 512], "prompts": 1, "question": "Q"}, "x.yaml")
+    with pytest.raises(ContextError, match="context.question is required"):
+        parse_recipe({"buckets": [512], "prompts": 1}, "x.yaml")
+
+
+def test_digest_covers_source_and_recipe():
+    """Changing the source file or any recipe field must change the suite's sha256 (a resumed run checks it)."""
+    a = recipe_digest("0" * 64, RECIPE)
+    assert a != recipe_digest("1" * 64, RECIPE)
+    assert a != recipe_digest("0" * 64, Recipe((41,), 1, "\nQ?", "Docs:\n", " | "))
+    assert a == recipe_digest("0" * 64, Recipe((40,), 1, "\nQ?", "Docs:\n", " | "))
+
+
+@pytest.fixture()
+def context_suite(tmp_path, monkeypatch):
+    """A suite ``ctx`` in a registered folder: six documents of 200 characters, buckets 64 and 128, two prompts."""
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"question_id": 100 + i, "category": "news",
+                                        "turns": [f"Summarize: {chr(65 + i) * 199}."]}) + "\n" for i in range(6)))
+    from harness.run.suites import sha256_file
+
+    (folder / "ctx.yaml").write_text(f"""name: ctx
+version: "1"
+description: test
+file: {docs}
+sha256: {sha256_file(docs)}
+records: 6
+source_url: null
+licence: test
+scorer: null
+context:
+  buckets: [64, 128]
+  prompts: 2
+  strip_prefix: "Summarize: "
+  question: "\\nWhich letters?"
+""")
+    monkeypatch.setattr(registry, "_SUITE_DIRS", [*registry.suite_dirs(), folder])
+    monkeypatch.setenv("DRAFTBENCH_DATA", str(tmp_path))
+    return docs
+
+
+def test_context_suite_selects_per_bucket(context_suite):
+    """limit applies per bucket: limit=1 keeps the first prompt of each length, not the 64-token bucket only."""
+    suite = load_suite("ctx")
+    assert [q.question_id for q in suite.questions] == ["64-0", "64-1", "128-0", "128-1"]
+    assert [q.question_id for q in suite.select(1).questions] == ["64-0", "128-0"]
+    assert [q.question_id for q in load_suite("ctx", buckets=[128]).questions] == ["128-0", "128-1"]
+    assert load_suite("ctx").sha256 != load_suite("ctx", buckets=[128]).sha256
+
+
+def test_context_suite_built_with_the_targets_tokenizer(context_suite):
+    """Every prompt is exactly its bucket long once rendered, and says which documents it read and what was cut."""
+    target = tiny_target()
+    tok = target.tokenizer
+    suite = build_context_suite(load_suite("ctx"), lambda t: tok(t, add_special_tokens=False)["input_ids"],
+                                tok.decode,
+                                lambda t: target.render_chat([{"role": "user", "content": t}]).shape[1])
+    q = suite.questions[1]  # 64-1: starts at document 6 * 1 // 2 = 3 ("D..."), 64 - 19 - 15 = 30 characters of it
+    assert q.turns == ["D" * 30 + "\nWhich letters?"]
+    assert q.context == {"bucket": 64, "prompt": 1, "documents": ["103"], "cut_tokens": 170, "prompt_tokens": 64}
+    assert [x.context["prompt_tokens"] for x in suite.questions] == [64, 64, 128, 128]
+
+
+def test_run_records_buckets_and_refuses_a_bucket_past_the_window(context_suite, tmp_path):
+    """The records carry the bucket, the exact prompt length, the documents, the cut and the KV cache size; a bucket
+    past the tiny model's 1024 positions fails as a configuration error, before any run directory is made."""
+    target = tiny_target(eos=False)
+    cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], max_new_tokens=3, warmup=0,
+                    output_dir=str(tmp_path / "out"))
+    run_dir = run(cfg, target=target, progress=False)
+    recs = read_records(run_dir)
+    assert [(r["context_bucket"], r["prompt_tokens"], r["context_documents"]) for r in recs] == \
+        [(64, 64, ["100"]), (64, 64, ["103"]), (128, 128, ["100"]), (128, 128, ["103"])]
+    # 2 (K, V) x 2 layers x 2 kv heads x head_dim 8 x (64 + 3 positions) x 4 bytes
+    assert recs[0]["kv_cache_bytes"] == 2 * 2 * 2 * 8 * 67 * 4
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["suites"]["ctx"]["context"]["prompts"]["128-1"]["documents"] == ["103"]
+    with pytest.raises(ConfigError, match="2048 do not fit target 'tiny-llama''s 1024-position window"):
+        run(RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], context_buckets=[64, 2048],
+                      output_dir=str(tmp_path / "out2")), target=target, progress=False)
+    assert not (tmp_path / "out2").exists() or not any((tmp_path / "out2").iterdir())
+
+
+def test_an_answer_cut_by_the_window_says_so(context_suite, tmp_path):
+    """A 1000-token prompt leaves 24 of the tiny model's 1024 positions: the 30-token budget is cut to 24 and the
+    record says so (nothing is cut silently). The prompt reads five documents (966 characters of 200 + separators)."""
+    cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], context_buckets=[1000], limit=1,
+                    max_new_tokens=30, warmup=0, output_dir=str(tmp_path / "out"))
+    (rec,) = read_records(run(cfg, target=tiny_target(eos=False), progress=False))
+    assert (rec["prompt_tokens"], rec["new_tokens"], rec["max_new_tokens_cut_to"]) == (1000, 24, 24)
+    assert rec["context_documents"] == ["100", "101", "102", "103", "104"] and rec["context_cut_tokens"] == 42
+
+
+def test_missing_document_source_is_one_line(context_suite):
+    """A missing source file is one line naming it, not a traceback from the tokenizer."""
+    context_suite.unlink()
+    with pytest.raises(DataError) as e:
+        load_suite("ctx")
+    assert "document source" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_run_config_refuses_bad_buckets():
+    """context_buckets is checked with the config, and left out of its digest when unset (old digests hold)."""
+    with pytest.raises(ConfigError, match="distinct and increasing"):
+        RunConfig(context_buckets=[2048, 512])
+    assert "context_buckets" not in RunConfig().to_dict()
