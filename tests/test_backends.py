@@ -51,8 +51,8 @@ def test_methods_map_to_vllm_speculative_configs():
     assert mapped("eagle3", depth=3) == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(EAGLE3_HEAD)}
     assert mapped("eagle2", head="/heads/mine") == {"method": "eagle", "model": "/heads/mine",
                                                    "num_speculative_tokens": 5}
-    assert mapped("eagle1", engine_options={"speculative_config": {"num_speculative_tokens": 4}}) == {
-        "method": "eagle", "model": str(EAGLE3_HEAD.with_name("eagle")), "num_speculative_tokens": 4}
+    assert mapped("medusa") == {"method": "medusa", "model": str(EAGLE3_HEAD.with_name("medusa")),
+                                "num_speculative_tokens": 4}  # one token per head of the shipped head's config
     assert mapped("vanilla", engine_options={"speculative_config": {"method": "suffix"}}) == {"method": "suffix"}
     assert V.llm_options({"speculative_config": {"method": "mtp"}, "tensor_parallel_size": 2}) == {
         "tensor_parallel_size": 2}
@@ -65,13 +65,70 @@ def test_what_vllm_cannot_run_is_one_clear_error():
     with pytest.raises(EngineError, match=r"option\(s\) top_k have no vLLM equivalent .* it maps head, depth"):
         mapped("eagle3", top_k=1)
     with pytest.raises(EngineError, match="needs the chain length"):
-        mapped("eagle1")
+        mapped("eagle1", head="/heads/on-the-hub")
     with pytest.raises(EngineError, match="no eagle3 head is shipped for target 'tiny-llama'"):
         mapped("eagle3", target="tiny-llama")
     with pytest.raises(EngineError, match="option draft .* is required"):
         mapped("sps")
     with pytest.raises(EngineError, match="unknown engine 'sglang'; use harness or vllm"):
         check_engine("sglang", "vanilla", None, set(), "smollm2-135m", None)
+
+
+def eagle_head_folder(folder, **config):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    return str(folder)
+
+
+def test_eagle_heads_with_an_fc_bias_are_refused(tmp_path):
+    # vLLM's EAGLE-1 draft has no fc bias and reads `bias` as attention biases: such a head loads there and accepts
+    # nothing (the shipped EAGLE-1 head did: 0 of 378 drafted tokens); if this failed, a run would measure garbage
+    spec = {"speculative_config": {"num_speculative_tokens": 3}}
+    with pytest.raises(EngineError, match=r"cannot run the EAGLE head .*/heads/smollm2-135m/eagle: it has an fc "
+                                          r"bias \(config.json bias: true\).*--option bias=false"):
+        mapped("eagle1", engine_options=spec)
+    absent = eagle_head_folder(tmp_path / "absent")  # EAGLE's loader reads an absent `bias` as true
+    with pytest.raises(EngineError, match="bias: true"):
+        mapped("eagle2", head=absent, engine_options=spec)
+    plain = eagle_head_folder(tmp_path / "plain", bias=False)
+    assert mapped("eagle2", head=plain, depth=3) == {"method": "eagle", "model": plain, "num_speculative_tokens": 3}
+
+
+def write_safetensors(path, tensors):
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+
+
+def test_medusa_heads_are_written_as_vllms_medusa_reads_them(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    embed = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # [V=3, H=2]
+    write_safetensors(target / "model.safetensors", {"model.embed_tokens.weight": embed})
+    head = tmp_path / "medusa"
+    head.mkdir()
+    config = {"medusa_num_heads": 1, "medusa_num_layers": 1, "medusa_share_lm_head": True}
+    (head / "config.json").write_text(json.dumps(config))
+    weights = {"0.0.linear.weight": torch.tensor([[0.5, 0.0], [0.0, 0.5]]), "0.0.linear.bias": torch.tensor([1., 2.])}
+    write_safetensors(head / "medusa_lm_head.safetensors", weights)
+    out = V.medusa_for_vllm(str(head), str(target), tmp_path / "out")
+    # vLLM's Medusa: ResBlock biases only with medusa_fc_bias, and a shared lm_head only as original_lm_head, read
+    # from head 0's lm_head key; without either it drafts from dropped biases and uninitialised lm_heads
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {
+        **config, "medusa_fc_bias": True, "original_lm_head": True}
+    got = load_file(str(Path(out) / "medusa_lm_head.safetensors"))
+    assert sorted(got) == ["0.0.linear.bias", "0.0.linear.weight", "0.1.weight"]
+    assert torch.equal(got["0.1.weight"], embed) and torch.equal(got["0.0.linear.weight"], weights["0.0.linear.weight"])
+    # a head with its own lm_heads and the bias flag is vLLM's already: used as it is
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "config.json").write_text(json.dumps({**config, "medusa_share_lm_head": False, "medusa_fc_bias": True}))
+    assert V.medusa_for_vllm(str(own), str(target), tmp_path / "unused") == str(own)
+    assert not (tmp_path / "unused").exists()
 
 
 def test_engine_in_the_run_configuration(tmp_path):
