@@ -161,7 +161,7 @@ def target_lm_head(target_path: str) -> Any:
     for name in names:
         for file in sorted(Path(target_path).glob("*.safetensors")):
             with safe_open(str(file), "pt") as f:
-                if name in f.keys():
+                if name in f.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
                     return f.get_tensor(name)
     raise BackendError(f"the target {target_path} has no {' or '.join(names)} in its safetensors files")
 
