@@ -34,5 +34,7 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
         return None
     from harness.backends.vllm import VLLMBackend, llm_options, speculative_config
 
-    return VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
-                       llm_options(engine_options))
+    backend = VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
+                          llm_options(engine_options))
+    backend.engine_options = dict(engine_options or {})
+    return backend

@@ -101,6 +101,7 @@ class Backend(abc.ABC):
 
     name: str = ""
     speculative: bool = False
+    engine_options: dict[str, Any] = {}  # what the entry passes to the engine (set by create_backend), recorded
 
     @abc.abstractmethod
     def generate(self, request: TurnRequest) -> EngineTurn: ...
@@ -119,7 +120,7 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
     measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
     for what it cannot measure in another process (memory, energy, logits), and the engine's name, version and
-    counters (``engine``, ``engine_version``, ``engine_counters``)."""
+    counters (``engine``, ``engine_version``, ``engine_options``, ``engine_counters``)."""
     n = len(turn.token_ids)
     lengths = accept_lengths(turn.accepted_steps, n, backend.speculative)
     if lengths is None:
@@ -135,5 +136,5 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "timings": {}, "counters": {}, "timings_synchronised": None, "nvml_devices": None, "logit_margins": None,
         "logit_tops": None, "logit_runner_ups": None,
         "engine": backend.name, "engine_version": backend.describe().get("version"),
-        "engine_counters": turn.counters(),
+        "engine_options": dict(backend.engine_options), "engine_counters": turn.counters(),
     }

@@ -64,6 +64,8 @@ score_error                 why scoring failed (then ``score`` is None and ``sta
                             is measured, its quality is not); None otherwise
 timestamp                   ISO time the turn finished
 engine, engine_version      the engine that ran the turn when not the harness's own (``vllm``; absent otherwise)
+engine_options              what the run passed to that engine (``engine_options``: vLLM's speculative_config keys,
+                            parallelism, ...); tables read it as ``opt.engine_options.*`` knobs
 engine_counters             that engine's acceptance counters for the turn: drafts, draft_tokens, accepted_tokens,
                             accepted_per_pos (None where the engine has no such counter; harness.backends.contract)
 retry                       true on an error record whose engine failed (a resumed run re-runs the question)
