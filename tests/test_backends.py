@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import check_engine
+from harness.backends import check_engine, vllm_worker
 from harness.backends import vllm as V
 from harness.backends.contract import BackendError, EngineError, TurnRequest, accept_lengths
 from harness.backends.worker import Worker
@@ -18,7 +18,7 @@ from harness.engine.method import build_options
 from harness.measure.records import read_records
 from harness.registry import get_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from harness.run.runner import run
+from harness.run.runner import Distributed, run
 from tests.support.helpers import tiny_target
 
 FAKE = str(Path(__file__).resolve().parent / "support" / "fake_engine_worker.py")
@@ -244,3 +244,48 @@ def test_runner_records_engine_turns_and_resume_reruns_engine_failures(tmp_path,
     engine_run(tmp_path, resume=run_dir)
     again = read_records(run_dir)
     assert len(again) == 12 and all(r["status"] == "ok" for r in again)
+
+
+def test_parallelism_passes_through_to_llm_and_is_checked_first():
+    # tensor / pipeline parallelism and the executor are LLM(...) arguments; a wrong one must fail before a target
+    # loads, and the worker's defaults must not override what the run asked for
+    assert vllm_worker.llm_kwargs({"model": "m", "dtype": "float32", "speculative_config": None, "llm": {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray",
+        "max_model_len": 1024}}) == {
+        "model": "m", "tokenizer": "m", "dtype": "float32", "enforce_eager": True, "max_model_len": 1024,
+        "disable_log_stats": False, "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+        "distributed_executor_backend": "ray"}
+    assert vllm_worker.llm_kwargs({"model": "m", "dtype": "float32", "speculative_config": {"method": "ngram"}})[
+        "per_request_spec_decode_metrics"] == "detailed"
+    with pytest.raises(EngineError, match=r"engine_options.tensor_parallel_size must be an integer >= 1, got '2'"):
+        check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"tensor_parallel_size": "2"})
+    with pytest.raises(EngineError, match=r"engine_options.pipeline_parallel_size must be an integer >= 1, got 0"):
+        V.llm_options({"pipeline_parallel_size": 0})
+    with pytest.raises(EngineError, match=r"distributed_executor_backend must be one of mp, ray, uni, external_launc"):
+        V.llm_options({"distributed_executor_backend": "slurm"})
+
+
+def test_parallelism_reaches_the_worker_the_manifest_and_the_records(tmp_path, fake_vllm):
+    fake_vllm("ok")
+    suite = tmp_path / "q.jsonl"
+    suite.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    options = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+    cfg = RunConfig(methods=[MethodSpec("vanilla", "v-tp", engine="vllm", engine_options=options)],
+                    suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))
+    run_dir = run(cfg, target=tiny_target(eos=False), progress=False)
+    engine = json.loads((run_dir / "manifest.json").read_text())["engines"]["v-tp"]
+    assert engine["config"] == {"model": "tiny-llama", **options}  # what LLM(...) got, as the worker echoed it
+    assert engine["parallel"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "world_size": 4}
+    assert json.loads((run_dir / "manifest.json").read_text())["config"]["methods"][0]["engine_options"] == options
+    assert [r["engine_options"] for r in read_records(run_dir)] == [options, options]
+
+
+def test_an_engine_entry_refuses_a_data_parallel_harness_run(tmp_path, fake_vllm, monkeypatch):
+    # under accelerate launch every process would start its own vLLM on the same GPUs: vLLM parallelises itself
+    monkeypatch.setattr(Distributed, "detect", classmethod(lambda cls: cls(0, 2)))
+    suite = tmp_path / "q.jsonl"
+    suite.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    cfg = RunConfig(methods=[MethodSpec("vanilla", "v", engine="vllm")], suites=[str(suite)], output_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"entry 'v' runs on engine vllm, which parallelises itself: run it in one "
+                                          r"process"):
+        run(cfg, target=tiny_target(), progress=False)

@@ -20,9 +20,10 @@ def check_engine(engine: str, method: str, options: Any, given: set[str], target
     if engine not in ENGINES:
         raise EngineError(f"unknown engine {engine!r}; use {' or '.join(ENGINES)}")
     if engine == "vllm":
-        from harness.backends.vllm import check_python, speculative_config
+        from harness.backends.vllm import check_python, llm_options, speculative_config
 
         speculative_config(method, options, given, target, engine_options)
+        llm_options(engine_options)
         check_python()
 
 

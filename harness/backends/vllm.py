@@ -192,9 +192,29 @@ def medusa_for_vllm(head: str, target_path: str, out: Path) -> str:
     return str(out)
 
 
+# vLLM's parallelism options (its ParallelConfig), checked before anything loads; vLLM checks the rest itself
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
+EXECUTORS = ("mp", "ray", "uni", "external_launcher")  # distributed_executor_backend
+
+
 def llm_options(engine_options: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``)."""
-    return {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
+    """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``), among them vLLM's
+    parallelism: ``tensor_parallel_size``, ``pipeline_parallel_size`` (GPUs, or nodes with the Ray executor),
+    ``distributed_executor_backend`` (``mp`` on one machine, ``ray`` across a Ray cluster), ``nnodes`` /
+    ``node_rank`` / ``master_addr``. A malformed parallelism option is an :class:`EngineError`.
+
+    Example: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2}.
+    """
+    out = {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
+    for key in PARALLEL_SIZES:
+        value = out.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise EngineError(f"engine vllm: engine_options.{key} must be an integer >= 1, got {value!r}")
+    executor = out.get("distributed_executor_backend", "mp")
+    if executor not in EXECUTORS:
+        raise EngineError(f"engine vllm: engine_options.distributed_executor_backend must be one of "
+                          f"{', '.join(EXECUTORS)}, got {executor!r}")
+    return out
 
 
 class VLLMBackend(Backend):
@@ -226,12 +246,15 @@ class VLLMBackend(Backend):
             raise
         self.version = info.get("version")
         self.config = info.get("config") or {}
+        self.parallel = info.get("parallel")
         self.load_s = info.get("load_s")
 
     def describe(self) -> dict[str, Any]:
-        """Name, version, the ``LLM(...)`` configuration the worker used (``llm``: parallelism and every other
-        engine option, ``speculative_config``), load time, and where a head written for vLLM came from."""
-        out = {"engine": self.name, "version": self.version, "config": self.config, "load_s": self.load_s}
+        """Name, version, the ``LLM(...)`` arguments the worker used (``config``: the engine options, parallelism
+        among them, and ``speculative_config``), the parallel layout vLLM resolved from them (``parallel``), load
+        time, and where a head written for vLLM came from (``head_source``)."""
+        out = {"engine": self.name, "version": self.version, "config": self.config, "parallel": self.parallel,
+               "load_s": self.load_s}
         if self.head_source is not None:
             out["head_source"] = self.head_source
         return out
