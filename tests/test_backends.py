@@ -257,6 +257,10 @@ def test_parallelism_passes_through_to_llm_and_is_checked_first():
         "distributed_executor_backend": "ray"}
     assert vllm_worker.llm_kwargs({"model": "m", "dtype": "float32", "speculative_config": {"method": "ngram"}})[
         "per_request_spec_decode_metrics"] == "detailed"
+    args = build_parser().parse_args(["run", "--engine", "vllm", "--methods", "vanilla", "--set",
+                                      "engine_options={tensor_parallel_size: 2, distributed_executor_backend: ray}"])
+    assert config_from_args(args).entries()[0].engine_options == {"tensor_parallel_size": 2,
+                                                                  "distributed_executor_backend": "ray"}
     with pytest.raises(EngineError, match=r"engine_options.tensor_parallel_size must be an integer >= 1, got '2'"):
         check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"tensor_parallel_size": "2"})
     with pytest.raises(EngineError, match=r"engine_options.pipeline_parallel_size must be an integer >= 1, got 0"):
