@@ -142,7 +142,10 @@ def check_head(kind: str, model: str) -> dict[str, Any]:
     path = Path(model) / "config.json"
     if not path.is_file():
         return {}
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EngineError(f"engine vllm: {path} is not valid JSON ({e})") from None
     if kind == "eagle" and raw.get("bias", True) is not False:
         raise EngineError(f"engine vllm cannot run the EAGLE head {model}: it has an fc bias (config.json bias: "
                           f"{str(raw.get('bias', True)).lower()}), and vLLM's EAGLE-1 draft has no fc bias and reads "
@@ -184,7 +187,7 @@ def medusa_for_vllm(head: str, target_path: str, out: Path) -> str:
     weights = {k: v.contiguous() for k, v in weights.items()}
     config = {**raw, "medusa_fc_bias": True}
     if share:
-        weights[f"0.{raw['medusa_num_layers']}.weight"] = target_lm_head(target_path).contiguous()
+        weights[f"0.{raw.get('medusa_num_layers', 1)}.weight"] = target_lm_head(target_path).contiguous()
         config["original_lm_head"] = True
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
