@@ -117,3 +117,20 @@ def test_only_swept_or_named_options_are_ablated(tmp_path):
     assert "opt.mode" in pd.read_csv(unswept / "tables" / "summary.csv").columns  # the tables keep the options
     named = write_run(tmp_path / "named", manifest={**MANIFEST, "config": {"baseline": "vanilla", "ablate": ["mode"]}})
     assert list(pd.read_csv(R.write_report(named)["ablation_csv"]).filter(like="opt.").columns) == ["opt.mode"]
+
+
+def test_swept_engine_options_are_knobs():
+    """A sweep over an engine option (vLLM's num_speculative_tokens for medusa) ablates that option: the records'
+    engine_options read as opt.engine_options.* columns, which the sweep's option names; without them a sweep over
+    the engine would give one table row per label and no knob."""
+    recs = []
+    for label, k in (("A", 1), ("B", 2)):
+        for rec in (r for r in RECORDS if r["label"] == label):
+            recs.append({**rec, "method": "medusa", "method_options": {}, "engine": "vllm",
+                         "engine_options": {"speculative_config": {"num_speculative_tokens": k}}})
+    turns = T.turns_table(recs)
+    knob = "opt.engine_options.speculative_config.num_speculative_tokens"
+    assert A.knob_names(turns) == [knob]
+    swept = A.ablated_options({"sweep_spec": [{"v": {knob.removeprefix("opt."): [1, 2]}}]})
+    assert A.knob_names(A.ablation_turns(turns, swept)) == [knob]
+    assert list(A.label_options(turns)[knob]) == [1, 2]

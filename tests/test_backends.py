@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import check_engine
+from harness.backends import check_engine, vllm_worker
 from harness.backends import vllm as V
 from harness.backends.contract import BackendError, EngineError, TurnRequest, accept_lengths
 from harness.backends.worker import Worker
@@ -18,7 +18,7 @@ from harness.engine.method import build_options
 from harness.measure.records import read_records
 from harness.registry import get_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from harness.run.runner import run
+from harness.run.runner import Distributed, run
 from tests.support.helpers import tiny_target
 
 FAKE = str(Path(__file__).resolve().parent / "support" / "fake_engine_worker.py")
@@ -51,8 +51,8 @@ def test_methods_map_to_vllm_speculative_configs():
     assert mapped("eagle3", depth=3) == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(EAGLE3_HEAD)}
     assert mapped("eagle2", head="/heads/mine") == {"method": "eagle", "model": "/heads/mine",
                                                    "num_speculative_tokens": 5}
-    assert mapped("eagle1", engine_options={"speculative_config": {"num_speculative_tokens": 4}}) == {
-        "method": "eagle", "model": str(EAGLE3_HEAD.with_name("eagle")), "num_speculative_tokens": 4}
+    assert mapped("medusa") == {"method": "medusa", "model": str(EAGLE3_HEAD.with_name("medusa")),
+                                "num_speculative_tokens": 4}  # one token per head of the shipped head's config
     assert mapped("vanilla", engine_options={"speculative_config": {"method": "suffix"}}) == {"method": "suffix"}
     assert V.llm_options({"speculative_config": {"method": "mtp"}, "tensor_parallel_size": 2}) == {
         "tensor_parallel_size": 2}
@@ -65,13 +65,70 @@ def test_what_vllm_cannot_run_is_one_clear_error():
     with pytest.raises(EngineError, match=r"option\(s\) top_k have no vLLM equivalent .* it maps head, depth"):
         mapped("eagle3", top_k=1)
     with pytest.raises(EngineError, match="needs the chain length"):
-        mapped("eagle1")
+        mapped("eagle1", head="/heads/on-the-hub")
     with pytest.raises(EngineError, match="no eagle3 head is shipped for target 'tiny-llama'"):
         mapped("eagle3", target="tiny-llama")
     with pytest.raises(EngineError, match="option draft .* is required"):
         mapped("sps")
     with pytest.raises(EngineError, match="unknown engine 'sglang'; use harness or vllm"):
         check_engine("sglang", "vanilla", None, set(), "smollm2-135m", None)
+
+
+def eagle_head_folder(folder, **config):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
+    return str(folder)
+
+
+def test_eagle_heads_with_an_fc_bias_are_refused(tmp_path):
+    # vLLM's EAGLE-1 draft has no fc bias and reads `bias` as attention biases: such a head loads there and accepts
+    # nothing (the shipped EAGLE-1 head did: 0 of 378 drafted tokens); if this failed, a run would measure garbage
+    spec = {"speculative_config": {"num_speculative_tokens": 3}}
+    with pytest.raises(EngineError, match=r"cannot run the EAGLE head .*/heads/smollm2-135m/eagle: it has an fc "
+                                          r"bias \(config.json bias: true\).*--option bias=false"):
+        mapped("eagle1", engine_options=spec)
+    absent = eagle_head_folder(tmp_path / "absent")  # EAGLE's loader reads an absent `bias` as true
+    with pytest.raises(EngineError, match="bias: true"):
+        mapped("eagle2", head=absent, engine_options=spec)
+    plain = eagle_head_folder(tmp_path / "plain", bias=False)
+    assert mapped("eagle2", head=plain, depth=3) == {"method": "eagle", "model": plain, "num_speculative_tokens": 3}
+
+
+def write_safetensors(path, tensors):
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path))
+
+
+def test_medusa_heads_are_written_as_vllms_medusa_reads_them(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    embed = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # [V=3, H=2]
+    write_safetensors(target / "model.safetensors", {"model.embed_tokens.weight": embed})
+    head = tmp_path / "medusa"
+    head.mkdir()
+    config = {"medusa_num_heads": 1, "medusa_num_layers": 1, "medusa_share_lm_head": True}
+    (head / "config.json").write_text(json.dumps(config))
+    weights = {"0.0.linear.weight": torch.tensor([[0.5, 0.0], [0.0, 0.5]]), "0.0.linear.bias": torch.tensor([1., 2.])}
+    write_safetensors(head / "medusa_lm_head.safetensors", weights)
+    out = V.medusa_for_vllm(str(head), str(target), tmp_path / "out")
+    # vLLM's Medusa: ResBlock biases only with medusa_fc_bias, and a shared lm_head only as original_lm_head, read
+    # from head 0's lm_head key; without either it drafts from dropped biases and uninitialised lm_heads
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {
+        **config, "medusa_fc_bias": True, "original_lm_head": True}
+    got = load_file(str(Path(out) / "medusa_lm_head.safetensors"))
+    assert sorted(got) == ["0.0.linear.bias", "0.0.linear.weight", "0.1.weight"]
+    assert torch.equal(got["0.1.weight"], embed) and torch.equal(got["0.0.linear.weight"], weights["0.0.linear.weight"])
+    # a head with its own lm_heads and the bias flag is vLLM's already: used as it is
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "config.json").write_text(json.dumps({**config, "medusa_share_lm_head": False, "medusa_fc_bias": True}))
+    assert V.medusa_for_vllm(str(own), str(target), tmp_path / "unused") == str(own)
+    assert not (tmp_path / "unused").exists()
 
 
 def test_engine_in_the_run_configuration(tmp_path):
@@ -208,3 +265,52 @@ def test_an_engine_entry_is_refereed_against_the_harness_entry_its_referee_key_n
     rows = [line.split(",")[:3] for line in text.splitlines()[1:]]
     assert rows == [["pld-vllm", "pld", "vanilla"]] * 6  # 3 questions x 2 turns
     assert "`pld-vllm` against `pld` (referee key (pld))" in (run_dir / "tables" / "summary.md").read_text()
+
+
+def test_parallelism_passes_through_to_llm_and_is_checked_first():
+    # tensor / pipeline parallelism and the executor are LLM(...) arguments; a wrong one must fail before a target
+    # loads, and the worker's defaults must not override what the run asked for
+    assert vllm_worker.llm_kwargs({"model": "m", "dtype": "float32", "speculative_config": None, "llm": {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray",
+        "max_model_len": 1024}}) == {
+        "model": "m", "tokenizer": "m", "dtype": "float32", "enforce_eager": True, "max_model_len": 1024,
+        "disable_log_stats": False, "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+        "distributed_executor_backend": "ray"}
+    assert vllm_worker.llm_kwargs({"model": "m", "dtype": "float32", "speculative_config": {"method": "ngram"}})[
+        "per_request_spec_decode_metrics"] == "detailed"
+    args = build_parser().parse_args(["run", "--engine", "vllm", "--methods", "vanilla", "--set",
+                                      "engine_options={tensor_parallel_size: 2, distributed_executor_backend: ray}"])
+    assert config_from_args(args).entries()[0].engine_options == {"tensor_parallel_size": 2,
+                                                                  "distributed_executor_backend": "ray"}
+    with pytest.raises(EngineError, match=r"engine_options.tensor_parallel_size must be an integer >= 1, got '2'"):
+        check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"tensor_parallel_size": "2"})
+    with pytest.raises(EngineError, match=r"engine_options.pipeline_parallel_size must be an integer >= 1, got 0"):
+        V.llm_options({"pipeline_parallel_size": 0})
+    with pytest.raises(EngineError, match=r"distributed_executor_backend must be one of mp, ray, uni, external_launc"):
+        V.llm_options({"distributed_executor_backend": "slurm"})
+
+
+def test_parallelism_reaches_the_worker_the_manifest_and_the_records(tmp_path, fake_vllm):
+    fake_vllm("ok")
+    suite = tmp_path / "q.jsonl"
+    suite.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    options = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+    cfg = RunConfig(methods=[MethodSpec("vanilla", "v-tp", engine="vllm", engine_options=options)],
+                    suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))
+    run_dir = run(cfg, target=tiny_target(eos=False), progress=False)
+    engine = json.loads((run_dir / "manifest.json").read_text())["engines"]["v-tp"]
+    assert engine["config"] == {"model": "tiny-llama", **options}  # what LLM(...) got, as the worker echoed it
+    assert engine["parallel"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "world_size": 4}
+    assert json.loads((run_dir / "manifest.json").read_text())["config"]["methods"][0]["engine_options"] == options
+    assert [r["engine_options"] for r in read_records(run_dir)] == [options, options]
+
+
+def test_an_engine_entry_refuses_a_data_parallel_harness_run(tmp_path, fake_vllm, monkeypatch):
+    # under accelerate launch every process would start its own vLLM on the same GPUs: vLLM parallelises itself
+    monkeypatch.setattr(Distributed, "detect", classmethod(lambda cls: cls(0, 2)))
+    suite = tmp_path / "q.jsonl"
+    suite.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    cfg = RunConfig(methods=[MethodSpec("vanilla", "v", engine="vllm")], suites=[str(suite)], output_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"entry 'v' runs on engine vllm, which parallelises itself: run it in one "
+                                          r"process"):
+        run(cfg, target=tiny_target(), progress=False)

@@ -81,6 +81,7 @@ def test_save_round_trip(tmp_path, shared, fmt):
     assert (tmp_path / weights).is_file()
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["medusa_num_heads"], cfg["medusa_num_layers"], cfg["base_model_name_or_path"]) == (2, 1, "tiny-llama")
+    assert cfg["medusa_fc_bias"] is True  # without it vLLM's Medusa drops every ResBlock bias and accepts nothing
     loaded = load_medusa_heads(tmp_path, target)
     x = torch.randn(3, H)
     torch.testing.assert_close(loaded(x, target.model.lm_head), heads(x, target.model.lm_head))
@@ -148,6 +149,10 @@ def test_bad_config_field_is_named(tmp_path):
         load_medusa_heads(tmp_path, target)
     (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": "3", "medusa_num_layers": 1}))
     with pytest.raises(CheckpointError, match="medusa_num_heads must be an integer >= 1"):
+        load_medusa_heads(tmp_path, target)
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                      "medusa_fc_bias": False}))
+    with pytest.raises(CheckpointError, match="medusa_fc_bias must be true"):
         load_medusa_heads(tmp_path, target)
 
 

@@ -93,3 +93,37 @@ def test_shipped_ablation_presets():
     opts = {m.label: m.options for m in paper.methods}
     assert opts["jakiro[mode=ar]"]["head"].endswith("num_experts=2/head")
     assert opts["jakiro[contrastive=off]"]["mode"] == "hybrid"
+
+
+def test_sweep_keeps_the_entrys_engine_and_sweeps_engine_options():
+    """An expanded entry runs where its entry ran (engine, runtime, engine options); before, a sweep dropped them and
+    `vllm-eagle3[depth=2]` silently ran on the harness. `engine_options.<path>` sweeps a key of what the entry passes
+    to its engine (vLLM's num_speculative_tokens for eagle1 and medusa, which have no method option for it)."""
+    eagle3 = {"name": "eagle3", "label": "v-eagle3", "engine": "vllm", "engine_options": {"max_model_len": 1024}}
+    cfg = config_from_dict({"methods": ["vanilla", eagle3], "sweep": {"v-eagle3": {"depth": [2, 3]}}})
+    assert [(m.label, m.engine, m.engine_options, m.options) for m in cfg.methods[1:]] == [
+        ("v-eagle3[depth=2]", "vllm", {"max_model_len": 1024}, {"depth": 2}),
+        ("v-eagle3[depth=3]", "vllm", {"max_model_len": 1024}, {"depth": 3})]
+    medusa = {"name": "medusa", "label": "v-medusa", "engine": "vllm"}
+    cfg = config_from_dict({"methods": [medusa], "engine_options": {"speculative_config": {"method": "medusa"}},
+                            "sweep": {"v-medusa": {"engine_options": {"speculative_config": {
+                                "num_speculative_tokens": [1, 2]}}}}})
+    assert [(m.label, m.options, m.engine_options) for m in cfg.methods] == [
+        ("v-medusa[num_speculative_tokens=1]", {}, {"speculative_config": {"method": "medusa",
+                                                                            "num_speculative_tokens": 1}}),
+        ("v-medusa[num_speculative_tokens=2]", {}, {"speculative_config": {"method": "medusa",
+                                                                            "num_speculative_tokens": 2}})]
+    assert cfg.sweep_spec == [{"v-medusa": {"engine_options.speculative_config.num_speculative_tokens": [1, 2]}}]
+    assert cfg.engine_options == {"speculative_config": {"method": "medusa"}}  # the run's own is not changed
+    args = build_parser().parse_args(["run", "--methods", "vanilla", "--engine", "vllm", "--sweep",
+                                      "vanilla.engine_options.speculative_config.num_speculative_tokens=3,4"])
+    assert [(m.label, m.engine_options) for m in config_from_args(args).methods] == [
+        ("vanilla[num_speculative_tokens=3]", {"speculative_config": {"num_speculative_tokens": 3}}),
+        ("vanilla[num_speculative_tokens=4]", {"speculative_config": {"num_speculative_tokens": 4}})]
+    with pytest.raises(ConfigError, match=r"run\.sweep\.pld: sweeps engine_options, but entry 'pld' runs on the "
+                                          r"harness engine"):
+        config_from_dict({"methods": ["pld"], "sweep": {"pld": {"engine_options.x": [1]}}})
+    with pytest.raises(ConfigError, match=r"run\.sweep\.v-medusa\.engine_options\.speculative_config\.k: "
+                                          r"speculative_config is 'medusa', not a mapping"):
+        config_from_dict({"methods": [{**medusa, "engine_options": {"speculative_config": "medusa"}}],
+                          "sweep": {"v-medusa": {"engine_options.speculative_config.k": [1]}}})

@@ -21,11 +21,12 @@ def check_engine(engine: str, method: str, options: Any, given: set[str], target
     if engine not in ENGINES:
         raise EngineError(f"unknown engine {engine!r}; use {' or '.join(ENGINES)}")
     if engine == "vllm":
-        from harness.backends.vllm import check_python, speculative_config
+        from harness.backends.vllm import check_python, llm_options, speculative_config
 
         if "server_url" in (engine_options or {}):
             raise EngineError("engine vllm runs vLLM in-process; a server_url is measured with engine openai")
         speculative_config(method, options, given, target, engine_options)
+        llm_options(engine_options)
         check_python()
     elif engine == "openai":
         _served_options(method, options, given, target, engine_options)
@@ -58,8 +59,10 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
         return _served_backend(method, options, given, target, target_path, dtype, engine_options)
     from harness.backends.vllm import VLLMBackend, llm_options, speculative_config
 
-    return VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
-                       llm_options(engine_options))
+    backend = VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
+                          llm_options(engine_options))
+    backend.engine_options = dict(engine_options or {})
+    return backend
 
 
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
@@ -68,12 +71,16 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
-        return ServedBackend(opts["server_url"], opts, target, target_path, speculative)
-    from harness.backends import launch
-    from harness.backends.vllm import llm_options
+        backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative)
+    else:
+        from harness.backends import launch
+        from harness.backends.vllm import llm_options
 
-    serve_options = llm_options({k: v for k, v in (engine_options or {}).items() if k not in OPTIONS})
-    server = launch.launch_vllm(target, target_path, dtype, spec, serve_options,
-                                float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
-    return ServedBackend(server.url, opts, target, target_path, speculative, server,
-                         {"launch": "vllm", "argv": server.argv, "speculative_config": spec, "load_s": server.load_s})
+        serve_options = llm_options({k: v for k, v in (engine_options or {}).items() if k not in OPTIONS})
+        server = launch.launch_vllm(target, target_path, dtype, spec, serve_options,
+                                    float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
+        backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
+                                {"launch": "vllm", "argv": server.argv, "speculative_config": spec,
+                                 "load_s": server.load_s})
+    backend.engine_options = dict(engine_options or {})
+    return backend

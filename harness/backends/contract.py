@@ -131,6 +131,7 @@ class Backend(abc.ABC):
 
     name: str = ""
     speculative: bool = False
+    engine_options: dict[str, Any] = {}  # what the entry passes to the engine (set by create_backend), recorded
 
     @abc.abstractmethod
     def generate(self, request: TurnRequest) -> EngineTurn: ...
@@ -149,8 +150,9 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
     measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
     for what it cannot measure in another process (memory, energy, logits), and the engine's name, version and
-    counters (``engine``, ``engine_version``, ``engine_counters``), where it ran (``engine_url``, for a server) and
-    how it was configured (``engine_config``), with the turn's ``token_times_s`` and ``engine_notes``."""
+    counters (``engine``, ``engine_version``, ``engine_options``, ``engine_counters``), where it ran (``engine_url``,
+    for a server) and how it was configured (``engine_config``), with the turn's ``token_times_s`` and
+    ``engine_notes``."""
     n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens
     if n is None:
         raise BackendError(f"engine {backend.name} returned neither token ids nor a token count")
@@ -171,6 +173,6 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "timings": {}, "counters": {}, "timings_synchronised": None, "nvml_devices": None, "logit_margins": None,
         "logit_tops": None, "logit_runner_ups": None,
         "engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
-        "engine_config": info.get("config"), "engine_counters": turn.counters(), "token_times_s": turn.token_times_s,
-        "engine_notes": list(turn.notes),
+        "engine_config": info.get("config"), "engine_options": dict(backend.engine_options),
+        "engine_counters": turn.counters(), "token_times_s": turn.token_times_s, "engine_notes": list(turn.notes),
     }

@@ -14,6 +14,11 @@ no equivalent there and are refused when given; ``engine_options`` passes anythi
 ``speculative_config`` (merged over the mapped one, e.g. ``{method: suffix}`` or ``{num_speculative_tokens: 3}``)
 and every other key to ``LLM(...)`` (``tensor_parallel_size``, ``max_model_len``, ``enforce_eager``, ...).
 
+Heads vLLM would load but run as another network are refused or adapted (:func:`check_head`,
+:func:`medusa_for_vllm`): vLLM's EAGLE-1 Llama draft has no ``fc`` bias (it drops ``fc.bias`` without a word) and
+reads a config's ``bias`` as attention biases, while EAGLE's ``bias`` (default true) is the ``fc`` bias; vLLM's
+Medusa reads its ResBlock biases only under ``medusa_fc_bias: true`` and holds its own lm_head, never the target's.
+
 On CPU vLLM reserves its KV cache up front (``VLLM_CPU_KVCACHE_SPACE`` GiB); the worker gets 1 GiB unless the
 environment says otherwise.
 """
@@ -22,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +120,104 @@ def speculative_config(method: str, options: Any, given: set[str], target: str,
     elif "model" in config:
         config["model"] = str(Path(config["model"]).expanduser())
     config.update(extra)
+    if "model" in config and config.get("method") in ("eagle", "medusa"):
+        head = check_head(config["method"], config["model"])
+        if head.get("medusa_num_heads") and "num_speculative_tokens" not in config:
+            config["num_speculative_tokens"] = head["medusa_num_heads"]  # one token per Medusa head
     if "num_speculative_tokens" not in config and config.get("method") in ("eagle", "medusa"):
         raise EngineError(f"engine vllm, method {method!r}: vLLM needs the chain length; set engine_options: "
                           "{speculative_config: {num_speculative_tokens: K}}")
     return config
 
 
+def check_head(kind: str, model: str) -> dict[str, Any]:
+    """The ``config.json`` of a local head folder for vLLM's ``kind`` (``eagle``, ``medusa``; {} for a Hub id or a
+    folder without one), or an :class:`EngineError` when vLLM would load the head but run another network.
+
+    An EAGLE-1/2 head with an ``fc`` bias (EAGLE's config ``bias``, true when absent: EAGLE-1, arXiv 2401.15077
+    Sec. 3.1; the released loader reads it so) is refused: vLLM's EAGLE Llama draft has an ``fc`` without bias and
+    drops ``fc.bias`` silently, and it reads ``bias`` as q/k/v/o biases the head does not have, which stay
+    uninitialised; it drafts garbage and accepts nothing. Heads with ``bias: false`` run as trained.
+    """
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EngineError(f"engine vllm: {path} is not valid JSON ({e})") from None
+    if kind == "eagle" and raw.get("bias", True) is not False:
+        raise EngineError(f"engine vllm cannot run the EAGLE head {model}: it has an fc bias (config.json bias: "
+                          f"{str(raw.get('bias', True)).lower()}), and vLLM's EAGLE-1 draft has no fc bias and reads "
+                          "`bias` as attention biases (it would draft from uninitialised weights); use a head "
+                          "trained with bias: false (draftbench train eagle --option bias=false)")
+    return raw
+
+
+def target_lm_head(target_path: str) -> Any:
+    """The target's output embedding from its safetensors files: ``lm_head.weight``, or the input embedding
+    (``model.embed_tokens.weight``) for a target that ties them. [V, H]."""
+    from safetensors import safe_open
+
+    tied = json.loads((Path(target_path) / "config.json").read_text()).get("tie_word_embeddings", False)
+    names = ("lm_head.weight", "model.embed_tokens.weight") if tied else ("lm_head.weight",)
+    for name in names:
+        for file in sorted(Path(target_path).glob("*.safetensors")):
+            with safe_open(str(file), "pt") as f:
+                if name in f.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
+                    return f.get_tensor(name)
+    raise BackendError(f"the target {target_path} has no {' or '.join(names)} in its safetensors files")
+
+
+def medusa_for_vllm(head: str, target_path: str, out: Path) -> str:
+    """``head`` (a Medusa folder, FasterDecoding's format: arXiv 2401.10774 Sec. 2.1.1) as vLLM's Medusa model
+    loads it: the folder itself when its config says ``medusa_fc_bias: true`` and it has its own lm_heads, else a
+    copy written to ``out`` with ``medusa_fc_bias: true`` (every ResBlock of the format has a bias) and, for heads
+    that end in the target's lm_head (``medusa_share_lm_head``), that lm_head as the shared ``original_lm_head``
+    (vLLM's Medusa never reads the target's). The head's weights are copied unchanged."""
+    from safetensors.torch import save_file
+
+    from harness.engine.checkpoints import read_weights
+
+    raw = check_head("medusa", head)
+    share = bool(raw.get("medusa_share_lm_head", False))
+    if not raw or (raw.get("medusa_fc_bias") is True and not share):
+        return head
+    weights, _ = read_weights(Path(head), ("medusa_lm_head.safetensors", "medusa_lm_head.pt"), "Medusa heads")
+    weights = {k: v.contiguous() for k, v in weights.items()}
+    config = {**raw, "medusa_fc_bias": True}
+    if share:
+        weights[f"0.{raw.get('medusa_num_layers', 1)}.weight"] = target_lm_head(target_path).contiguous()
+        config["original_lm_head"] = True
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(weights, str(out / "medusa_lm_head.safetensors"))
+    return str(out)
+
+
+# vLLM's parallelism options (its ParallelConfig), checked before anything loads; vLLM checks the rest itself
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "nnodes")
+EXECUTORS = ("mp", "ray", "uni", "external_launcher")  # distributed_executor_backend
+
+
 def llm_options(engine_options: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``)."""
-    return {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
+    """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``), among them vLLM's
+    parallelism: ``tensor_parallel_size``, ``pipeline_parallel_size`` (GPUs, or nodes with the Ray executor),
+    ``distributed_executor_backend`` (``mp`` on one machine, ``ray`` across a Ray cluster), ``nnodes`` /
+    ``node_rank`` / ``master_addr``. A malformed parallelism option is an :class:`EngineError`.
+
+    Example: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2}.
+    """
+    out = {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
+    for key in PARALLEL_SIZES:
+        value = out.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise EngineError(f"engine vllm: engine_options.{key} must be an integer >= 1, got {value!r}")
+    executor = out.get("distributed_executor_backend", "mp")
+    if executor not in EXECUTORS:
+        raise EngineError(f"engine vllm: engine_options.distributed_executor_backend must be one of "
+                          f"{', '.join(EXECUTORS)}, got {executor!r}")
+    return out
 
 
 class VLLMBackend(Backend):
@@ -132,21 +229,38 @@ class VLLMBackend(Backend):
     def __init__(self, target_path: str, dtype: str, speculative: dict[str, Any] | None,
                  llm: dict[str, Any] | None = None):
         self.speculative = speculative is not None
-        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-        # -I: neither PYTHONPATH (the harness) nor the worker's folder (this vllm.py) on the worker's import path
-        self.worker = Worker([check_python(), "-I", str(WORKER)], env, what="the vLLM worker")
+        self.worker: Worker | None = None
+        self.prepared: Path | None = None  # a head folder written for vLLM (medusa_for_vllm), removed at close
+        self.head_source: str | None = None
         try:
+            if speculative and speculative.get("method") == "medusa" and "model" in speculative:
+                self.prepared = Path(tempfile.mkdtemp(prefix="draftbench-vllm-medusa-"))
+                model = medusa_for_vllm(speculative["model"], target_path, self.prepared)
+                if model != speculative["model"]:
+                    self.head_source = speculative["model"]
+                speculative = {**speculative, "model": model}
+            env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+            # -I: neither PYTHONPATH (the harness) nor the worker's folder (this vllm.py) on the worker's import path
+            self.worker = Worker([check_python(), "-I", str(WORKER)], env, what="the vLLM worker")
             info = self.worker.request({"op": "load", "model": target_path, "dtype": dtype,
                                         "speculative_config": speculative, "llm": llm or {}}, LOAD_TIMEOUT_S)
         except BaseException:
-            self.worker.close()
+            self.close()
             raise
         self.version = info.get("version")
         self.config = info.get("config") or {}
+        self.parallel = info.get("parallel")
         self.load_s = info.get("load_s")
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "version": self.version, "config": self.config, "load_s": self.load_s}
+        """Name, version, the ``LLM(...)`` arguments the worker used (``config``: the engine options, parallelism
+        among them, and ``speculative_config``), the parallel layout vLLM resolved from them (``parallel``), load
+        time, and where a head written for vLLM came from (``head_source``)."""
+        out = {"engine": self.name, "version": self.version, "config": self.config, "parallel": self.parallel,
+               "load_s": self.load_s}
+        if self.head_source is not None:
+            out["head_source"] = self.head_source
+        return out
 
     def generate(self, request: TurnRequest) -> EngineTurn:
         r = self.worker.request({"op": "generate", "prompt_ids": request.prompt_ids,
@@ -164,4 +278,7 @@ class VLLMBackend(Backend):
                           drafted_steps=steps.get("drafted"))
 
     def close(self) -> None:
-        self.worker.close()
+        if self.worker is not None:
+            self.worker.close()
+        if self.prepared is not None:
+            shutil.rmtree(self.prepared, ignore_errors=True)

@@ -5,7 +5,8 @@ standard library and vLLM, and talks to :class:`harness.backends.worker.Worker` 
 Every request gets exactly one reply line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
 
     {"op": "load", "model": DIR, "tokenizer": DIR, "dtype": "float32", "speculative_config": {...} | null,
-     "llm": {...}}                    -> {"ok": true, "version": "0.32.0", "load_s": 41.2, "config": {...}}
+     "llm": {...}}                    -> {"ok": true, "version": "0.32.0", "load_s": 41.2, "config": {...},
+                                          "parallel": {"tensor_parallel_size": 1, ...} | null}
     {"op": "generate", "prompt_ids": [...], "max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
      "seed": 7}                       -> {"ok": true, "token_ids": [...], "wall_time_s": ..., "ttft_s": ...,
                                           "finish_reason": "length", "counters": {...}, "steps": {...} | null}
@@ -15,7 +16,9 @@ One prompt per ``generate`` call, timed here around ``LLM.generate`` (the pipe i
 speculative counters are vLLM's Prometheus counters (``vllm:spec_decode_num_drafts`` and friends, read with
 ``LLM.get_metrics()``) diffed around the turn; a counter vLLM does not expose is null, never 0. ``steps`` are the
 request's own per-step counts (vLLM's ``per_request_spec_decode_metrics="detailed"``): accepted and drafted tokens of
-each verification step. vLLM and its engine process print logs on stdout; fd 1 is pointed at stderr before vLLM is
+each verification step. ``config`` is what ``LLM(...)`` got (:func:`llm_kwargs`); ``parallel`` is the layout vLLM
+resolved from it (:data:`PARALLEL`: tensor / pipeline / data parallel sizes, executor backend, world size, nodes).
+vLLM and its engine process print logs on stdout; fd 1 is pointed at stderr before vLLM is
 imported, so the protocol stream carries nothing but replies.
 """
 
@@ -59,18 +62,39 @@ def diff_counters(before: dict, after: dict) -> dict:
     return {k: minus(after[k], before[k]) for k in COUNTERS}
 
 
-def load(req: dict):
-    from vllm import LLM
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "distributed_executor_backend",
+            "world_size", "nnodes", "node_rank")  # of vLLM's ParallelConfig, as resolved, for the manifest
 
+
+def llm_kwargs(req: dict) -> dict:
+    """The ``LLM(...)`` arguments of a load request: the target, the worker's defaults (eager, 2048-token context,
+    statistics on), then the request's ``llm`` options over them (``tensor_parallel_size``, ...), and the
+    speculative configuration with per-request step metrics.
+
+    Example: {"model": "m", "dtype": "float32", "speculative_config": None, "llm": {"tensor_parallel_size": 2}} ->
+    {"model": "m", "tokenizer": "m", "dtype": "float32", "enforce_eager": True, "max_model_len": 2048,
+    "disable_log_stats": False, "tensor_parallel_size": 2}.
+    """
     options = {"model": req["model"], "tokenizer": req.get("tokenizer") or req["model"], "dtype": req["dtype"],
                "enforce_eager": True, "max_model_len": 2048, "disable_log_stats": False, **(req.get("llm") or {})}
     spec = req.get("speculative_config")
     if spec:
         options["speculative_config"] = spec
         options.setdefault("per_request_spec_decode_metrics", "detailed")
+    return options
+
+
+def load(req: dict):
+    from vllm import LLM
+
+    options = llm_kwargs(req)
     start = time.perf_counter()
     llm = LLM(**options)
-    return llm, {"load_s": round(time.perf_counter() - start, 3), "config": options}
+    load_s = round(time.perf_counter() - start, 3)
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    parallel = getattr(config, "parallel_config", None)
+    resolved = None if parallel is None else {k: getattr(parallel, k, None) for k in PARALLEL}
+    return llm, {"load_s": load_s, "config": options, "parallel": resolved}
 
 
 def generate(llm, req: dict) -> dict:

@@ -66,6 +66,8 @@ timestamp                   ISO time the turn finished
 engine, engine_version      the engine that ran the turn when not the harness's own (``vllm``, ``openai``; absent
                             otherwise) and its version (None where the engine does not say)
 engine_url, engine_config   where it ran (a server's URL; None in-process) and how it was configured
+engine_options              what the run passed to that engine (``engine_options``: vLLM's speculative_config keys,
+                            parallelism, ...); tables read it as ``opt.engine_options.*`` knobs
 engine_counters             that engine's acceptance counters for the turn: drafts, draft_tokens, accepted_tokens,
                             accepted_per_pos (None where the engine has no such counter; harness.backends.contract)
 token_times_s               per new token, seconds from the request to its arrival (a streaming engine; else None)

@@ -44,7 +44,9 @@ BASE_COLUMNS = (
 # columns every turns table derives from a turn's record
 TURN_DERIVED = ("tokens_per_s", "tau_turn", "draft_acceptance_rate_turn", "drafted_per_step_turn")
 # nested dict fields of a record -> prefix of their dotted columns
-FLATTENED = {"method_options": "opt", "timings": "timing", "counters": "counter"}
+# (an engine turn's ``engine_options`` sit beside the method's options, so that a sweep over them gives knobs)
+FLATTENED = {"method_options": "opt", "engine_options": "opt.engine_options", "timings": "timing",
+             "counters": "counter"}
 
 # provenance column -> dotted manifest paths to try, first match wins (a path also matches under any parent key,
 # e.g. "versions.torch" matches "env.versions.torch")

@@ -8,6 +8,7 @@ A ``sweep:`` key expands method entries into grids (:mod:`harness.run.sweep`). B
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -293,12 +294,17 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
                 value = "on" if value else "off"
             kwargs[name] = _field_value(value, fields[name], f"run.{name}")
     if sweep is not None:
-        kwargs["methods"], kwargs["sweep_spec"] = _expand_sweep(kwargs.get("methods") or [MethodSpec("vanilla")], sweep)
+        kwargs["methods"], kwargs["sweep_spec"] = _expand_sweep(
+            kwargs.get("methods") or [MethodSpec("vanilla")], sweep, kwargs.get("engine") or RunConfig.engine,
+            kwargs.get("engine_options") or {})
     return RunConfig(**kwargs)
 
 
-def _expand_sweep(methods: list[MethodSpec], raw: Any) -> tuple[list[MethodSpec], list[dict]]:
-    """``methods`` with the ``sweep:`` grids expanded (:mod:`harness.run.sweep`), and the normalised grids."""
+def _expand_sweep(methods: list[MethodSpec], raw: Any, engine: str,
+                  engine_options: dict[str, Any]) -> tuple[list[MethodSpec], list[dict]]:
+    """``methods`` with the ``sweep:`` grids expanded (:mod:`harness.run.sweep`), and the normalised grids. Each new
+    entry keeps its entry's runtime, engine and engine options (the run's ``engine`` / ``engine_options`` when it
+    has none), with a swept ``engine_options.<path>`` set at that path."""
     from harness.registry import get_method
     from harness.run import sweep as S
 
@@ -307,7 +313,33 @@ def _expand_sweep(methods: list[MethodSpec], raw: Any) -> tuple[list[MethodSpec]
         entries = S.expand([(m.name, m.label, m.options) for m in methods], grids, lambda n: get_method(n).Options)
     except S.SweepError as e:
         raise ConfigError(str(e)) from e
-    return [MethodSpec(n, lab, o) for n, lab, o in entries], grids
+    bases = {m.label: m for m in methods}
+    out = []
+    for name, label, opts, base in entries:
+        spec = bases.get(base) or MethodSpec(name)
+        swept = {k.removeprefix(S.ENGINE_OPTIONS): v for k, v in opts.items() if k.startswith(S.ENGINE_OPTIONS)}
+        entry_options = spec.engine_options
+        if swept:
+            if (spec.engine or engine) == "harness":
+                raise ConfigError(f"run.sweep.{base}: sweeps engine_options, but entry {base!r} runs on the harness "
+                                  "engine, which takes none; give it an engine (engine: vllm)")
+            entry_options = copy.deepcopy(engine_options if spec.engine_options is None else spec.engine_options)
+            for path, value in swept.items():
+                _set_path(entry_options, path, value, f"run.sweep.{base}.{S.ENGINE_OPTIONS}{path}")
+        out.append(MethodSpec(name, label, {k: v for k, v in opts.items() if not k.startswith(S.ENGINE_OPTIONS)},
+                              spec.runtime, spec.engine, entry_options))
+    return out, grids
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any, where: str) -> None:
+    """``data`` with ``value`` at the dotted ``path`` (mappings created on the way). Example: ({}, "a.b", 3) ->
+    {"a": {"b": 3}}; a path through a value that is not a mapping is a :class:`ConfigError` naming ``where``."""
+    *parents, leaf = path.split(".")
+    for key in parents:
+        data = data.setdefault(key, {})
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: {key} is {data!r}, not a mapping")
+    data[leaf] = value
 
 
 def resolve_preset(name_or_path: str) -> Path:

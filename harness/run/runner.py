@@ -407,6 +407,10 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     for spec in entries:
         options = build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
         check_engine(spec.engine, spec.name, options, set(spec.options), config.target, spec.engine_options)
+        if dist.world > 1 and spec.engine != "harness":  # every process would start its own engine on the same GPUs
+            raise ConfigError(f"entry {spec.label!r} runs on engine {spec.engine}, which parallelises itself: run it "
+                              "in one process (not accelerate launch / torchrun) with engine_options such as "
+                              "{tensor_parallel_size: 2, pipeline_parallel_size: 2}")
     check_context_windows(suites, config.target, target)
     if resume is None:
         run_dir = _shared_run_dir(config, dist)

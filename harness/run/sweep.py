@@ -21,6 +21,12 @@ Every combination is validated by building the method's options (:func:`harness.
 validated value (``contrastive: off`` and ``contrastive: false`` both show ``off``); a path shows its last folder
 name other than ``head`` (``work/experts/num_experts=2/head`` -> ``num_experts=2``, which names itself).
 
+An option ``engine_options.<key>[.<key>...]`` sweeps what the entry passes to its engine instead of a method option
+(an entry run by vLLM, :mod:`harness.backends.vllm`): ``{vllm-eagle3: {engine_options.speculative_config.
+num_speculative_tokens: [1, 2, 3]}}`` (or nested, ``{engine_options: {speculative_config: {num_speculative_tokens:
+[1, 2, 3]}}}``) gives ``vllm-eagle3[num_speculative_tokens=1]`` ... with the entry's own engine options (else the
+run's) changed at that key; these values go to the engine unchecked.
+
 A value of option ``head`` that is a folder written by ``draftbench train <objective> --sweep`` (it holds
 :data:`TRAIN_SWEEP_FILE`) stands for all of that sweep's heads, each labelled by its own value
 (``jakiro[num_experts=2]``). The labels are for reading only: tables take every knob from the records' method
@@ -43,6 +49,7 @@ from harness.schema import InputError
 TRAIN_SWEEP_FILE = "sweep.json"  # written by harness.train.sweep into the sweep's output folder
 
 Grid = dict[str, dict[str, list[Any]]]  # label -> option -> values
+ENGINE_OPTIONS = "engine_options."  # an option named so sweeps a key of the entry's engine_options
 
 
 class SweepError(InputError):
@@ -86,6 +93,9 @@ def parse_assignment(text: str, with_label: bool, where: str) -> tuple[str | Non
     form = "LABEL.OPTION=V1,V2" if with_label else "OPTION=V1,V2"
     key, eq, raw = text.partition("=")
     label, option = (key.rpartition(".")[0], key.rpartition(".")[2]) if with_label else (None, key)
+    if with_label and "." + ENGINE_OPTIONS in key:  # LABEL.engine_options.a.b=...: the dotted path is the option
+        label, _, path = key.partition("." + ENGINE_OPTIONS)
+        option = ENGINE_OPTIONS + path
     if not eq or not option.strip() or (with_label and not label):
         raise SweepError(f"{where} {text!r}: expected {form}")
     values = parse_values(raw)
@@ -108,12 +118,33 @@ def normalize(raw: Any, where: str = "run.sweep") -> list[Grid]:
             if not isinstance(options, Mapping) or not options:
                 raise SweepError(f"{at}.{label}: expected a mapping option -> [values], got {options!r}")
             norm[str(label)] = {}
-            for option, values in options.items():
+            for option, values in _flat_engine_options(options).items():
                 values = list(values) if isinstance(values, (list, tuple)) else [values]
                 if not values:
                     raise SweepError(f"{at}.{label}.{option}: no values")
                 norm[str(label)][str(option)] = values
         out.append(norm)
+    return out
+
+
+def _flat_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A grid's options with a nested ``engine_options`` mapping written as dotted options down to its value lists.
+    Example: {"depth": [2], "engine_options": {"speculative_config": {"num_speculative_tokens": [1, 2]}}} ->
+    {"depth": [2], "engine_options.speculative_config.num_speculative_tokens": [1, 2]}."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = value
+
+    for option, values in options.items():
+        if str(option) == ENGINE_OPTIONS.rstrip(".") and isinstance(values, Mapping):
+            walk(str(option), values)
+        else:
+            out[str(option)] = values
     return out
 
 
@@ -194,17 +225,20 @@ def expand_entry(name: str, label: str, options: Mapping[str, Any], grid: Mappin
     the option that is wrong, then every combination."""
     axes = []
     for option, values in grid.items():
-        choices = _choices(option, values)
+        choices = [(v, None) for v in values] if option.startswith(ENGINE_OPTIONS) else _choices(option, values)
         for value, _ in choices:
-            _checked(check, {**options, option: value}, f"{where}.{option}={show_value(value)}")
+            if not option.startswith(ENGINE_OPTIONS):
+                _checked(check, {**options, option: value}, f"{where}.{option}={show_value(value)}")
         axes.append([(option, v, shown) for v, shown in choices])
     out = []
     for combo in itertools.product(*axes):
         opts = {**options, **{o: v for o, v, _ in combo}}
-        built = _checked(check, opts, f"{where} combination {', '.join(f'{o}={show_value(v)}' for o, v, _ in combo)}")
+        method_opts = {o: v for o, v in opts.items() if not o.startswith(ENGINE_OPTIONS)}
+        built = _checked(check, method_opts,
+                         f"{where} combination {', '.join(f'{o}={show_value(v)}' for o, v, _ in combo)}")
         norm = dataclasses.asdict(built) if dataclasses.is_dataclass(built) else {}
-        fragments = [_fragment(o, v, shown if shown is not None else show_value(norm.get(o, v)))
-                     for o, v, shown in combo]
+        fragments = [_fragment(o.rpartition(".")[2] if o.startswith(ENGINE_OPTIONS) else o, v,
+                               shown if shown is not None else show_value(norm.get(o, v))) for o, v, shown in combo]
         out.append((f"{label}[{','.join(fragments)}]", opts))
     return out
 
@@ -219,9 +253,11 @@ def _checked(check: Callable[[dict[str, Any], str], Any], options: dict[str, Any
         raise SweepError(message if message.startswith(where) else f"{where}: {message}") from e
 
 
-def expand(entries: list[tuple[str, str, dict[str, Any]]], grids: list[Grid],
-           options_class: Callable[[str], type], where: str = "run.sweep") -> list[tuple[str, str, dict[str, Any]]]:
-    """Expand ``entries`` ``[(name, label, options)]`` by ``grids``; returns the new entry list.
+def expand(entries: list[tuple[str, str, dict[str, Any]]], grids: list[Grid], options_class: Callable[[str], type],
+           where: str = "run.sweep") -> list[tuple[str, str, dict[str, Any], str]]:
+    """Expand ``entries`` ``[(name, label, options)]`` by ``grids``; returns the new entry list
+    ``[(name, label, options, base)]``, ``base`` the label of the entry it came from (its engine, runtime and engine
+    options are the new entry's; ``options`` may hold ``engine_options.<path>`` keys, see the module docstring).
 
     ``options_class(name)`` is the method's Options dataclass (it raises for an unknown method). A grid label that
     names no entry but is a method name appends that method (default options) first.
@@ -252,10 +288,10 @@ def expand(entries: list[tuple[str, str, dict[str, Any]]], grids: list[Grid],
     out = []
     for name, label, opts in entries:
         if label in expanded:
-            out.extend((name, new_label, new_opts) for new_label, new_opts in expanded[label])
+            out.extend((name, new_label, new_opts, label) for new_label, new_opts in expanded[label])
         else:
-            out.append((name, label, opts))
-    labels = [lab for _, lab, _ in out]
+            out.append((name, label, opts, label))
+    labels = [lab for _, lab, _, _ in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise SweepError(f"{where}: the expansion gives duplicate labels {dup}; make the swept values distinct")

@@ -9,7 +9,8 @@ places after the pending root.
 
 Checkpoint format, a folder with
     config.json                     medusa_num_heads, medusa_num_layers, base_model_name_or_path
-                                    (+ medusa_share_lm_head, draftbench's, default false)
+                                    (+ medusa_share_lm_head, draftbench's, default false; + medusa_fc_bias: true,
+                                    vLLM's name for the ResBlock bias, which it drops without it)
     medusa_lm_head.safetensors      (or medusa_lm_head.pt) with keys, for head i and ResBlock j < L:
                                     {i}.{j}.linear.weight [H, H], {i}.{j}.linear.bias [H], {i}.{L}.weight [V, H]
                                     (the last one absent when the lm_head is shared)
@@ -119,6 +120,9 @@ def load_medusa_heads(folder: str | Path, target: Target) -> MedusaHeads:
     share = raw.get("medusa_share_lm_head", False)
     if not isinstance(share, bool):
         raise CheckpointError(f"{where}: medusa_share_lm_head must be true or false, got {share!r}")
+    if raw.get("medusa_fc_bias", True) is not True:
+        raise CheckpointError(f"{where}: medusa_fc_bias must be true (every ResBlock has a bias), got "
+                              f"{raw['medusa_fc_bias']!r}")
     V, H = target_vocab_hidden(target)
     for key, want in (("hidden_size", H), ("vocab_size", V)):
         if key in raw and raw[key] != want:
@@ -140,7 +144,7 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, base_model: str, d
     folder.mkdir(parents=True, exist_ok=True)
     config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
               "base_model_name_or_path": base_model, "medusa_share_lm_head": heads.share_lm_head,
-              "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size}
+              "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size, "medusa_fc_bias": True}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in published_state_dict(heads).items()}
     if fmt == "safetensors":

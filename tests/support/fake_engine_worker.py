@@ -27,7 +27,11 @@ def main() -> int:
                 reply = {"ok": False, "error": "ValueError: no such model"}
             else:
                 speculative = bool(req.get("speculative_config"))
-                reply = {"ok": True, "version": "0.0-fake", "load_s": 0.0, "config": {"model": req["model"]}}
+                llm = req.get("llm") or {}  # echoed as the real worker does; the layout as vLLM would resolve it
+                tp, pp = llm.get("tensor_parallel_size", 1), llm.get("pipeline_parallel_size", 1)
+                parallel = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "world_size": tp * pp}
+                reply = {"ok": True, "version": "0.0-fake", "load_s": 0.0, "config": {"model": req["model"], **llm},
+                         "parallel": parallel}
         elif req["op"] == "generate":
             turns += 1
             if mode == f"die_at={turns}":
