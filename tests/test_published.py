@@ -24,10 +24,15 @@ STANDIN = DATA / "standin_eagle2.yaml"
 SHIPPED = {
     "eagle1_paper": (2, 2, 12),
     "eagle2_paper": (3, 3, 14),
+    "eagle3_paper": (2, 2, 20),
+    "eagle3_sglang_batch": (1, 0, 2),
+    "eagle3_sglang_h100": (3, 0, 3),
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
     "spec_bench_a100": (7, 6, 56),
+    "spec_bench_a100_vicuna13b": (8, 7, 64),
+    "spec_bench_a100_vicuna33b": (7, 6, 56),
     "spec_bench_rtx3090": (7, 6, 56),
 }
 
@@ -64,6 +69,16 @@ def test_every_shipped_table_validates(name):
     ("jakiro_a40_t0", "vicuna_7b_eagle2", "mean", "baseline_tokens_per_s", 32.2),
     ("jakiro_a40_t1", "vicuna_7b_jakiro_star", "mt_bench", "tau", 5.64),
     ("jakiro_a40_t1", "vicuna_33b_jakiro", "nq", "tau_eagle_step", 3.28),
+    ("spec_bench_a100_vicuna13b", "eagle3", "overall", "speedup", 3.02),
+    ("spec_bench_a100_vicuna13b", "eagle3", "overall", "tau", 5.71),
+    ("spec_bench_a100_vicuna13b", "eagle2", "rag", "speedup", 2.25),
+    ("spec_bench_a100_vicuna33b", "eagle2", "math_reasoning", "speedup", 3.3),
+    ("spec_bench_a100_vicuna33b", "lookahead", "overall", "tau", 1.61),
+    ("eagle3_paper", "vicuna_13b_eagle3", "humaneval", "speedup", 6.47),
+    ("eagle3_paper", "llama31_instruct_8b_eagle3", "cnn_dm", "tau", 5.34),
+    ("eagle3_sglang_batch", "sglang_eagle3_chain3", "bs64", "throughput_ratio", 1.38),
+    ("eagle3_sglang_h100", "sglang_eagle3", "mt_bench", "tokens_per_s", 373.25),
+    ("eagle3_sglang_h100", "sglang_vanilla", "mt_bench", "tokens_per_s", 158.34),
 ])
 def test_shipped_cells_hold_the_published_numbers(name, row, column, metric, value):
     """Spot checks against the sources (the cell a reader would look up first); a shifted column would fail."""
@@ -180,6 +195,52 @@ def test_shipped_provenance_names_the_setting_the_numbers_came_from():
         table = load_table(name)
         assert {r.id: r.gpus for r in table.rows if r.gpus != 1} == {"vicuna_33b_eagle2": 2, "vicuna_33b_jakiro": 2}
         assert all("f46e7b0" in h.weights for h in table.heads.values() if h.kind.startswith("jakiro"))
+
+
+def test_engine_tables_name_engine_gpu_and_batch_sizes():
+    """EAGLE-3's SGLang tables (arXiv:2503.01840v3, Tables 3-4) were measured in SGLang v0.4.4 on one H100 at batch
+    sizes 2..64 and 1: a table that lost its engine or batch sizes would be compared with draftbench's batch-1 loop."""
+    batch = load_table("eagle3_sglang_batch")
+    assert (batch.engine["name"], batch.engine["version"], batch.batch_sizes()) == ("sglang", "v0.4.4", [2, 64])
+    assert "H100" in batch.hardware and not batch.runnable_rows()
+    assert batch.row("sglang_eagle3_chain3").engine_options == {
+        "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4}
+    h100 = load_table("eagle3_sglang_h100")
+    assert h100.batch_sizes() == [1] and [r.id for r in h100.rows] == ["sglang_vanilla", "sglang_eagle2",
+                                                                       "sglang_eagle3"]
+    for name in ("eagle3_paper", "spec_bench_a100_vicuna13b"):
+        assert load_table(name).engine is None and load_table(name).batch_sizes() == [1]
+
+
+def _engine_table() -> dict:
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "results" / "published" /
+                           "eagle3_sglang_batch.yaml").read_text())
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("engine", _DELETE, r"protocol\.columns\.bs2\.batch_size: batch size 2 needs the table's `engine`"),
+    ("engine.version", _DELETE, r"engine: missing field\(s\) version"),
+    ("engine.version", 0.44, r"engine\.version: expected a string"),
+    ("engine.name", _DELETE, r"engine: missing field\(s\) name"),
+    ("protocol.columns.bs64.batch_size", _DELETE,
+     r"protocol\.columns\.bs64\.batch_size: an engine table states each column's batch size"),
+    ("protocol.columns.bs64.batch_size", 0, r"protocol\.columns\.bs64\.batch_size: must be >= 1, got 0"),
+    ("rows.0.runnable", True, r"rows\[0\]\.runnable: a row of an engine table runs in that engine"),
+    ("rows.0.engine_options.speculative_num_steps", [3], r"rows\[0\]\.engine_options\.speculative_num_steps"),
+    ("rows.0.cells.bs2.throughput", 1.8, r"rows\[0\]\.cells\.bs2: unknown field 'throughput'"),
+])
+def test_an_engine_table_missing_its_engine_or_batch_size_is_refused(path, value, message):
+    """An engine table without its engine, version or a column's batch size, or with a row claiming draftbench's loop
+    can run it, would be compared with the wrong setting: loading must refuse it and name the field."""
+    with pytest.raises(TableError, match=r"eagle3_sglang_batch\.yaml: " + message):
+        table_from_dict(_set(_engine_table(), path, value), "eagle3_sglang_batch.yaml")
+
+
+def test_engine_options_belong_to_engine_tables():
+    """Engine options on a row of draftbench's own loop would be silently ignored: refused."""
+    _assert_refused("rows.0.engine_options", {"speculative_num_steps": 3},
+                    r"rows\[0\]\.engine_options: only a table with `engine` has engine options")
 
 
 def test_table_id_must_match_its_file_and_unknown_names_suggest(tmp_path):

@@ -151,6 +151,29 @@ def test_cli_list_and_dry_run(capsys):
     assert "KV cache at full context: 2 x 32 layers x 32 kv heads x 128 x 2048 positions x 2 B = 1.07 GB" in out
 
 
+def test_cli_lists_the_new_tables_and_dry_runs_an_engine_table(capsys):
+    """`reproduce --list` shows EAGLE-3's and Spec-Bench's 13B/33B tables and the engine tables with engine and
+    batch sizes; an engine table's dry run names per row the engine, GPU, batch sizes and engine options, and a real
+    run is refused in one line (its rows run in SGLang, not in draftbench's loop)."""
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("eagle3_paper", "spec_bench_a100_vicuna13b", "spec_bench_a100_vicuna33b", "eagle3_sglang_h100"):
+        assert f"\n{name} " in out
+    assert "engine sglang v0.4.4, batch 2, 64" in out
+    assert "rows: none runnable here; reported only: sglang_eagle3_chain3" in out
+    assert main(["reproduce", "eagle3_sglang_batch", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "engine: sglang v0.4.4, GPU: NVIDIA H100 (one GPU), batch size(s): 2, 64" in out
+    assert ("engine options: --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 4") in out
+    assert "a load sweep of that many concurrent requests through the served engine" in out
+    assert main(["reproduce", "eagle3_sglang_h100", "--rows", "sglang_eagle3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "row sglang_eagle3 " in out and "row sglang_vanilla" not in out and "load sweep" not in out
+    assert main(["reproduce", "eagle3_sglang_h100"]) == 2
+    assert "measured in sglang v0.4.4 at batch size(s) 1: its rows run in that engine" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_offline_reproduction_of_a_stand_in_table(tmp_path, data_dir, capsys):
     """End to end, offline: the stand-in table's ids mapped to the embedded default and its shipped EAGLE head, one

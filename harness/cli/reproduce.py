@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.published.dryrun import dry_run
+from harness.published.dryrun import dry_run, engine_dry_run
 from harness.published.reproduce import list_tables, parse_model_dir, plan, reproduce, run_config
 from harness.published.tables import load_table, table_names
 
@@ -39,6 +39,9 @@ def cmd_reproduce(args) -> int:
         return 0
     table = load_table(args.table)
     model_dir = parse_model_dir(args.model_dir)
+    if args.dry_run and table.engine is not None:
+        print(engine_dry_run(table, args.rows), end="")
+        return 0
     if args.dry_run:
         parts = plan(table, args.rows, model_dir)
         print(dry_run(table, parts, lambda part: run_config(table, part, args.limit, args.dtype, args.device,

@@ -1,5 +1,9 @@
 """``draftbench reproduce TABLE --dry-run``: what a reproduction would load and run, without loading anything.
 
+An engine table (``engine:``, e.g. EAGLE-3's SGLang tables, arXiv:2503.01840v3 Tables 3-4) is not run by draftbench's
+loop: its dry run (:func:`engine_dry_run`) names, per row, the engine and version, the GPU, the batch sizes, the
+model and head ids and the engine options it would need.
+
 Sizes come from local copies (safetensors headers, else ``config.json``) or from the table's known sizes; the GPU
 memory estimate is weights + heads + the KV cache at the model's full context (activations and the verification
 tree's logits come on top); generations are counted from the suites' questions and turns.
@@ -149,4 +153,29 @@ def dry_run(table: Table, parts: list[Part], config_of, model_dir: dict[str, str
                    f"T = {table.temperature:g}")
     out += ["", f"total generations (all parts, warm-ups included): "
                 f"{'unknown (suite data missing)' if total_gen is None else total_gen}"]
+    return "\n".join(out) + "\n"
+
+
+def engine_dry_run(table: Table, rows: list[str] | None = None) -> str:
+    """What each row of an engine table would need to be measured: the engine and version, the GPU, the batch sizes
+    of the columns (batch > 1: a load sweep of that many concurrent requests through the served engine), the model,
+    the head and the engine options. Nothing is loaded or launched."""
+    e = table.engine
+    chosen = [table.row(r) for r in rows] if rows else table.rows
+    batches = ", ".join(map(str, table.batch_sizes()))
+    out = [f"table {table.id}: {table.title}", f"source: {table.cite()}",
+           f"engine table: measured in {e['name']} {e['version']} on {table.hardware} ({table.dtype}); "
+           "draftbench's loop does not run it", ""]
+    for r in chosen:
+        target = table.targets[r.target]
+        opts = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in r.engine_options.items()) or "none"
+        out.append(f"row {r.id} ({r.label}):")
+        out.append(f"  engine: {e['name']} {e['version']}, GPU: {table.hardware}, batch size(s): "
+                   f"{', '.join(str(table.columns[c].batch_size) for c in r.cells)}")
+        out.append(f"  model: {target.id}; head: {r.head or 'none'}; engine options: {opts}")
+        if any(table.columns[c].batch_size > 1 for c in r.cells):
+            out.append("  batch > 1: a load sweep of that many concurrent requests through the served engine "
+                       "(engine: openai against the launched server)")
+        out.append(f"  needs: {r.reason}")
+    out += ["", f"columns' batch sizes: {batches}; nothing was loaded or launched"]
     return "\n".join(out) + "\n"

@@ -86,7 +86,14 @@ class Part:
 
 
 def select_rows(table: Table, rows: list[str] | None) -> list[Row]:
-    """The rows asked for (default: every runnable row); an unknown or reported-only row is a clear error."""
+    """The rows asked for (default: every runnable row); an unknown or reported-only row is a clear error, and so
+    is an engine table (its rows run in the engine it names: ``--dry-run`` says what each needs)."""
+    if table.engine is not None:
+        e = table.engine
+        raise ReproduceError(f"table {table.id!r} was measured in {e['name']} {e['version']} at batch size(s) "
+                             f"{', '.join(map(str, table.batch_sizes()))}: its rows run in that engine, not in "
+                             "draftbench's loop; `draftbench reproduce " + table.id + " --dry-run` names the engine "
+                             "configuration each row needs")
     if not rows:
         chosen = table.runnable_rows()
         if not chosen:
@@ -199,9 +206,11 @@ def list_tables() -> str:
         t = load_table(name)
         runnable = [r.id for r in t.runnable_rows()]
         other = [r.id for r in t.rows if not r.runnable]
-        lines.append(f"{name:<22}{t.n_cells():>4} cells  rows: {', '.join(runnable)}"
+        lines.append(f"{name:<26}{t.n_cells():>4} cells  rows: {', '.join(runnable) or 'none runnable here'}"
                      + (f"; reported only: {', '.join(other)}" if other else ""))
-        lines.append(f"{'':<22}{t.cite()}; {t.hardware}, T = {t.temperature:g}")
+        engine = (f"; engine {t.engine['name']} {t.engine['version']}, batch {', '.join(map(str, t.batch_sizes()))}"
+                  if t.engine else "")
+        lines.append(f"{'':<26}{t.cite()}; {t.hardware}, T = {t.temperature:g}{engine}")
     return "\n".join(lines) + "\n"
 
 

@@ -33,6 +33,11 @@ Fields (every one is checked; an error names the file and the field, e.g.
         mt_bench: {label: MT-bench, suite: mt_bench}
         mt_conv: {label: MT-conv, suite: spec_bench, category: mt_bench}   # recorded category (after category_groups)
         mean: {label: Mean, mean_of: [mt_bench, gsm8k]}                  # equal-weight mean of other columns
+        bs8: {label: "bs 8", suite: mt_bench, batch_size: 8}   # concurrent sequences (default 1; > 1 needs `engine`)
+    engine:                          # optional: the serving engine the source measured in (absent: draftbench's loop)
+      name: sglang                   # sglang | vllm | ... (the engine, as the source names it)
+      version: "v0.4.4"              # as the source states it, or "not stated" (required)
+      note: ...                      # or null
     targets:                         # key -> the target model
       vicuna_7b:
         id: lmsys/vicuna-7b-v1.3     # Hugging Face id (or a name for --model-dir)
@@ -58,12 +63,20 @@ Fields (every one is checked; an error names the file and the field, e.g.
         runnable: true               # false: kept as reported-only, `reason` says why
         reason: null
         note: null
+        engine_options: {speculative_num_steps: 3}   # engine tables only: the engine settings the row stands for
         cells:                       # column id -> reported numbers
           mt_bench: {speedup: 3.62, tau: 4.98}
 
 A cell holds any of ``speedup`` (× vs the source's own vanilla decoding), ``tau`` (in ``protocol.tau_convention``),
 ``tau_<convention>`` (the same records in another named convention, e.g. ``tau_eagle_step``), ``tokens_per_s`` and
-``baseline_tokens_per_s`` (the vanilla run of the same source).
+``baseline_tokens_per_s`` (the vanilla run of the same source), ``throughput_ratio`` (an engine table: throughput
+with speculation over the same engine's without, at the column's batch size).
+
+Engine tables (EAGLE-3, arXiv:2503.01840v3, Tables 3-5: SGLang and vLLM at batch sizes 1..64) name the engine and
+give every column its ``batch_size``; a column with ``batch_size`` > 1 without ``engine`` is refused (draftbench's
+own loop decodes one sequence at a time), and so is an engine table whose column leaves its batch size out. Their
+rows run in that engine, not in draftbench's loop, so they are ``runnable: false``; ``reproduce --dry-run`` names
+the engine configuration each would need.
 
 Rounding: a cell holds the number as the source prints it. A ``recomputed`` table rounds each value to two decimals
 half up on its decimal value (4.1255 -> 4.13), so a recomputed cell is within 0.005 of the exact value. The shipped
@@ -91,18 +104,19 @@ from harness.schema import InputError, check, unknown_keys
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
 SOURCE_KINDS = ("paper", "leaderboard", "recomputed")
-CELL_METRICS = ("speedup", "tau", "tokens_per_s", "baseline_tokens_per_s",
+CELL_METRICS = ("speedup", "tau", "tokens_per_s", "baseline_tokens_per_s", "throughput_ratio",
                 *(f"tau_{c}" for c in TAU_CONVENTIONS))
 TOP_FIELDS = ("id", "title", "source", "hardware", "dtype", "framework", "protocol", "targets", "heads", "rows")
 SOURCE_FIELDS = ("kind", "citation", "arxiv", "table", "url", "date", "note")
 PROTOCOL_FIELDS = ("suites", "max_new_tokens", "temperature", "warmup", "repeats", "tau_convention", "notes",
                    "columns")
-COLUMN_FIELDS = ("label", "suite", "category", "mean_of")
+COLUMN_FIELDS = ("label", "suite", "category", "mean_of", "batch_size")
+ENGINE_FIELDS = ("name", "version", "note")
 TARGET_FIELDS = ("id", "chat_template", "system_prompt", "parameters_b", "layers", "kv_heads", "head_dim",
                  "max_position_embeddings")
 HEAD_FIELDS = ("kind", "hub", "url", "parameters_b", "weights")
 ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tokens", "gpus", "runnable", "reason",
-              "note", "cells")
+              "note", "engine_options", "cells")
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -120,6 +134,7 @@ class Column:
     suite: str | None = None
     category: str | None = None
     mean_of: list[str] | None = None
+    batch_size: int = 1  # concurrent sequences the source decoded (> 1 only in an engine table)
 
 
 @dataclass
@@ -159,6 +174,7 @@ class Row:
     runnable: bool = True
     reason: str | None = None
     note: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)  # engine tables: the engine settings of the row
 
 
 @dataclass
@@ -182,6 +198,7 @@ class Table:
     targets: dict[str, TargetSpec]
     heads: dict[str, HeadSpec]
     rows: list[Row]
+    engine: dict[str, Any] | None = None  # {name, version, note} of an engine table; None: draftbench's own loop
     path: str = ""
     sha256: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -194,6 +211,10 @@ class Table:
 
     def runnable_rows(self) -> list[Row]:
         return [r for r in self.rows if r.runnable]
+
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes of the columns, ascending (``[1]`` for a table of draftbench's own loop)."""
+        return sorted({c.batch_size for c in self.columns.values()})
 
     def n_cells(self) -> int:
         """Reported numbers in the table (every metric of every cell of every row)."""
@@ -276,7 +297,7 @@ class _Checker:
 def table_from_dict(data: Any, where: str = "table", stem: str | None = None) -> Table:
     """Validate the mapping of a table file (``where`` names it in errors) and build a :class:`Table`."""
     c = _Checker(where)
-    c.mapping(data, "table", TOP_FIELDS, TOP_FIELDS)
+    c.mapping(data, "table", (*TOP_FIELDS, "engine"), TOP_FIELDS)
     table_id = c.string(data["id"], "id")
     if stem is not None and table_id != stem:
         c.fail("id", f"{table_id!r} must equal the file name {stem!r}")
@@ -307,7 +328,8 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
     conv = proto["tau_convention"]
     if conv not in TAU_CONVENTIONS:
         c.fail("protocol.tau_convention", f"unknown convention {conv!r}; known: {', '.join(TAU_CONVENTIONS)}")
-    columns = _columns(c, proto["columns"], suites)
+    engine = _engine(c, data.get("engine"))
+    columns = _columns(c, proto["columns"], suites, engine is not None)
 
     targets: dict[str, TargetSpec] = {}
     c.mapping(data["targets"], "targets", tuple(data["targets"]) if isinstance(data["targets"], dict) else ())
@@ -348,7 +370,7 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
         c.fail("rows", "expected a non-empty list of rows")
     rows, seen = [], set()
     for i, r in enumerate(rows_raw):
-        rows.append(_row(c, r, f"rows[{i}]", targets, heads, columns, proto["max_new_tokens"]))
+        rows.append(_row(c, r, f"rows[{i}]", targets, heads, columns, engine is not None))
         if rows[-1].id in seen:
             c.fail(f"rows[{i}].id", f"duplicate row id {rows[-1].id!r}")
         seen.add(rows[-1].id)
@@ -362,11 +384,24 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
         warmup=c.integer(proto["warmup"], "protocol.warmup", minimum=0),
         repeats=c.integer(proto["repeats"], "protocol.repeats", minimum=1),
         tau_convention=conv, notes=c.string(proto.get("notes"), "protocol.notes", optional=True),
-        columns=columns, targets=targets, heads=heads, rows=rows, raw=data,
+        columns=columns, targets=targets, heads=heads, rows=rows, engine=engine, raw=data,
     )
 
 
-def _columns(c: _Checker, raw: Any, suites: list[str]) -> dict[str, Column]:
+def _engine(c: _Checker, raw: Any) -> dict[str, Any] | None:
+    """The ``engine`` block: None (draftbench's own loop) or {name, version, note}, name and version required."""
+    if raw is None:
+        return None
+    c.mapping(raw, "engine", ENGINE_FIELDS, ("name", "version"))
+    c.string(raw["name"], "engine.name")
+    if not isinstance(raw["version"], str):
+        c.fail("engine.version", f"expected a string (quote it, or \"not stated\"), got {raw['version']!r}")
+    c.string(raw["version"], "engine.version")
+    c.string(raw.get("note"), "engine.note", optional=True)
+    return {k: raw.get(k) for k in ENGINE_FIELDS}
+
+
+def _columns(c: _Checker, raw: Any, suites: list[str], engine: bool) -> dict[str, Column]:
     c.mapping(raw, "protocol.columns", tuple(raw) if isinstance(raw, dict) else ())
     if not raw:
         c.fail("protocol.columns", "at least one column is required")
@@ -388,8 +423,14 @@ def _columns(c: _Checker, raw: Any, suites: list[str]) -> dict[str, Column]:
             for j, other in enumerate(mean_of):
                 if other not in raw or raw[other].get("suite") is None:
                     c.fail(f"{p}.mean_of[{j}]", f"{other!r} is not a suite column of this table")
+        if engine and "batch_size" not in col:
+            c.fail(f"{p}.batch_size", "an engine table states each column's batch size")
+        batch = c.integer(col.get("batch_size", 1), f"{p}.batch_size", minimum=1)
+        if batch > 1 and not engine:
+            c.fail(f"{p}.batch_size", f"batch size {batch} needs the table's `engine` (draftbench's own loop decodes "
+                                      "one sequence at a time)")
         columns[cid] = Column(id=cid, label=col["label"], suite=col.get("suite"), category=col.get("category"),
-                              mean_of=list(mean_of) if mean_of else None)
+                              mean_of=list(mean_of) if mean_of else None, batch_size=batch)
     unused = [s for s in suites if not any(col.suite == s for col in columns.values())]
     if unused:
         c.fail("protocol.suites", f"suite(s) {unused} are run but no column reports them")
@@ -397,7 +438,7 @@ def _columns(c: _Checker, raw: Any, suites: list[str]) -> dict[str, Column]:
 
 
 def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dict[str, HeadSpec],
-         columns: dict[str, Column], max_new_tokens: Any) -> Row:
+         columns: dict[str, Column], engine: bool) -> Row:
     c.mapping(r, p, ROW_FIELDS, ("id", "target", "cells"))
     row_id = c.string(r["id"], f"{p}.id")
     if not row_id.replace("_", "").replace("-", "").isalnum():
@@ -405,6 +446,14 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
     if r["target"] not in targets:
         c.fail(f"{p}.target", f"{r['target']!r} is not a key of targets ({', '.join(targets)})")
     runnable = c.boolean(r.get("runnable", True), f"{p}.runnable")
+    if engine and runnable:
+        c.fail(f"{p}.runnable", "a row of an engine table runs in that engine, not in draftbench's loop: set "
+                                "runnable: false and say in `reason` what it needs")
+    engine_options = check(r.get("engine_options") or {}, dict, f"{c.where}: {p}.engine_options", TableError)
+    if engine_options and not engine:
+        c.fail(f"{p}.engine_options", "only a table with `engine` has engine options")
+    for k, v in engine_options.items():
+        check(v, str | int | float | bool, f"{c.where}: {p}.engine_options.{k}", TableError)
     method = r.get("method")
     options = check(r.get("options") or {}, dict, f"{c.where}: {p}.options", TableError)
     if "head" in options:
@@ -437,4 +486,4 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
     return Row(id=row_id, label=r.get("label") or row_id, target=r["target"], method=method, head=head,
                options=dict(options), cells={k: {m: float(v) for m, v in cell.items()} for k, cell in cells.items()},
                max_new_tokens=r.get("max_new_tokens") or None, gpus=gpus, runnable=runnable, reason=r.get("reason"),
-               note=r.get("note"))
+               note=r.get("note"), engine_options=dict(engine_options))
