@@ -42,7 +42,7 @@ BASE_COLUMNS = (
     "score_error", "question_turns", "attempt", "runtime", "compile_s", "turn_compile_s",
 )
 # nested dict fields of a record -> prefix of their dotted columns
-FLATTENED = {"method_options": "opt", "timings": "timing", "counters": "counter"}
+FLATTENED = {"method_options": "opt", "timings": "timing", "counters": "counter", "speculation_off": "spec_off"}
 
 # provenance column -> dotted manifest paths to try, first match wins (a path also matches under any parent key,
 # e.g. "versions.torch" matches "env.versions.torch")

@@ -208,6 +208,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
                     logit_runner_ups=gen.logit_runner_ups or None,
                 )
+                if gen.speculation_off is not None:  # the turn stopped speculating (absent otherwise)
+                    rec["speculation_off"] = gen.speculation_off
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
             failed = _error_text(exc)
