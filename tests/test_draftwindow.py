@@ -11,6 +11,7 @@ import torch
 from harness.engine.draftcache import DraftCache, DraftKV, default_draft_mask
 from harness.engine.method import OptionsError
 from harness.registry import get_method
+from harness.run.config import ConfigError, config_from_dict
 from methods.vanilla import Vanilla
 from tests.support.helpers import GREEDY, check_generation, tiny_target
 
@@ -134,3 +135,15 @@ def test_a_small_window_changes_only_the_positions_past_it_and_stays_lossless(na
     assert method.cache.kv_length == 4 and method.cache.length > 4
     assert gen.token_ids == Vanilla(target).generate(PROMPT, N_NEW, GREEDY).token_ids
     check_generation(gen, method, PROMPT.shape[1], N_NEW)
+
+
+def test_the_window_and_the_stop_options_are_sweep_knobs():
+    """``--sweep eagle3.draft_window=0,16`` (or a preset's ``sweep:``) makes one labelled entry per value, and a bad
+    value fails at configuration time naming the sweep field; max_spec_context sweeps the same way."""
+    base = {"methods": ["vanilla", {"name": "eagle3", "options": {"total_tokens": 16}}]}
+    cfg = config_from_dict({**base, "sweep": {"eagle3": {"draft_window": [0, 16], "max_spec_context": [0, 2048]}}})
+    assert [m.label for m in cfg.methods] == [
+        "vanilla", "eagle3[draft_window=0,max_spec_context=0]", "eagle3[draft_window=0,max_spec_context=2048]",
+        "eagle3[draft_window=16,max_spec_context=0]", "eagle3[draft_window=16,max_spec_context=2048]"]
+    with pytest.raises(ConfigError, match=r"run\.sweep\.eagle3\.draft_window=-2: draft_window must be an integer"):
+        config_from_dict({**base, "sweep": {"eagle3": {"draft_window": [-2]}}})
