@@ -20,7 +20,7 @@ from harness.run.runner import run
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
 from methods.vanilla import Vanilla
-from tests.support.helpers import GREEDY, check_generation, tiny_target
+from tests.support.helpers import GREEDY, SAMPLING_IDS, SAMPLINGS, check_generation, method_pvalue, tiny_target
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]])  # 17 tokens
 N_NEW = 40
@@ -169,3 +169,13 @@ def test_max_spec_context_on_the_default_model_keeps_vanilla_output(real_target)
     assert off["reason"] == "max_spec_context" and 48 < off["context"] <= 48 + 5
     assert set(gen.accept_lengths[off["step"]:]) == {1}
     check_generation(gen, method, prompt.shape[1], 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_sampling_with_a_window_and_a_stop_matches_the_target_distribution(sampling):
+    """At T > 0 on the 3-token sampling prompt: the first verification step (context 4) speculates with a 2-position
+    draft window, every later one is a plain forward (context > 4). The joint of the first three tokens must be the
+    target's; a plain step that sampled from anything but the target's distribution would bias it."""
+    options = {"total_tokens": 8, "depth": 2, "top_k": 3, "draft_window": 2, "max_spec_context": 4}
+    assert method_pvalue("eagle2", sampling, 1500, 8, **options) > 1e-3
