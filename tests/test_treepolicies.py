@@ -125,6 +125,14 @@ BAD = [
     ({"lookup": 4, "lookup_ngram": 2, "lookup_alone": 1},
      "lookup_alone must be 0 (always draft) or an n-gram length in 2..3 (lookup_ngram..3), got 1"),
     ({"lookup_alone": 2}, "lookup_alone needs a lookup chain: set lookup > 0 too"),
+    ({"draft_window": -1},
+     "draft_window must be an integer >= 0 (positions the draft attends to; 0 = the whole context), got -1"),
+    ({"draft_window": True},
+     "draft_window must be an integer >= 0 (positions the draft attends to; 0 = the whole context), got True"),
+    ({"max_spec_context": -5}, "max_spec_context must be an integer >= 0 (0 = off), got -5"),
+    ({"stop_unprofitable": -1}, "stop_unprofitable must be an integer >= 0 (0 = off), got -1"),
+    ({"stop_unprofitable": 4},
+     "stop_unprofitable reads the adaptive sizing's measured costs: set adaptive true too"),
 ]
 
 
@@ -139,10 +147,11 @@ def test_the_dynamic_tree_options_refuse_a_bad_value_alike(options, values, mess
 
 
 def test_the_options_share_the_base_fields_and_add_only_their_own():
-    """The base's eight fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
+    """The base's eleven fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
     depth default): a subclass re-declaring a shared field would be a copy that can drift again."""
     shared = [f.name for f in dataclasses.fields(DynamicTreeOptions)]
-    assert shared == ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone"]
+    assert shared == ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone",
+                      "draft_window", "max_spec_context", "stop_unprofitable"]
     for cls in OPTIONS:
         assert set(shared) <= {f.name for f in dataclasses.fields(cls)}
     assert list(Eagle2Options.__annotations__) == ["draft_vocab"]
@@ -165,10 +174,12 @@ def test_the_options_keep_their_recorded_order():
     target = tiny_target()
     described = {name: list(get_method(name).example(target, top_k=4).describe()["options"])
                  for name in ("eagle2", "eagle3", "jakiro")}
+    later = ["draft_window", "max_spec_context", "stop_unprofitable"]  # added after the others: they follow them
     assert described == {
         "eagle2": ["head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                   "lookup_alone"],
-        "eagle3": ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone"],
+                   "lookup_alone", *later],
+        "eagle3": ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone",
+                   *later],
         "jakiro": ["head", "mode", "contrastive", "alignment", "candidates", "total_tokens", "depth", "top_k",
                    "num_experts", "experts_per_tok", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                   "lookup_alone"]}
+                   "lookup_alone", *later]}

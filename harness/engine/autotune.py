@@ -27,7 +27,9 @@ dynamic-tree methods) sizes every step's tree from what is measured instead:
 
 :func:`best_tree_size` then keeps the n that maximises ``(1 + c * sum of the n - 1 best p) / (d + t(n))``, the
 expected tokens per second of the step. The tree only decides which tokens are verified, never what is emitted,
-so the rule changes speed only: greedy output stays vanilla's.
+so the rule changes speed only: greedy output stays vanilla's. The same measured costs tell when speculation no
+longer pays at all (:func:`speculation_pays`, option ``stop_unprofitable``: the measured accepted drafts of the last
+steps against a plain one-slot forward).
 """
 
 from __future__ import annotations
@@ -177,6 +179,27 @@ def worth_another_level(frontier_probs: float, level_s: float, rate: float | Non
     if rate is None or level_s <= 0:
         return True
     return calibration * frontier_probs / level_s > rate
+
+
+def speculation_pays(accepted: list[int], verify_s: list[float], draft_s: float, plain_s: float) -> bool:
+    """Did the measured speculative steps emit tokens at least as fast as plain decoding would have?
+
+    ``accepted[i]``: the drafts accepted at step i; ``verify_s[i]``: the seconds of its verification forward (timed at
+    its size, :func:`time_tree_sizes`); ``draft_s``: the drafting seconds per step; ``plain_s``: the seconds of a
+    one-slot forward (a plain step, one token). The steps emitted ``len(accepted) + sum(accepted)`` tokens (each its
+    bonus token and its accepted drafts) in ``len(accepted) * draft_s + sum(verify_s)`` seconds; speculation pays
+    while that rate is at least ``1 / plain_s``.
+
+    Example: accepted [0, 1], verify_s [1.2, 1.2], draft_s 0.3, plain_s 1.0: 3 tokens in 3.0 s = 1.0 >= 1.0 -> yes;
+    accepted [0, 0]: 2 tokens in 3.0 s < 1.0 -> no.
+    """
+    if not accepted or len(verify_s) != len(accepted):
+        raise ValueError(f"speculation_pays: expected one verification time per step, got {len(accepted)} steps and "
+                         f"{len(verify_s)} times")
+    if draft_s < 0 or plain_s <= 0:
+        raise ValueError(f"draft_s must be >= 0 and plain_s > 0, got {draft_s}, {plain_s}")
+    tokens = len(accepted) + sum(accepted)
+    return tokens * plain_s >= len(accepted) * draft_s + sum(verify_s)
 
 
 class AcceptanceCalibration:

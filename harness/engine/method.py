@@ -37,6 +37,10 @@ class Generation:
         :func:`harness.measure.metrics.divergence`).
     timings_synchronised: whether ``timings`` were measured with a device synchronisation at every mark (None when
         the method has no timing split).
+    speculation_off: None, or when a speculative method stopped speculating for the rest of the turn
+        (:class:`harness.engine.treepolicies.SpeculationStop`): ``{"step": i, "reason": r, "context": c}``, forward i
+        (an index of ``accept_lengths``) the first plain one, r the option that stopped it (``max_spec_context`` or
+        ``stop_unprofitable``), c the context in tokens (prompt and emitted) before it.
     """
 
     token_ids: list[int]
@@ -51,6 +55,7 @@ class Generation:
     logit_tops: list[float] = field(default_factory=list)
     logit_runner_ups: list[int] = field(default_factory=list)
     timings_synchronised: bool | None = None
+    speculation_off: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:

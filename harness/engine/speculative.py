@@ -91,12 +91,14 @@ from harness.engine.sampling import SamplingParams, logit_margins, next_token
 from harness.engine.tree import (
     DraftTree,
     ancestor_matrix,
+    chain_tree,
     check_tree,
     join_side,
     slot_depths,
     tree_flags,
     windowed_tree_mask,
 )
+from harness.engine.treepolicies import SpeculationStop
 from harness.engine.verify import verify_greedy, verify_greedy_on_device, verify_sampling
 from harness.measure.trackers import device_sync
 
@@ -205,6 +207,11 @@ class SpeculativeMethod(Method):
     ``counters`` at the start of every turn and adds ``target_forwards`` and ``tree_tokens``.
     A method with a non-lossless acceptance rule (Medusa's typical acceptance) overrides :meth:`verify` and
     ``lossless``. Trees are best proposed on the target's device (the engine moves them otherwise).
+    A method that holds a :class:`~harness.engine.treepolicies.SpeculationStop` in ``speculation_stop`` lets the
+    engine stop speculating for the rest of a turn: from the step the policy names a reason on, every step is a plain
+    one-token forward (an empty tree), the method is neither asked to propose nor told what was accepted, and the
+    turn's :attr:`Generation.speculation_off <harness.engine.method.Generation.speculation_off>` says at which
+    step and why.
     """
 
     proposal: ClassVar[str] = "deterministic"
@@ -215,6 +222,7 @@ class SpeculativeMethod(Method):
     last_cache_length: int | None = None
     logit_topk: int = 0
     max_tree_slots: int = 128  # the most slots (root included) a verification forward may take: static cache room
+    speculation_stop: SpeculationStop | None = None  # when to stop speculating for the rest of a turn (None: never)
 
     def __init__(self, target, options=None):
         super().__init__(target, options)
@@ -315,15 +323,24 @@ class SpeculativeMethod(Method):
                 self.begin(prompt_ids, self._features(out.hidden_states) if turn.want_hidden else None)
                 clock.mark("draft_s")
             del out
+            policy, off = self.speculation_stop, None  # off: {"step", "reason", "context"} once speculation stopped
+            if policy is not None:
+                policy.begin()
             while stop is None:
-                tree = self.propose(root, sampling, generator)
-                side = self.side_branch()
-                clock.mark("draft_s")
-                self._check_proposal(tree, turn.vocab)
+                if off is None and policy is not None:
+                    off = _stopped(policy, stats.target_forwards, turn.committed + 1)  # the pending root counts
+                side = None
+                if off is None:
+                    tree = self.propose(root, sampling, generator)
+                    side = self.side_branch()
+                    clock.mark("draft_s")
+                    self._check_proposal(tree, turn.vocab)
+                else:  # a plain step: the root alone
+                    tree = chain_tree(torch.zeros(0, dtype=torch.long, device=turn.device))
                 forward = tree if side is None else join_side(tree, side)  # the slots the target runs on
                 step, out = self._verify_step(turn, tree, root_dev, forward)
                 clock.mark("verify_s")
-                if self.logit_topk:
+                if self.logit_topk and off is None:
                     self.observe(*slot_top_ids(root_dev, forward.tokens, out.logits[0], self.logit_topk))
                     clock.mark("draft_s")
                 new = step.path_tokens + [step.bonus]
@@ -337,11 +354,13 @@ class SpeculativeMethod(Method):
                 emitted.extend(kept)
                 stats.step(len(tree), step.depth if len(tree) else 0, len(step.path), len(kept))
                 hidden = None
-                if turn.want_hidden:
+                if turn.want_hidden and off is None:
                     hidden = self._features(out.hidden_states, keep)  # [len(keep), len(hidden_layers) * H]
                 del out
+                if off is None and policy is not None:
+                    policy.record(len(tree) + 1, len(step.path))
                 clock.mark("overhead_s")
-                if stop is None:
+                if stop is None and off is None:
                     self.accept([root] + new[:-1], hidden, step.bonus)
                     clock.mark("draft_s")
                 root, root_dev = step.bonus, step.bonus_dev
@@ -353,7 +372,7 @@ class SpeculativeMethod(Method):
                           draft_depths=stats.draft_depths, timings=timings, counters=counters,
                           logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
                           logit_runner_ups=stats.runner_ups,
-                          timings_synchronised=clock.sync)
+                          timings_synchronised=clock.sync, speculation_off=off)
 
     def _start_turn(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                     generator: torch.Generator | None) -> _Turn:
@@ -441,6 +460,13 @@ class SpeculativeMethod(Method):
         if any(flags):
             check_tree(tree, vocab)
             raise ValueError("DraftTree failed the device-side checks (parents order or token range)")
+
+
+def _stopped(policy: SpeculationStop, step: int, context: int) -> dict | None:
+    """``{"step", "reason", "context"}`` when ``policy`` stops speculation before target forward ``step`` (an index of
+    ``Generation.accept_lengths``, 0 = the prefill) at ``context`` tokens, else None."""
+    reason = policy.reason(context)
+    return None if reason is None else {"step": step, "reason": reason, "context": context}
 
 
 def slot_top_ids(root: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,

@@ -1,5 +1,6 @@
 """Per-step policies a tree-drafting method can hold: :class:`LookupGraft` (a prompt-lookup chain grafted onto every
-step's tree) and :class:`AdaptiveSizer` (each step's tree sized from measured costs and calibrated confidence).
+step's tree), :class:`AdaptiveSizer` (each step's tree sized from measured costs and calibrated confidence) and
+:class:`SpeculationStop` (speculation off for the rest of a turn once it no longer pays).
 
 Each is a small object with its own state; a method builds one from its options and calls it from its three verbs
 (``begin``, ``propose``, ``accept``). They live in the engine, not beside one method family, because they use only
@@ -7,11 +8,14 @@ what the method contract hands every tree method (the committed tokens, a :class
 the target and the turn's ``counters``) and the engine's pure maths (:mod:`harness.engine.lookup`,
 :mod:`harness.engine.tree`, :mod:`harness.engine.autotune`): a method in any package (``methods/`` is the plugin
 layer above the harness) can hold them. Neither is published: EAGLE-2 (arXiv:2406.16858 Sec. 4) fixes the tree
-size, and prompt lookup (Saxena 2023) drafts alone.
+size, and prompt lookup (Saxena 2023) drafts alone. :class:`SpeculationStop` is asked by the engine's loop itself
+(:attr:`harness.engine.speculative.SpeculativeMethod.speculation_stop`), since a step without speculation is the
+engine's, not the method's.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -129,3 +133,52 @@ class AdaptiveSizer:
     def accept(self, accepted: int) -> None:
         """The last sized tree had ``accepted`` of its drafts accepted: calibrate the draft's confidence."""
         self.calibration.update(self.predicted, accepted)
+
+    def verify_cost(self, slots: int) -> float:
+        """The measured seconds of a verification forward over ``slots`` slots (root included): the smallest timed
+        size that holds them (a grafted lookup chain may add slots to a sized tree), else the largest.
+        Example: timed {1: 1.0, 4: 1.5, 8: 2.0}: 3 slots -> 1.5; 9 slots -> 2.0."""
+        sizes = sorted(self.verify_s)
+        return self.verify_s[next((n for n in sizes if n >= slots), sizes[-1])]
+
+
+class SpeculationStop:
+    """Options ``max_spec_context`` and ``stop_unprofitable``: speculation off for the rest of a turn once it no longer
+    pays; the engine's loop asks :meth:`reason` before every step, and from the first step it names a reason on, runs
+    plain one-token forwards (no draft, no tree; lossless by construction, the target emits every token).
+
+    ``max_context`` > 0: off once the context (prompt and emitted tokens, the pending root included) exceeds it
+    (long-context drafts accept less, vllm-project/speculators#684; vllm-project/vllm#47602 asks for this per request).
+    ``last_steps`` = n > 0: off when the last n speculative steps, at the costs ``sizer`` measured (its timed
+    verification sizes, its running drafting time), emitted tokens slower than a plain one-slot forward would have
+    (:func:`harness.engine.autotune.speculation_pays`). The window restarts every turn. Neither is published.
+    """
+
+    CONTEXT, UNPROFITABLE = "max_spec_context", "stop_unprofitable"  # the reasons, named by their options
+
+    def __init__(self, max_context: int = 0, last_steps: int = 0, sizer: AdaptiveSizer | None = None):
+        if last_steps and sizer is None:
+            raise ValueError("SpeculationStop: last_steps needs the sizer whose measured costs it reads")
+        self.max_context, self.last_steps, self.sizer = max_context, last_steps, sizer
+        self.steps: deque[tuple[int, int]] = deque(maxlen=max(last_steps, 1))  # (slots, accepted drafts) per step
+
+    def begin(self) -> None:
+        """A new turn: the measured window starts empty."""
+        self.steps.clear()
+
+    def record(self, slots: int, accepted: int) -> None:
+        """A speculative step verified ``slots`` slots (root included) and accepted ``accepted`` drafts."""
+        self.steps.append((slots, accepted))
+
+    def reason(self, context: int) -> str | None:
+        """Why the step after ``context`` tokens should not speculate (:attr:`CONTEXT` or :attr:`UNPROFITABLE`), or
+        None. Example: max_context 512 -> context 512: None, 513: "max_spec_context"."""
+        if self.max_context and context > self.max_context:
+            return self.CONTEXT
+        sizer = self.sizer
+        if self.last_steps and len(self.steps) == self.last_steps and sizer.draft_s is not None:
+            slots, accepted = zip(*self.steps)
+            verify_s = [sizer.verify_cost(n) for n in slots]
+            if not autotune.speculation_pays(list(accepted), verify_s, sizer.draft_s, sizer.verify_s[1]):
+                return self.UNPROFITABLE
+        return None

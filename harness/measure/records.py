@@ -57,6 +57,8 @@ turn_compile_s              seconds of compilation inside this turn's ``wall_tim
                             again after the harness's retries; then its speed is not a steady-state number)
 timings, counters           method-specific breakdown (e.g. draft_s, verify_s; draft_forwards)
 timings_synchronised        whether the timings split was measured with a device sync at each mark (None: no split)
+speculation_off             when the method stopped speculating for the rest of the turn: ``{"step", "reason",
+                            "context"}`` (``harness.engine.method.Generation``); absent otherwise
 logit_margins, logit_tops,  greedy only (else None): per emitted token, the target's top-1 minus top-2 logit, the
 logit_runner_ups            top-1 logit and the top-2 token (``harness.measure.metrics.divergence``)
 score, score_name           quality of the answer where the suite has a scorer (on the last turn)

@@ -46,7 +46,7 @@ TURN_DERIVED = ("tokens_per_s", "tau_turn", "draft_acceptance_rate_turn", "draft
 # nested dict fields of a record -> prefix of their dotted columns
 # (an engine turn's ``engine_options`` sit beside the method's options, so that a sweep over them gives knobs)
 FLATTENED = {"method_options": "opt", "engine_options": "opt.engine_options", "timings": "timing",
-             "counters": "counter"}
+             "counters": "counter", "speculation_off": "spec_off"}
 
 # provenance column -> dotted manifest paths to try, first match wins (a path also matches under any parent key,
 # e.g. "versions.torch" matches "env.versions.torch")

@@ -227,6 +227,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 )
                 if question.context:
                     rec["kv_cache_bytes"] = target_kv_bytes(target, rec["prompt_tokens"] + rec["new_tokens"])
+                if gen.speculation_off is not None:  # the turn stopped speculating (absent otherwise)
+                    rec["speculation_off"] = gen.speculation_off
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
             failed = _error_text(exc)

@@ -39,12 +39,17 @@ class EagleMethodBase(SpeculativeMethod):
         self.head = head
         # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.draft_vocab(), folder, self.name)
-        self.cache = DraftCache()  # the stable draft KV, kept in step with the committed sequence
+        self.cache = DraftCache(self.draft_window())  # the stable draft KV, kept in step with the committed sequence
 
     def draft_vocab(self) -> int:
         """Option ``draft_vocab``: 0 = the draft scores the target's whole vocabulary (as published); N > 0 = only the
         N most frequent tokens of the head's training data (:mod:`harness.engine.draftvocab`)."""
         return self.options.draft_vocab
+
+    def draft_window(self) -> int:
+        """The draft's attention window in positions (:class:`harness.engine.draftcache.DraftCache`): 0 = the whole
+        context, as published; the dynamic-tree methods take it from their option ``draft_window``."""
+        return 0
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options) -> EagleMethodBase:
@@ -68,7 +73,8 @@ class EagleMethodBase(SpeculativeMethod):
         """Run the head over the positions committed since the last cycle (pairs ``(f_t, x_{t+1})``, the last one
         paired with ``root``), append them to the stable KV, and return the last output feature ``[H]``."""
         feats, tokens, pos = self.cache.pending(root)  # [n, H], [n], [n]
-        out, kv = self.head(feats[None].to(self.target.dtype), tokens[None], pos[None], self.cache.kv)
+        out, kv = self.head(feats[None].to(self.target.dtype), tokens[None], pos[None], self.cache.kv,
+                            self.cache.pending_mask(feats.device))
         self.cache.advance(kv)
         self.count_draft_forward()
         return out[0, -1]

@@ -5,7 +5,9 @@ shares (``eagle2``, ``eagle3``, ``jakiro`` extend them).
 ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10; deterministic top-k drafts at
 every temperature, as published. Two unpublished per-step policies (:mod:`harness.engine.treepolicies`): ``adaptive``
 sizes each step's tree (at most ``total_tokens``) from measured costs and calibrated confidence; ``lookup`` grafts a
-prompt-lookup chain onto every step's tree.
+prompt-lookup chain onto every step's tree. Unpublished for long contexts: ``draft_window`` limits the draft's
+attention to the last W positions (:class:`harness.engine.draftcache.DraftCache`); ``max_spec_context`` and
+``stop_unprofitable`` stop speculating for the rest of a turn (:class:`harness.engine.treepolicies.SpeculationStop`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import torch
 
 from harness.engine import autotune
 from harness.engine.checkpoints import check_head_option
+from harness.engine.draftcache import check_draft_window
 from harness.engine.draftvocab import check_draft_vocab
 from harness.engine.hostio import fetch
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.tree import DraftTree, rank_candidates, select_dynamic_tree
-from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, LookupGraft
+from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, LookupGraft, SpeculationStop
 from harness.models import Target
 from harness.registry import register_method
 from methods.eagle.draft import EagleMethodBase
@@ -50,6 +53,13 @@ class DynamicTreeOptions:
     draft; n > 0 = a step whose chain comes from an n-gram match of at least n tokens verifies the chain alone and
     skips drafting (the draft catches up on the skipped positions at its next step)
     (:class:`harness.engine.treepolicies.LookupGraft`); not published.
+    ``draft_window``: 0 = the draft attends to the whole context (as published); W > 0 = a committed position sees
+    itself and the W - 1 before it, a tree node the last W committed positions and its ancestors, and the draft's
+    KV keeps only the last W positions (:class:`harness.engine.draftcache.DraftCache`); not published.
+    ``max_spec_context``: 0 = off; N > 0 = once the context (prompt and emitted tokens) exceeds N, the rest of the turn
+    runs plain one-token target forwards. ``stop_unprofitable``: 0 = off; n > 0 = the same once the last n steps,
+    at the costs the adaptive sizing measured (needs ``adaptive``), emitted tokens slower than plain forwards would
+    have (:class:`harness.engine.treepolicies.SpeculationStop`); not published.
     """
 
     head: str | None = None
@@ -60,6 +70,9 @@ class DynamicTreeOptions:
     lookup: int = 0
     lookup_ngram: int = 1
     lookup_alone: int = 0
+    draft_window: int = 0
+    max_spec_context: int = 0
+    stop_unprofitable: int = 0
 
     # The order of the options in manifests, turn records and tables (``opt.*`` columns, ablation knobs): a subclass
     # whose own fields stood among these before they were shared lists its fields in that order; fields it does not
@@ -90,6 +103,13 @@ class DynamicTreeOptions:
                              f"{LOOKUP_MAX_NGRAM} (lookup_ngram..{LOOKUP_MAX_NGRAM}), got {alone!r}")
         if alone and not lookup:
             raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
+        check_draft_window(self.draft_window)
+        for name in ("max_spec_context", "stop_unprofitable"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {value!r}")
+        if self.stop_unprofitable and not self.adaptive:
+            raise ValueError("stop_unprofitable reads the adaptive sizing's measured costs: set adaptive true too")
 
     def recorded(self) -> dict[str, Any]:
         """The options as a dict in :attr:`RECORDED_ORDER` (what :meth:`Eagle2.describe` records)."""
@@ -106,7 +126,7 @@ class Eagle2Options(DynamicTreeOptions):
     draft_vocab: int = 0
 
     RECORDED_ORDER = ("head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                      "lookup_alone")
+                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable")
 
     def __post_init__(self):
         super().__post_init__()
@@ -147,6 +167,12 @@ class Eagle2(EagleMethodBase):
         o = self.options  # the per-step policies (harness.engine.treepolicies); None when their option is off
         self.sizer = AdaptiveSizer(o.total_tokens) if o.adaptive else None
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
+        if o.max_spec_context or o.stop_unprofitable:  # asked by the engine's loop (SpeculativeMethod.generate)
+            self.speculation_stop = SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
+
+    def draft_window(self) -> int:
+        """Option ``draft_window`` (see :class:`DynamicTreeOptions`)."""
+        return self.options.draft_window
 
     def describe(self) -> dict[str, Any]:
         """:meth:`harness.engine.method.Method.describe` with the options in their recorded order

@@ -86,7 +86,8 @@ class Eagle3(Eagle2):
         ``fc``, each paired with the next token, the last one with ``root``), append them to the stable KV, and return
         the last output ``[H]`` (the feature the tree grows from)."""
         levels, tokens, pos = self.cache.pending(root)  # [n, 3H], [n], [n]
-        out, kv = self.head(levels[None].to(self.target.dtype), tokens[None], pos[None], self.cache.kv, project=True)
+        out, kv = self.head(levels[None].to(self.target.dtype), tokens[None], pos[None], self.cache.kv,
+                            self.cache.pending_mask(levels.device), project=True)
         self.cache.advance(kv)
         self.count_draft_forward()
         return out[0, -1]

@@ -32,7 +32,8 @@ class MoEDraft:
         outputs of the last position only (``mixture [1, H]`` etc.)."""
         feats, tokens, pos = self.cache.pending(root)  # [n, H], [n], [n]
         out, kv = self.head.forward_outputs(feats[None].to(self.target.dtype), tokens[None], pos[None], self.cache.kv,
-                                            contrast=contrast, experts=experts, last_only=True)
+                                            self.cache.pending_mask(feats.device), contrast=contrast, experts=experts,
+                                            last_only=True)
         self.cache.advance(kv)
         self.count_draft_forward()
         return out.unbatch()
