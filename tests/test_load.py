@@ -202,3 +202,14 @@ def test_a_load_run_end_to_end_resumed_and_reported(tmp_path, servers):
     assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Load") and "| pld-served | 4 | 4 |" in md
     assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup"} <= set(written)
     assert Path(written["load_csv"]).is_file()
+
+
+def test_the_load_flags_of_draftbench_run():
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
+
+    args = build_parser().parse_args(["run", "--server-url", "http://h:1", "--methods", "vanilla", "--concurrency",
+                                      "1,4,16,64", "--request-rate", "inf", "--burstiness", "0.5"])
+    cfg = config_from_args(args)
+    assert cfg.load == {"concurrency": [1, 4, 16, 64], "request_rate": "inf", "burstiness": 0.5}
+    assert cfg.load_spec().requests_at(64) == 128

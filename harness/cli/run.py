@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--server-url", metavar="URL",
                    help="measure a running OpenAI-compatible server (vLLM, SGLang, trtllm-serve, llama-server): "
                         "engine_options server_url, and engine openai unless --engine says otherwise")
+    r.add_argument("--concurrency", type=_csv(int), metavar="C1,C2,...",
+                   help="load levels on a served engine (load.concurrency, harness.run.load): at most C requests in "
+                        "flight per level, as vllm bench serve's --max-concurrency")
+    r.add_argument("--request-rate", type=lambda t: t if t == "inf" else float(t), metavar="RATE|inf",
+                   help="load levels: requests per second (load.request_rate; default inf, all at once)")
+    r.add_argument("--burstiness", type=float, help="load levels: gamma shape of the arrivals (1.0: Poisson)")
+    r.add_argument("--num-prompts", type=int, help="load levels: requests per level (default 2 x concurrency)")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
     r.add_argument("--sweep", action="append", default=[], metavar="LABEL.OPTION=V1,V2", help="a grid of option values")
@@ -78,6 +85,10 @@ def config_from_args(args) -> RunConfig:
             data[field] = getattr(args, field)
     if args.methods is not None:
         data["methods"] = [{"name": m} for m in args.methods]
+    load = {k: getattr(args, k) for k in ("concurrency", "request_rate", "burstiness", "num_prompts")
+            if getattr(args, k) is not None}
+    if load:
+        data["load"] = {**(data.get("load") or {}), **load}
     for item in args.set:
         key, value = parse_assignment(item)
         data[key] = value
