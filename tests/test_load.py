@@ -213,3 +213,13 @@ def test_the_load_flags_of_draftbench_run():
     cfg = config_from_args(args)
     assert cfg.load == {"concurrency": [1, 4, 16, 64], "request_rate": "inf", "burstiness": 0.5}
     assert cfg.load_spec().requests_at(64) == 128
+
+
+def test_a_load_run_whose_entry_failed_every_request_exits_1(tmp_path, capsys):
+    from harness.cli.run import failed_entries_exit
+
+    rows = [{**request_row("pld", "pld", 1, q, [0.1]), "status": "error", "error": "BackendError: refused"}
+            for q in range(2)]
+    (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert failed_entries_exit(tmp_path) == 1
+    assert "every turn of 'pld' failed (first: BackendError: refused)" in capsys.readouterr().err

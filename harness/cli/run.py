@@ -153,10 +153,13 @@ def cmd_run(args) -> int:
 
 
 def failed_entries_exit(run_dir: Path) -> int:
-    """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing); else 0."""
+    """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing; for a
+    run of load levels, no successful request in their latest attempts); else 0."""
+    from harness.measure.load import latest_levels, read_load_rows
     from harness.measure.records import failed_entries, read_records
 
-    failed = failed_entries(read_records(run_dir))
+    load_rows = [r for level in latest_levels(read_load_rows(run_dir)).values() for r in level]  # a load run's
+    failed = failed_entries(read_records(run_dir) + load_rows)
     for label, error in failed.items():
         print(f"draftbench: error: every turn of {label!r} failed (first: {error}); see {run_dir}", file=sys.stderr)
     return 1 if failed else 0

@@ -349,6 +349,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     suites = [load_suite(s, data_dir).select(config.limit, config.questions) for s in config.suites]
     if manifest is not None:
         check_suites_unchanged(manifest, suites, run_dir)
+    if config.load is not None and dist.world > 1:
+        raise ConfigError("run.load: load levels are measured by one process (the server batches the requests); "
+                          "start the run without accelerate launch")
     if config.load is not None:  # a level that needs more distinct prompts than the suites have fails here
         level_questions(config.load_spec(), [q for s in suites for q in s.questions])
     # unknown method names and bad options fail here, before anything heavy is loaded
