@@ -223,3 +223,8 @@ def test_a_load_run_whose_entry_failed_every_request_exits_1(tmp_path, capsys):
     (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert failed_entries_exit(tmp_path) == 1
     assert "every turn of 'pld' failed (first: BackendError: refused)" in capsys.readouterr().err
+
+
+def test_without_a_vanilla_entry_the_section_says_there_is_no_speed_up():
+    rows = [r for r in literal_levels() if r["label"] == "eagle3"]
+    assert "No vanilla entry measured these levels: no speed-up" in load_markdown(load_table(rows))

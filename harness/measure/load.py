@@ -146,6 +146,9 @@ def load_markdown(table: pd.DataFrame) -> str:
              "(the first turn of a question). Speed-up: mean per-request tokens/s over the vanilla entry's at the same "
              f"concurrency, paired by prompt (CI from {MIN_CI_REQUESTS} pairs). Acceptance: the server's counters "
              "diffed around the whole level.", "", *markdown_table(head, rows, left=1), ""]
+    if table["baseline"].isna().all() and (table["method"] != "vanilla").any():
+        lines.append("- No vanilla entry measured these levels: no speed-up (pair each speculative entry with a "
+                     "vanilla one on the same kind of server).")
     for label, where in crossings(table).items():
         if where is None:
             lines.append(f"- `{label}`: speculation pays at every concurrency measured.")
