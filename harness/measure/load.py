@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, number, ratio
+from harness.measure.formatting import interval, markdown_table, missing, number, ratio
 from harness.measure.rundir import LOAD_FILE, atomic_file, write_text_atomic
 
 MIN_CI_REQUESTS = 8  # paired requests a level needs for a speed-up CI
@@ -137,15 +138,16 @@ def load_markdown(table: pd.DataFrame) -> str:
              number(r["output_tok_s"], ".1f"), f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
              f"{_ms(r['token_latency_p50_s'])} / {_ms(r['token_latency_p95_s'])} / {_ms(r['token_latency_p99_s'])}",
              number(r["acceptance_rate"]), number(r["mean_acceptance_length"]),
-             "" if r["baseline"] is None else interval(r["speedup"], r["speedup_lo"], r["speedup_hi"])]
+             "" if missing(r["baseline"]) else interval(r["speedup"], r["speedup_lo"], r["speedup_hi"])]
             for r in table.to_dict("records")]
     first = table.iloc[0]
     rate = "all at once" if first["request_rate"] is None or pd.isna(first["request_rate"]) else \
         f"{first['request_rate']:g} requests/s, burstiness {first['burstiness']:g}"
     lines = ["## Load", "", f"Requests sent {rate}, at most `concurrency` in flight; each request a distinct prompt "
-             "(the first turn of a question). Speed-up: mean per-request tokens/s over the vanilla entry's at the same "
-             f"concurrency, paired by prompt (CI from {MIN_CI_REQUESTS} pairs). Acceptance: the server's counters "
-             "diffed around the whole level.", "", *markdown_table(head, rows, left=1), ""]
+             "(the first turn of a question), each level its own prompts (acceptance moves with them too). "
+             "Speed-up: mean per-request tokens/s over the vanilla entry's at the same concurrency, paired by prompt "
+             f"(CI from {MIN_CI_REQUESTS} pairs). Acceptance: the server's counters diffed around the whole level.",
+             "", *markdown_table(head, rows, left=1), ""]
     if table["baseline"].isna().all() and (table["method"] != "vanilla").any():
         lines.append("- No vanilla entry measured these levels: no speed-up (pair each speculative entry with a "
                      "vanilla one on the same kind of server).")
@@ -179,19 +181,23 @@ def plot_load(table: pd.DataFrame, plots: Path) -> dict[str, Path]:
             continue
         fig = Figure(figsize=(6.0, 4.0))
         ax = fig.subplots()
-        for label, rows in data.groupby("label", sort=False):
+        for i, (label, rows) in enumerate(data.groupby("label", sort=False)):
+            color = matplotlib.colormaps["tab10"](i % 10)  # one colour per entry, p50 and p95 alike
             for column, style in series:
                 y = rows[column] * (1000.0 if column.endswith("_s") else 1.0)
                 suffix = f" {column.split('_')[2]}" if column.startswith("token_latency") else ""
                 if column == "speedup":
                     err = [(rows["speedup"] - rows["speedup_lo"]).fillna(0),
                            (rows["speedup_hi"] - rows["speedup"]).fillna(0)]
-                    ax.errorbar(rows["concurrency"], y, yerr=err, linestyle=style, marker="o", capsize=3, label=label)
+                    ax.errorbar(rows["concurrency"], y, yerr=err, linestyle=style, marker="o", capsize=3, label=label,
+                                color=color)
                 else:
-                    ax.plot(rows["concurrency"], y, linestyle=style, marker="o", label=label + suffix)
+                    ax.plot(rows["concurrency"], y, linestyle=style, marker="o", label=label + suffix, color=color)
         if name == "load_speedup":
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_xscale("log", base=2)
+        levels = sorted(data["concurrency"].unique())
+        ax.set_xticks(levels, [str(c) for c in levels])
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize="small")
