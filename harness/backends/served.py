@@ -19,7 +19,8 @@ token ids gives ``output_ids`` null (the losslessness check is then n/a for the 
 token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
-(concurrency 1: nothing else may use the server meanwhile) and diffed; a counter the server lacks is None (n/a).
+(concurrency 1: nothing else may use the server meanwhile) and diffed (a load level, :mod:`harness.run.load`, reads
+them around all its requests instead); a counter the server lacks is None (n/a).
 The per-step accepted and drafted tokens, from which τ and the per-step histogram are derived as for the harness's
 own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
 chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
@@ -199,9 +200,9 @@ class ServedBackend(Backend):
                                "it had them when the run started")
         return counters
 
-    def _settled_counters(self) -> dict[str, Any]:
+    def settled_counters(self) -> dict[str, Any]:
         """The counters once two readings :data:`SETTLE_S` apart agree (a server may count a request's last steps
-        after it has sent the last chunk)."""
+        after it has sent the last chunk); a load level reads them before and after all its requests."""
         last, deadline = self._read_counters(), time.monotonic() + SETTLE_MAX_S
         while time.monotonic() < deadline:
             time.sleep(SETTLE_S)
@@ -232,12 +233,12 @@ class ServedBackend(Backend):
 
     def generate(self, request: TurnRequest) -> EngineTurn:
         before = self._read_counters() if self.has_metrics else None
-        turn, per_request = self._stream(request)
+        turn, per_request = self.stream(request)
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
             counters = dict.fromkeys(COUNTERS)
         else:
-            counters = diff(before, self._settled_counters())
+            counters = diff(before, self.settled_counters())
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
         turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
         accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
@@ -274,9 +275,10 @@ class ServedBackend(Backend):
             turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
                               f"tokens in {drafts} drafts)")
 
-    def _stream(self, request: TurnRequest) -> tuple[EngineTurn, dict[str, Any]]:
+    def stream(self, request: TurnRequest) -> tuple[EngineTurn, dict[str, Any]]:
         """The streamed turn, and the server's per-request speculative metrics (vLLM's
-        ``metrics.speculative_decoding`` on the usage chunk; {} where it sends none)."""
+        ``metrics.speculative_decoding`` on the usage chunk; {} where it sends none). Safe to call from several
+        threads at once (a load level, :mod:`harness.run.load`): it reads no counters."""
         path = APIS[self.options["api"]]
         what = f"POST {self.url}{path}"
         req = urllib.request.Request(self.url + path, data=json.dumps(self.payload(request)).encode(),

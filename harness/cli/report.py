@@ -31,8 +31,12 @@ def print_report(run_dir: Path, paths: bool = False) -> None:
     from harness.measure.report import write_report
 
     written = write_report(run_dir)
-    summary = pd.read_parquet(written["summary_parquet"])
-    print(report_ending(summary, Path(run_dir), Path(written["report_html"])))
+    if "load_csv" in written:  # a run of load levels: its Load section
+        print(Path(written["summary_md"]).read_text(encoding="utf-8").rstrip())
+        print(f"\nrun:  {run_dir}")
+    else:
+        summary = pd.read_parquet(written["summary_parquet"])
+        print(report_ending(summary, Path(run_dir), Path(written["report_html"])))
     if paths:
         for name, path in sorted(written.items()):
             print(f"{name + ':':<22}{path}")

@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--server-url", metavar="URL",
                    help="measure a running OpenAI-compatible server (vLLM, SGLang, trtllm-serve, llama-server): "
                         "engine_options server_url, and engine openai unless --engine says otherwise")
+    r.add_argument("--concurrency", type=_csv(int), metavar="C1,C2,...",
+                   help="load levels on a served engine (load.concurrency, harness.run.load): at most C requests in "
+                        "flight per level, as vllm bench serve's --max-concurrency")
+    r.add_argument("--request-rate", type=lambda t: t if t == "inf" else float(t), metavar="RATE|inf",
+                   help="load levels: requests per second (load.request_rate; default inf, all at once)")
+    r.add_argument("--burstiness", type=float, help="load levels: gamma shape of the arrivals (1.0: Poisson)")
+    r.add_argument("--num-prompts", type=int, help="load levels: requests per level (default 2 x concurrency)")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any run field, YAML value")
     r.add_argument("--opt", action="append", default=[], metavar="LABEL.OPTION=VALUE", help="a method option")
     r.add_argument("--sweep", action="append", default=[], metavar="LABEL.OPTION=V1,V2", help="a grid of option values")
@@ -78,6 +85,10 @@ def config_from_args(args) -> RunConfig:
             data[field] = getattr(args, field)
     if args.methods is not None:
         data["methods"] = [{"name": m} for m in args.methods]
+    load = {k: getattr(args, k) for k in ("concurrency", "request_rate", "burstiness", "num_prompts")
+            if getattr(args, k) is not None}
+    if load:
+        data["load"] = {**(data.get("load") or {}), **load}
     for item in args.set:
         key, value = parse_assignment(item)
         data[key] = value
@@ -142,10 +153,13 @@ def cmd_run(args) -> int:
 
 
 def failed_entries_exit(run_dir: Path) -> int:
-    """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing); else 0."""
+    """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing; for a
+    run of load levels, no successful request in their latest attempts); else 0."""
+    from harness.measure.load import latest_levels, read_load_rows
     from harness.measure.records import failed_entries, read_records
 
-    failed = failed_entries(read_records(run_dir))
+    load_rows = [r for level in latest_levels(read_load_rows(run_dir)).values() for r in level]  # a load run's
+    failed = failed_entries(read_records(run_dir) + load_rows)
     for label, error in failed.items():
         print(f"draftbench: error: every turn of {label!r} failed (first: {error}); see {run_dir}", file=sys.stderr)
     return 1 if failed else 0

@@ -20,6 +20,7 @@ Conventions, stated once so that no script can drift from them:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -816,3 +817,56 @@ def acceptance_per_position_ci(per_question_accepted: Sequence[Iterable[Sequence
         lo, hi = np.percentile(b_num[ok, i] / b_den[ok, i], [2.5, 97.5])
         out.append((float(num[:, i].sum() / total), float(lo), float(hi)))
     return out
+
+
+# ---- load levels (harness.measure.load): many requests in flight on one served engine ----
+
+def per_token_latencies(token_times_s: Sequence[float] | None) -> list[float]:
+    """Per-token latencies of one streamed request: the gap between each token's arrival and the previous
+    token's (``token_times_s``: per new token, seconds from sending the request). The first token's time is the
+    time to first token, not a per-token latency. These are per *token*, not per chunk (vLLM's inter-token latency
+    "ITL" is per chunk): a chunk of k tokens gives k gaps, not one. Where a chunk carried several tokens the served
+    client split its time evenly over them (its record's ``engine_notes`` says so), so the k gaps are each 1/k of
+    the chunk's wait: their sum, and so the mean, is exact, but the percentiles are smoothed: a stall of g before
+    a chunk of k tokens reads as k gaps of g / k, so p95/p99 understate the longest wait a reader sees, and the low
+    percentiles overstate the near-zero gaps inside the chunk. Example: [0.5, 0.6, 0.6, 0.9] -> [0.1, 0.0, 0.3]
+    (to float precision); [0.5] -> []; None -> [].
+    """
+    times = list(token_times_s or [])
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def latency_percentiles(values: Sequence[float], percentiles: Sequence[float] = (50, 95, 99)) -> list[float]:
+    """The ``percentiles`` of ``values`` with linear interpolation between order statistics (numpy's default
+    ``linear`` method, as vLLM's benchmark_serving reports its p50/p99); NaN for each when there are no values.
+    Example: [0.1, 0.2, 0.3, 0.4, 0.5], (50, 95, 99) -> [0.3, 0.48, 0.496]; [] -> [nan, nan, nan].
+    """
+    if not len(values):
+        return [math.nan] * len(percentiles)
+    return [float(x) for x in np.percentile(np.asarray(values, dtype=float), list(percentiles))]
+
+
+def level_throughput(new_tokens: Sequence[Number], sent_s: Sequence[Number], finished_s: Sequence[Number]) -> float:
+    """Output tokens/s of a load level: Σ new tokens of its requests ÷ the level's wall window, from the first
+    request sent to the last one finished (``sent_s`` / ``finished_s``: per request, seconds from the level's
+    start), as vLLM's benchmark_serving divides by its benchmark duration. NaN without a request or a window.
+    Example: tokens [10, 20], sent [0.0, 0.5], finished [2.0, 3.0] -> 30 / 3.0 = 10.0.
+    """
+    if not len(new_tokens):
+        return math.nan
+    window = max(finished_s) - min(sent_s)
+    return float(sum(new_tokens)) / window if window > 0 else math.nan
+
+
+def stops_paying(levels: Sequence[tuple[int, float, float, float]]) -> tuple[int, bool] | None:
+    """Where speculation stops paying under load: ``levels`` are (concurrency, speed-up, CI lo, CI hi), the
+    speed-up of a speculative entry over the same engine without speculation at each concurrency. The answer is
+    the lowest concurrency whose speed-up is below 1.0, and whether its CI lies wholly below 1.0 (False also when
+    the level has no CI: too few requests); None when it pays (speed-up >= 1.0) at every level.
+    Example: [(1, 2.0, 1.8, 2.2), (4, 1.3, 1.1, 1.5), (16, 0.9, 0.85, 0.95)] -> (16, True);
+    [(1, 1.2, nan, nan), (4, 0.98, 0.9, 1.05)] -> (4, False); [(1, 1.5, 1.4, 1.6)] -> None.
+    """
+    for concurrency, speedup, _, hi in sorted(levels):
+        if speedup < 1.0:
+            return concurrency, bool(hi < 1.0)
+    return None

@@ -239,11 +239,12 @@ class RecordsRead:
 
 
 class RecordStore:
-    """Append-only JSONL store of turn records in ``run_dir``."""
+    """Append-only JSONL store of turn records in ``run_dir`` (``file_name``: another file of rows, such as a run's
+    load levels, :data:`harness.measure.rundir.LOAD_FILE`)."""
 
-    def __init__(self, run_dir: str | Path, rank: int | None = None):
+    def __init__(self, run_dir: str | Path, rank: int | None = None, file_name: str | None = None):
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / records_file_name(rank)
+        self.path = self.run_dir / (file_name or records_file_name(rank))
         self._repair_tail()
 
     def _repair_tail(self) -> None:

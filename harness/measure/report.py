@@ -19,6 +19,9 @@
                                              against the harness's own (harness.measure.referee)
     report.html                              all of it on one self-contained page (harness.measure.html)
 
+A run of load levels (``load:``, harness.run.load) has ``load.jsonl`` instead of records: its report is
+``tables/load.csv``, ``tables/summary.md`` with the Load section and ``plots/load_*.png`` (harness.measure.load).
+
 The tables are computed by :mod:`harness.measure.tables` (which turns are measured, and how, is said there), the
 Markdown by :mod:`harness.measure.markdown`, the figures by :mod:`harness.measure.plots`; this module reads the run
 and writes the files. Unreadable record lines, superseded attempts and incomplete questions are listed in
@@ -37,6 +40,7 @@ import pandas as pd
 
 from harness.measure.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
 from harness.measure.html import write_html_report
+from harness.measure.load import write_load_report
 from harness.measure.markdown import (
     acceptance_markdown,
     category_markdown,
@@ -56,6 +60,7 @@ from harness.measure.plots import (
 from harness.measure.records import load_records, record_files
 from harness.measure.referee import write_referee
 from harness.measure.rundir import (
+    LOAD_FILE,
     MANIFEST_FILE,
     RECORDS_FILE,
     SUMMARY_MD,
@@ -135,6 +140,11 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     nothing to show (a speed-up without a baseline, acceptance without a drafting method) are not written.
     """
     run_dir = Path(run_dir)
+    if not record_files(run_dir) and (run_dir / LOAD_FILE).exists():  # a run of load levels (harness.run.load)
+        manifest = read_manifest(run_dir) or {}
+        config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+        return write_load_report(run_dir, baseline_label or config.get("baseline") or "vanilla",
+                                 f"# draftbench results: {run_dir.name}\n\n")
     if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
     manifest = read_manifest(run_dir) or {}  # no manifest: the report says provenance unknown

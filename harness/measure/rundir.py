@@ -8,6 +8,8 @@ The files of a run directory::
     records.jsonl               one measured turn per line (RECORDS_FILE; harness.measure.records); a data-parallel
                                 run's process r writes records.rank<r>.jsonl (records_file_name); readers take every
                                 records*.jsonl (RECORDS_GLOB)
+    load.jsonl                  a run with load levels (config ``load``) has these instead: one row per request
+                                (LOAD_FILE; harness.run.load writes a level's rows together, harness.measure.load)
     tables/, plots/             what ``draftbench report`` rebuilds from the records (harness.measure.report);
                                 tables/summary.md (SUMMARY_MD) is also copied by ``draftbench baseline save``
     .lock                       held (flock) by the one process that writes records into the run (LOCK_FILE,
@@ -55,6 +57,7 @@ from harness.schema import InputError
 MANIFEST_FILE = "manifest.json"
 RECORDS_FILE = "records.jsonl"
 RECORDS_GLOB = "records*.jsonl"
+LOAD_FILE = "load.jsonl"  # a run with load levels: one row per request (harness.run.load, harness.measure.load)
 SUMMARY_MD = Path("tables", "summary.md")
 LOCK_FILE = ".lock"
 

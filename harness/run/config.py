@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import types
 import typing
@@ -93,6 +94,8 @@ class RunConfig:
     #                                       its own (harness.run.context), e.g. [512, 2048, 4096]
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
     #                                       (harness.measure.ablation.ablated_options); the report only, not measured
+    load: dict[str, Any] | None = None    # load levels instead of one question at a time (harness.run.load):
+    #                                       {concurrency: [1, 4, 16, 64], request_rate, burstiness, num_prompts}
 
     def __post_init__(self):
         self.validate()
@@ -173,6 +176,8 @@ class RunConfig:
                 raise ConfigError(str(e)) from None
         need(self.dtype in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "dtype",
              f"unknown dtype {self.dtype!r}")
+        if self.load is not None:
+            self.load_spec()
         need(self.profile in ("auto", "on", "off"), "profile", f"must be auto, on or off, got {self.profile!r}")
         from harness.models import check_attn_implementation
 
@@ -180,6 +185,24 @@ class RunConfig:
             check_attn_implementation(self.attn_implementation)
         except ValueError as e:
             raise ConfigError(f"run.attn_implementation: {e}") from None
+
+    def load_spec(self) -> LoadSpec | None:
+        """The ``load:`` block checked (:func:`load_spec`) and against the rest of the run: every entry served
+        (``engine: openai``), one temperature, one seed, one repeat (a level is one measurement); None without one."""
+        if self.load is None:
+            return None
+        spec = load_spec(self.load)
+        other = [f"{m.label} ({m.engine})" for m in self.entries() if m.engine != "openai"]
+        if other:
+            raise ConfigError(f"run.load: load levels run on engine openai (a served engine); {', '.join(other)} "
+                              "cannot take concurrent requests")
+        for name in ("temperatures", "seeds"):
+            if len(getattr(self, name)) != 1:
+                raise ConfigError(f"run.load: a load run has one of run.{name}, got {getattr(self, name)}")
+        if self.repeats != 1:
+            raise ConfigError(f"run.load: a load run has repeats 1 (each level is one measurement), got "
+                              f"{self.repeats}")
+        return spec
 
     def entries(self) -> list[MethodSpec]:
         """The method entries as the run measures them, each with its runtime: an entry without its own ``runtime``
@@ -198,9 +221,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``) are left out, so that the digest of
-        an unchanged configuration stays the same and comparisons with older runs do not report a difference that is
-        none."""
+        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``) are left out, so that
+        the digest of an unchanged configuration stays the same and comparisons with older runs do not report a
+        difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
@@ -212,6 +235,8 @@ class RunConfig:
             d.pop("ablate")
         if d.get("context_buckets") is None:
             d.pop("context_buckets")
+        if d.get("load") is None:
+            d.pop("load")
         for m in d["methods"]:
             for key in ("runtime", "engine", "engine_options", "referee"):
                 if m.get(key) is None:
@@ -225,6 +250,50 @@ class RunConfig:
         d.pop("data_dir", None)
         d.pop("ablate", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+
+LOAD_KEYS = ("concurrency", "request_rate", "burstiness", "num_prompts")
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """A run's ``load:`` block (:mod:`harness.run.load`). ``request_rate``: requests per second (inf: all at
+    once); ``num_prompts``: requests per level (None: 2 x the level's concurrency)."""
+
+    concurrency: tuple[int, ...]
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    num_prompts: int | None = None
+
+    def requests_at(self, concurrency: int) -> int:
+        return self.num_prompts or 2 * concurrency
+
+
+def load_spec(raw: Any) -> LoadSpec:
+    """The ``load:`` mapping as a :class:`LoadSpec`; a :class:`ConfigError` naming the field otherwise."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"run.load: expected a mapping with {', '.join(LOAD_KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(LOAD_KEYS))
+    if unknown:
+        raise ConfigError(f"run.load: unknown key(s) {unknown}; load has {', '.join(LOAD_KEYS)}")
+    levels = raw.get("concurrency")
+    levels = [levels] if isinstance(levels, int) else levels
+    if not isinstance(levels, list) or not levels or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in levels):
+        raise ConfigError(f"run.load.concurrency: a list of positive integers is required, got {levels!r}")
+    if len(set(levels)) != len(levels):
+        raise ConfigError(f"run.load.concurrency: a level is listed twice: {levels}")
+    rate = raw.get("request_rate", math.inf)
+    rate = math.inf if rate in ("inf", None) else rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        raise ConfigError(f"run.load.request_rate: requests per second > 0, or inf, got {rate!r}")
+    burst = raw.get("burstiness", 1.0)
+    if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not (0 < burst < math.inf):
+        raise ConfigError(f"run.load.burstiness: a gamma shape > 0 (1.0: Poisson arrivals), got {burst!r}")
+    n = raw.get("num_prompts")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"run.load.num_prompts: requests per level, a positive integer, got {n!r}")
+    return LoadSpec(tuple(levels), float(rate), float(burst), n)
 
 
 def _field_value(value: Any, annotation: Any, where: str) -> Any:

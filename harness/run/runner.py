@@ -10,6 +10,9 @@ Every timed turn is bracketed by device synchronisation (:class:`harness.measure
 (``draftbench run --resume RUN_DIR``) with no lost and no duplicated records: the resumed run re-runs every question
 that is not complete, after checking that the suites' files still have the checksums the manifest recorded.
 
+A run with a ``load:`` block measures load levels instead (:mod:`harness.run.load`: many requests in flight on a
+served engine, one level per concurrency), after the same checks, loading and warm-up.
+
 The run directory is created (atomically, with a unique name) before the target is loaded, so a bad output directory
 fails at once; it is removed again, if still empty, when the run fails before its manifest is written.
 
@@ -69,6 +72,7 @@ from harness.registry import get_method
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
 from harness.run.context import ContextError, check_buckets, context_fields
+from harness.run.load import level_questions, run_load
 from harness.run.progress import Progress, QuestionLines
 from harness.run.suites import Suite, build_context_suite, load_suite
 from harness.run.suites import score as score_answer
@@ -403,6 +407,11 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
               for s in config.suites]
     if manifest is not None:
         check_suites_unchanged(manifest, suites, run_dir)
+    if config.load is not None and dist.world > 1:
+        raise ConfigError("run.load: load levels are measured by one process (the server batches the requests); "
+                          "start the run without accelerate launch")
+    if config.load is not None:  # a level that needs more distinct prompts than the suites have fails here
+        level_questions(config.load_spec(), [q for s in suites for q in s.questions])
     # unknown method names and bad options fail here, before anything heavy is loaded
     entries = config.entries()
     classes = {spec.label: get_method(spec.name) for spec in entries}
@@ -454,7 +463,13 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             write_manifest(run_dir, manifest)
         dist.barrier()
         started = True
-        _run_all(config, run_dir, dist, target, suites, methods, say, on_question)
+        if config.load is not None:  # load levels instead of one question at a time (harness.run.load)
+            tracker = Tracker(target.device, model_devices(target.model, target.device))
+            run_load(config, run_dir, target, suites, methods, say,
+                     lambda m: _warm_up(m, target, config, suites, tracker),
+                     lambda qid: question_seed(config.seeds[0], qid))
+        else:
+            _run_all(config, run_dir, dist, target, suites, methods, say, on_question)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
     finally:

@@ -15,6 +15,13 @@ speculative counters), ``cut_at=N`` (the stream closes after N tokens, without f
 ``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk); as a process also
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
+
+For load levels (harness/run/load.py) it serves requests concurrently and can act as a batching engine:
+``step_ms=S`` makes every decoding step of a request take :func:`step_seconds` (S ms for a batch of one sequence,
+plus ``batch_cost=F`` of that per token verified in the batch: every request in flight verifies 1 token a step, or
+K + 1 with ``spec=K``); ``spec=K`` drafts K tokens a step of which ``accept=A`` (default K) are accepted, so each
+step streams one chunk of A + 1 tokens and advances the counters by one draft of K, A accepted. Speculation then
+pays while the batch is small and stops paying as it grows (:func:`step_seconds`).
 """
 
 import json
@@ -26,6 +33,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+def step_seconds(step_s: float, batch_cost: float, in_flight: int, verified: int) -> float:
+    """One decoding step of a batching engine: ``step_s`` for one sequence, plus ``batch_cost`` of it per token the
+    batch verifies (``in_flight`` requests, each ``verified`` tokens: 1 without speculation, K + 1 with K drafted).
+    A request's speed-up from speculation is then (A + 1) (1 + F c) / (1 + F c (K + 1)) at concurrency c: with
+    K = 3, A = 1, F = 0.05: 2 x 1.05 / 1.2 = 1.75 at c = 1, 1.33 at 4, 0.857 at 16 (it stops paying between 4 and 16).
+    Example: (0.01, 0.05, 16, 4) -> 0.01 x (1 + 0.05 x 64) = 0.042."""
+    return step_s * (1 + batch_cost * in_flight * verified)
+
+
 class Fake:
     """What the server does and saw: ``mode``, the request bodies it got (``requests``) and its counters."""
 
@@ -34,6 +50,8 @@ class Fake:
         self.requests: list[dict] = []
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0, 0]
+        self.in_flight = 0
+        self.lock = threading.Lock()
 
     def flag(self, name: str) -> str | None:
         for part in self.mode.split(","):
@@ -99,7 +117,19 @@ def handler(fake: Fake):
             self.end_headers()
             chat = self.path == "/v1/chat/completions"
             n, cut, error = body["max_tokens"], fake.flag("cut_at"), fake.flag("error_at")
-            step = 2 if fake.flag("pairs") else 1
+            spec = int(fake.flag("spec") or 0)
+            accept = int(fake.flag("accept") or spec)
+            step = accept + 1 if spec else 2 if fake.flag("pairs") else 1
+            step_ms = fake.flag("step_ms")
+            with fake.lock:
+                fake.in_flight += 1
+            try:
+                self.stream(fake, body, chat, n, cut, error, step, spec, accept, step_ms)
+            finally:
+                with fake.lock:
+                    fake.in_flight -= 1
+
+        def stream(self, fake, body, chat, n, cut, error, step, spec, accept, step_ms):
             if chat:
                 self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
             for i in range(0, n, step):
@@ -115,12 +145,26 @@ def handler(fake: Fake):
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
                 if not fake.flag("text_only"):
                     choice["token_ids"] = ids
+                if step_ms:  # a batching engine: the step costs more the more the batch verifies
+                    with fake.lock:
+                        busy = fake.in_flight
+                    time.sleep(step_seconds(float(step_ms) / 1000, float(fake.flag("batch_cost") or 0), busy,
+                                            spec + 1))
+                    if spec:
+                        with fake.lock:
+                            fake.drafts, fake.draft_tokens, fake.accepted = (fake.drafts + 1, fake.draft_tokens + spec,
+                                                                             fake.accepted + accept)
+                            fake.per_pos = [(fake.per_pos[j] if j < len(fake.per_pos) else 0) + int(j < accept)
+                                            for j in range(max(spec, len(fake.per_pos)))]
                 self.event({"choices": [choice]})
-                time.sleep(0.001)
+                if not step_ms:
+                    time.sleep(0.001)
             else:
-                fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
-                fake.accepted += 3
-                fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
+                if not step_ms:
+                    with fake.lock:
+                        fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
+                        fake.accepted += 3
+                        fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
                 last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
                 self.event({"choices": [last]})
                 usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}

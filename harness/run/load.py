@@ -1,0 +1,177 @@
+"""Load levels: many requests in flight on a served engine (``engine: openai``), one level per concurrency.
+
+A run with a ``load:`` block measures load levels instead of one question at a time::
+
+    load: {concurrency: [1, 4, 16, 64], request_rate: inf, burstiness: 1.0, num_prompts: 32}
+
+For every method entry (each must run on ``engine: openai``; pair a speculative entry with a ``vanilla`` one on
+the same kind of server for the speed-up) and every concurrency c, one level: ``num_prompts`` requests (default
+2 c), each the first turn of a distinct question, issued as vLLM's ``benchmark_serving`` (``vllm bench serve``)
+issues them: at most c in flight (``--max-concurrency``), sent at ``request_rate`` requests per second
+(``--request-rate``; ``inf``, the default, sends them all at once) with inter-arrival gaps drawn from a gamma
+distribution of shape ``burstiness`` and scale 1 / (rate x burstiness) (``--burstiness``; 1.0 is a Poisson
+process, lower is burstier, higher more regular; :func:`arrival_offsets`). A thread pool of c workers runs the
+requests through the served client (:meth:`harness.backends.served.ServedBackend.stream`); nothing else is
+scheduled here.
+
+Prompts are not repeated inside a level (a server's prefix cache would serve the repeat from cache and inflate the
+level): a level that needs more requests than the run's suites have questions is refused before anything loads.
+Across levels the prompts move on: level i takes the questions after those of level i - 1, wrapping round to the
+first question when the suites run out (:func:`level_questions`), so consecutive levels do not repeat prompts while
+the suites last; every entry gets the same prompts at the same level (the speed-up is paired by prompt).
+
+Acceptance at concurrency > 1 cannot be split by request from the server's counters: the Prometheus counters are
+read before the level's first request and after its last (:meth:`ServedBackend.settled_counters`) and the
+difference is stored with every row of the level (``level_counters``); per-request steps are kept where the server
+sends them (vLLM's ``--per-request-spec-decode-metrics detailed``).
+
+Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
+together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
+measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
+(:func:`harness.measure.load.latest_levels`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from harness.backends.contract import STOP_REASONS, TurnRequest
+from harness.backends.prometheus import diff
+from harness.measure import env
+from harness.measure.load import latest_levels, read_load_rows
+from harness.measure.records import RecordStore
+from harness.measure.rundir import LOAD_FILE
+from harness.run.config import ConfigError, LoadSpec
+
+
+def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
+    """When each of ``n`` requests is due, in seconds from the level's start, as vLLM's ``benchmark_serving``
+    draws them: gaps from a gamma distribution of shape ``burstiness`` and scale 1 / (``request_rate`` x
+    ``burstiness``) (mean gap 1 / rate whatever the burstiness; shape 1 is the exponential gap of a Poisson
+    process), the first request at 0; every request at 0 when the rate is inf. ``seed`` makes the draw
+    reproducible. Example: (3, inf, 1.0, 0) -> [0.0, 0.0, 0.0]; (3, 2.0, 1.0, 0) -> [0.0, g1, g1 + g2] with the
+    g exponential of mean 0.5 s.
+    """
+    if math.isinf(request_rate):
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=max(n - 1, 0))
+    return [0.0] + [float(x) for x in np.cumsum(gaps)]
+
+
+def level_questions(spec: LoadSpec, questions: list) -> list[list]:
+    """The questions of each level (in the order of ``spec.concurrency``): level i takes the next
+    ``requests_at(c)`` questions after level i - 1's, wrapping round to the first when the list runs out, so no
+    level repeats a prompt. A level that needs more requests than there are questions is a :class:`ConfigError`.
+    Example: 5 questions a..e, concurrency [1, 2] with 2 x c requests -> [[a, b], [c, d, e, a]]."""
+    out, start = [], 0
+    for c in spec.concurrency:
+        n = spec.requests_at(c)
+        if n > len(questions):
+            raise ConfigError(f"run.load: the level at concurrency {c} needs {n} distinct prompts and the run's "
+                              f"suites have {len(questions)} questions; prompts are not repeated inside a level "
+                              "(set load.num_prompts, lower the concurrency or add questions)")
+        out.append([questions[(start + i) % len(questions)] for i in range(n)])
+        start = (start + n) % len(questions)
+    return out
+
+
+def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up, seed_of) -> None:
+    """Every load level of the run not yet complete in ``run_dir``, entry by entry (each warmed up first with
+    ``warm_up(method)``, through the same client), level by level in the order given; ``seed_of(question_id)``: a
+    request's sampling seed (:func:`harness.run.runner.question_seed`)."""
+    spec = config.load_spec()
+    questions = [(suite, q) for suite in suites for q in suite.questions]
+    plan = level_questions(spec, questions)
+    store = RecordStore(run_dir, file_name=LOAD_FILE)
+    done = {key for key, rows in latest_levels(read_load_rows(run_dir)).items()
+            if all(r["status"] == "ok" for r in rows) and len(rows) == spec.requests_at(key[1])}
+    temperature, seed = config.temperatures[0], config.seeds[0]
+    for label, method in methods.items():
+        if all((label, c) in done for c in spec.concurrency):
+            continue
+        with say.phase(f"warming up {label}"):
+            warm_up(method)
+        for level, (c, picked) in enumerate(zip(spec.concurrency, plan, strict=True)):
+            if (label, c) in done:
+                continue
+            requests = []
+            for suite, q in picked:
+                user = [{"role": "user", "content": q.turns[0]}]
+                system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
+                requests.append(TurnRequest(system + user, target.render_chat(user, suite.system_prompt)[0].tolist(),
+                                            suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
+                                            config.top_k, seed_of(q.question_id)))
+            offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
+            with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
+                results, window, counters = run_level(method.backend, requests, c, offsets)
+            common = {
+                "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
+                "lossless": method.lossless, "method_options": method.describe()["options"], "turn": 0,
+                "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
+                "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
+                "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
+                "level_wall_s": window, "level_counters": counters, **_engine_fields(method.backend),
+            }
+            store.append([{**common, **_row(result, suite, q, target)}
+                          for result, (suite, q) in zip(results, picked, strict=True)])
+
+
+def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: list[float]):
+    """Issue ``requests`` through ``backend`` (a :class:`harness.backends.served.ServedBackend`) with at most
+    ``concurrency`` in flight, each sent no earlier than its offset (seconds from the level's start).
+    Returns (per request (sent_s, finished_s, turn or None, per-request metrics, error or None), the level's wall
+    window in seconds, the server's counters diffed around the level or None without counters)."""
+    before = backend.settled_counters() if backend.has_metrics else None
+    start = time.perf_counter()
+
+    def one(request: TurnRequest):
+        sent = time.perf_counter() - start
+        try:
+            turn, per_request = backend.stream(request)
+            return sent, time.perf_counter() - start, turn, per_request, None
+        except Exception as exc:  # one failed request is one error row; the level goes on
+            return sent, time.perf_counter() - start, None, {}, f"{type(exc).__name__}: {exc}"
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="load")
+    try:
+        futures = []
+        for request, due in zip(requests, offsets, strict=True):
+            time.sleep(max(0.0, due - (time.perf_counter() - start)))
+            futures.append(pool.submit(one, request))
+        results = [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    window = max(r[1] for r in results) - min(r[0] for r in results)
+    counters = diff(before, backend.settled_counters()) if before is not None else None
+    return results, window, counters
+
+
+def _engine_fields(backend) -> dict[str, Any]:
+    info = backend.describe()
+    return {"engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
+            "engine_config": info.get("config")}
+
+
+def _row(result, suite, q, target) -> dict[str, Any]:
+    """The fields of one request's row that are its own."""
+    sent, finished, turn, per_request, error = result
+    row = {"status": "ok" if error is None else "error", "error": error, "suite": suite.name,
+           "suite_version": suite.version, "question_id": str(q.question_id), "category": q.category,
+           "sent_s": sent, "finished_s": finished, "timestamp": env.now_iso()}
+    if turn is None:
+        return row
+    accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
+    steps = isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted)
+    return {**row, "new_tokens": len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens,
+            "wall_time_s": turn.wall_time_s, "prefill_time_s": turn.ttft_s,
+            "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason),
+            "output_ids": turn.token_ids, "output_text": turn.text if turn.token_ids is None
+            else target.decode(turn.token_ids), "token_times_s": turn.token_times_s,
+            "accepted_drafts": [int(a) for a in accepted] if steps else None,
+            "draft_depths": [int(d) for d in drafted] if steps else None, "engine_notes": list(turn.notes)}

@@ -1,0 +1,231 @@
+"""Load levels (harness/run/load.py, harness/measure/load.py, the load metrics of harness/measure/metrics.py): the
+metrics on literal per-token timestamps, the fake server's batching model turned into literal levels where a
+speculative engine pays at concurrency 1 and stops paying at 16, vLLM's arrival process, the prompts of each level,
+the ``load:`` block's checks, and one load run end to end against two fake servers (shape, resume, report)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.measure import metrics as M
+from harness.measure.load import latest_levels, load_markdown, load_table, read_load_rows
+from harness.measure.report import write_report
+from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
+from harness.run.load import arrival_offsets, level_questions
+from harness.run.runner import run
+from tests.support.fake_openai_server import Fake, serve, step_seconds
+from tests.support.helpers import tiny_target
+
+
+def test_per_token_latencies_are_gaps_between_token_arrivals():
+    # per token, not per chunk: a chunk of 2 tokens split evenly gives two equal gaps (a per-chunk ITL gives one)
+    assert M.per_token_latencies([0.5, 0.6, 0.6, 0.9]) == pytest.approx([0.1, 0.0, 0.3])
+    assert M.per_token_latencies([0.5]) == [] and M.per_token_latencies(None) == []
+
+
+def test_latency_percentiles_interpolate_linearly():
+    assert M.latency_percentiles([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx([0.3, 0.48, 0.496])
+    assert all(math.isnan(x) for x in M.latency_percentiles([]))
+
+
+def test_level_throughput_divides_by_the_levels_wall_window():
+    # 30 tokens from the first send (0.0) to the last finish (3.0); not the sum of the requests' wall times (4.5)
+    assert M.level_throughput([10, 20], [0.0, 0.5], [2.0, 3.0]) == pytest.approx(10.0)
+    assert math.isnan(M.level_throughput([], [], []))
+
+
+def test_stops_paying_is_the_first_level_below_one():
+    assert M.stops_paying([(16, 0.9, 0.85, 0.95), (1, 2.0, 1.8, 2.2), (4, 1.3, 1.1, 1.5)]) == (16, True)
+    assert M.stops_paying([(1, 1.2, math.nan, math.nan), (4, 0.98, 0.9, 1.05)]) == (4, False)  # CI reaches 1
+    assert M.stops_paying([(1, 1.5, 1.4, 1.6)]) is None
+
+
+def test_the_fake_servers_batching_model():
+    # K = 3 drafted, A = 1 accepted, F = 0.05: a step verifies 4 tokens a request; (A + 1)(1 + Fc) / (1 + 4Fc)
+    assert step_seconds(0.01, 0.05, 16, 4) == pytest.approx(0.042)
+    assert step_seconds(0.01, 0.05, 1, 1) == pytest.approx(0.0105)
+    speedup = {c: 2 * step_seconds(1, 0.05, c, 1) / step_seconds(1, 0.05, c, 4) for c in (1, 4, 16)}
+    assert speedup == pytest.approx({1: 1.75, 4: 4 / 3, 16: 6 / 7})
+
+
+def request_row(label, method, c, qid, times, counters=None, notes=()):
+    """One request's row of a level at concurrency ``c`` with token arrival times ``times`` (sent at 0)."""
+    return {"attempt": f"{label}-{c}", "label": label, "method": method, "engine": "openai", "concurrency": c,
+            "request_rate": None, "burstiness": 1.0, "status": "ok", "question_id": str(qid),
+            "new_tokens": len(times), "wall_time_s": times[-1], "prefill_time_s": times[0], "sent_s": 0.0,
+            "finished_s": times[-1], "token_times_s": times, "level_counters": counters, "engine_notes": list(notes)}
+
+
+# 4 tokens a request, 8 requests a level, steps from step_seconds(0.01, 0.05, c, verified): vanilla one token a
+# step (verified 1); speculative 2 tokens a step (verified 4: K = 3 drafted, A = 1 accepted), one chunk of 2 split
+VANILLA = {1: [0.0105, 0.021, 0.0315, 0.042], 16: [0.018, 0.036, 0.054, 0.072]}
+SPEC = {1: [0.006, 0.012, 0.018, 0.024], 16: [0.021, 0.042, 0.063, 0.084]}
+SPLIT = "chunks of several tokens: each chunk's time is split evenly over its tokens"
+COUNTERS = {"drafts": 16, "draft_tokens": 48, "accepted_tokens": 16, "accepted_per_pos": [16, 0, 0]}
+
+
+def literal_levels():
+    rows = []
+    for c in (1, 16):
+        rows += [request_row("vanilla", "vanilla", c, q, VANILLA[c]) for q in range(8)]
+        rows += [request_row("eagle3", "eagle3", c, q, SPEC[c], COUNTERS, [SPLIT]) for q in range(8)]
+    return rows
+
+
+def test_a_speculative_engine_pays_at_one_and_stops_paying_at_sixteen():
+    table = load_table(literal_levels()).set_index(["label", "concurrency"])
+    spec, base = table.loc[("eagle3", 1)], table.loc[("vanilla", 1)]
+    assert base["output_tok_s"] == pytest.approx(32 / 0.042)        # 8 requests x 4 tokens over the 0.042 s window
+    assert spec["output_tok_s"] == pytest.approx(32 / 0.024)
+    assert spec["speedup"] == pytest.approx(1.75) and spec["throughput_ratio"] == pytest.approx(1.75)
+    assert table.loc[("eagle3", 16), "speedup"] == pytest.approx(6 / 7)
+    # 8 paired requests: a CI (every pair alike here, so it is the point)
+    assert table.loc[("eagle3", 16), "speedup_hi"] == pytest.approx(6 / 7)
+    assert base["token_latency_p50_s"] == pytest.approx(0.0105) and spec["token_latency_p99_s"] == pytest.approx(0.006)
+    assert spec["ttft_p50_s"] == pytest.approx(0.006)
+    # the counters of the whole level: 16 drafts of 3, 16 accepted -> rate 1/3, vLLM's mean acceptance length 2.0
+    assert spec["acceptance_rate"] == pytest.approx(1 / 3) and spec["mean_acceptance_length"] == pytest.approx(2.0)
+    assert spec["split_requests"] == 8 and base["split_requests"] == 0
+    assert math.isnan(base["speedup"])  # the baseline has no speed-up over itself
+    md = load_markdown(load_table(literal_levels()))
+    assert "`eagle3`: speculation stops paying at concurrency 16 (speed-up 0.86×; its CI lies below 1)" in md
+    assert "16 of 32 requests had chunks of several tokens" in md
+    assert "| vanilla | 16 | 8 | 444.4 | 18.0 / 18.0 | 18.0 / 18.0 / 18.0 | n/a | n/a |  |" in md  # the baseline
+
+
+def test_too_few_requests_give_no_ci():
+    rows = [r for r in literal_levels() if r["question_id"] in ("0", "1", "2")]
+    table = load_table(rows).set_index(["label", "concurrency"])
+    assert table.loc[("eagle3", 16), "speedup"] == pytest.approx(6 / 7)
+    assert math.isnan(table.loc[("eagle3", 16), "speedup_lo"])  # 3 pairs: no CI, so "stops paying" is not sure
+    assert "its CI reaches 1 or there are too few requests" in load_markdown(load_table(rows))
+
+
+def test_the_latest_attempt_of_a_level_is_read():
+    old = request_row("eagle3", "eagle3", 4, 0, [1.0])
+    new = {**request_row("eagle3", "eagle3", 4, 0, [0.5]), "attempt": "b"}
+    assert latest_levels([old, new]) == {("eagle3", 4): [new]}
+
+
+def test_arrivals_follow_vllms_gamma_process():
+    assert arrival_offsets(3, math.inf, 1.0, 0) == [0.0, 0.0, 0.0]  # inf: every request at once
+    for burstiness in (1.0, 0.25):
+        gaps = np.diff(arrival_offsets(4001, 2.0, burstiness, 0))
+        # mean gap 1 / rate whatever the burstiness; coefficient of variation 1 / sqrt(shape) (1 Poisson, 2 bursty)
+        assert gaps.mean() == pytest.approx(0.5, rel=0.1)
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.1)
+    assert arrival_offsets(5, 2.0, 1.0, 3) == arrival_offsets(5, 2.0, 1.0, 3)  # seeded: reproducible
+
+
+def test_each_level_draws_the_next_distinct_prompts():
+    spec = config(load={"concurrency": [1, 2]}).load_spec()
+    assert level_questions(spec, list("abcde")) == [["a", "b"], ["c", "d", "e", "a"]]
+    with pytest.raises(ConfigError, match="concurrency 4 needs 8 distinct prompts and the run's suites have 5"):
+        level_questions(config(load={"concurrency": [4]}).load_spec(), list("abcde"))
+
+
+def config(**kw):
+    return RunConfig(**{"methods": [MethodSpec("vanilla")], "engine": "openai",
+                        "engine_options": {"server_url": "http://h:1"}, **kw})
+
+
+@pytest.mark.parametrize("load, message", [
+    ({"concurrency": []}, "run.load.concurrency: a list of positive integers"),
+    ({"concurrency": [1, 1]}, "a level is listed twice"),
+    ({"concurrency": [1], "rate": 2}, "unknown key"),
+    ({"concurrency": [1], "request_rate": 0}, "run.load.request_rate"),
+    ({"concurrency": [1], "burstiness": -1}, "run.load.burstiness"),
+])
+def test_bad_load_blocks_name_the_field(load, message):
+    with pytest.raises(ConfigError, match=message):
+        config(load=load)
+
+
+def test_load_needs_served_entries_and_one_measurement_per_level():
+    with pytest.raises(ConfigError, match=r"vanilla \(harness\) cannot take concurrent requests"):
+        RunConfig(load={"concurrency": [1]})
+    with pytest.raises(ConfigError, match="one of run.temperatures"):
+        config(load={"concurrency": [1]}, temperatures=[0.0, 1.0])
+    spec = config_from_dict({"methods": ["vanilla"], "engine": "openai", "engine_options": {"server_url": "http://h:1"},
+                             "load": {"concurrency": 4, "request_rate": "inf"}}).load_spec()
+    assert (spec.concurrency, spec.request_rate, spec.requests_at(4)) == ((4,), math.inf, 8)
+    assert "load" not in config().to_dict()  # a run without load levels: its configuration and digest as before
+
+
+@pytest.fixture()
+def servers():
+    """Two fake batching engines in threads: vanilla, and one drafting 3 tokens a step with 1 accepted."""
+    made = [serve(Fake("step_ms=2,batch_cost=0.05")), serve(Fake("step_ms=2,batch_cost=0.05,spec=3,accept=1"))]
+    yield [url for _, url in made]
+    for server, _ in made:
+        server.shutdown()
+
+
+def load_run(tmp_path, urls, resume=None):
+    suite = tmp_path / "q.jsonl"
+    suite.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [f"q{i}"]}) + "\n"
+                             for i in range(6)))
+    cfg = RunConfig(methods=[MethodSpec("vanilla", engine_options={"server_url": urls[0], "model": "smollm2-135m"}),
+                             MethodSpec("pld", "pld-served",
+                                        engine_options={"server_url": urls[1], "model": "smollm2-135m"})],
+                    suites=[str(suite)], max_new_tokens=6, warmup=1, engine="openai",
+                    output_dir=str(tmp_path / "results"), load={"concurrency": [1, 4], "num_prompts": 4})
+    return run(None if resume else cfg, resume=resume, target=tiny_target(eos=False), progress=False)
+
+
+def test_a_load_run_end_to_end_resumed_and_reported(tmp_path, servers):
+    run_dir = load_run(tmp_path, servers)
+    rows = read_load_rows(run_dir)
+    assert len(rows) == 16 and all(r["status"] == "ok" and r["new_tokens"] == 6 for r in rows)
+    assert not (run_dir / "records.jsonl").exists()  # load rows only: the other tables never see them
+    by_level = latest_levels(rows)
+    # level 0 takes questions 0-3, level 1 the next four, wrapping round: no prompt twice inside a level
+    assert [r["question_id"] for r in by_level[("vanilla", 4)]] == ["4", "5", "0", "1"]
+    spec = by_level[("pld-served", 4)]
+    # 4 requests x 3 steps of 2 tokens: 12 drafts of 3, 12 accepted, counted around the level
+    assert spec[0]["level_counters"] == {"drafts": 12, "draft_tokens": 36, "accepted_tokens": 12,
+                                         "accepted_per_pos": [12, 0, 0]}
+    assert all(len(r["token_times_s"]) == 6 and "chunks of several tokens" in r["engine_notes"][0] for r in spec)
+    # resume: complete levels are not measured again, a level with a failed request is (a new attempt)
+    lines = (run_dir / "load.jsonl").read_text().splitlines()
+    broken = [json.loads(x) for x in lines[-4:]]
+    broken[0].update(status="error", error="BackendError: cut")
+    (run_dir / "load.jsonl").write_text("\n".join(lines[:-4] + [json.dumps(r) for r in broken]) + "\n")
+    load_run(tmp_path, servers, resume=run_dir)
+    again = read_load_rows(run_dir)
+    assert len(again) == 20 and len(latest_levels(again)[("pld-served", 4)]) == 4
+    assert all(r["status"] == "ok" for level in latest_levels(again).values() for r in level)
+    written = write_report(run_dir)
+    md = Path(written["summary_md"]).read_text()
+    assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Load") and "| pld-served | 4 | 4 |" in md
+    assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup"} <= set(written)
+    assert Path(written["load_csv"]).is_file()
+
+
+def test_the_load_flags_of_draftbench_run():
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
+
+    args = build_parser().parse_args(["run", "--server-url", "http://h:1", "--methods", "vanilla", "--concurrency",
+                                      "1,4,16,64", "--request-rate", "inf", "--burstiness", "0.5"])
+    cfg = config_from_args(args)
+    assert cfg.load == {"concurrency": [1, 4, 16, 64], "request_rate": "inf", "burstiness": 0.5}
+    assert cfg.load_spec().requests_at(64) == 128
+
+
+def test_a_load_run_whose_entry_failed_every_request_exits_1(tmp_path, capsys):
+    from harness.cli.run import failed_entries_exit
+
+    rows = [{**request_row("pld", "pld", 1, q, [0.1]), "status": "error", "error": "BackendError: refused"}
+            for q in range(2)]
+    (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert failed_entries_exit(tmp_path) == 1
+    assert "every turn of 'pld' failed (first: BackendError: refused)" in capsys.readouterr().err
+
+
+def test_without_a_vanilla_entry_the_section_says_there_is_no_speed_up():
+    rows = [r for r in literal_levels() if r["label"] == "eagle3"]
+    assert "No vanilla entry measured these levels: no speed-up" in load_markdown(load_table(rows))
