@@ -94,8 +94,9 @@ class LayerSkipOptions:
 
 @register_method("layer_skip")
 class LayerSkip(SpeculativeMethod):
-    """Self-speculation: the target with some decoder layers skipped drafts a chain (lossless at every temperature;
-    SWIFT / Draft & Verify). See the module docstring."""
+    """Self-speculation (SWIFT arXiv:2410.06916): the target drafts a chain with some of its layers skipped.
+
+    Lossless at every temperature; see the module docstring."""
 
     Options = LayerSkipOptions
 
@@ -129,6 +130,13 @@ class LayerSkip(SpeculativeMethod):
         self._proposal = "deterministic"
         self.cache = None   # the target's cache of the current turn (the engine's)
         self.committed = 0  # positions in it
+
+    @classmethod
+    def example(cls, target: Target, seed: int = 0, **options: Any) -> LayerSkip:
+        """The method as :meth:`create` builds it, except that ``k`` is 5 and ``stop_threshold`` 0 unless given: a
+        random test target is never confident, so the published 0.8 would end every chain after one token and the
+        tests' oracle and partial accepts would not reach a longer chain. Nothing is learned, so ``seed`` is unused."""
+        return cls.create(target, {"k": 5, "stop_threshold": 0.0, **options})
 
     @property
     def proposal(self) -> str:  # type: ignore[override]
