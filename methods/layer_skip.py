@@ -1,7 +1,7 @@
 """The method ``layer_skip``: self-speculative decoding by layer skipping, training-free: the target drafts with a
-subset of its own decoder layers (Draft & Verify, Zhang et al., arXiv:2309.08168 Sec. 3; SWIFT, Xia et al.,
-arXiv:2410.06916 Sec. 4; the drafting pass of LayerSkip, Elhoushi et al., arXiv:2404.16710, "self-speculative
-decoding", which drafts with the first layers and needs its training recipe to pay off).
+subset of its own decoder layers (Draft & Verify, Zhang et al., arXiv:2309.08168; SWIFT, Xia et al.,
+arXiv:2410.06916; the drafting pass of LayerSkip, Elhoushi et al., arXiv:2404.16710, which drafts with the first
+layers and needs its training recipe to pay off). The papers' sections are named below by their titles.
 
 Drafting runs the target's own modules: for the draft forwards ``model.get_decoder().layers`` is swapped for a
 ``ModuleList`` of the kept layers and put back afterwards (:meth:`LayerSkip.skipping`), so no model code is copied. A
@@ -23,12 +23,12 @@ over the drafted positions; the compaction of :mod:`harness.engine.kv` then keep
 Options. ``skip_layers``: the skipped decoder layers (0-based, checked against the target's layer count). Otherwise
 ``skip_ratio`` (default 0.45, SWIFT's) picks ``round(skip_ratio * L)`` of the L layers, spread evenly over the
 middle layers with the first and the last kept (:func:`interleaved_skip`): SWIFT's initial layer set (every other
-layer from 1 to L - 2, arXiv:2410.06916 Sec. 4, "context-based layer set optimization") is what a ratio near 0.5
+layer from 1 to L - 2, arXiv:2410.06916, "context-based layer set optimization") is what a ratio near 0.5
 gives (L = 30, 0.45: layers 1, 3, ..., 27). Whole layers are skipped (Draft & Verify and SWIFT choose attention and
 MLP sub-layers separately); SWIFT's on-the-fly Bayesian search of the set is not implemented. ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
-probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916 Sec. 4, with those two
-values; Draft & Verify's "adaptive draft-exiting", arXiv:2309.08168 Sec. 3, adapts the threshold instead); 0 turns
+probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
+values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
 the early stop off, and with it the one host read per draft token it costs.
 
 Limits: full-attention targets only (the draft pass cannot crop a sliding-window layer's cache back).
