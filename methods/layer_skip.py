@@ -31,7 +31,10 @@ probability is below it (SWIFT's "confidence-aware inference acceleration", arXi
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
 the early stop off, and with it the one host read per draft token it costs.
 
-Limits: full-attention targets only (the draft pass cannot crop a sliding-window layer's cache back).
+Sliding-window layers: after the prefill the engine switches their past recording on (:func:`harness.engine.kv.
+prepare_cache`), so a kept sliding layer keeps the drafted positions after its ``window - 1`` committed ones and the
+crop rolls it back exactly; a decoder that reads layer i's type as ``config.layer_types[i]`` (Qwen2, Gemma 2/3) gets
+the kept layers' types while the layers are swapped.
 """
 
 from __future__ import annotations
@@ -108,10 +111,6 @@ class LayerSkip(SpeculativeMethod):
         if not isinstance(layers, nn.ModuleList):
             raise OptionsError(f"{where}: the target's decoder ({type(decoder).__name__}) has no ModuleList "
                                "`layers` to skip layers of")
-        types = set(layer_types(target.model.config) or ["full_attention"])
-        if types != {"full_attention"}:
-            raise OptionsError(f"{where}: the target has {', '.join(sorted(types))} layers; layer skipping supports "
-                               "full-attention targets only")
         n = len(layers)
         if self.options.skip_layers is not None:
             skip = sorted(self.options.skip_layers)
@@ -124,9 +123,17 @@ class LayerSkip(SpeculativeMethod):
         if len(skip) >= n:
             raise OptionsError(f"{where}: option skip_layers skips all {n} decoder layers; keep at least one")
         self.decoder = decoder
+        self.config = target.model.config.get_text_config(decoder=True)
+        types = layer_types(target.model.config) or ["full_attention"] * n
         self.skipped = skip
         self.kept = [i for i in range(n) if i not in set(skip)]
         self.kept_layers = nn.ModuleList([layers[i] for i in self.kept])
+        self.kept_types = [types[i] for i in self.kept]  # what layer_types says of the kept layers, in their order
+        self.per_type = len(set(types)) > 1  # a mixed target takes a mask per attention type
+        # the first kept layer of each attention type: its cache slot sizes the draft mask of that type
+        self.first_kept = {}
+        for i, kind in zip(self.kept, self.kept_types):
+            self.first_kept.setdefault(kind, i)
         self._proposal = "deterministic"
         self.cache = None   # the target's cache of the current turn (the engine's)
         self.committed = 0  # positions in it
@@ -162,23 +169,39 @@ class LayerSkip(SpeculativeMethod):
     @contextlib.contextmanager
     def skipping(self) -> Iterator[None]:
         """Within the block the target's decoder runs only the kept layers (its own modules, each writing the cache
-        slot of its own ``layer_idx``)."""
-        layers = self.decoder.layers
+        slot of its own ``layer_idx``). A decoder that reads layer i's attention type as ``config.layer_types[i]``
+        (Qwen2, Gemma 2/3) sees the kept layers' types in the same order."""
+        layers, types = self.decoder.layers, getattr(self.config, "layer_types", None)
         self.decoder.layers = self.kept_layers
+        if types is not None:
+            self.config.layer_types = self.kept_types
         try:
             yield
         finally:
             self.decoder.layers = layers
+            if types is not None:
+                self.config.layer_types = types
+
+    def draft_masks(self, position: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The ``attention_mask`` of a draft forward of one token at ``position``: per attention type, ``[1, 1, 1,
+        kv]`` with kv the key length a kept layer of that type attends to (transformers' ``get_mask_sizes``: the
+        committed text and the drafts so far; a sliding layer's last ``window`` positions, all inside its window; a
+        static cache's whole buffer, whose slots after ``position`` are blocked). A dict keyed by type when the
+        target mixes types (as :func:`harness.engine.kv.verification_masks`)."""
+        device, dtype = self.target.device, self.target.dtype
+        masks = {}
+        for kind, layer in self.first_kept.items():
+            kv = self.cache.get_mask_sizes(1, layer)[0]
+            blocked = torch.arange(kv, device=device) > position
+            masks[kind] = torch.zeros(kv, dtype=dtype, device=device).masked_fill(
+                blocked, torch.finfo(dtype).min).view(1, 1, 1, kv)
+        return masks if self.per_type else masks[self.kept_types[0]]
 
     def draft_forward(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """The skipping model over ``token [1]`` at ``position`` (after the committed text and the drafts so far in
-        the kept layers' cache); its logits ``[V]``. The mask ``[1, 1, 1, kv]`` lets the token see positions
-        0..position of the kept layers' slots (a static cache's slots are longer: the rest is blocked)."""
+        the kept layers' cache); its logits ``[V]``."""
         device = self.target.device
-        kv = self.cache.get_mask_sizes(1, self.kept[0])[0]
-        blocked = torch.arange(kv, device=device) > position
-        mask = torch.zeros(kv, dtype=self.target.dtype, device=device)
-        mask = mask.masked_fill(blocked, torch.finfo(self.target.dtype).min).view(1, 1, 1, kv)
+        mask = self.draft_masks(position)
         pos = torch.full((1, 1), position, dtype=torch.long, device=device)
         with self.skipping():
             out = self.target.model(token.view(1, 1).to(device), cache=self.cache, use_cache=True,

@@ -182,16 +182,6 @@ def test_bad_options_are_refused_with_one_line(options, message):
         get_method("layer_skip").create(target, options)
 
 
-def test_a_sliding_window_target_is_refused():
-    """A sliding-window layer's cache cannot be cropped back after a draft pass: refused when the method is built"""
-    target = tiny_target(eos=False, layers=2)
-    target.model.config.sliding_window = 16
-    target.model.config.layer_types = ["sliding_attention", "full_attention"]
-    with pytest.raises(OptionsError, match="the target has full_attention, sliding_attention layers; layer skipping "
-                                           "supports full-attention targets only"):
-        get_method("layer_skip").create(target, {})
-
-
 @pytest.mark.slow
 def test_published_defaults_equal_vanilla_on_the_default_model(real_target):
     """The registry-wide default-model test builds Method.example (k 5, no confidence stop); the published defaults
