@@ -123,7 +123,7 @@ class LayerSkip(SpeculativeMethod):
         if len(skip) >= n:
             raise OptionsError(f"{where}: option skip_layers skips all {n} decoder layers; keep at least one")
         self.decoder = decoder
-        self.config = target.model.config.get_text_config(decoder=True)
+        self.config = decoder.config  # the config the decoder reads layer_types from
         types = layer_types(target.model.config) or ["full_attention"] * n
         self.skipped = skip
         self.kept = [i for i in range(n) if i not in set(skip)]
