@@ -202,3 +202,17 @@ def test_published_defaults_equal_vanilla_on_the_default_model(real_target):
     assert gen.token_ids == get_method("vanilla").create(real_target).generate(prompt, 40, GREEDY).token_ids
     check_generation(gen, method, prompt.shape[1], 40)
     assert sum(gen.accepted_drafts) > 0
+
+
+def test_the_confidence_stop_costs_one_host_read_per_draft_token():
+    """Without the stop a step makes the engine's one transfer only (tests/test_syncs.py); with it, each draft
+    token but the k-th of a full chain reads its top-1 probability once (SWIFT's stop needs the value on the host).
+    More reads would mean a per-layer or per-row sync crept into the draft pass"""
+    from harness.measure.syncs import StepSyncProbe
+
+    target = tiny_target(eos=False, layers=4, init=0.3)  # peaked enough for top-1 probabilities around 0.1
+    method = get_method("layer_skip").create(target, {"skip_layers": [1, 2], "k": 3, "stop_threshold": 0.1})
+    with StepSyncProbe(target.model) as probe:
+        gen = method.generate(PROMPT, 24, GREEDY)
+    assert probe.events["__float__"] == sum(min(depth, 2) for depth in gen.draft_depths)
+    assert set(gen.draft_depths) == {1, 2, 3}  # the stop ended some chains early, not all
