@@ -1,0 +1,218 @@
+"""Layer-skip self-speculation (SWIFT arXiv:2410.06916, Draft & Verify arXiv:2309.08168): the draft pass shares the
+target's cache and leaves it as a vanilla forward would, the skipped layers are the option's, the draft with nothing
+skipped is the target itself, the confidence stop and the sampled rows are the draft's, and bad options are refused
+with one line. Registry-wide losslessness (greedy, oracle, chi-square, compiled) comes from tests/test_lossless.py,
+tests/test_default_model.py and tests/test_runtime.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.registry import get_method
+from methods.layer_skip import LayerSkip, LayerSkipOptions, interleaved_skip
+from tests.support.anymodel import tiny_causal_lm
+from tests.support.helpers import GREEDY, check_generation, sampled_pvalue, tiny_target
+
+PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def vanilla(target, budget: int) -> list[int]:
+    return get_method("vanilla").create(target).generate(PROMPT, budget, GREEDY).token_ids
+
+
+def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+TARGETS = {"llama": lambda: tiny_target(eos=False, layers=4), "mistral-w6": lambda: tiny_causal_lm("mistral", 6),
+           "gemma3-w5": lambda: tiny_causal_lm("gemma3", 5)}
+
+
+@pytest.mark.parametrize("arch, skip", [("llama", [1, 2]), ("llama", [0, 3]), ("llama", []), ("mistral-w6", [1]),
+                                        ("gemma3-w5", [0])])
+def test_the_target_cache_after_every_step_is_a_vanilla_forwards(arch, skip):
+    """The draft pass writes drafted positions into the kept layers of the target's own cache. Right after propose
+    every layer must be back to what it was (same length, same K/V), and after each accepted step the cache must
+    equal a fresh full forward over the committed text: a crop by the wrong amount, a draft K/V left in a kept
+    layer, or one written into a skipped layer's slot would make verification attend to text that was not emitted.
+    Sliding-window layers (Mistral; Gemma 3 mixes them with full ones, and with layer 0 skipped its kept full layer
+    must get the full-attention mask and RoPE) hold their last window - 1 positions, as a fresh cache does"""
+    target = TARGETS[arch]()
+    method = LayerSkip(target, LayerSkipOptions(skip_layers=skip, k=4, stop_threshold=0.0))
+    checks = {"proposals": 0, "steps": 0, "partial": 0}
+    propose, accept = method.propose, method.accept
+    committed: list[int] = []
+
+    def checked_propose(root, sampling, generator):
+        before = layer_kv(method.cache)
+        tree = propose(root, sampling, generator)
+        assert method.target.model.get_decoder().layers is not method.kept_layers  # the layers are put back
+        for (k0, v0), layer in zip(before, method.cache.layers):
+            assert torch.equal(k0, layer.keys) and torch.equal(v0, layer.values)
+        checks["proposals"] += 1
+        return tree
+
+    def checked_accept(tokens, hidden, next_root):
+        accept(tokens, hidden, next_root)
+        committed.extend(tokens)
+        text = PROMPT[0].tolist() + committed
+        assert method.committed == len(text)
+        fresh = DynamicCache(config=target.model.config)
+        target.model(torch.tensor([text]), cache=fresh, use_cache=True)
+        for mine, ref in zip(method.cache.layers, fresh.layers):
+            torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(mine.values, ref.values, rtol=1e-5, atol=1e-5)
+        checks["steps"] += 1
+        checks["partial"] += 0 < len(tokens) - 1 < 4
+
+    method.propose, method.accept = checked_propose, checked_accept
+    gen = method.generate(PROMPT, 40, GREEDY)
+    assert gen.token_ids == get_method("vanilla").create(target).generate(PROMPT, 40, GREEDY).token_ids
+    check_generation(gen, method, PROMPT.shape[1], 40)
+    assert checks["steps"] > 5 and checks["proposals"] == checks["steps"] + 1, checks
+    if arch == "llama" and skip == [1, 2]:
+        assert checks["partial"] > 0, checks  # partial accepts happened and were checked
+
+
+def test_skipping_nothing_drafts_the_targets_own_tokens():
+    """With no layer skipped the draft is the target: every chain of k = 4 is accepted whole (1 + 8 x 5 = 41 > 40
+    tokens). A draft at the wrong position id, or a mask that hides a committed position or shows a stale one,
+    would break this"""
+    target = tiny_target(eos=False, layers=3)
+    method = get_method("layer_skip").create(target, {"skip_layers": [], "k": 4, "stop_threshold": 0.0})
+    gen = method.generate(PROMPT, 40, GREEDY)
+    assert gen.token_ids == vanilla(target, 40)
+    assert gen.accepted_drafts == [4] * 7 + [4] and gen.draft_depths == [4] * 8
+    assert gen.counters["draft_forwards"] == 4 * 8
+
+
+def test_the_draft_runs_only_the_kept_layers():
+    """The draft forwards call the kept decoder layers and no other: with layers 1 and 2 skipped of 4, layers 0 and 3
+    run once per draft token and 1, 2 only in the target's prefill and verification forwards"""
+    target = tiny_target(eos=False, layers=4)
+    method = get_method("layer_skip").create(target, {"skip_layers": [2, 1], "k": 3, "stop_threshold": 0.0})
+    assert method.skipped == [1, 2] and method.kept == [0, 3]
+    assert method.describe()["skipped_layers"] == [1, 2]
+    calls = [0, 0, 0, 0]
+    hooks = [layer.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, layer in enumerate(target.model.get_decoder().layers)]
+    try:
+        gen = method.generate(PROMPT, 10, GREEDY)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    target_forwards = gen.counters["target_forwards"]
+    assert calls == [target_forwards + gen.counters["draft_forwards"], target_forwards, target_forwards,
+                     target_forwards + gen.counters["draft_forwards"]]
+
+
+def test_confidence_stop_ends_the_chain():
+    """stop_threshold 1.0: no draft token of the random target is that sure, so every chain ends after one token;
+    0 never stops early, so every chain is k = 5 long (SWIFT's confidence-aware drafting)"""
+    target = tiny_target(eos=False, layers=3)
+    sure = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 5, "stop_threshold": 1.0})
+    assert set(sure.generate(PROMPT, 20, GREEDY).draft_depths) == {1}
+    never = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 5, "stop_threshold": 0.0})
+    assert set(never.generate(PROMPT, 20, GREEDY).draft_depths) == {5}
+
+
+def test_sampled_chain_carries_the_drafts_shaped_distribution():
+    """At T > 0 row i of draft_probs must be the distribution token i was drawn from: the target with layer 1
+    skipped, after the prompt (in the target's cache), the root and the earlier drafts, shaped by temperature and
+    top-p. A row off by one position or unshaped biases the rejection rule"""
+    target = tiny_target(eos=False, layers=3)
+    method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0})
+    sampling = SamplingParams(temperature=0.7, top_p=0.9)
+    with torch.inference_mode():
+        cache = DynamicCache(config=target.model.config)
+        target.model(PROMPT, cache=cache, use_cache=True)
+        method.cache, method.committed = cache, PROMPT.shape[1]
+        tree = method.propose(17, sampling, torch.Generator().manual_seed(0))
+        assert method.proposal == "sampled" and tree.parents.tolist() == [-1, 0, 1]
+        assert tree.draft_probs.shape == (4, 128) and float(tree.draft_probs[3].sum()) == 0.0
+        assert cache.get_seq_length() == PROMPT.shape[1]
+        layers = target.model.get_decoder().layers
+        for i in range(3):
+            ctx = torch.cat([torch.tensor([17]), tree.tokens[:i]])
+            ref = DynamicCache(config=target.model.config)
+            target.model(PROMPT, cache=ref, use_cache=True)
+            target.model.get_decoder().layers = torch.nn.ModuleList([layers[0], layers[2]])
+            try:
+                logits = target.model(ctx[None], cache=ref, use_cache=True).logits[0, -1]
+            finally:
+                target.model.get_decoder().layers = layers
+            torch.testing.assert_close(tree.draft_probs[i], logits_to_probs(logits, sampling), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)])
+def test_sampling_with_a_layer_skipped_matches_the_target_distribution(sampling):
+    """The registry-wide chi-square test runs a 1-layer target (nothing to skip): here a 2-layer one with layer 1
+    skipped, so the draft differs from the target and rejections happen; the first three tokens must still follow
+    the target's exact joint distribution"""
+    target = tiny_target(vocab=8, hidden=16, layers=2, init=0.3, seed=0, tokenizer=False)
+    method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 2, "stop_threshold": 0.0})
+    assert sampled_pvalue(method, sampling, 1500) > 1e-3
+
+
+def test_interleaved_pattern():
+    """skip_ratio spreads round(ratio * L) skipped layers over 1 .. L - 2; SWIFT's initial set for a 30-layer model
+    is every other layer 1, 3, ..., 27"""
+    assert interleaved_skip(30, 0.45) == list(range(1, 28, 2))
+    assert interleaved_skip(30, 0.2) == [1, 5, 10, 15, 19, 24]
+    assert interleaved_skip(30, 0.0) == [] and interleaved_skip(2, 0.5) == [1] and interleaved_skip(1, 0.5) == []
+    assert interleaved_skip(4, 0.9) == [1, 2]  # never more than the middle layers
+    target = tiny_target(eos=False, layers=4)
+    assert get_method("layer_skip").create(target, {}).skipped == [1, 2]  # default ratio 0.45: round(1.8) = 2
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"skip_layers": [1, 4]}, r"option skip_layers: layer 4 does not exist, the target has 4 decoder layers \(0..3\)"),
+    ({"skip_layers": [0, 1, 2, 3]}, "skips all 4 decoder layers; keep at least one"),
+    ({"skip_layers": [1, 1]}, r"skip_layers names a layer twice: \[1, 1\]"),
+    ({"skip_layers": [-1]}, "skip_layers must be layer indices >= 0, got -1"),
+    ({"skip_layers": ["a"]}, r"option skip_layers\[0\]: expected an integer"),
+    ({"skip_layers": [1], "skip_ratio": 0.5}, "give skip_layers or skip_ratio, not both"),
+    ({"skip_ratio": 1.0}, r"skip_ratio must be in \[0, 1\), got 1.0"),
+    ({"k": 0}, r"k must be an integer in \[1, 127\]"),
+    ({"k": 128}, r"k must be an integer in \[1, 127\]"),
+    ({"stop_threshold": 1.5}, r"stop_threshold must be in \[0, 1\], got 1.5"),
+])
+def test_bad_options_are_refused_with_one_line(options, message):
+    target = tiny_target(eos=False, layers=4)
+    with pytest.raises(OptionsError, match=r"method 'layer_skip': .*" + message):
+        get_method("layer_skip").create(target, options)
+
+
+@pytest.mark.slow
+def test_published_defaults_equal_vanilla_on_the_default_model(real_target):
+    """The registry-wide default-model test builds Method.example (k 5, no confidence stop); the published defaults
+    (SWIFT's interleaved 14 of 30 layers, k 25, stop 0.8) must give vanilla's greedy tokens on the real model (fp32)
+    too, with drafts that accept something (a draft that never matches would hide a broken draft pass)"""
+    prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
+    method = get_method("layer_skip").create(real_target, {})
+    assert method.skipped == list(range(1, 28, 2))
+    gen = method.generate(prompt, 40, GREEDY)
+    assert gen.token_ids == get_method("vanilla").create(real_target).generate(prompt, 40, GREEDY).token_ids
+    check_generation(gen, method, prompt.shape[1], 40)
+    assert sum(gen.accepted_drafts) > 0
+
+
+def test_the_confidence_stop_costs_one_host_read_per_draft_token():
+    """Without the stop a step makes the engine's one transfer only (tests/test_syncs.py); with it, each draft
+    token but the k-th of a full chain reads its top-1 probability once (SWIFT's stop needs the value on the host).
+    More reads would mean a per-layer or per-row sync crept into the draft pass"""
+    from harness.measure.syncs import StepSyncProbe
+
+    target = tiny_target(eos=False, layers=4, init=0.3)  # peaked enough for top-1 probabilities around 0.1
+    method = get_method("layer_skip").create(target, {"skip_layers": [1, 2], "k": 3, "stop_threshold": 0.1})
+    with StepSyncProbe(target.model) as probe:
+        gen = method.generate(PROMPT, 24, GREEDY)
+    assert probe.events["__float__"] == sum(min(depth, 2) for depth in gen.draft_depths)
+    assert set(gen.draft_depths) == {1, 2, 3}  # the stop ended some chains early, not all
