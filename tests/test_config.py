@@ -26,6 +26,20 @@ def test_demo_preset_content():
     assert next(m.label for m in cfg.methods) == "vanilla"
 
 
+def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
+    # the README's harness-vs-vLLM table comes from this preset (docs/results.md); it validates without vLLM. A
+    # referee key naming another entry would hold vLLM's ngram against the wrong draft (or against nothing), and a
+    # harness eagle3 chain of other than 3 drafts (total_tokens counts the root) would not be vLLM's k = 3
+    cfg = config_from_dict(load_preset_dict("engines_vllm"))
+    by = {m.label: m for m in cfg.methods}
+    assert [(m.label, m.referee) for m in cfg.methods if m.engine == "vllm"] == [
+        ("vllm-vanilla", "vanilla"), ("vllm-ngram", "pld-k4"), ("vllm-eagle3", "eagle3-k3")]
+    assert by["eagle3-k3"].options == {"total_tokens": 4, "depth": 3, "top_k": 1}
+    assert by["pld-k4"].options == by["vllm-ngram"].options == {"num_draft_tokens": 4, "min_ngram": 2,
+                                                                "max_ngram": 3}
+    assert (cfg.limit, cfg.max_new_tokens, cfg.temperatures, cfg.interleave) == (3, 64, [0.0], True)
+
+
 @pytest.mark.parametrize("data, message", [
     ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be 0 \(greedy\) or a finite number >= 1e-05, got -1"),
     ({"limit": 0}, r"run\.limit: must be a positive integer"),
