@@ -240,3 +240,20 @@ def test_an_entry_whose_every_turn_failed_is_named_with_its_first_error():
             turn("2", 0, "c", label="eagle2", status="error", error="ValueError: other"),
             turn("2", 0, "d", label="pld", status="error", error="OOM"), turn("3", 0, "e", label="pld")]
     assert R.failed_entries(recs) == {"eagle2": "ValueError: nan"}
+
+
+def test_an_engine_entry_is_measured_against_the_same_engines_vanilla():
+    """vLLM's ngram must be held against vLLM's vanilla (the same engine without speculation), not against the
+    harness's vanilla: their speeds come from different engines. An engine with no vanilla of its own, or with two,
+    falls back to the run's baseline; the harness's own entries are unchanged."""
+    turns = pd.DataFrame({
+        "label": ["vanilla", "pld", "vllm-vanilla", "vllm-ngram", "served-eagle3"],
+        "method": ["vanilla", "pld", "vanilla", "pld", "eagle3"],
+        "runtime": ["eager"] * 5,
+        "engine": [None, None, "vllm", "vllm", "openai"],
+    })
+    assert R.baseline_labels(turns) == {"vanilla": "vanilla", "pld": "vanilla", "vllm-vanilla": "vllm-vanilla",
+                                        "vllm-ngram": "vllm-vanilla", "served-eagle3": "vanilla"}
+    two = pd.concat([turns, pd.DataFrame({"label": ["vllm-vanilla-2"], "method": ["vanilla"], "runtime": ["eager"],
+                                          "engine": ["vllm"]})], ignore_index=True)
+    assert R.baseline_labels(two)["vllm-ngram"] == "vanilla"

@@ -130,16 +130,36 @@ def label_runtimes(turns: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+def label_engines(turns: pd.DataFrame) -> dict[str, str]:
+    """label -> the engine that ran it (``harness`` when its records name none: the harness's own engine)."""
+    engines = turns["engine"] if "engine" in turns else [None] * len(turns)
+    out: dict[str, str] = {}
+    for label, engine in zip(turns["label"], engines):
+        if label not in out or out[label] == "harness":
+            out[label] = engine if isinstance(engine, str) and engine else "harness"
+    return out
+
+
 def baseline_labels(turns: pd.DataFrame, baseline_label: str = "vanilla") -> dict[str, str]:
-    """label -> the label its speed-up is measured against: the baseline of its own runtime
-    (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for ``eagle2@compiled``) when the
-    run measured one, else ``baseline_label``. Example: labels vanilla, vanilla@compiled, pld@compiled (runtime
-    compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled, pld@compiled: vanilla@compiled}."""
-    runtimes = label_runtimes(turns)
+    """label -> the label its speed-up is measured against: for an entry of another engine, that engine's own entry
+    of the baseline's method when the run has exactly one (an engine's speculation against the same engine without
+    it, as engines are compared: vLLM's ngram against vLLM's vanilla, not against the harness's); else the baseline
+    of its own runtime (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for
+    ``eagle2@compiled``) when the run measured one, else ``baseline_label``. Examples: labels vanilla,
+    vanilla@compiled, pld@compiled (runtime compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled,
+    pld@compiled: vanilla@compiled}; labels vanilla, vllm-vanilla (method vanilla) and vllm-ngram on engine vllm ->
+    {vanilla: vanilla, vllm-vanilla: vllm-vanilla, vllm-ngram: vllm-vanilla}."""
+    runtimes, engines = label_runtimes(turns), label_engines(turns)
+    methods = dict(zip(turns["label"], turns["method"])) if "method" in turns else {}
+    base_method = methods.get(baseline_label, baseline_label)
     out = {}
     for label, runtime in runtimes.items():
         own = runtime_label(baseline_label, runtime)
         out[label] = own if own in runtimes else baseline_label
+        if engines[label] != "harness":
+            same = [lb for lb, e in engines.items() if e == engines[label] and methods.get(lb) == base_method]
+            if len(same) == 1:
+                out[label] = same[0]
     return out
 
 
