@@ -314,3 +314,39 @@ def test_an_engine_entry_refuses_a_data_parallel_harness_run(tmp_path, fake_vllm
     with pytest.raises(ConfigError, match=r"entry 'v' runs on engine vllm, which parallelises itself: run it in one "
                                           r"process"):
         run(cfg, target=tiny_target(), progress=False)
+
+
+def test_the_vllm_worker_does_not_outlive_a_killed_harness(tmp_path):
+    """A harness killed mid-run (SIGKILL: no close, no finally) must not leave its vLLM worker behind holding memory
+    and cores: the worker leaves on its own once its parent is gone. The worker's stdin stays open here (another
+    process holds the pipe), as for a worker busy in vLLM that is not reading it: only the parent's death can tell."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def running(pid: int) -> bool:  # a process that exited but was not reaped yet (a zombie) is not running
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    parent = subprocess.Popen([sys.executable, "-c", (  # the harness: starts the worker as the vLLM backend does
+        "import subprocess, sys, time\n"
+        "from harness.backends.worker import Worker\n"
+        f"w = Worker([sys.executable, {vllm_worker.__file__!r}]).proc\n"
+        "h = subprocess.Popen(['sleep', '60'], pass_fds=[w.stdin.fileno()])\n"
+        "print(w.pid, h.pid, flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    worker, holder = map(int, parent.stdout.readline().split())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and running(worker):
+        time.sleep(0.1)
+    os.kill(holder, signal.SIGKILL)
+    if not running(worker):
+        return
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail("the vLLM worker was still running 10 s after its parent was killed")

@@ -20,6 +20,10 @@ each verification step. ``config`` is what ``LLM(...)`` got (:func:`llm_kwargs`)
 resolved from it (:data:`PARALLEL`: tensor / pipeline / data parallel sizes, executor backend, world size, nodes).
 vLLM and its engine process print logs on stdout; fd 1 is pointed at stderr before vLLM is
 imported, so the protocol stream carries nothing but replies.
+
+The worker does not outlive the harness: when its parent is gone (killed, crashed) or closes the pipe without a
+``close``, it leaves at once (:func:`exit_with_parent`), since a worker blocked in vLLM or in vLLM's shutdown would
+otherwise hold its memory and cores.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 COUNTERS = {  # what draftbench calls it -> vLLM's Prometheus counter (Vector: one value per draft position)
@@ -117,7 +122,19 @@ def generate(llm, req: dict) -> dict:
             "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps}
 
 
+def exit_with_parent(parent: int, period_s: float = 0.5) -> None:
+    """Watch the harness that started this worker (``parent``: its pid, from ``DRAFTBENCH_WORKER_PARENT``, the
+    name :mod:`harness.backends.worker` gives it) and end this process (without vLLM's shutdown, which can hang)
+    the moment it is gone, also when it died before this worker started: the worker is then re-parented, so
+    ``os.getppid()`` is another pid."""
+    while os.getppid() == parent:
+        time.sleep(period_s)
+    os._exit(1)
+
+
 def main() -> int:
+    parent = int(os.environ.get("DRAFTBENCH_WORKER_PARENT") or os.getppid())
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     reply_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)  # vLLM's prints and its engine process's output go to stderr, never into the protocol
     sys.stdout = sys.stderr
@@ -147,7 +164,7 @@ def main() -> int:
                 raise ValueError(f"unknown request {line.strip()[:80]!r}")
         except Exception as exc:  # one reply per request: the harness records the turn as an error
             reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-    return 0
+    os._exit(0)  # the pipe closed without a close: the harness is gone, so no one waits for vLLM's shutdown
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process, which re-imports this file

@@ -21,16 +21,20 @@ from typing import Any
 
 from harness.backends.contract import BackendError
 
+PARENT_ENV = "DRAFTBENCH_WORKER_PARENT"  # the harness's pid, so that a worker can leave when the harness is gone
+
 
 class Worker:
-    """``argv``: the worker's command line; ``env``: extra environment variables; ``what``: how errors name it."""
+    """``argv``: the worker's command line; ``env``: extra environment variables; ``what``: how errors name it.
+    The worker's environment names the harness's pid (:data:`PARENT_ENV`)."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, what: str = "worker"):
         self.what = what
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (kept open for the worker's life; closed in close)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         env={**os.environ, **(env or {})}, close_fds=True,
+                                         env={**os.environ, PARENT_ENV: str(os.getpid()), **(env or {})},
+                                         close_fds=True,
                                          start_new_session=True)  # its own process group: see close
         except OSError as e:
             self.log.close()
