@@ -111,11 +111,57 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto") from None
 
 
+# draftbench's attention function (:func:`sdpa_gqa_attention`), registered in transformers' AttentionInterface under
+# this name; ``attn_implementation: auto`` selects it wherever transformers would choose ``sdpa``
+SDPA_GQA = "sdpa_gqa"
+# the devices where torch's masked SDPA kernel takes grouped-query heads as they are (the CPU flash kernel). On
+# CUDA, torch's masked kernel (mem-efficient) refuses grouped heads in some torch versions and the call would fall
+# back to the math kernel, so there transformers' own dispatch decides; MPS and XPU get enable_gqa from it already.
+GQA_MASKED_DEVICES = ("cpu",)
+
+
+def sdpa_gqa_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, except that a forward WITH an attention mask on a grouped-query model
+    (GQA, arXiv:2305.13245 Sec. 2.2) passes the key/value heads to torch's SDPA as they are (``enable_gqa=True``).
+
+    query [B, h, q, D], key/value [B, h_kv, kv, D], attention_mask [B, 1, q, kv] -> ([B, q, h, D], None).
+    transformers 5.24 calls ``repeat_kv`` whenever a mask is given on CUDA/CPU, which copies the whole K/V cache
+    (h / h_kv times) in every layer of every verification forward; the kernel, its inputs' values and the order of
+    its sums are the same, so the output is bit for bit the same (``tests/test_attention.py``). Everything else
+    (no mask, no grouping, position bias, softcap, devices not in :data:`GQA_MASKED_DEVICES`) goes to
+    transformers' function unchanged.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1
+            or query.device.type not in GQA_MASKED_DEVICES
+            or any(kwargs.get(k) is not None for k in ("position_bias", "softcap"))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None  # [B, q, h, D]
+
+
+def register_attention() -> None:
+    """Register :func:`sdpa_gqa_attention` (and transformers' sdpa mask builder) under :data:`SDPA_GQA` in
+    transformers' public ``AttentionInterface`` / ``AttentionMaskInterface``; adding a name changes no other."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SDPA_GQA, sdpa_gqa_attention)
+    AttentionMaskInterface.register(SDPA_GQA, sdpa_mask)
+
+
 def attention_backends() -> list[str]:
-    """The ``attn_implementation`` names transformers knows (plus ``auto``: let transformers choose, sdpa where
-    the model supports it, else eager). A kernels-hub id (``org/repo``) is accepted as well."""
+    """The ``attn_implementation`` names transformers knows, draftbench's :data:`SDPA_GQA` among them (plus
+    ``auto``: sdpa_gqa where transformers would choose sdpa, else transformers' choice, eager for Gemma 2). A
+    kernels-hub id (``org/repo``) is accepted as well."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    register_attention()
     return ["auto", "eager", *ALL_ATTENTION_FUNCTIONS.keys()]
 
 
@@ -302,8 +348,9 @@ def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "
 
     ``device_map`` (e.g. ``"auto"``) spreads a large model over several GPUs through accelerate; then ``device``
     names where inputs are placed (the embedding's device), and ``max_memory`` (accelerate's ``{gpu: bytes}``)
-    may restrict the GPUs it uses. ``attn_implementation``: ``auto`` (transformers' choice: sdpa where supported,
-    else eager, as for Gemma 2), ``eager``, ``sdpa``, ``flash_attention_2``... (see :func:`attention_backends`).
+    may restrict the GPUs it uses. ``attn_implementation``: ``auto`` (:data:`SDPA_GQA` where transformers would
+    choose sdpa, else its choice: eager for Gemma 2), ``sdpa_gqa``, ``eager``, ``sdpa`` (transformers' own, which
+    copies the K/V heads under a mask), ``flash_attention_2``... (see :func:`attention_backends`).
     A target that cannot be found raises :class:`TargetError` with one line saying what was tried.
     """
     check_attn_implementation(attn_implementation)
@@ -327,6 +374,8 @@ def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "
         why = ("the Hugging Face hub could not be reached (this machine looks offline) and it is not in the local "
                "cache" if offline else str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
         raise TargetError(f"target {name!r}: cannot load it from {path}: {why}") from e
+    if attn_implementation == "auto" and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(SDPA_GQA)
     if not device_map:
         model.to(device)
     model.eval()

@@ -196,7 +196,7 @@ def test_tree_methods_refuse_flash_backends_with_the_reason():
     the reason, not mid-run (or silently with a causal mask)."""
     target = tiny_causal_lm("llama")
     target.model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="flash_attention_2.*only eager and sdpa take an arbitrary mask"):
+    with pytest.raises(ValueError, match="flash_attention_2.*only eager, sdpa and sdpa_gqa take an arbitrary mask"):
         get_method("eagle2").example(target, seed=1, total_tokens=16, depth=3, top_k=4)
     Vanilla(target)  # vanilla needs no tree mask
 

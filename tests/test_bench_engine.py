@@ -9,6 +9,9 @@ Groups:
                   back after each: the verify-cost curve that decides how big a draft tree can pay off; once per
                   runtime (``eager``: the model; ``compiled``: its compiled forward through the same runner the engine
                   uses, harness/engine/runtime.py, compiled in the untimed first round)
+  attention       one 17-slot chain verification forward (a draft of 16) after 512 and 4096 tokens with
+                  transformers' ``sdpa`` (copies the K/V heads under a mask, ``repeat_kv``) and draftbench's
+                  ``sdpa_gqa`` (harness/models.py; what ``auto`` loads): the ratio is what the choice is worth
   draft-step      one ``propose`` of each shipped head (eagle2, jakiro, medusa) with the CPU gate's options
                   (harness/run/presets/ci_gate.yaml), right after ``begin`` on a real prompt
   tree            EAGLE-2's dynamic tree selection over 4 levels of top-10 candidates; a 63-node static tree
@@ -87,6 +90,52 @@ def test_bench_verify_forward(benchmark, real_target, prefix_cache, slots, runti
     assert _pedantic(benchmark, forward, rounds=20) == (1, slots, V)
     assert prefix_cache.get_seq_length() == PREFIX
     benchmark.extra_info.update(slots=slots, prefix=PREFIX, runtime=runtime)
+
+
+@pytest.fixture(scope="module")
+def long_caches(real_target):
+    """context -> the target's cache after that many fixed tokens (ids i * 7919 mod V), built once."""
+    model, caches = real_target.model, {}
+
+    def cache_for(context: int) -> DynamicCache:
+        if context not in caches:
+            caches[context] = DynamicCache(config=model.config)
+            ids = (torch.arange(context) * 7919 % model.config.vocab_size)[None]
+            with torch.inference_mode():
+                model(ids, cache=caches[context], use_cache=True, logits_to_keep=1)
+        return caches[context]
+    return cache_for
+
+
+@pytest.mark.slow
+@pytest.mark.benchmark(group="attention")
+@pytest.mark.parametrize("attn", ["sdpa", "sdpa_gqa"])
+@pytest.mark.parametrize("context", [512, 4096])
+def test_bench_verify_attention(benchmark, real_target, long_caches, context, attn):
+    """A 17-slot chain verification forward (eager) after ``context`` tokens with attention ``attn``; the model's
+    attention is set back afterwards. 17 logit rows and the cache back at ``context`` say it was the engine's step."""
+    model, cache = real_target.model, long_caches(context)
+    V = model.config.vocab_size
+    runner = target_runner(real_target, "eager")
+    ancestors = ancestor_matrix(torch.arange(-1, 15))  # a chain: slot i's parent is slot i - 1
+    layout = attention_layout(cache)
+    ids = (torch.arange(17) * 104729 % V)[None]  # [1, 17]
+    loaded = model.config._attn_implementation
+
+    def forward():
+        with torch.inference_mode():
+            x, pos, mask = runner.verify_inputs(ids, ancestors, slot_depths(ancestors), context, layout, cache)
+            out = runner.forward(x, cache, attention_mask=mask, position_ids=pos)
+            compact_cache(cache, context, [])
+        return tuple(out.logits.shape)
+
+    model.set_attn_implementation(attn)
+    try:
+        assert _pedantic(benchmark, forward) == (1, 17, V)
+    finally:
+        model.set_attn_implementation(loaded)
+    assert cache.get_seq_length() == context
+    benchmark.extra_info.update(context=context, attn=attn, slots=17)
 
 
 @pytest.mark.slow

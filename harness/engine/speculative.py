@@ -38,7 +38,10 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
   _preprocess_mask_arguments`` returns a 4D mask as-is) and reaches the attention function. ``eager`` *adds* it to
   the scores, so it must be a float additive mask; ``sdpa`` accepts either a bool mask (True = attend) or a float
   additive one. The engine therefore builds a float mask in the model dtype (0 = attend, dtype min = blocked),
-  which is correct for both. flash-attention backends cannot take an arbitrary 4D mask and are refused.
+  which is correct for both. With a mask, transformers' ``sdpa`` copies the K/V heads of a grouped-query model
+  (``repeat_kv``) in every layer; draftbench's ``sdpa_gqa`` (:func:`harness.models.sdpa_gqa_attention`, what
+  ``attn_implementation: auto`` loads) passes them grouped, with the same result bit for bit. flash-attention
+  backends cannot take an arbitrary 4D mask and are refused.
   Explicit ``position_ids`` are used for RoPE; the cache appends the new K/V after the committed ones.
 - Sliding-window attention: a model whose layers all slide (Mistral, Mixtral, Phi-3 with ``sliding_window``) takes
   one 4D mask; a model with mixed layers (Gemma 2/3, Qwen2/3 with sliding layers) takes ``attention_mask`` as a
@@ -101,10 +104,11 @@ from harness.engine.tree import (
 from harness.engine.treepolicies import SpeculationStop
 from harness.engine.verify import verify_greedy, verify_greedy_on_device, verify_sampling
 from harness.measure.trackers import device_sync
+from harness.models import SDPA_GQA
 
 # the attention backends that take the verification forward's 4D float mask (flash kernels know only causal and
 # sliding masks; flex attention wants a BlockMask; paged attention has no per-query mask)
-TREE_BACKENDS = ("eager", "sdpa")
+TREE_BACKENDS = ("eager", "sdpa", SDPA_GQA)
 
 
 def check_tree_backend(target, method: str) -> None:
@@ -112,8 +116,9 @@ def check_tree_backend(target, method: str) -> None:
     impl = getattr(getattr(getattr(target, "model", None), "config", None), "_attn_implementation", None)
     if impl is not None and impl not in TREE_BACKENDS:
         raise ValueError(f"method {method!r} verifies a draft tree with a 4D attention mask, which attn_implementation "
-                         f"{impl!r} cannot take (only eager and sdpa take an arbitrary mask; flash kernels know only "
-                         f"causal and sliding ones); load the target with attn_implementation 'sdpa' or 'eager'")
+                         f"{impl!r} cannot take (only eager, sdpa and sdpa_gqa take an arbitrary mask; flash kernels "
+                         f"know only causal and sliding ones); load the target with attn_implementation 'auto', "
+                         f"'sdpa' or 'eager'")
 
 
 def tree_mask_4d(committed_len: int, parents: torch.Tensor, dtype: torch.dtype,

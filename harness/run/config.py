@@ -61,7 +61,7 @@ class RunConfig:
     dtype: str = "auto"                   # auto = float32 on CPU, bfloat16 on GPU
     device: str = "auto"                  # auto, cpu, cuda, cuda:1
     device_map: str | None = None         # e.g. "auto": spread a large target over GPUs with accelerate
-    attn_implementation: str = "auto"     # auto (transformers' choice), eager, sdpa, flash_attention_2, ...
+    attn_implementation: str = "auto"     # auto (sdpa_gqa where transformers picks sdpa), sdpa_gqa, eager, sdpa, ...
     profile: str = "auto"                 # synchronise the draft/verify/overhead split: auto (= on for CPU), on, off
     runtime: list[str] = field(default_factory=lambda: ["eager"])  # eager, compiled, or both (every entry runs once
     #                                       per runtime; non-eager labels get "@<runtime>", see RunConfig.entries)

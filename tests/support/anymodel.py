@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from harness.engine.speculative import SpeculativeMethod
-from harness.models import Target, target_from_model
+from harness.models import SDPA_GQA, Target, register_attention, target_from_model
 from harness.registry import get_method
 from tests.support.helpers import build_example, registered_methods
 
@@ -51,10 +51,12 @@ def config_for(arch: str, window: int | None = None):
 def tiny_causal_lm(arch: str, window: int | None = None, seed: int = 0, attn: str | None = None,
                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> Target:
     """A random ``arch`` target without tokenizer and without EOS (turns run to their budget). Gemma 2 runs
-    ``eager`` (transformers refuses sdpa for it); the others ``sdpa`` unless ``attn`` says otherwise."""
+    ``eager`` (transformers refuses sdpa for it); the others ``sdpa_gqa`` (what ``load_target`` loads for
+    ``auto``) unless ``attn`` says otherwise."""
+    register_attention()
     torch.manual_seed(seed)
     config = config_for(arch, window)
-    attn = attn or ("eager" if arch == "gemma2" else "sdpa")
+    attn = attn or ("eager" if arch == "gemma2" else SDPA_GQA)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     target = target_from_model(model, tokenizer=None, name=f"tiny-{arch}")

@@ -27,7 +27,7 @@ from harness.engine.method import Generation, Method
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, children_lists, depths
-from harness.models import Target, target_from_model
+from harness.models import SDPA_GQA, Target, register_attention, target_from_model
 from harness.registry import get_method, method_names
 
 GREEDY = SamplingParams()
@@ -62,9 +62,10 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_llama(vocab_size: int = 128, seed: int = 0, layers: int = 2, hidden: int = 32, init: float = 0.02,
                special_ids: bool = True) -> LlamaForCausalLM:
-    """A random Llama (4 query heads over 2 KV heads, fp32, frozen). ``init``: the initializer range (0.3 gives
-    peaked next-token distributions). ``special_ids``: the character tokenizer's EOS 4, BOS 1 and PAD 2 in the
-    config (PAD's embedding row is then zero); False leaves transformers' defaults (no PAD)."""
+    """A random Llama (4 query heads over 2 KV heads, fp32, frozen, draftbench's ``sdpa_gqa`` attention).
+    ``init``: the initializer range (0.3 gives peaked next-token distributions). ``special_ids``: the character
+    tokenizer's EOS 4, BOS 1 and PAD 2 in the config (PAD's embedding row is then zero); False leaves transformers'
+    defaults (no PAD)."""
     torch.manual_seed(seed)
     ids = dict(eos_token_id=4, bos_token_id=1, pad_token_id=2, max_position_embeddings=1024) if special_ids else \
         dict(max_position_embeddings=256)
@@ -72,6 +73,8 @@ def tiny_llama(vocab_size: int = 128, seed: int = 0, layers: int = 2, hidden: in
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       initializer_range=init, **ids)
     model = LlamaForCausalLM(cfg).eval()
+    register_attention()
+    model.set_attn_implementation(SDPA_GQA)  # what load_target loads for ``auto``
     model.requires_grad_(False)
     return model
 
