@@ -59,8 +59,9 @@ def level_layout(parents: torch.Tensor) -> list[tuple[int, int, torch.Tensor]]:
     return out
 
 
-def fill_hydra_tree(run_head: Callable[[int, torch.Tensor], torch.Tensor], embed: Callable[[torch.Tensor], torch.Tensor],
-                    root_input: torch.Tensor, ranks: torch.Tensor, layout: list[tuple[int, int, torch.Tensor]],
+def fill_hydra_tree(run_head: Callable[[int, torch.Tensor], torch.Tensor],
+                    embed: Callable[[torch.Tensor], torch.Tensor], root_input: torch.Tensor, ranks: torch.Tensor,
+                    layout: list[tuple[int, int, torch.Tensor]],
                     widths: list[int]) -> torch.Tensor:
     """Node tokens ``[N]`` of a static tree filled by sequentially dependent heads.
 

@@ -46,7 +46,8 @@ class HydraObjectiveOptions:
             raise ValueError(f"share_lm_head must be auto, true or false, got {self.share_lm_head!r}")
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
-        if self.lm_loss_weight < 0 or self.teacher_loss_weight < 0 or self.lm_loss_weight + self.teacher_loss_weight == 0:
+        lm, teacher = self.lm_loss_weight, self.teacher_loss_weight
+        if lm < 0 or teacher < 0 or lm + teacher == 0:
             raise ValueError("lm_loss_weight and teacher_loss_weight must be >= 0 and not both 0, got "
                              f"{self.lm_loss_weight}, {self.teacher_loss_weight}")
 
