@@ -19,7 +19,7 @@ from harness.train.objectives import get_objective
 from methods.hydra.drafting import Hydra, fill_hydra_tree, level_layout
 from methods.hydra.heads import HydraHeads, load_hydra_heads, save_hydra_heads
 from methods.hydra.objective import HydraObjective, hydra_inputs
-from tests.support.helpers import GREEDY, tiny_target
+from tests.support.helpers import GREEDY, die_at_loss_call, tiny_target
 from tests.test_train import built  # noqa: F401  (the tiny feature dataset fixture)
 
 H, V = 32, 128  # tiny target: hidden, vocab
@@ -169,20 +169,11 @@ def test_train_hydra_learns_and_resumes(built, tmp_path, monkeypatch):  # noqa: 
     cfg = TrainConfig(lr=3e-3, warmup_steps=1, batch_size=4, eval_fraction=0.2, eval_every=1000, log_every=1,
                       save_every=2, eval_positions=2, cpu=True, progress=False, max_steps=4,
                       options={"num_heads": 2})
-    real = HydraObjective.loss
-    calls = {"n": 0}
-
-    def dies_at_step_3(self, head, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return real(self, head, batch)
-
-    monkeypatch.setattr(HydraObjective, "loss", dies_at_step_3)
+    die_at_loss_call(monkeypatch, HydraObjective, 3)
     with pytest.raises(KeyboardInterrupt):
         train("hydra", target, root / "data", tmp_path / "run", cfg)
     assert latest_checkpoint(tmp_path / "run").name == "step-0000002"
-    monkeypatch.setattr(HydraObjective, "loss", real)
+    monkeypatch.undo()
     recipe = train("hydra", target, root / "data", tmp_path / "run", cfg)
     steps = [r["step"] for r in map(json.loads, (tmp_path / "run" / LOG_FILE).read_text().splitlines())
              if r["kind"] == "train"]

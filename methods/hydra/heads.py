@@ -70,6 +70,10 @@ class HydraHeads(nn.Module):
         if not share_lm_head:
             self.hydra_lm_head = nn.ModuleList([nn.Linear(H, vocab_size) for _ in range(num_heads)])
 
+    def own_lm_heads(self) -> list[nn.Module]:
+        """The heads' own ``Linear(H -> V)`` layers (none when they share the target's lm_head)."""
+        return [] if self.share_lm_head else list(self.hydra_lm_head)
+
     def forward(self, i: int, x: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Logits ``[..., V]`` (or the lm_head's width) of head ``i`` on x ``[..., (i+2)H]``."""
         hidden = self.hydra_mlp[i](x)  # [..., H]

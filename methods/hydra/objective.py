@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from harness.train.objectives import Objective, register_objective
+from harness.train.objectives import register_objective
 from methods.hydra.heads import HydraHeads, save_hydra_heads
-from methods.medusa.objective import medusa_targets
+from methods.medusa.objective import HeadsObjective, medusa_targets
 
 
 def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -53,32 +52,13 @@ class HydraObjectiveOptions:
 
 
 @register_objective("hydra")
-class HydraObjective(Objective):
+class HydraObjective(HeadsObjective):
     """Hydra (arXiv:2402.05109). Recipe of the released trainer's README (Vicuna-7B): lr 5e-4, cosine, 100 warm-up
     steps, weight decay 0, no input noise; its 10 epochs are left to ``--epochs``."""
 
     Options = HydraObjectiveOptions
     defaults = {"lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 100, "epochs": 10, "noise": "none"}
-
-    def shares_lm_head(self) -> bool:
-        share = self.options.share_lm_head
-        if share == "auto":
-            return sum(p.numel() for p in self.target.model.parameters()) < 1e9
-        return share in (True, "true")
-
-    def build_head(self) -> nn.Module:
-        V, H = self.lm_head.weight.shape
-        heads = HydraHeads(H, V, self.options.num_heads, self.options.num_layers, self.shares_lm_head())
-        if not heads.share_lm_head:  # start every head at the base lm_head, as the Hydra trainer does
-            for lm in heads.hydra_lm_head:
-                lm.weight.data.copy_(self.lm_head.weight.data)
-        return heads.to(self.lm_head.weight.device).float()
-
-    def _head_lm(self):
-        """What the heads end in: the target's lm_head (restricted to the draft vocabulary with ``train_vocab``)."""
-        if self.options.train_vocab and not self.shares_lm_head():
-            raise ValueError("hydra option train_vocab needs share_lm_head (heads ending in the target's lm_head)")
-        return self.draft_lm_head.compact if self.shares_lm_head() else self.lm_head
+    heads_class = HydraHeads
 
     def _embeds(self, batch) -> torch.Tensor:
         with torch.no_grad():

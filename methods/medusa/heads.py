@@ -83,6 +83,10 @@ class MedusaHeads(nn.Module):
 
         self.heads = nn.ModuleList([head() for _ in range(num_heads)])
 
+    def own_lm_heads(self) -> list[nn.Module]:
+        """The heads' own ``Linear(H -> V)`` layers (none when they share the target's lm_head)."""
+        return [] if self.share_lm_head else [h[-1] for h in self.heads]
+
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Logits [num_heads, B, V] of every head on hidden [B, H]."""
         if self.share_lm_head and lm_head is None:
