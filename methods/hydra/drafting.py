@@ -85,9 +85,11 @@ def fill_hydra_tree(run_head: Callable[[int, torch.Tensor], torch.Tensor],
 
 @register_method("hydra")
 class Hydra(SpeculativeMethod):
-    """Hydra (arXiv:2402.05109): head i drafts tree level i+1 from the target's feature at the last committed
-    position and the embeddings of the tokens on its own candidate path (root included), so siblings' children
-    differ, unlike Medusa's Cartesian product. One head call per tree level, counted as one draft forward each.
+    """Hydra (arXiv:2402.05109): sequentially dependent heads fill a static tree, each node's children from its path.
+
+    Head i drafts tree level i+1 from the target's feature at the last committed position and the embeddings of the
+    tokens on the node's own candidate path (root included), so siblings' children differ, unlike Medusa's Cartesian
+    product. One head call per tree level, counted as one draft forward each.
     The proposal is deterministic given the context, so the engine's verification keeps the target distribution
     exactly."""
 
@@ -140,7 +142,8 @@ class Hydra(SpeculativeMethod):
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         device = self.parents.device
         feature = self.feature.to(device, self.target.dtype)
-        root_embed = self.embed(torch.tensor([root], device=self.embed.weight.device))[0].to(device, feature.dtype)
+        root_t = torch.full((1,), root, dtype=torch.long, device=self.embed.weight.device)  # a fill, not a copy
+        root_embed = self.embed(root_t)[0].to(device, feature.dtype)
         tokens = fill_hydra_tree(lambda i, x: self.heads(i, x, self.lm_head),
                                  lambda t: self.embed(t.to(self.embed.weight.device)).to(device),
                                  torch.cat([feature, root_embed]), self.ranks, self.layout, self.widths)
