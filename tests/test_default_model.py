@@ -35,6 +35,7 @@ SMALL = {
     "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro_star": {"tree": SMALL_STATIC_TREE},
     "medusa": {"tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]},
+    "hydra": {"tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]},
 }
 METHOD_NAMES = registered_methods()
 
@@ -91,6 +92,7 @@ def random_heads(real_target, tmp_path_factory):
     from methods.eagle.head import EagleHead
     from methods.eagle3.checkpoint import default_layer_ids, save_eagle3_head
     from methods.eagle3.head import Eagle3Head
+    from methods.hydra.heads import HydraHeads, save_hydra_heads
     from methods.jakiro.checkpoint import save_jakiro_head
     from methods.jakiro.head import JakiroHead
     from methods.medusa.heads import MedusaHeads, save_medusa_heads
@@ -108,6 +110,8 @@ def random_heads(real_target, tmp_path_factory):
     cfg = real_target.config
     save_medusa_heads(MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=4, share_lm_head=True),
                       root / "medusa", base_model=real_target.name)
+    save_hydra_heads(HydraHeads(cfg.hidden_size, cfg.vocab_size, num_heads=4, share_lm_head=True),
+                     root / "hydra", base_model=real_target.name)
     return root
 
 
@@ -116,6 +120,7 @@ CASES = [  # the published formats (and Jakiro's modes) on the real model; every
     ("eagle2", {"head": "eagle"}),
     ("eagle3", {"head": "eagle3"}),
     ("medusa", {"head": "medusa"}),
+    ("hydra", {"head": "hydra"}),
     ("jakiro", {"head": "jakiro", "mode": "hybrid"}),
     ("jakiro", {"head": "jakiro", "mode": "ar"}),
     ("jakiro", {"head": "jakiro", "mode": "parallel", "alignment": "fixed", "candidates": "decoupled"}),

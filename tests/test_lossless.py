@@ -57,6 +57,7 @@ SMALL_VOCAB_OPTIONS = {
     "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
     "jakiro_star": {"tree": SMALL_TREE},
     "medusa": {"tree": [[0], [1], [0, 0], [1, 0], [0, 1]]},
+    "hydra": {"tree": [[0], [1], [0, 0], [1, 0], [0, 1]]},
     "sam": {"total_tokens": 8, "depth": 2, "top_k": 3},
 }
 SAMPLE_SEED = 8  # the seed of the random draft heads in the sampled tests
@@ -262,6 +263,6 @@ def test_a_method_registered_in_its_own_module_is_covered(throwaway_methods):
 
 def test_collected_methods_are_the_registry():
     # the built-in methods are all collected; test doubles registered by test modules (defined under tests.) are not
-    builtin = {"vanilla", "pld", "eagle1", "eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "sps"}
+    builtin = {"vanilla", "pld", "eagle1", "eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "hydra", "sps"}
     assert builtin <= set(METHOD_NAMES)
     assert all(not METHODS.get(n).__module__.startswith("tests.") for n in METHOD_NAMES)

@@ -94,7 +94,7 @@ def test_example_defaults_to_create_with_validated_options():
         get_method("vanilla").example(None, depth=3)
 
 
-@pytest.mark.parametrize("name", ["eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "sps"])
+@pytest.mark.parametrize("name", ["eagle2", "eagle3", "jakiro", "jakiro_star", "medusa", "hydra", "sps"])
 def test_example_draft_parts_are_seeded_and_leave_the_global_rng_alone(name):
     # the same seed gives the same random head, another seed another one, and the caller's random stream is
     # neither consumed nor reseeded (a test drawing random numbers after building a method is unaffected)

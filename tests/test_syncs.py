@@ -21,8 +21,9 @@ GREEDY = SamplingParams()
 # host round trips per verification step at temperature 0: the engine's one batched transfer, plus what a method's
 # drafting still reads (Jakiro's dynamic tree reads each level's kept candidates: depth + 1 levels, 4 here; Lookahead
 # reads its window's next Jacobi iterate, which its host-side n-gram pool is built from)
-PER_STEP = {"vanilla": 1, "pld": 1, "eagle1": 1, "eagle2": 1, "medusa": 1, "jakiro": 5, "jakiro_star": 1, "eagle3": 1,
-            "sps": 1, "token_recycling": 1, "sam": 1, "suffix": 1, "rest": 1, "lookahead": 2, "layer_skip": 1}
+PER_STEP = {"vanilla": 1, "pld": 1, "eagle1": 1, "eagle2": 1, "medusa": 1, "hydra": 1, "jakiro": 5, "jakiro_star": 1,
+            "eagle3": 1, "sps": 1, "token_recycling": 1, "sam": 1, "suffix": 1, "rest": 1, "lookahead": 2,
+            "layer_skip": 1}
 # up to the first verification forward: the prefill's token, plus the first proposal's own reads (PLD, SAM,
 # SuffixDecoding, REST and Lookahead read the prompt once; Jakiro's first tree costs what every later one does)
 PREFILL = {"pld": 2, "sam": 2, "suffix": 2, "rest": 2, "jakiro": 5, "lookahead": 2}

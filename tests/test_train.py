@@ -28,7 +28,7 @@ from harness.train.objectives import (
 )
 from methods.eagle.objective import EagleObjective, eagle_losses, unroll_mask
 from methods.medusa.objective import medusa_targets
-from tests.support.helpers import tiny_target
+from tests.support.helpers import die_at_loss_call, tiny_target
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,20 +125,11 @@ def test_resume_continues_step_count_and_schedule(built, tmp_path, monkeypatch):
     cfg = small_config(max_steps=6, save_every=2)
     train("eagle", target, root / "data", tmp_path / "straight", cfg)
 
-    real = EagleObjective.loss
-    calls = {"n": 0}
-
-    def dies_at_step_5(self, head, batch):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("simulated kill")
-        return real(self, head, batch)
-
-    monkeypatch.setattr(EagleObjective, "loss", dies_at_step_5)
+    die_at_loss_call(monkeypatch, EagleObjective, 5)
     with pytest.raises(KeyboardInterrupt):
         train("eagle", target, root / "data", tmp_path / "resumed", cfg)
     assert latest_checkpoint(tmp_path / "resumed").name == "step-0000004"
-    monkeypatch.setattr(EagleObjective, "loss", real)
+    monkeypatch.undo()
     recipe = train("eagle", target, root / "data", tmp_path / "resumed", cfg)
     assert recipe["steps"] == 6
     steps = [r["step"] for r in map(json.loads, (tmp_path / "resumed" / LOG_FILE).read_text().splitlines())

@@ -93,6 +93,27 @@ def target_vocab_hidden(target: Target) -> tuple[int, int]:
 
 
 
+def check_target_sizes(raw: dict, target: Target, where: str) -> tuple[int, int]:
+    """(V, H) of ``target``; a config's ``hidden_size`` or ``vocab_size`` (when present) that differs is a
+    :class:`CheckpointError` naming both, e.g. ``config.json: hidden_size=64 does not match the target 'x'
+    (hidden_size=576)``."""
+    V, H = target_vocab_hidden(target)
+    for key, want in (("hidden_size", H), ("vocab_size", V)):
+        if key in raw and raw[key] != want:
+            raise CheckpointError(f"{where}: {key}={raw[key]} does not match the target {target.name!r} ({key}={want})")
+    return V, H
+
+
+def int_field(raw: dict, key: str, where: str, minimum: int) -> int:
+    """Integer field ``key`` (>= ``minimum``) of a checkpoint config; missing or bad is a :class:`CheckpointError`."""
+    if key not in raw:
+        raise CheckpointError(f"{where}: missing field {key}")
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise CheckpointError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def check_head_option(head) -> None:
     """Option ``head`` of a draft method: None (the shipped head) or a folder path."""
     if head is not None and not isinstance(head, str):

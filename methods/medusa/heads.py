@@ -30,9 +30,10 @@ from torch import nn
 from harness.engine.checkpoints import (
     CheckpointError,
     check_state_dict,
+    check_target_sizes,
+    int_field,
     read_config,
     read_weights,
-    target_vocab_hidden,
 )
 from harness.models import Target
 
@@ -40,15 +41,23 @@ MEDUSA_WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
 
 class ResBlock(nn.Module):
-    """``x + SiLU(linear(x))`` with the linear weight zero-initialised (so a fresh block is the identity)."""
+    """``x + SiLU(linear(x))`` with the linear weight zero-initialised (so a fresh block is the identity).
 
-    def __init__(self, hidden_size: int):
+    With ``in_features`` != ``hidden_size`` (Hydra's first block, whose input is wider than its output) the skip
+    path is a learned ``res_connection = Linear(in_features -> hidden_size)``: ``res_connection(x) + SiLU(linear(x))``.
+    """
+
+    def __init__(self, hidden_size: int, in_features: int | None = None):
         super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
+        in_features = hidden_size if in_features is None else in_features
+        self.linear = nn.Linear(in_features, hidden_size)
         nn.init.zeros_(self.linear.weight)
+        if in_features != hidden_size:
+            self.res_connection = nn.Linear(in_features, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.silu(self.linear(x))
+        skip = self.res_connection(x) if hasattr(self, "res_connection") else x
+        return skip + F.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):
@@ -73,6 +82,10 @@ class MedusaHeads(nn.Module):
             return nn.Sequential(*blocks)
 
         self.heads = nn.ModuleList([head() for _ in range(num_heads)])
+
+    def own_lm_heads(self) -> list[nn.Module]:
+        """The heads' own ``Linear(H -> V)`` layers (none when they share the target's lm_head)."""
+        return [] if self.share_lm_head else [h[-1] for h in self.heads]
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Logits [num_heads, B, V] of every head on hidden [B, H]."""
@@ -101,32 +114,20 @@ def expected_medusa_shapes(H: int, V: int, num_heads: int, num_layers: int, shar
     return shapes
 
 
-def _int_field(raw: dict, key: str, where: str, minimum: int) -> int:
-    if key not in raw:
-        raise CheckpointError(f"{where}: missing field {key}")
-    value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise CheckpointError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def load_medusa_heads(folder: str | Path, target: Target) -> MedusaHeads:
     """Load published-format Medusa heads for ``target`` (on its device and dtype); strict key and shape check."""
     folder = Path(folder)
     where = str(folder / "config.json")
     raw = read_config(folder, "Medusa heads")
-    num_heads = _int_field(raw, "medusa_num_heads", where, 1)
-    num_layers = _int_field(raw, "medusa_num_layers", where, 0)
+    num_heads = int_field(raw, "medusa_num_heads", where, 1)
+    num_layers = int_field(raw, "medusa_num_layers", where, 0)
     share = raw.get("medusa_share_lm_head", False)
     if not isinstance(share, bool):
         raise CheckpointError(f"{where}: medusa_share_lm_head must be true or false, got {share!r}")
     if raw.get("medusa_fc_bias", True) is not True:
         raise CheckpointError(f"{where}: medusa_fc_bias must be true (every ResBlock has a bias), got "
                               f"{raw['medusa_fc_bias']!r}")
-    V, H = target_vocab_hidden(target)
-    for key, want in (("hidden_size", H), ("vocab_size", V)):
-        if key in raw and raw[key] != want:
-            raise CheckpointError(f"{where}: {key}={raw[key]} does not match the target {target.name!r} ({key}={want})")
+    V, H = check_target_sizes(raw, target, where)
     sd, path = read_weights(folder, MEDUSA_WEIGHT_FILES, "Medusa heads")
     check_state_dict(sd, expected_medusa_shapes(H, V, num_heads, num_layers, share),
                      f"Medusa heads {path} (target {target.name!r}: hidden {H}, vocab {V})")

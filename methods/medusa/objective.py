@@ -5,6 +5,7 @@ cross-entropy against token t+2+i on the frozen target's features.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,14 +39,12 @@ class MedusaObjectiveOptions:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 0, got {self.num_heads}, {self.num_layers}")
 
 
-@register_objective("medusa")
-class MedusaObjective(Objective):
-    """Medusa-1 (arXiv:2401.10774 Sec. 2.2.1): head i (0-based) reads the clean target feature f_t and is trained with
-    cross-entropy against token t+2+i, weighted 0.8**i (paper) or 1 (repo). Recipe: lr 1e-3, cosine, warm-up
-    ratio 0.1, 1 epoch; the HF Trainer's default weight decay 0."""
+class HeadsObjective(Objective):
+    """The objective of heads on the target's feature that may end in the target's own lm_head (Medusa, Hydra):
+    options ``num_heads``, ``num_layers``, ``share_lm_head`` and ``train_vocab``; ``heads_class(H, V, num_heads,
+    num_layers, share_lm_head)`` builds them and its ``own_lm_heads()`` lists their own lm_heads."""
 
-    Options = MedusaObjectiveOptions
-    defaults = {"lr": 1e-3, "weight_decay": 0.0, "warmup_ratio": 0.1, "epochs": 1, "noise": "none"}
+    heads_class: ClassVar[type]
 
     def shares_lm_head(self) -> bool:
         share = self.options.share_lm_head
@@ -55,18 +54,29 @@ class MedusaObjective(Objective):
 
     def build_head(self) -> nn.Module:
         V, H = self.lm_head.weight.shape
-        heads = MedusaHeads(H, V, self.options.num_heads, self.options.num_layers, self.shares_lm_head())
-        if not heads.share_lm_head:  # start every head at the base lm_head, as the Medusa trainer does
-            for h in heads.heads:
-                h[-1].weight.data.copy_(self.lm_head.weight.data)
+        heads = self.heads_class(H, V, self.options.num_heads, self.options.num_layers, self.shares_lm_head())
+        for lm in heads.own_lm_heads():  # start every head at the base lm_head, as the Medusa and Hydra trainers do
+            lm.weight.data.copy_(self.lm_head.weight.data)
         return heads.to(self.lm_head.weight.device).float()
 
     def _head_lm(self):
         """What the heads end in: the target's lm_head, restricted to the draft vocabulary when ``train_vocab`` is set
         (then logits have N columns, :meth:`harness.engine.draftvocab.DraftLMHead.compact`)."""
         if self.options.train_vocab and not self.shares_lm_head():
-            raise ValueError("medusa option train_vocab needs share_lm_head (heads ending in the target's lm_head)")
+            raise ValueError(f"{self.name} option train_vocab needs share_lm_head (heads ending in the target's "
+                             "lm_head)")
         return self.draft_lm_head.compact if self.shares_lm_head() else self.lm_head
+
+
+@register_objective("medusa")
+class MedusaObjective(HeadsObjective):
+    """Medusa-1 (arXiv:2401.10774 Sec. 2.2.1): head i (0-based) reads the clean target feature f_t and is trained with
+    cross-entropy against token t+2+i, weighted 0.8**i (paper) or 1 (repo). Recipe: lr 1e-3, cosine, warm-up
+    ratio 0.1, 1 epoch; the HF Trainer's default weight decay 0."""
+
+    Options = MedusaObjectiveOptions
+    defaults = {"lr": 1e-3, "weight_decay": 0.0, "warmup_ratio": 0.1, "epochs": 1, "noise": "none"}
+    heads_class = MedusaHeads
 
     def logits(self, head, batch) -> torch.Tensor:
         return head(batch["features"], self._head_lm())  # [n_heads, B, S, V or N]

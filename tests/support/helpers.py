@@ -159,6 +159,21 @@ def random_medusa_heads(hidden: int, vocab: int, num_heads: int = 4, shared: boo
 # ------------------------------------------------------------------------------------------------ invariants
 
 
+def die_at_loss_call(monkeypatch, objective_cls: type, n: int) -> None:
+    """Make ``objective_cls.loss`` raise ``KeyboardInterrupt`` on its n-th call: a training run killed mid-way
+    (``monkeypatch.undo()`` restores it)."""
+    real = objective_cls.loss
+    calls = {"n": 0}
+
+    def dies(self, head, batch):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, head, batch)
+
+    monkeypatch.setattr(objective_cls, "loss", dies)
+
+
 def check_generation(gen: Generation, method: Method, prompt_len: int, budget: int) -> None:
     """What every Generation must satisfy, whatever was accepted (see :class:`harness.engine.method.Generation`):
     the accept lengths add up to the tokens, the budget and EOS are respected and named as the stop reason; for a

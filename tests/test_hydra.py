@@ -1,0 +1,182 @@
+"""Hydra (arXiv:2402.05109): path-dependent tree filling, the published checkpoint format and its refusals, the
+method on a tiny target, and `draftbench train hydra` running and resuming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.engine.checkpoints import CheckpointError
+from harness.engine.method import OptionsError
+from harness.engine.tree import tree_from_choices
+from harness.registry import get_method
+from harness.train.dataset import FeatureDataset, collate
+from harness.train.loop import LOG_FILE, TrainConfig, latest_checkpoint, train
+from harness.train.objectives import get_objective
+from methods.hydra.drafting import Hydra, fill_hydra_tree, level_layout
+from methods.hydra.heads import HydraHeads, load_hydra_heads, save_hydra_heads
+from methods.hydra.objective import HydraObjective, hydra_inputs
+from tests.support.helpers import GREEDY, die_at_loss_call, tiny_target
+from tests.test_train import built  # noqa: F401  (the tiny feature dataset fixture)
+
+H, V = 32, 128  # tiny target: hidden, vocab
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_level_layout_literal():
+    # nodes sorted by depth; rows index the parent within the level above (the root is level 0's only row)
+    layout = level_layout(torch.tensor([-1, -1, 0, 1, 1, 3]))
+    assert [(s, e, r.tolist()) for s, e, r in layout] == [(0, 2, [0, 0]), (2, 5, [0, 1, 1]), (5, 6, [1])]
+
+
+def test_fill_hydra_tree_follows_each_path():
+    # A 1-wide "embedding" E(t) = [t] and a head whose top-1 is the sum of its input and rank 1 the sum + 1: each
+    # node's children depend on its own path. Medusa's Cartesian fill would give both level-2 nodes the same token.
+    def run_head(i, x):  # x [n, (i+2)] -> logits [n, 20]
+        s = x.sum(-1, keepdim=True)
+        grid = torch.arange(20.0)
+        return -(grid - s) ** 2 + 0.1 * grid
+
+    parents, ranks = tree_from_choices([[0], [1], [0, 0], [1, 0]])
+    layout = level_layout(parents)
+    tokens = fill_hydra_tree(run_head, lambda t: t[:, None].float(), torch.tensor([1.0, 2.0]), ranks, layout,
+                             [2, 1])
+    # root input [h=1, E(root)=2]: sum 3 -> level 1 [3, 4]; paths [1, 2, 3] -> 6 and [1, 2, 4] -> 7
+    assert tokens.tolist() == [3, 4, 6, 7]
+
+
+def published_hydra_folder(folder: Path, num_heads: int = 2, num_layers: int = 2, seed: int = 1,
+                           hidden: int = H, **config) -> dict[str, torch.Tensor]:
+    """Write Hydra heads as the Hydra trainer saves them: ``hydra_lm_head.pt`` (with its stray
+    ``input_embed_fn.weight``) and a HydraConfig ``config.json``."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {"input_embed_fn.weight": torch.randn(V, hidden, generator=g)}
+    for i in range(num_heads):
+        for part in ("linear", "res_connection"):
+            sd[f"hydra_mlp.{i}.0.{part}.weight"] = torch.randn(hidden, (i + 2) * hidden, generator=g) * 0.1
+            sd[f"hydra_mlp.{i}.0.{part}.bias"] = torch.randn(hidden, generator=g) * 0.1
+        for j in range(1, num_layers):
+            sd[f"hydra_mlp.{i}.{j}.linear.weight"] = torch.randn(hidden, hidden, generator=g) * 0.1
+            sd[f"hydra_mlp.{i}.{j}.linear.bias"] = torch.randn(hidden, generator=g) * 0.1
+        sd[f"hydra_lm_head.{i}.weight"] = torch.randn(V, hidden, generator=g) * 0.1
+        sd[f"hydra_lm_head.{i}.bias"] = torch.randn(V, generator=g) * 0.1
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "hydra_num_heads": num_heads, "hydra_num_layers": num_layers, "hydra_head_arch": "mlp",
+        "grounded_heads": True, "hidden_state_offset": 0, "base_model_name_or_path": "tiny-llama",
+        "transformers_version": "4.36.2", **config}))
+    torch.save(sd, folder / "hydra_lm_head.pt")
+    return sd
+
+
+def test_published_heads_load_and_compute(tmp_path):
+    # head 1 = ResBlock((3H -> H), learned skip) -> ResBlock(H) -> Linear(H -> V, bias), computed by hand
+    sd = published_hydra_folder(tmp_path / "h")
+    heads = load_hydra_heads(tmp_path / "h", tiny_target())
+    x = torch.randn(5, 3 * H)
+    w = {k: v for k, v in sd.items() if k.startswith(("hydra_mlp.1.", "hydra_lm_head.1."))}
+    lin, silu = torch.nn.functional.linear, torch.nn.functional.silu
+    y = (lin(x, w["hydra_mlp.1.0.res_connection.weight"], w["hydra_mlp.1.0.res_connection.bias"])
+         + silu(lin(x, w["hydra_mlp.1.0.linear.weight"], w["hydra_mlp.1.0.linear.bias"])))
+    y = y + silu(lin(y, w["hydra_mlp.1.1.linear.weight"], w["hydra_mlp.1.1.linear.bias"]))
+    want = lin(y, w["hydra_lm_head.1.weight"], w["hydra_lm_head.1.bias"])
+    torch.testing.assert_close(heads(1, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_save_writes_the_published_names_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    heads = HydraHeads(H, V, num_heads=2, num_layers=2)
+    save_hydra_heads(heads, tmp_path / "h", base_model="tiny-llama", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert {k: cfg[k] for k in ("hydra_num_heads", "hydra_num_layers", "hydra_head_arch", "grounded_heads",
+                                "hidden_state_offset")} == {"hydra_num_heads": 2, "hydra_num_layers": 2,
+                                                            "hydra_head_arch": "mlp", "grounded_heads": True,
+                                                            "hidden_state_offset": 0}
+    sd = torch.load(tmp_path / "h" / "hydra_lm_head.pt", weights_only=True)
+    assert sorted(sd) == sorted(
+        [f"hydra_mlp.{i}.0.{p}.{w}" for i in (0, 1) for p in ("linear", "res_connection") for w in ("weight", "bias")]
+        + [f"hydra_mlp.{i}.1.linear.{w}" for i in (0, 1) for w in ("weight", "bias")]
+        + [f"hydra_lm_head.{i}.{w}" for i in (0, 1) for w in ("weight", "bias")])
+    loaded = load_hydra_heads(tmp_path / "h", tiny_target())
+    x = torch.randn(3, 2 * H)
+    torch.testing.assert_close(loaded(0, x), heads(0, x))
+
+
+def test_checkpoint_for_another_target_is_refused_in_one_line(tmp_path):
+    published_hydra_folder(tmp_path / "wide", hidden_size=64, vocab_size=V)
+    with pytest.raises(CheckpointError, match=r"hidden_size=64 does not match the target 'tiny-llama' "
+                                              r"\(hidden_size=32\)") as e:
+        load_hydra_heads(tmp_path / "wide", tiny_target())
+    assert "\n" not in str(e.value)
+    published_hydra_folder(tmp_path / "nocfg", hidden=48)  # no sizes in the config: the weights' shapes tell
+    with pytest.raises(CheckpointError, match=r"target 'tiny-llama': hidden 32, vocab 128.*shape mismatches"):
+        load_hydra_heads(tmp_path / "nocfg", tiny_target())
+
+
+@pytest.mark.parametrize("field, value", [("hydra_head_arch", "prefix-mlp"), ("grounded_heads", False),
+                                          ("hidden_state_offset", 1)])
+def test_unsupported_variants_are_refused(tmp_path, field, value):
+    published_hydra_folder(tmp_path / "h", **{field: value})
+    with pytest.raises(CheckpointError, match=f"{field}=.* is not supported"):
+        load_hydra_heads(tmp_path / "h", tiny_target())
+
+
+def test_greedy_equals_vanilla_on_a_published_checkpoint(tmp_path):
+    # own (non-shared) lm_heads with biases, two layers: greedy output is vanilla's token for token
+    published_hydra_folder(tmp_path / "h", num_heads=2)
+    target = tiny_target(eos=False)
+    prompt = torch.tensor([[5, 9, 13, 20, 31]])
+    want = get_method("vanilla").create(target).generate(prompt, 24, GREEDY).token_ids
+    method = get_method("hydra").create(target, {"head": str(tmp_path / "h"), "tree": [[0], [1], [0, 0], [1, 0]]})
+    gen = method.generate(prompt, 24, GREEDY)
+    assert gen.token_ids == want
+    # one head call per tree level, two per proposal (a step that needs no draft, e.g. the budget's last token,
+    # proposes nothing)
+    assert method.counters["draft_forwards"] % 2 == 0 and method.counters["draft_forwards"] >= 2 * (gen.steps - 1)
+
+
+def test_options_are_checked():
+    target = tiny_target()
+    with pytest.raises(OptionsError, match="depth 5 but the checkpoint has only 4 heads"):
+        Hydra(target, Hydra.Options(tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]),
+              heads=HydraHeads(H, V, 4, share_lm_head=True))
+    with pytest.raises(OptionsError, match="draft_vocab needs heads that share"):
+        Hydra(target, Hydra.Options(tree=[[0]], draft_vocab=8), heads=HydraHeads(H, V, 1))
+
+
+def test_hydra_inputs_literal():
+    # position t reads [f_t, E(x_{t+1}), E(x_{t+2})] for head 1; positions past the end read zeros
+    f = torch.tensor([[[1.0], [2.0], [3.0]]])
+    e = torch.tensor([[[10.0], [20.0], [30.0]]])
+    assert hydra_inputs(f, e, 1).tolist() == [[[1.0, 20.0, 30.0], [2.0, 30.0, 0.0], [3.0, 0.0, 0.0]]]
+
+
+def test_train_hydra_learns_and_resumes(built, tmp_path, monkeypatch):  # noqa: F811
+    # the teacher loss is a soft CE (>= the data CE's floor); a run killed after its step-2 checkpoint resumes at
+    # step 3 and writes the published format
+    target, root = built
+    obj = get_objective("hydra").create(target, {"num_heads": 2, "teacher_loss_weight": 1.0})
+    batch = collate([FeatureDataset(root / "data", noise="none")[i] for i in range(2)])
+    torch.manual_seed(0)
+    loss, parts = obj.loss(obj.build_head(), batch)
+    assert set(parts) == {"ce0", "ce1", "teacher0", "teacher1"}
+    assert loss.item() == pytest.approx(sum(parts.values()), rel=1e-5)
+
+    cfg = TrainConfig(lr=3e-3, warmup_steps=1, batch_size=4, eval_fraction=0.2, eval_every=1000, log_every=1,
+                      save_every=2, eval_positions=2, cpu=True, progress=False, max_steps=4,
+                      options={"num_heads": 2})
+    die_at_loss_call(monkeypatch, HydraObjective, 3)
+    with pytest.raises(KeyboardInterrupt):
+        train("hydra", target, root / "data", tmp_path / "run", cfg)
+    assert latest_checkpoint(tmp_path / "run").name == "step-0000002"
+    monkeypatch.undo()
+    recipe = train("hydra", target, root / "data", tmp_path / "run", cfg)
+    steps = [r["step"] for r in map(json.loads, (tmp_path / "run" / LOG_FILE).read_text().splitlines())
+             if r["kind"] == "train"]
+    assert recipe["steps"] == 4 and steps == [1, 2, 3, 4]
+    heads = load_hydra_heads(tmp_path / "run" / "head", target)
+    assert heads.num_heads == 2 and heads.share_lm_head  # small target: shared lm_head
