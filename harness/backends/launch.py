@@ -24,10 +24,11 @@ from typing import Any
 
 from harness.backends.contract import BackendError
 from harness.backends.served import wait_ready
+from harness.backends.vllm_worker import CPU_DEFAULTS
 
 STARTUP_TIMEOUT_S = 900.0  # loading takes about a minute on 2 CPU cores; a first CPU compile can take longer
 STOP_GRACE_S = 20.0
-SERVE_DEFAULTS = {"enforce_eager": True, "max_model_len": 2048}  # as the in-process worker loads vLLM on CPU
+SERVE_DEFAULTS = CPU_DEFAULTS  # a launched server is loaded as the in-process worker loads vLLM
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""The vLLM worker: run by the vLLM virtualenv's python (``DRAFTBENCH_VLLM_PYTHON``), never imported by the harness.
+"""The vLLM worker: run by the vLLM virtualenv's python (``DRAFTBENCH_VLLM_PYTHON``); the harness imports only its
+constants (:data:`CPU_DEFAULTS`), which need nothing but the standard library.
 
 vLLM pins its own torch and transformers, so it cannot live in the harness's environment; this script uses only the
 standard library and vLLM, and talks to :class:`harness.backends.worker.Worker` in JSON lines over stdin/stdout.
@@ -71,6 +72,9 @@ PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_siz
             "world_size", "nnodes", "node_rank")  # of vLLM's ParallelConfig, as resolved, for the manifest
 
 
+CPU_DEFAULTS = {"enforce_eager": True, "max_model_len": 2048}  # how vLLM is loaded unless the run says otherwise
+
+
 def llm_kwargs(req: dict) -> dict:
     """The ``LLM(...)`` arguments of a load request: the target, the worker's defaults (eager, 2048-token context,
     statistics on), then the request's ``llm`` options over them (``tensor_parallel_size``, ...), and the
@@ -81,7 +85,7 @@ def llm_kwargs(req: dict) -> dict:
     "disable_log_stats": False, "tensor_parallel_size": 2}.
     """
     options = {"model": req["model"], "tokenizer": req.get("tokenizer") or req["model"], "dtype": req["dtype"],
-               "enforce_eager": True, "max_model_len": 2048, "disable_log_stats": False, **(req.get("llm") or {})}
+               **CPU_DEFAULTS, "disable_log_stats": False, **(req.get("llm") or {})}
     spec = req.get("speculative_config")
     if spec:
         options["speculative_config"] = spec
