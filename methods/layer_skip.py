@@ -154,10 +154,8 @@ class LayerSkip(SpeculativeMethod):
         return {**super().describe(), "skipped_layers": list(self.skipped)}
 
     # ---- the target's cache ----------------------------------------------------------------------------------------
-    def _start_turn(self, prompt_ids, max_new_tokens, sampling, generator):
-        turn = super()._start_turn(prompt_ids, max_new_tokens, sampling, generator)
-        self.cache = turn.cache  # the draft forwards append to its kept layers and crop them back
-        return turn
+    def turn_cache(self, cache: object) -> None:
+        self.cache = cache  # the draft forwards append to its kept layers and crop them back
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.committed = prompt_ids.shape[1]

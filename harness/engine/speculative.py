@@ -258,6 +258,11 @@ class SpeculativeMethod(Method):
         first; on the target's device. Called before :meth:`accept` (also on the turn's last step). With a side
         branch of M slots, ``slot_ids`` and ``top_ids`` have N+1+M rows: the side's slots come last, in its order."""
 
+    def turn_cache(self, cache: object) -> None:
+        """The target's KV cache of a new turn, handed over before the prefill. A method that drafts with the
+        target's own layers (layer skipping) keeps it, appends its drafted positions to it and crops them back before
+        :meth:`propose` returns; the engine's forwards must find it as they left it. Default: not kept."""
+
     def side_branch(self) -> DraftTree | None:
         """Slots to run in the next verification forward without verifying them, asked for right after
         :meth:`propose` (Lookahead decoding's Jacobi window, arXiv:2402.02057 Sec. 3.3): a tree below the root whose
@@ -315,6 +320,7 @@ class SpeculativeMethod(Method):
             return Generation(token_ids=[], accept_lengths=[], stop_reason="max_new_tokens")
         eos = self.target.eos_ids
         turn = self._start_turn(prompt_ids, max_new_tokens, sampling, generator)
+        self.turn_cache(turn.cache)
         clock, stats = turn.clock, turn.stats
         with torch.inference_mode():
             t0 = clock.last
