@@ -1,4 +1,5 @@
-"""Option ``draft_window`` of the head drafters (eagle2, eagle3, jakiro): the draft attends to the last W positions
+"""Option ``draft_window`` of the head drafters (eagle1, eagle2, eagle3, jakiro, jakiro_star): the draft attends to
+the last W positions
 (harness/engine/draftcache.py). The masks and the trimmed KV on literal inputs; with W at least the context the
 drafts are the windowless ones exactly; a smaller W changes exactly the draft positions whose context exceeds it;
 the output stays vanilla's (the target verifies every draft)."""
@@ -18,8 +19,10 @@ from tests.support.helpers import GREEDY, check_generation, tiny_target
 CPU = torch.device("cpu")
 PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]])  # 17 tokens
 N_NEW = 24
-HEAD_METHODS = ["eagle2", "eagle3", "jakiro"]
-SMALL = {"total_tokens": 8, "depth": 2, "top_k": 3}
+HEAD_METHODS = ["eagle1", "eagle2", "eagle3", "jakiro", "jakiro_star"]
+DYNAMIC = {"total_tokens": 8, "depth": 2, "top_k": 3}
+STATIC = {"tree": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}  # the static trees of eagle1 and jakiro_star
+SMALL = {"eagle1": STATIC, "jakiro_star": STATIC}
 
 
 def _rows(mask: torch.Tensor) -> list[list[int]]:
@@ -82,12 +85,15 @@ def test_a_bad_window_is_refused_by_name():
         get_method("eagle2").create(target, {"draft_window": "x"})
     with pytest.raises(OptionsError, match=r"draft_window must be an integer >= 0 .* got -3"):
         get_method("eagle3").example(target, draft_window=-3)
+    for name in ("eagle1", "jakiro_star"):  # the static-tree methods check it at configuration time too
+        with pytest.raises(OptionsError, match=rf"method '{name}': draft_window must be an integer >= 0 .* got -1"):
+            get_method(name).create(target, {"draft_window": -1})
 
 
 def _drafting(name: str, target, window: int):
     """The method's greedy turn, every tree it proposed (tokens, parents) and every draft attention output
     ``[S, H]`` (the stable forwards and the tree forwards, in order)."""
-    method = get_method(name).example(target, **SMALL, draft_window=window)
+    method = get_method(name).example(target, **SMALL.get(name, DYNAMIC), draft_window=window)
     trees, outputs = [], []
     propose = method.propose
 

@@ -104,6 +104,21 @@ def test_the_dynamic_tree_methods_offer_adaptive():
     assert {"eagle2", "eagle3", "jakiro"} <= set(ADAPTIVE)
 
 
+WINDOW = [n for n in METHOD_NAMES if "draft_window" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
+
+
+@pytest.mark.parametrize("name", WINDOW)
+def test_a_draft_window_stays_lossless(name):
+    # draft_window=3: the draft attends to its last 3 positions only (the prompts are up to 10 tokens, the turns 40
+    # more), so it proposes other trees; the target verifies every one, so the tokens must still be vanilla's, and
+    # the draft's stable KV must really hold no more than 3 positions
+    assert {"eagle1", "eagle2", "eagle3", "jakiro", "jakiro_star"} <= set(WINDOW)
+    assert_greedy_equals_vanilla(name, draft_window=3)
+    method = build_example(name, tiny_target(eos=False), draft_window=3)
+    method.generate(PROMPTS[0], BUDGET, GREEDY)
+    assert method.cache.kv_length == 3 < method.cache.length
+
+
 LOOKUP = [n for n in METHOD_NAMES if "lookup" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
 
 

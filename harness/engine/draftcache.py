@@ -12,14 +12,14 @@ committed feature waits for the next root. :class:`DraftCache` holds that bookke
 Tree expansion then runs on a temporary continuation of ``cache.kv`` (a :class:`DraftKV` is immutable, so the
 stable KV is never touched by a tree that is later thrown away).
 
-A draft attention window ``W`` (``DraftCache(window=W)``, option ``draft_window`` of the dynamic-tree methods; not
-published: a sliding-window draft, as vllm-project/speculators#684, holds acceptance at long context) limits what the
-draft attends to: a committed position ``p`` sees the positions ``(p - W, p]`` (:func:`default_draft_mask` with a
-window), and a tree node sees the window of the position it grows from (the last ``W`` committed positions) and its
-ancestors. So the stable KV only ever needs its last ``W`` positions: :meth:`DraftCache.advance` drops the older ones,
-and the draft's cost per step stops growing with the context. The target verifies every draft, so the window
-changes which tokens are proposed, never what is emitted. With ``W`` at least the context, the masks and the KV are
-those without a window.
+A draft attention window ``W`` (``DraftCache(window=W)``, option ``draft_window`` of the head drafters eagle1, eagle2,
+eagle3, jakiro and jakiro_star; not published: a sliding-window draft, as vllm-project/speculators#684, holds
+acceptance at long context) limits what the draft attends to: a committed position ``p`` sees the positions
+``(p - W, p]`` (:func:`default_draft_mask` with a window), and a tree node sees the window of the position it grows
+from (the last ``W`` committed positions) and its ancestors. So the stable KV only ever needs its last ``W``
+positions: :meth:`DraftCache.advance` drops the older ones, and the draft's cost per step stops growing with the
+context. The target verifies every draft, so the window changes which tokens are proposed, never what is emitted.
+With ``W`` at least the context, the masks and the KV are those without a window.
 """
 
 from __future__ import annotations

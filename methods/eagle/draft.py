@@ -39,17 +39,14 @@ class EagleMethodBase(SpeculativeMethod):
         self.head = head
         # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.draft_vocab(), folder, self.name)
-        self.cache = DraftCache(self.draft_window())  # the stable draft KV, kept in step with the committed sequence
+        # the stable draft KV, kept in step with the committed sequence; option draft_window (every head method's):
+        # the draft's attention window in positions, 0 = the whole context as published
+        self.cache = DraftCache(self.options.draft_window)
 
     def draft_vocab(self) -> int:
         """Option ``draft_vocab``: 0 = the draft scores the target's whole vocabulary (as published); N > 0 = only the
         N most frequent tokens of the head's training data (:mod:`harness.engine.draftvocab`)."""
         return self.options.draft_vocab
-
-    def draft_window(self) -> int:
-        """The draft's attention window in positions (:class:`harness.engine.draftcache.DraftCache`): 0 = the whole
-        context, as published; the dynamic-tree methods take it from their option ``draft_window``."""
-        return 0
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options) -> EagleMethodBase:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from harness.engine.checkpoints import check_head_option
-from harness.engine.draftcache import DraftKV
+from harness.engine.draftcache import DraftKV, check_draft_window
 from harness.engine.draftvocab import check_draft_vocab
 from harness.engine.hostio import upload
 from harness.engine.method import OptionsError
@@ -31,16 +31,19 @@ class Eagle1Options:
     every node's children must have ranks 0..c-1 (sampled children are the first c draws). ``head``: checkpoint folder
     (default: the head shipped for the target). ``draft_vocab``: 0 = the draft scores the full vocabulary (as
     published); N > 0 = only the N most frequent tokens of the head's training data
-    (:mod:`harness.engine.draftvocab`)."""
+    (:mod:`harness.engine.draftvocab`). ``draft_window``: 0 = the draft attends to the whole context (as published);
+    W > 0 = the last W positions (:class:`harness.engine.draftcache.DraftCache`); not published."""
 
     head: str | None = None
     tree: str | list = "eagle_mc_sim_7b_63"
     draft_vocab: int = 0
+    draft_window: int = 0
 
     def __post_init__(self):
         check_head_option(self.head)
         static_tree_choices(self.tree, "tree")
         check_draft_vocab(self.draft_vocab)
+        check_draft_window(self.draft_window)
 
 
 def static_tree_choices(tree: str | list, field: str) -> list[list[int]]:

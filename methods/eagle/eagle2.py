@@ -170,10 +170,6 @@ class Eagle2(EagleMethodBase):
         if o.max_spec_context or o.stop_unprofitable:  # asked by the engine's loop (SpeculativeMethod.generate)
             self.speculation_stop = SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
 
-    def draft_window(self) -> int:
-        """Option ``draft_window`` (see :class:`DynamicTreeOptions`)."""
-        return self.options.draft_window
-
     def describe(self) -> dict[str, Any]:
         """:meth:`harness.engine.method.Method.describe` with the options in their recorded order
         (:meth:`DynamicTreeOptions.recorded`)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.engine.checkpoints import check_head_option, resolve_head_folder
+from harness.engine.draftcache import check_draft_window
 from harness.engine.method import build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.tree import EAGLE_MC_SIM_7B_63, DraftTree
@@ -32,16 +33,19 @@ JAKIRO_STAR_TREE = EAGLE_MC_SIM_7B_63 + [[0, 0, 0, 0, 0, 0]]
 class JakiroStarOptions:
     """``variant``: ``corrected`` (lossless) or ``as_published`` (the released proposal bookkeeping; NOT lossless at
     T > 0). ``tree``: static tree (default Jakiro*'s mc_sim_7b_63 + [0,0,0,0,0,0]). ``num_experts`` /
-    ``experts_per_tok``: None = the checkpoint's."""
+    ``experts_per_tok``: None = the checkpoint's. ``draft_window``: 0 = the draft attends to the whole context (as
+    released); W > 0 = the last W positions (:class:`harness.engine.draftcache.DraftCache`); not published."""
 
     head: str | None = None
     variant: str = "corrected"
     tree: str | list = "jakiro_star"
     num_experts: int | None = None
     experts_per_tok: int | None = None
+    draft_window: int = 0
 
     def __post_init__(self):
         check_head_option(self.head)
+        check_draft_window(self.draft_window)
         if self.variant not in ("corrected", "as_published"):
             raise ValueError(f"variant must be 'corrected' or 'as_published', got {self.variant!r}")
         if self.tree != "jakiro_star":
