@@ -119,6 +119,37 @@ def test_a_draft_window_stays_lossless(name):
     assert method.cache.kv_length == 3 < method.cache.length
 
 
+SPECULATIVE = [n for n in METHOD_NAMES if issubclass(METHODS.get(n), SpeculativeMethod)]
+MAX_CONTEXT = 24
+
+
+@pytest.mark.parametrize("name", SPECULATIVE)
+def test_max_spec_context_turns_every_method_plain_past_it(name):
+    # the engine's option, every speculative method's: with oracle drafts every step accepts its tree's full depth
+    # while the context (prompt and emitted tokens) is at most 24; the first step past it and every later one is a
+    # plain one-token forward without a tree, the turn says at which step and context it stopped, and the output is
+    # vanilla's. A method whose options lacked the field would fail to build; one the engine kept speculating for
+    # would show accepts > 1 after the stop
+    assert {"pld", "medusa", "eagle1", "sps", "hydra", "lookahead", "jakiro_star", "layer_skip"} <= set(SPECULATIVE)
+    target = tiny_target(eos=False)
+    prompt = PROMPTS[1]  # 10 tokens of repeated 4-grams: the lookup methods find matches
+    continuation = vanilla_tokens(target, prompt, BUDGET + 64)
+    method = build_example(name, target, max_spec_context=MAX_CONTEXT)
+    install_oracle(method, continuation)
+    gen = method.generate(prompt, BUDGET, GREEDY)
+    assert gen.token_ids == continuation[:BUDGET]
+    context = [prompt.shape[1] + sum(gen.accept_lengths[:i]) for i in range(gen.steps)]  # before target forward i
+    first = next(i for i in range(1, gen.steps) if context[i] > MAX_CONTEXT)
+    assert gen.speculation_off == {"step": first, "reason": "max_spec_context", "context": context[first]}
+    assert gen.accept_lengths[first:] == [1] * (gen.steps - first)
+    assert gen.draft_depths[first - 1:] == [0] * (gen.steps - first)
+    assert max(gen.accept_lengths[:first]) > 1, "the method never speculated before the stop"
+    check_generation(gen, method, prompt.shape[1], BUDGET)
+    unlimited = build_example(name, target)  # without the option the same turn speculates past 24 tokens
+    install_oracle(unlimited, continuation)
+    assert unlimited.generate(prompt, BUDGET, GREEDY).speculation_off is None
+
+
 LOOKUP = [n for n in METHOD_NAMES if "lookup" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
 
 

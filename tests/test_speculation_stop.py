@@ -1,15 +1,19 @@
 """Options ``max_spec_context`` and ``stop_unprofitable``: speculation off for the rest of a turn once it no longer
 pays (harness/engine/treepolicies.py SpeculationStop, asked by the engine's loop). The decision rule on literal
-costs; the engine's plain steps after the switch (output vanilla's, the step and the reason recorded); the records
-of a run."""
+costs; the engine's plain steps after the switch (output vanilla's, the step and the reason recorded); the engine
+option every speculative method takes (harness/engine/speculative.py with_engine_options; registry-wide in
+tests/test_lossless.py); the records of a run."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 import harness.engine.autotune as autotune
-from harness.engine.speculative import SpeculativeMethod
+from harness.engine.method import NoOptions, OptionsError
+from harness.engine.speculative import SpeculativeMethod, with_engine_options
 from harness.engine.tree import chain_tree
 from harness.engine.treepolicies import AdaptiveSizer, SpeculationStop
 from harness.measure.records import read_records
@@ -19,8 +23,18 @@ from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
+from methods.pld import PldOptions
 from methods.vanilla import Vanilla
-from tests.support.helpers import GREEDY, SAMPLING_IDS, SAMPLINGS, check_generation, method_pvalue, tiny_target
+from tests.support.helpers import (
+    GREEDY,
+    SAMPLING_IDS,
+    SAMPLINGS,
+    build_example,
+    check_generation,
+    install_oracle,
+    method_pvalue,
+    tiny_target,
+)
 
 PROMPT = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]])  # 17 tokens
 N_NEW = 40
@@ -119,6 +133,56 @@ def test_the_head_methods_stop_past_max_spec_context_and_stay_lossless(name):
     check_generation(gen, method, PROMPT.shape[1], N_NEW)
 
 
+def test_every_speculative_method_takes_the_engine_option():
+    """A method's options dataclass gains ``max_spec_context`` (last, default 0) when its class is made, checked after
+    its own checks; a class that declares it (the dynamic-tree methods) keeps its own; an instance of the method's
+    own dataclass, as declared, is taken with the option at 0. Without this, adding a method would mean wiring the
+    option into its file."""
+    pld = get_method("pld")
+    assert [f for f in pld.Options.__dataclass_fields__][-1] == "max_spec_context"
+    assert pld.Options.__name__ == "PldOptions" and pld.Options().max_spec_context == 0
+    with pytest.raises(OptionsError, match=r"method 'pld': max_spec_context must be an integer >= 0 \(0 = off\), "
+                                           r"got -1"):
+        pld.create(tiny_target(), {"max_spec_context": -1})
+    with pytest.raises(OptionsError, match="method 'pld': option max_spec_context: expected an integer, got 'x'"):
+        pld.create(tiny_target(), {"max_spec_context": "x"})
+    eagle2 = get_method("eagle2").Options
+    assert with_engine_options(eagle2) is eagle2 and "stop_unprofitable" in eagle2.__dataclass_fields__
+    bare = with_engine_options(NoOptions)
+    assert [f for f in bare.__dataclass_fields__] == ["max_spec_context"] and issubclass(bare, NoOptions)
+    assert issubclass(pld.Options, PldOptions) and pld.Options is not PldOptions  # as methods/pld.py declares it
+    method = pld(tiny_target(), PldOptions(num_draft_tokens=4))
+    assert method.options.num_draft_tokens == 4 and method.options.max_spec_context == 0
+    assert method.speculation_stop is None
+
+
+# (method, its accept lengths until the stop, the stop) on the repeated prompt of tests/test_lossless.py with oracle
+# drafts and max_spec_context 24: one method of each kind (prompt lookup, static-tree head, parallel heads, draft
+# model). Prompt 10 tokens; pld finds no match until its 12th forward, then emits 6: 10 + 11 + 6 = 27 > 24.
+KINDS = [
+    ("pld", [1] * 11 + [6], {"step": 12, "reason": "max_spec_context", "context": 27}),
+    ("eagle1", [1, 6, 6, 6], {"step": 4, "reason": "max_spec_context", "context": 29}),
+    ("medusa", [1, 5, 5, 5], {"step": 4, "reason": "max_spec_context", "context": 26}),
+    ("sps", [1, 6, 8], {"step": 3, "reason": "max_spec_context", "context": 25}),
+]
+
+
+@pytest.mark.parametrize("name, speculating, off", KINDS, ids=[k[0] for k in KINDS])
+def test_each_kind_of_method_turns_plain_past_max_spec_context_literal(name, speculating, off):
+    """Literal turns: the step whose context exceeds 24 and every later one emit one token each (40 in all), and the
+    output is vanilla's. An engine that stopped a step early would stop at a context <= 24; one that ignored the
+    option for a method without its own policy would keep the long accepts."""
+    target = tiny_target(eos=False)
+    prompt = torch.tensor([[40, 41, 42, 43, 40, 41, 42, 43, 40, 41]])
+    continuation = Vanilla(target).generate(prompt, 40 + 64, GREEDY).token_ids
+    method = build_example(name, target, max_spec_context=24)
+    install_oracle(method, continuation)
+    gen = method.generate(prompt, 40, GREEDY)
+    assert gen.token_ids == continuation[:40]
+    assert gen.speculation_off == off
+    assert gen.accept_lengths == speculating + [1] * (40 - sum(speculating))
+
+
 def test_stop_unprofitable_stops_when_the_measured_steps_lose(monkeypatch):
     """Timed costs (patched): a one-slot forward 1.0 s, any tree 10.0 s, so the adaptive sizing verifies the root
     alone (no tree of at most 8 slots can emit 10 tokens) and each step emits 1 token after some drafting: slower
@@ -154,6 +218,25 @@ def test_a_run_records_the_switch_in_its_records_and_turns_table(tmp_path):
     assert records["eagle2"]["output_ids"] == records["vanilla"]["output_ids"]
     row = turns_table(records.values()).set_index("label").loc["eagle2"]
     assert (row["spec_off.step"], row["spec_off.reason"]) == (1, "max_spec_context")
+
+
+def test_a_training_free_method_records_the_engine_option_and_the_switch(tmp_path):
+    """pld with the engine's max_spec_context 30 over a longer prompt: the option is in its recorded options (the
+    manifest's and every record's ``method_options``, an ``opt.max_spec_context`` column), the switch in
+    ``speculation_off``, and the output is vanilla's."""
+    suite = tmp_path / "q.jsonl"
+    suite.write_text('{"question_id": 1, "category": "c", "turns": ["' + "tell me a long story " * 3 + '"]}\n')
+    config = RunConfig(methods=[MethodSpec("vanilla"), MethodSpec("pld", options={"max_spec_context": 30})],
+                       suites=[str(suite)], max_new_tokens=12, warmup=0, output_dir=str(tmp_path / "results"))
+    run_dir = run(config, target=tiny_target(eos=False), progress=False)
+    records = {r["label"]: r for r in read_records(run_dir)}
+    assert records["pld"]["method_options"]["max_spec_context"] == 30
+    assert records["pld"]["speculation_off"] == {"step": 1, "reason": "max_spec_context",
+                                                 "context": records["pld"]["prompt_tokens"] + 1}
+    assert records["pld"]["output_ids"] == records["vanilla"]["output_ids"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["methods"]["pld"]["options"]["max_spec_context"] == 30
+    assert turns_table(records.values()).set_index("label").loc["pld", "opt.max_spec_context"] == 30
 
 
 @pytest.mark.slow

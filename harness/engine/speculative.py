@@ -67,6 +67,10 @@ once, without a stream synchronisation. ``tests/test_syncs.py`` counts what is l
 A method whose ``verify`` must also run at temperature 0 sets ``greedy_argmax = False`` (then the engine calls it
 and reads its result on the host).
 
+Every speculative method takes the engine's option ``max_spec_context`` (:func:`with_engine_options`; 0 = off, N > 0 =
+speculation off for the rest of a turn once the context exceeds N tokens, :class:`SpeculationStop`), whatever its own
+options: a method's ``Options`` gains the field when its class is created, unless it declares the field itself.
+
 Timings: ``draft_s`` (propose, begin and accept), ``verify_s`` (the target forward and the acceptance walk),
 ``overhead_s`` (everything else in the loop: masks, cache compaction, bookkeeping). The device is synchronised
 around each part only when profiling (the ``profile`` attribute, which the runner sets from the run's ``profile``
@@ -76,6 +80,7 @@ asynchronous device the split is indicative only; ``Generation.timings_synchroni
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -119,6 +124,39 @@ def check_tree_backend(target, method: str) -> None:
                          f"{impl!r} cannot take (only eager, sdpa and sdpa_gqa take an arbitrary mask; flash kernels "
                          f"know only causal and sliding ones); load the target with attn_implementation 'auto', "
                          f"'sdpa' or 'eager'")
+
+
+ENGINE_OPTION = "max_spec_context"  # the option every speculative method takes from the engine
+
+
+def check_stop_option(name: str, value) -> None:
+    """Options ``max_spec_context`` and ``stop_unprofitable`` (:class:`SpeculationStop`): an integer >= 0, 0 = off."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {value!r}")
+
+
+def with_engine_options(options_cls: type) -> type:
+    """``options_cls`` (a method's options dataclass) with the engine's option ``max_spec_context: int = 0`` after
+    its own fields, checked after its own ``__post_init__``; ``options_cls`` itself when it declares the field (the
+    dynamic-tree methods, beside ``stop_unprofitable``). Same name, module and docstring, so that error messages and
+    manifests read as before; the field is recorded with the method's options (last).
+    Example: ``PldOptions(n: int = 3)`` -> a subclass with fields (n, max_spec_context); ``max_spec_context=-1``
+    raises ``max_spec_context must be an integer >= 0 (0 = off), got -1``."""
+    if ENGINE_OPTION in {f.name for f in dataclasses.fields(options_cls)}:
+        return options_cls
+
+    def __post_init__(self) -> None:
+        own = getattr(options_cls, "__post_init__", None)
+        if own is not None:
+            own(self)
+        check_stop_option(ENGINE_OPTION, self.max_spec_context)
+
+    extended = dataclasses.make_dataclass(
+        options_cls.__name__, [(ENGINE_OPTION, int, dataclasses.field(default=0))], bases=(options_cls,),
+        namespace={"__post_init__": __post_init__, "__doc__": options_cls.__doc__},
+        frozen=options_cls.__dataclass_params__.frozen)
+    extended.__module__, extended.__qualname__ = options_cls.__module__, options_cls.__qualname__
+    return extended
 
 
 def tree_mask_4d(committed_len: int, parents: torch.Tensor, dtype: torch.dtype,
@@ -216,7 +254,9 @@ class SpeculativeMethod(Method):
     engine stop speculating for the rest of a turn: from the step the policy names a reason on, every step is a plain
     one-token forward (an empty tree), the method is neither asked to propose nor told what was accepted, and the
     turn's :attr:`Generation.speculation_off <harness.engine.method.Generation.speculation_off>` says at which
-    step and why.
+    step and why. Option ``max_spec_context`` (the engine's, every speculative method's: :func:`with_engine_options`)
+    holds one that stops past that context; a method that sets its own policy (the dynamic-tree methods, whose
+    ``stop_unprofitable`` reads their measured costs) replaces it.
     """
 
     proposal: ClassVar[str] = "deterministic"
@@ -229,10 +269,18 @@ class SpeculativeMethod(Method):
     max_tree_slots: int = 128  # the most slots (root included) a verification forward may take: static cache room
     speculation_stop: SpeculationStop | None = None  # when to stop speculating for the rest of a turn (None: never)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.Options = with_engine_options(cls.Options)
+
     def __init__(self, target, options=None):
+        if options is not None and not isinstance(options, self.Options):  # the method's own dataclass, as declared:
+            options = self.Options(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
         super().__init__(target, options)
         self.counters: dict[str, int] = {}
         check_tree_backend(target, self.name)  # before a run starts, not at its first turn
+        if self.options.max_spec_context:  # asked by the loop (generate); a method may set its own policy after this
+            self.speculation_stop = SpeculationStop(max_context=self.options.max_spec_context)
 
     @property
     def feature_device(self) -> torch.device:

@@ -28,6 +28,7 @@ from harness.engine.draftvocab import check_draft_vocab
 from harness.engine.hostio import fetch
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
+from harness.engine.speculative import check_stop_option
 from harness.engine.tree import DraftTree, rank_candidates, select_dynamic_tree
 from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, LookupGraft, SpeculationStop
 from harness.models import Target
@@ -105,9 +106,7 @@ class DynamicTreeOptions:
             raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
         check_draft_window(self.draft_window)
         for name in ("max_spec_context", "stop_unprofitable"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {value!r}")
+            check_stop_option(name, getattr(self, name))
         if self.stop_unprofitable and not self.adaptive:
             raise ValueError("stop_unprofitable reads the adaptive sizing's measured costs: set adaptive true too")
 
