@@ -4,13 +4,16 @@ parsed and hashed, buckets refused past the target's window, and the records tha
 import json
 
 import pytest
+import torch
 
 from harness import registry
 from harness.measure.records import read_records
-from harness.run.config import ConfigError, RunConfig
+from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.context import ContextError, Recipe, build_prompt, check_buckets, parse_recipe, recipe_digest
 from harness.run.runner import run
 from harness.run.suites import DataError, build_context_suite, load_suite
+from methods.eagle.checkpoint import save_eagle_head
+from methods.eagle.head import EagleHead
 from tests.support.helpers import tiny_target
 
 DOCS = ["Alpha one.", "Bravo two.", "Charlie three."]
@@ -149,17 +152,26 @@ def test_context_suite_built_with_the_targets_tokenizer(context_suite):
 
 
 def test_run_records_buckets_and_refuses_a_bucket_past_the_window(context_suite, tmp_path):
-    """The records carry the bucket, the exact prompt length, the documents, the cut and the KV cache size; a bucket
-    past the tiny model's 1024 positions fails as a configuration error, before any run directory is made."""
+    """The records carry the bucket, the exact prompt length, the documents, the cut and the KV cache sizes (the
+    target's, the draft head's within its window); a bucket past the tiny model's 1024 positions fails as a
+    configuration error, before any run directory is made."""
     target = tiny_target(eos=False)
+    save_eagle_head(EagleHead.for_target(target), tmp_path / "eagle", dtype=torch.float32)
+    eagle = MethodSpec("eagle1", options={"head": str(tmp_path / "eagle"), "tree": [[0], [0, 0]], "draft_window": 100})
     cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], max_new_tokens=3, warmup=0,
-                    output_dir=str(tmp_path / "out"))
+                    methods=[MethodSpec("vanilla"), eagle], output_dir=str(tmp_path / "out"))
     run_dir = run(cfg, target=target, progress=False)
-    recs = read_records(run_dir)
+    recs = [r for r in read_records(run_dir) if r["label"] == "vanilla"]
     assert [(r["context_bucket"], r["prompt_tokens"], r["context_documents"]) for r in recs] == \
         [(64, 64, ["100"]), (64, 64, ["103"]), (128, 128, ["100"]), (128, 128, ["103"])]
     # 2 (K, V) x 2 layers x 2 kv heads x head_dim 8 x (64 + 3 positions) x 4 bytes
     assert recs[0]["kv_cache_bytes"] == 2 * 2 * 2 * 8 * 67 * 4
+    # the draft head's own: 2 x its 1 layer x 2 kv heads x 8 x positions x 4, within its 100-position window; vanilla
+    # keeps none
+    heads = [r for r in read_records(run_dir) if r["label"] == "eagle1"]
+    assert [r["draft_kv_bytes"] for r in heads] == [2 * 1 * 2 * 8 * 67 * 4] * 2 + [2 * 1 * 2 * 8 * 100 * 4] * 2
+    assert [r["kv_cache_bytes"] for r in heads] == [2 * 2 * 2 * 8 * 67 * 4] * 2 + [2 * 2 * 2 * 8 * 131 * 4] * 2
+    assert all(r["draft_kv_bytes"] is None for r in recs)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["suites"]["ctx"]["context"]["prompts"]["128-1"]["documents"] == ["103"]
     with pytest.raises(ConfigError, match="2048 do not fit target 'tiny-llama''s 1024-position window"):

@@ -20,7 +20,7 @@ from harness.measure.markdown import context_markdown
 from harness.measure.records import RecordStore
 
 
-def rec(label, bucket, wall, prefill, lengths, accepted=(), depths=(), timings=None):
+def rec(label, bucket, wall, prefill, lengths, accepted=(), depths=(), timings=None, draft_kv=None):
     new = sum(lengths)
     return {"run_id": "r", "status": "ok", "error": None, "method": label, "label": label, "lossless": True,
             "method_options": {}, "suite": "long_context", "suite_version": "1", "question_id": f"{bucket}-0",
@@ -31,14 +31,14 @@ def rec(label, bucket, wall, prefill, lengths, accepted=(), depths=(), timings=N
             "output_text": "x", "output_ids": list(range(new)), "timings": timings or {}, "counters": {},
             "score": None, "score_name": None, "timestamp": "2025-01-01T00:00:01", "attempt": f"{label}{bucket}",
             "context_bucket": bucket, "context_documents": ["241"], "context_cut_tokens": 7,
-            "kv_cache_bytes": 2 * 30 * 3 * 64 * (bucket + new) * 4}
+            "kv_cache_bytes": 2 * 30 * 3 * 64 * (bucket + new) * 4, "draft_kv_bytes": draft_kv}
 
 
 RECORDS = [
     rec("vanilla", 512, 1.0, 0.2, [1] * 9),
-    rec("pld", 512, 0.5, 0.2, [1, 4, 4], [3, 3], [4, 4], {"draft_s": 0.01, "verify_s": 0.2}),
+    rec("pld", 512, 0.5, 0.2, [1, 4, 4], [3, 3], [4, 4], {"draft_s": 0.01, "verify_s": 0.2}, 2 * 3 * 64 * 521 * 4),
     rec("vanilla", 4096, 2.0, 1.0, [1] * 9),
-    rec("pld", 4096, 2.5, 1.0, [1, 4, 4], [3, 3], [4, 4], {"draft_s": 0.1, "verify_s": 1.0}),
+    rec("pld", 4096, 2.5, 1.0, [1, 4, 4], [3, 3], [4, 4], {"draft_s": 0.1, "verify_s": 1.0}, 2 * 3 * 64 * 1024 * 4),
 ]
 
 
@@ -62,6 +62,14 @@ def test_kv_cache_bytes():
     assert M.kv_cache_bytes(30, 3, 64, 4096, 4) == 188_743_680
 
 
+def test_draft_kv_bytes():
+    """A one-layer head shaped like SmolLM2-135M's layers at 4096 positions in float32: 6 MiB; a 512-position draft
+    window keeps 512 of them; a window longer than the context keeps them all."""
+    assert M.draft_kv_bytes(1, 3, 64, 4096, 4) == 6_291_456
+    assert M.draft_kv_bytes(1, 3, 64, 4096, 4, window=512) == 786_432
+    assert M.draft_kv_bytes(1, 3, 64, 300, 2, window=512) == 2 * 3 * 64 * 300 * 2
+
+
 def test_context_table_per_bucket_numbers():
     """Every number of the module docstring; a prefill left inside decode tok/s would hide the decode loss."""
     ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
@@ -76,7 +84,9 @@ def test_context_table_per_bucket_numbers():
     assert (pld.loc[512, "draft_ms_per_step"], pld.loc[512, "verify_ms_per_step"]) == pytest.approx((5.0, 100.0))
     assert (pld.loc[4096, "prefill_s"], pld.loc[4096, "prompt_tokens"]) == (1.0, 4096.0)
     assert pld.loc[4096, "kv_cache_bytes"] == 2 * 30 * 3 * 64 * 4105 * 4
+    assert pld["draft_kv_bytes"].tolist() == [2 * 3 * 64 * 521 * 4, 2 * 3 * 64 * 1024 * 4]
     van = ctx[ctx["label"] == "vanilla"].set_index("context_bucket")
+    assert van["draft_kv_bytes"].isna().all()  # a method without a draft KV: NaN, never 0
     assert math.isnan(van.loc[512, "draft_ms_per_step"]) and van.loc[4096, "decode_tokens_per_s"] == 8.0
 
 
@@ -89,7 +99,7 @@ def test_crossover_table_and_markdown():
         [["pld", 4096, True, 4096]]
     md = context_markdown(ctx, cross)
     assert "| pld | 2.00 [2.00, 2.00]× / 3.00 | 0.80 [0.80, 0.80]× / 3.00 | 4096 (0.80 [0.80, 0.80]×) | 4096 |" in md
-    assert "| pld | 4096 | 4096 | 1.000 | 3.6 | 5.3 | 0.67× | 50.0 | 500.0 | 180 MiB |" in md
+    assert "| pld | 4096 | 4096 | 1.000 | 3.6 | 5.3 | 0.67× | 50.0 | 500.0 | 180 MiB | 2 MiB |" in md
 
 
 def test_report_writes_context_outputs_only_for_a_run_with_buckets(tmp_path):

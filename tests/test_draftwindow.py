@@ -143,6 +143,18 @@ def test_a_small_window_changes_only_the_positions_past_it_and_stays_lossless(na
     check_generation(gen, method, PROMPT.shape[1], N_NEW)
 
 
+@pytest.mark.parametrize("name", HEAD_METHODS)
+def test_the_heads_own_kv_bytes_literal(name):
+    """The tiny target's heads have one layer with 2 kv heads of width 8 in float32: 2 x 1 x 2 x 8 x 4 = 128 bytes
+    per position, all of them without a window, the last 4 with ``draft_window`` 4; a method without a draft head
+    keeps none (None, not 0)."""
+    target = tiny_target(vocab=64, tokenizer=False)
+    options = SMALL.get(name, DYNAMIC)
+    assert get_method(name).example(target, **options).draft_kv_bytes(1000) == 128 * 1000
+    assert get_method(name).example(target, **options, draft_window=4).draft_kv_bytes(1000) == 128 * 4
+    assert Vanilla(target).draft_kv_bytes(1000) is None and get_method("pld").create(target).draft_kv_bytes(9) is None
+
+
 def test_the_window_and_the_stop_options_are_sweep_knobs():
     """``--sweep eagle3.draft_window=0,16`` (or a preset's ``sweep:``) makes one labelled entry per value, and a bad
     value fails at configuration time naming the sweep field; max_spec_context sweeps the same way."""

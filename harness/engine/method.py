@@ -167,6 +167,12 @@ class Method:
         measured question is answered with the warm-up's answers in the method's memory (the warm-up question is
         also the first measured one). Stateless methods have nothing to drop."""
 
+    def draft_kv_bytes(self, positions: int) -> int | None:
+        """Bytes of the method's own draft KV cache when the context holds ``positions`` tokens
+        (:func:`harness.measure.metrics.draft_kv_bytes`); None for a method that keeps none (the default). The runner
+        records it beside the target's KV cache for a long-context prompt."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What goes into the manifest and every table row: the options, the lossless flag and the runtime."""
         return {"method": self.name, "lossless": self.lossless, "options": dataclasses.asdict(self.options),

@@ -200,7 +200,8 @@ def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_la
                 detail.append([label, str(int(b)), number(r["prompt_tokens"], ".0f"), number(r["prefill_s"], ".3f"),
                                number(r["tokens_per_s"], ".1f"), number(r["decode_tokens_per_s"], ".1f"),
                                ratio(r["decode_speedup"]), number(r["draft_ms_per_step"], ".1f"),
-                               number(r["verify_ms_per_step"], ".1f"), size(r["kv_cache_bytes"])])
+                               number(r["verify_ms_per_step"], ".1f"), size(r["kv_cache_bytes"]),
+                               size(r["draft_kv_bytes"])])
         parts.append("\n".join([
             f"**{suite}, temperature {temp:g}, against input length** — speed-up vs `{at['baseline'].iloc[0]}` "
             "(geometric mean over prompts) × [95% CI] / τ; last columns: the input length from which the speed-up "
@@ -209,9 +210,10 @@ def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_la
                              "decode speed-up < 1.0 from"], table), "",
             f"**{suite}, temperature {temp:g}, prefill and decode per input length** — tokens/s with prefill (all "
             "tokens over the whole turn) and without (decode: `harness.measure.metrics.decode_tokens_per_second`), "
-            "draft and verify time per verification step, the target's KV cache at the turn's length", "",
+            "draft and verify time per verification step, the target's KV cache and the draft head's own at the turn's "
+            "length", "",
             *markdown_table(["method", "input", "prompt tokens", "prefill s", "tok/s", "decode tok/s",
-                             "decode speed-up", "draft ms/step", "verify ms/step", "KV cache"], detail)]))
+                             "decode speed-up", "draft ms/step", "verify ms/step", "KV cache", "draft KV"], detail)]))
     return "\n\n".join(parts) + "\n"
 
 

@@ -431,7 +431,7 @@ def has_context(turns: pd.DataFrame) -> bool:
 CONTEXT_COLUMNS = [
     *GROUP, "context_bucket", "prompt_tokens", "n_questions", "tau", "draft_ms_per_step", "verify_ms_per_step",
     "prefill_s", "tokens_per_s", "decode_tokens_per_s", "speedup", "speedup_gmean", "speedup_ci_lo", "speedup_ci_hi",
-    "decode_speedup", "kv_cache_bytes", "peak_memory_bytes",
+    "decode_speedup", "kv_cache_bytes", "draft_kv_bytes", "peak_memory_bytes",
 ]
 
 
@@ -459,8 +459,9 @@ def context_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     ``speedup`` and ``speedup_gmean`` with its bootstrap CI vs the baseline on the same prompts, peak memory),
     plus the mean ``prompt_tokens``, draft and verify milliseconds per verification step (``timings``), the mean
     ``prefill_s`` per turn, ``decode_tokens_per_s`` (mean over questions, prefill left out) and its
-    ``decode_speedup`` (ratio of means), and ``kv_cache_bytes`` (the target's KV cache at the longest turn's
-    prompt + answer). Empty when the run has no buckets."""
+    ``decode_speedup`` (ratio of means), ``kv_cache_bytes`` (the target's KV cache at the longest turn's
+    prompt + answer) and ``draft_kv_bytes`` (the draft head's own, the same way; NaN for a method without one).
+    Empty when the run has no buckets."""
     if not has_context(turns):
         return pd.DataFrame(columns=CONTEXT_COLUMNS)
     measured = measured_rows(turns)
@@ -484,6 +485,7 @@ def context_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
                 "decode_tokens_per_s": M.mean_tokens_per_second(decode),
                 "decode_speedup": M.speedup_ratio_of_means(decode, _decode_tps(base)),
                 "kv_cache_bytes": max_value(ok["kv_cache_bytes"]) if "kv_cache_bytes" in ok else math.nan,
+                "draft_kv_bytes": max_value(ok["draft_kv_bytes"]) if "draft_kv_bytes" in ok else math.nan,
             })
         extra_columns = [*GROUP, *(c for c in CONTEXT_COLUMNS if c not in summary and c != "context_bucket")]
         merged = summary.merge(pd.DataFrame(extra, columns=extra_columns), on=GROUP, how="left")

@@ -230,7 +230,9 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     logit_runner_ups=gen.logit_runner_ups or None,
                 )
                 if question.context:
-                    rec["kv_cache_bytes"] = target_kv_bytes(target, rec["prompt_tokens"] + rec["new_tokens"])
+                    positions = rec["prompt_tokens"] + rec["new_tokens"]
+                    rec["kv_cache_bytes"] = target_kv_bytes(target, positions)
+                    rec["draft_kv_bytes"] = method.draft_kv_bytes(positions)
                 if gen.speculation_off is not None:  # the turn stopped speculating (absent otherwise)
                     rec["speculation_off"] = gen.speculation_off
             messages.append({"role": "assistant", "content": answer})

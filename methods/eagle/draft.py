@@ -17,6 +17,7 @@ from harness.engine.draftcache import DraftCache, DraftKV
 from harness.engine.draftvocab import draft_lm_head
 from harness.engine.method import build_options, seeded
 from harness.engine.speculative import SpeculativeMethod
+from harness.measure.metrics import draft_kv_bytes
 from harness.models import Target
 from methods import SHIPPED_HEADS
 from methods.eagle.checkpoint import load_eagle_head
@@ -47,6 +48,13 @@ class EagleMethodBase(SpeculativeMethod):
         """Option ``draft_vocab``: 0 = the draft scores the target's whole vocabulary (as published); N > 0 = only the
         N most frequent tokens of the head's training data (:mod:`harness.engine.draftvocab`)."""
         return self.options.draft_vocab
+
+    def draft_kv_bytes(self, positions: int) -> int:
+        """The stable KV of the head's one decoder layer (a :class:`DraftKV`) at ``positions`` context tokens, in the
+        head's dtype, within option ``draft_window`` (:func:`harness.measure.metrics.draft_kv_bytes`)."""
+        config, dtype = self.head.config, next(self.head.parameters()).dtype
+        return draft_kv_bytes(1, config.num_key_value_heads, config.head_dim, positions, dtype.itemsize,
+                              self.cache.window)
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options) -> EagleMethodBase:
