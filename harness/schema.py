@@ -9,8 +9,9 @@ its message as one line. A check specific to one field (a range, a choice of nam
 
 Annotations understood by :func:`type_error`: int (not bool), float (int or float, finite), bool, str, None, Any,
 list / tuple / dict (bare or parametrised: ``list[X]`` and ``tuple[X, ...]`` element-wise, ``dict[K, V]`` key- and
-value-wise), ``Literal[...]`` and unions (``X | None``, ``Optional[X]``). Standard library only: every layer may
-import it.
+value-wise), ``Literal[...]``, unions (``X | None``, ``Optional[X]``) and ``Annotated[X, rule...]`` with the rules
+:class:`Bound` (a number's range) and :class:`NonEmpty` (plain data checked without a dataclass, such as the
+records of a run, :func:`harness.measure.records.record_problem`). Standard library only: every layer may import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import difflib
 import math
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -54,6 +56,60 @@ def unknown_keys(keys, allowed, where: str, noun: str = "field", error: type[Inp
 
 _EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null",
              list: "a list", tuple: "a list", dict: "a mapping"}
+_EXPECTED_PLURAL = {int: "integers", float: "numbers", bool: "true or false", str: "strings", type(None): "nulls",
+                    list: "lists", tuple: "lists", dict: "mappings"}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Rule of ``Annotated[int | float, Bound(low)]``: a number >= ``low`` (> ``low`` when ``strict``; NaN never is).
+    Example: ``Annotated[float, Bound(0, strict=True)]`` expects "a number > 0"."""
+
+    low: float
+    strict: bool = False
+
+    def holds(self, value: Any) -> bool:
+        return value > self.low if self.strict else value >= self.low
+
+    def phrase(self, expected: str) -> str:
+        return f"{expected} {'>' if self.strict else '>='} {self.low:g}"
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    """Rule of ``Annotated[str | list, NonEmpty()]``: at least one character or element ("a non-empty string")."""
+
+    def holds(self, value: Any) -> bool:
+        return len(value) > 0
+
+    def phrase(self, expected: str) -> str:
+        article, _, rest = expected.partition(" ")
+        return f"{article} non-empty {rest}" if article in ("a", "an") else f"non-empty {expected}"
+
+
+def expected(annotation: Any, plural: bool = False) -> str:
+    """What ``annotation`` expects, in words (the phrase of :func:`type_error`'s messages); ``plural`` for the
+    elements of a container. Examples: int -> "an integer"; str | int -> "a string or an integer";
+    list[Annotated[int, Bound(0)]] -> "a list of integers >= 0"; (float, plural) -> "numbers"."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(expected(a, plural) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin is typing.Annotated:
+        words = expected(args[0], plural)
+        for rule in args[1:]:
+            if isinstance(rule, (Bound, NonEmpty)):
+                words = rule.phrase(words)
+        return words
+    items = [a for a in args if a is not Ellipsis]
+    if origin in (list, tuple):
+        inner = f" of {expected(items[0], True)}" if len(set(items)) == 1 else ""
+        return ("lists" if plural else "a list") + inner
+    if origin is dict:
+        return "mappings" if plural else "a mapping"
+    names = _EXPECTED_PLURAL if plural else _EXPECTED
+    return names.get(annotation, "values" if plural else "a value")
 
 
 def type_error(value: Any, annotation: Any, scalar_str: bool = False, finite: bool = False) -> str | None:
@@ -74,22 +130,27 @@ def type_error(value: Any, annotation: Any, scalar_str: bool = False, finite: bo
         return None if any(e is None for e in errors) else " or ".join(errors)
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
-        return None if value in choices else "one of " + ", ".join(map(repr, choices))
+        return None if value in choices else expected(annotation)
+    if origin is typing.Annotated:
+        base, *rules = typing.get_args(annotation)
+        rules = [r for r in rules if isinstance(r, (Bound, NonEmpty))]
+        fits = type_error(value, base, scalar_str, finite) is None and all(r.holds(value) for r in rules)
+        return None if fits else expected(annotation)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return "a list"
         args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
         if len(set(args)) == 1 and any(type_error(v, args[0], scalar_str, finite) for v in value):
-            return f"a list of {_plural(type_error(object(), args[0], scalar_str))}"
+            return f"a list of {expected(args[0], plural=True)}"
         return None
     if origin is dict:
         if not isinstance(value, dict):
             return "a mapping"
         key, item = (typing.get_args(annotation) + (Any, Any))[:2]
         if any(type_error(k, key, scalar_str, finite) for k in value):
-            return f"a mapping with {_plural(type_error(object(), key, scalar_str))} as keys"
+            return f"a mapping with {expected(key, plural=True)} as keys"
         if any(type_error(v, item, scalar_str, finite) for v in value.values()):
-            return f"a mapping to {_plural(type_error(object(), item, scalar_str))}"
+            return f"a mapping to {expected(item, plural=True)}"
         return None
     if finite and annotation is float and isinstance(value, float) and not math.isfinite(value):
         return "a finite number"
@@ -110,13 +171,6 @@ def _fits(value: Any, annotation: type, scalar_str: bool) -> bool:
     if annotation in (list, tuple):
         return isinstance(value, (list, tuple))
     return isinstance(value, annotation)
-
-
-def _plural(expected: str | None) -> str:
-    """"an integer" -> "integers"; "a number" -> "numbers"."""
-    words = (expected or "values").split(" ", 1)
-    text = words[1] if words[0] in ("a", "an") and len(words) > 1 else " ".join(words)
-    return text if text.endswith("s") else text + "s"
 
 
 def check(value: Any, annotation: Any, where: str, error: type[InputError] = InputError,

@@ -187,6 +187,11 @@ BROKEN = [  # (what is changed in question 2's record, the reason the reader mus
     ({"steps": 3}, "steps: is 3 but accept_lengths has 4 entries"),
     ({"new_tokens": "4"}, 'new_tokens: expected an integer >= 0, got "4"'),
     ({"attempt": ["a"]}, 'attempt: expected a string, got ["a"]'),
+    ({"status": "done"}, 'status: expected one of \'ok\', \'error\', got "done"'),
+    ({"turn": -1}, "turn: expected an integer >= 0, got -1"),
+    ({"question_id": None}, "question_id: expected a string or an integer, got null"),
+    ({"prefill_time_s": -0.5}, "prefill_time_s: expected a number >= 0, got -0.5"),
+    ({"suite": ""}, 'suite: expected a non-empty string, got ""'),
 ]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import pytest
 
@@ -16,7 +16,7 @@ from harness.published.tables import TableError
 from harness.run.config import ConfigError
 from harness.run.suites import DataError
 from harness.run.sweep import SweepError
-from harness.schema import InputError, check, field_types, type_error, unknown_keys
+from harness.schema import Bound, InputError, NonEmpty, check, expected, field_types, type_error, unknown_keys
 
 
 @pytest.mark.parametrize("value, annotation", [
@@ -56,6 +56,33 @@ def test_type_error_describes_containers_as_a_whole():
     assert type_error([1, "a"], list[int]) == "a list of integers"
     assert type_error({"a": "x"}, dict[str, int]) == "a mapping to integers"
     assert type_error({1: 2}, dict[str, int]) == "a mapping with strings as keys"
+
+
+COUNT = Annotated[int, Bound(0)]
+POSITIVE = Annotated[float, Bound(0, strict=True)]
+
+
+@pytest.mark.parametrize("value, annotation, what", [
+    (-1, COUNT, "an integer >= 0"), (True, COUNT, "an integer >= 0"), (0, POSITIVE, "a number > 0"),
+    (math.nan, POSITIVE, "a number > 0"), ("1.5", POSITIVE, "a number > 0"),
+    ("", Annotated[str, NonEmpty()], "a non-empty string"), (None, Annotated[str, NonEmpty()], "a non-empty string"),
+    (None, list[COUNT], "a list"),
+    ([1, -1], list[COUNT], "a list of integers >= 0"),
+])
+def test_rules_bound_a_number_and_refuse_an_empty_string(value, annotation, what):
+    """Plain data without a dataclass (a run's records) states its ranges in the annotation: the value must fit the
+    type and the rule, and the message says both. A rule ignored would let -1 tokens or a 0-second turn through."""
+    assert type_error(value, annotation) == what
+
+
+def test_rules_let_the_values_in_range_through_and_expected_says_it_all():
+    assert type_error(0, COUNT) is None and type_error(0.5, POSITIVE) is None and type_error(2, POSITIVE) is None
+    assert type_error("x", Annotated[str, NonEmpty()]) is None and type_error([0, 3], list[COUNT]) is None
+    assert type_error(math.inf, POSITIVE) is None and type_error(math.inf, POSITIVE, finite=True) == "a number > 0"
+    assert expected(list[COUNT]) == "a list of integers >= 0" and expected(str | int) == "a string or an integer"
+    assert expected(Literal["ok", "error"]) == "one of 'ok', 'error'" and expected(float, plural=True) == "numbers"
+    with pytest.raises(InputError, match=r"^run\.steps\[1\]: expected an integer >= 0, got -2$"):
+        check([1, -2], list[COUNT], "run.steps")
 
 
 def test_the_two_knobs_scalar_strings_and_finite_floats():

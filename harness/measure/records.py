@@ -91,15 +91,15 @@ max_new_tokens_cut_to       a context prompt only, when the model's window cut i
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from harness.measure.rundir import RECORDS_GLOB, dumps_json, records_file_name
+from harness.schema import Bound, NonEmpty, expected, type_error
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,12 +170,15 @@ def question_key(rec: Mapping[str, Any]) -> tuple:
     return tuple(str(rec[f]) if f == "question_id" else rec[f] for f in KEY_FIELDS)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+COUNT = Annotated[int, Bound(0)]
+# what a record must hold, per field, as :func:`harness.schema.type_error` checks it: every record's, then a measured
+# ("ok") turn's; a missing field is named, except OPTIONAL_FIELDS, checked only where present and not null
+RECORD_FIELDS = {"label": Annotated[str, NonEmpty()], "suite": Annotated[str, NonEmpty()], "attempt": str,
+                 "question_id": str | int, "temperature": Annotated[float, Bound(0)], "seed": int, "repeat": int,
+                 "turn": COUNT, "status": Literal["ok", "error"]}
+MEASURED_FIELDS = {"new_tokens": COUNT, "steps": COUNT, "accept_lengths": list[COUNT],
+                   "wall_time_s": Annotated[float, Bound(0, strict=True)], "prefill_time_s": Annotated[float, Bound(0)]}
+OPTIONAL_FIELDS = ("attempt", "prefill_time_s")
 
 
 def _describe(value: Any) -> str:
@@ -183,44 +186,35 @@ def _describe(value: Any) -> str:
     return (text[:40] + "...") if len(text) > 43 else text
 
 
+def _field_problem(rec: Mapping[str, Any], name: str, annotation: Any, required: bool = True) -> str | None:
+    """``<name>: missing`` or ``<name>: expected <what>, got <value as JSON>`` (:func:`harness.schema.expected`), or
+    None when ``rec[name]`` fits ``annotation`` (finite numbers only); a field not ``required`` may be absent or
+    null."""
+    if name not in rec or (rec[name] is None and not required):
+        return f"{name}: missing" if required else None
+    if type_error(rec[name], annotation, finite=True) is None:
+        return None
+    return f"{name}: expected {expected(annotation)}, got {_describe(rec[name])}"
+
+
 def record_problem(rec: Mapping[str, Any]) -> str | None:
     """Why ``rec`` is not a record the tables can use, in one phrase naming the field; None when it is.
 
     Every record needs its key (:data:`KEY_FIELDS`: ``label`` and ``suite`` non-empty strings, ``question_id`` a
     string or integer, ``temperature`` a finite number >= 0, ``seed`` and ``repeat`` integers), an integer
-    ``turn`` >= 0 and ``status`` "ok" or "error". A measured ("ok") turn also needs integer ``new_tokens`` and
-    ``steps``, ``accept_lengths`` a list of ``steps`` integers summing to ``new_tokens``
-    (:class:`harness.engine.method.Generation`), ``output_ids`` (when not null) ``new_tokens`` long, and
-    ``wall_time_s`` a finite number > 0 (``prefill_time_s``, when not null, a finite number >= 0).
+    ``turn`` >= 0 and ``status`` "ok" or "error"; ``attempt``, when not null, is a string (:data:`RECORD_FIELDS`).
+    A measured ("ok") turn also needs integer ``new_tokens`` and ``steps``, ``accept_lengths`` a list of ``steps``
+    integers summing to ``new_tokens`` (:class:`harness.engine.method.Generation`), ``output_ids`` (when not null)
+    ``new_tokens`` long, and ``wall_time_s`` a finite number > 0 (``prefill_time_s``, when not null, a finite number
+    >= 0; :data:`MEASURED_FIELDS`). Each field's type and range is checked by :func:`harness.schema.type_error`.
     Examples: {..., "wall_time_s": 0} -> "wall_time_s: expected a number > 0, got 0";
     {..., "new_tokens": 5, "steps": 0, "accept_lengths": []} -> "accept_lengths: sums to 0 but new_tokens is 5".
     """
-    for name in ("label", "suite"):
-        if not isinstance(rec.get(name), str) or not rec.get(name):
-            return (f"{name}: missing" if name not in rec
-                    else f"{name}: expected a non-empty string, got {_describe(rec[name])}")
-    checks = (
-        ("question_id", lambda v: isinstance(v, (str, int)) and not isinstance(v, bool), "a string or an integer"),
-        ("temperature", lambda v: _number(v) and math.isfinite(v) and v >= 0, "a number >= 0"),
-        ("seed", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-        ("repeat", lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-        ("turn", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-        ("status", lambda v: v in ("ok", "error"), '"ok" or "error"'),
-    )
-    if not isinstance(rec.get("attempt"), (str, type(None))):
-        return f"attempt: expected a string, got {_describe(rec['attempt'])}"
-    if rec.get("status") == "ok":
-        checks += (
-            ("new_tokens", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-            ("steps", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-            ("accept_lengths", _int_list, "a list of integers >= 0"),
-            ("wall_time_s", lambda v: _number(v) and math.isfinite(v) and v > 0, "a number > 0"),
-        )
-    for name, ok, expected in checks:
-        if name not in rec:
-            return f"{name}: missing"
-        if not ok(rec[name]):
-            return f"{name}: expected {expected}, got {_describe(rec[name])}"
+    fields = {**RECORD_FIELDS, **(MEASURED_FIELDS if rec.get("status") == "ok" else {})}
+    for name, annotation in fields.items():
+        problem = _field_problem(rec, name, annotation, required=name not in OPTIONAL_FIELDS)
+        if problem:
+            return problem
     if rec["status"] != "ok":
         return None
     lengths = rec["accept_lengths"]
@@ -232,9 +226,6 @@ def record_problem(rec: Mapping[str, Any]) -> str | None:
     if ids is not None and (not isinstance(ids, list) or len(ids) != rec["new_tokens"]):
         got = f"{len(ids)} ids" if isinstance(ids, list) else _describe(ids)
         return f"output_ids: expected a list of new_tokens = {rec['new_tokens']} ids, got {got}"
-    prefill = rec.get("prefill_time_s")
-    if prefill is not None and not (_number(prefill) and math.isfinite(prefill) and prefill >= 0):
-        return f"prefill_time_s: expected a number >= 0, got {_describe(prefill)}"
     return None
 
 
