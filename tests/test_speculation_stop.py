@@ -150,6 +150,7 @@ def test_every_speculative_method_takes_the_engine_option():
     assert with_engine_options(eagle2) is eagle2 and "stop_unprofitable" in eagle2.__dataclass_fields__
     bare = with_engine_options(NoOptions)
     assert [f for f in bare.__dataclass_fields__] == ["max_spec_context"] and issubclass(bare, NoOptions)
+    assert SpeculativeMethod(tiny_target()).options.max_spec_context == 0  # the base class itself takes it too
     assert issubclass(pld.Options, PldOptions) and pld.Options is not PldOptions  # as methods/pld.py declares it
     method = pld(tiny_target(), PldOptions(num_draft_tokens=4))
     assert method.options.num_draft_tokens == 4 and method.options.max_spec_context == 0

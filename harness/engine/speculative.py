@@ -94,7 +94,7 @@ from harness.engine.kv import (
     compact_cache,
     prepare_cache,
 )
-from harness.engine.method import Generation, Method, cut_at_stop
+from harness.engine.method import Generation, Method, NoOptions, cut_at_stop
 from harness.engine.sampling import SamplingParams, logit_margins, next_token
 from harness.engine.tree import (
     DraftTree,
@@ -259,6 +259,7 @@ class SpeculativeMethod(Method):
     ``stop_unprofitable`` reads their measured costs) replaces it.
     """
 
+    Options: ClassVar[type] = with_engine_options(NoOptions)  # a subclass's own: see __init_subclass__
     proposal: ClassVar[str] = "deterministic"
     needs_hidden_states: ClassVar[bool] = False
     hidden_layers: tuple[int, ...] = (-1,)
