@@ -60,9 +60,10 @@ def _no_draft() -> DraftTree:
     raise AssertionError("the step was not the head's: drafting must be skipped")
 
 
-def _sizer(draft_s: float = 0.3) -> AdaptiveSizer:
+def _sizer(elapsed: float = 0.3) -> AdaptiveSizer:
+    """A sizer whose verification sizes were timed at :data:`VERIFY_S` and whose drafting takes ``elapsed`` s."""
     sizer = AdaptiveSizer(cap=4)
-    sizer.verify_s, sizer.draft_s = dict(VERIFY_S), draft_s
+    sizer.verify_s, sizer.elapsed = dict(VERIFY_S), elapsed
     return sizer
 
 
@@ -83,7 +84,7 @@ def test_a_losing_head_backs_off_to_plain_steps_and_comes_back_when_it_recovers(
         backoff.record(accepted if backoff.arm == "head" else 0, None)
     assert arms == ["head", "plain", "plain", "head", "head", "head"]
     assert counters == {"backoff_probes": 2, "backoff_head": 4, "backoff_plain": 2}
-    assert backoff.head[False] == (2.734375, 1.2)  # tokens 1 -> 1.75 -> 2.3125 -> 2.734375; 4 slots each
+    assert backoff.head[False] == (2.734375, 1.5)  # tokens 1 -> 1.75 -> 2.3125 -> 2.734375; 0.3 + 1.2 s each
     backoff.begin()  # a new turn probes the head again, whatever its mean
     backoff.head[False] = (1.0, 1.2)
     backoff.propose([], _draft([7]), counters, CPU)
@@ -92,14 +93,14 @@ def test_a_losing_head_backs_off_to_plain_steps_and_comes_back_when_it_recovers(
 
 def test_the_chain_alone_wins_when_the_head_adds_nothing_to_it():
     """A chain of 3 tokens on offer (4 slots: 1.2 s). Step 1 probes the head with the chain grafted on: 2 drafts
-    accepted, both on the chain -> chain mean 2, head-with-chain (3 tokens, 1.2 s). Step 2: chain alone 3 / 1.2 =
+    accepted, both on the chain -> chain mean 2, head-with-chain (3 tokens, 0.3 + 1.2 s). Step 2: chain alone 3 / 1.2 =
     2.5/s beats the head's 3 / 1.5 = 2.0/s: the chain alone, no draft. Step 3 has no chain: the head without one has
     never been measured, so it is probed. A rule that priced the chain as a grafted head step would pay the draft."""
     backoff, counters = Backoff(_sizer(), probe=8), {}
     backoff.begin()
     assert len(backoff.propose([5, 6, 7], _draft([5, 6, 7, 1]), counters, CPU)) == 4
     backoff.record(2, 2)
-    assert (backoff.chain, backoff.head[True]) == (2.0, (3.0, 1.2))
+    assert (backoff.chain, backoff.head[True]) == (2.0, (3.0, 1.5))
     tree = backoff.propose([5, 6, 7], _no_draft, counters, CPU)
     assert backoff.arm == "chain" and tree.tokens.tolist() == [5, 6, 7] and tree.parents.tolist() == [-1, 0, 1]
     backoff.record(1, 1)
@@ -125,9 +126,9 @@ def test_lookup_graft_asks_the_backoff_and_keeps_its_alone_rule():
     assert tree.tokens.tolist() == [1, 2, 3] and backoff.arm is None and not graft.drafted
     assert graft.chain_accepted([1, 2, 9]) == 2
     backoff.record(2, 2)
-    backoff.chain, backoff.head[True], backoff.idle = 0.0, (1.5, 1.2), 0  # a chain that never pays, a weak head
+    backoff.chain, backoff.head[True], backoff.idle = 0.0, (1.5, 1.5), 0  # a chain that never pays, a head at 1/s
     graft.begin(torch.tensor([5, 6, 7, 8, 6]))  # root 7: the 2-gram [6, 7] matches, chain [8, 6, 7]
-    tree = graft.propose(7, _no_draft, counters, CPU, backoff)
+    tree = graft.propose(7, _no_draft, counters, CPU, backoff)  # plain 1/s ties the head: the cheaper arm
     assert backoff.arm == "plain" and len(tree) == 0 and graft.chain_accepted([]) is None and not graft.drafted
     backoff.chain = 2.0  # 3 tokens in 1.2 s
     tree = graft.propose(7, _no_draft, counters, CPU, backoff)

@@ -124,6 +124,7 @@ class AdaptiveSizer:
         self.cap = cap
         self.verify_s: dict[int, float] | None = None  # measured verification seconds per size
         self.draft_s: float | None = None              # running mean of drafting seconds per step
+        self.elapsed: float | None = None              # drafting seconds of the last step
         self.level_s: float | None = None              # running mean of seconds per draft forward
         self.rate: float | None = None                 # expected tokens per second of the last step
         self.predicted = 0.0                           # expected accepted drafts of the last tree (uncalibrated)
@@ -142,7 +143,7 @@ class AdaptiveSizer:
         """The step's tree size (root included) from ``probs`` (the best candidates' path probabilities, best
         first; at least ``cap - 1`` of them or all there are) after ``elapsed`` seconds of drafting in ``forwards``
         draft forwards; updates the running costs and the prediction that :meth:`accept` calibrates."""
-        self.draft_s = autotune.decayed(self.draft_s, elapsed, 0.1)
+        self.elapsed, self.draft_s = elapsed, autotune.decayed(self.draft_s, elapsed, 0.1)
         self.level_s = autotune.decayed(self.level_s, elapsed / max(1, forwards), 0.1)
         factor = self.calibration.factor
         size = autotune.best_tree_size(probs, self.verify_s, self.draft_s, factor)
@@ -175,12 +176,14 @@ class Backoff:
     The rule: the expected tokens and seconds of each arm, measured, never assumed. A plain step emits 1 token in
     the timed one-slot forward ``sizer.verify_s[1]``. The chain alone emits 1 + the decayed mean of the drafts a
     verified chain had accepted (every step that verified one, alone or grafted: :meth:`LookupGraft.chain_accepted`)
-    in the timed forward over its slots. The head emits the decayed mean of ``1 + accepted drafts`` of its own steps,
-    kept apart for steps with and without a grafted chain, in the running drafting time plus the decayed mean of its
-    verification forwards. The head's step-by-step acceptance is only known after its draft is paid (its
-    probabilities, which :class:`AdaptiveSizer` calibrates); the decayed mean of what its steps accepted is what
-    that calibrated acceptance predicts on average (the calibration is the ratio of the accepted drafts to the
-    predicted ones), and costs nothing. The means weigh the newest step by :attr:`WEIGHT` (about the last 7 steps).
+    in the timed forward over its slots. The head emits the decayed mean of ``1 + accepted drafts`` of its own steps
+    in the decayed mean of their seconds (the step's drafting, timed as it ran, and its verification forward, at the
+    timed cost of its slots), both kept apart for steps with and without a grafted chain; a head step that the sizer
+    cut to the root alone counts as what it was, one token after a paid draft. The head's acceptance at a step is
+    only known once its draft is paid (its probabilities, which :class:`AdaptiveSizer` calibrates); the decayed mean
+    of what its steps accepted is what that calibrated acceptance predicts on average (the calibration is the ratio
+    of the accepted drafts to the predicted ones), and costs nothing. The means weigh the newest step by
+    :attr:`WEIGHT` (about the last 7 steps).
 
     Re-probing: a head that is not drafted is not measured, so a losing head would be locked out forever. The
     rule chosen is a forced probe: the head drafts at the first step of every turn (a new prompt may suit it),
@@ -188,9 +191,9 @@ class Backoff:
     offer) have never been measured; a probe is a full head step whose outcome moves the head's means,
     so a head whose acceptance recovers is back after a few probes. A fixed period bounds what a losing head costs:
     one draft per k + 1 steps, where a decayed optimistic estimate would bound nothing. This is the explore step of a
-    bandit with forced exploration, not a published rule; the closest published one is SmartSpec (arXiv:2406.14066,
-    Sec. 4), which picks each step's proposal length from 0 (no speculation) up by the goodput estimated from a
-    moving average of past acceptance; DISCO (arXiv:2405.04304) and SpecDec++ (arXiv:2405.19715, Sec. 3) decide
+    bandit with forced exploration, not a published rule; the closest published one is SmartSpec (arXiv:2406.14066),
+    which picks each step's proposal length from 0 (no speculation) up by the goodput estimated from a
+    moving average of past acceptance; DISCO (arXiv:2405.04304) and SpecDec++ (arXiv:2405.19715) decide
     while drafting, from the draft's own outputs, when to stop (here :meth:`AdaptiveSizer.another_level`), which
     cannot avoid the first draft forward that this rule skips.
 
@@ -207,7 +210,7 @@ class Backoff:
         if probe < 1:
             raise ValueError(f"Backoff: probe must be >= 1 step, got {probe}")
         self.sizer, self.probe = sizer, probe
-        self.head: dict[bool, tuple[float, float]] = {}  # with a grafted chain? -> (tokens, verify seconds) per step
+        self.head: dict[bool, tuple[float, float]] = {}  # with a grafted chain? -> (tokens, seconds) per step
         self.chain: float | None = None                  # decayed mean of the drafts a verified chain had accepted
         self.idle = probe                                # steps in a row without the head
         self.arm: str | None = None                      # the last step's arm (None: not chosen here)
@@ -222,12 +225,12 @@ class Backoff:
         """The arm of the step, given a lookup chain of ``chain`` tokens on offer (0: none); counted."""
         sizer, self.grafted = self.sizer, chain > 0
         head = self.head.get(self.grafted)
-        if self.idle >= self.probe or head is None or sizer.draft_s is None:
+        if self.idle >= self.probe or head is None:
             _count(counters, "backoff_probes", 1)
             arm = self.HEAD
         else:
             offer = None if not chain or self.chain is None else (1.0 + self.chain, sizer.verify_cost(chain + 1))
-            arm = autotune.best_arm(sizer.verify_s[1], offer, (head[0], sizer.draft_s + head[1]))
+            arm = autotune.best_arm(sizer.verify_s[1], offer, head)
         _count(counters, f"backoff_{arm}", 1)
         self.arm = arm
         return arm
@@ -248,9 +251,9 @@ class Backoff:
         if chain_accepted is not None:
             self.chain = autotune.decayed(self.chain, chain_accepted, w)
         if self.arm == self.HEAD:
-            tokens, verify_s = self.head.get(self.grafted, (None, None))
-            self.head[self.grafted] = (autotune.decayed(tokens, 1 + accepted, w),
-                                       autotune.decayed(verify_s, self.sizer.verify_cost(self.slots), w))
+            tokens, seconds = self.head.get(self.grafted, (None, None))
+            step_s = self.sizer.elapsed + self.sizer.verify_cost(self.slots)
+            self.head[self.grafted] = (autotune.decayed(tokens, 1 + accepted, w), autotune.decayed(seconds, step_s, w))
             self.idle = 0
         else:
             self.idle += 1
