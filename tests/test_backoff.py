@@ -156,8 +156,7 @@ def test_a_random_head_backs_off_and_stays_lossless(name, monkeypatch):
     c, steps = gen.counters, len(gen.accept_lengths) - 1
     assert c.get("backoff_head", 0) + c.get("backoff_plain", 0) == steps and "backoff_chain" not in c
     assert c["backoff_plain"] > steps // 2 and c["backoff_head"] >= steps // 4 and c["backoff_probes"] >= 1
-    plain = [d for d, n in zip(gen.draft_depths, range(steps)) if d == 0]
-    assert len(plain) >= c["backoff_plain"]  # a plain step verifies the root alone
+    assert gen.draft_depths.count(0) >= c["backoff_plain"]  # a plain step verifies the root alone
     check_generation(gen, method, PROMPT.shape[1], 40)
 
 
