@@ -153,14 +153,15 @@ def test_max_spec_context_turns_every_method_plain_past_it(name):
 LOOKUP = [n for n in METHOD_NAMES if "lookup" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
 
 
-@pytest.mark.parametrize("variant", [{}, {"adaptive": True}, {"adaptive": True, "lookup_alone": 2}],
-                         ids=["fixed", "adaptive", "alone"])
+@pytest.mark.parametrize("variant", [{}, {"adaptive": True}, {"adaptive": True, "lookup_alone": 2},
+                                     {"adaptive": True, "lookup_alone": 2, "backoff": 1}],
+                         ids=["fixed", "adaptive", "alone", "backoff"])
 @pytest.mark.parametrize("name", LOOKUP)
 def test_grafted_lookup_chains_stay_lossless(name, variant):
     # lookup=6 grafts a prompt-lookup chain onto every step's tree (the repeated prompt and the tiny target's loops
     # make it match), and lookup_alone=2 verifies a chain of a 2-gram match alone, skipping the draft (which then
-    # catches up on several positions at once): the tokens must still be vanilla's, and the chains must really
-    # have been verified
+    # catches up on several positions at once), and backoff=1 may also run the chain alone or a plain step instead
+    # of the draft: the tokens must still be vanilla's, and the chains must really have been verified
     assert {"eagle2", "eagle3", "jakiro"} <= set(LOOKUP)
     options = dict(total_tokens=12, depth=3, top_k=4, lookup=6, **variant)
     assert_greedy_equals_vanilla(name, **options)

@@ -147,11 +147,11 @@ def test_the_dynamic_tree_options_refuse_a_bad_value_alike(options, values, mess
 
 
 def test_the_options_share_the_base_fields_and_add_only_their_own():
-    """The base's eleven fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
+    """The base's twelve fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
     depth default): a subclass re-declaring a shared field would be a copy that can drift again."""
     shared = [f.name for f in dataclasses.fields(DynamicTreeOptions)]
     assert shared == ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone",
-                      "draft_window", "max_spec_context", "stop_unprofitable"]
+                      "draft_window", "max_spec_context", "stop_unprofitable", "backoff"]
     for cls in OPTIONS:
         assert set(shared) <= {f.name for f in dataclasses.fields(cls)}
     assert list(Eagle2Options.__annotations__) == ["draft_vocab"]
@@ -174,7 +174,7 @@ def test_the_options_keep_their_recorded_order():
     target = tiny_target()
     described = {name: list(get_method(name).example(target, top_k=4).describe()["options"])
                  for name in ("eagle2", "eagle3", "jakiro")}
-    later = ["draft_window", "max_spec_context", "stop_unprofitable"]  # added after the others: they follow them
+    later = ["draft_window", "max_spec_context", "stop_unprofitable", "backoff"]  # added after the others: they follow
     assert described == {
         "eagle2": ["head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
                    "lookup_alone", *later],

@@ -7,5 +7,6 @@ target forward, verify, compact, accept), ``runtime`` (the one seam for target f
 ``hostio`` (small host-device transfers without stalling the queue), ``lookup`` (prompt lookup's n-gram chain),
 ``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft vocabulary), ``checkpoints``
 (reading draft-head checkpoints with strict key checks), ``autotune`` (tree sizes from measured costs) and
-``treepolicies`` (per-step policies a tree method can hold: a grafted prompt-lookup chain, adaptive tree sizes).
+``treepolicies`` (per-step policies a tree method can hold: a grafted prompt-lookup chain, adaptive tree sizes,
+backing off to the chain alone or no draft).
 """

@@ -29,7 +29,9 @@ dynamic-tree methods) sizes every step's tree from what is measured instead:
 expected tokens per second of the step. The tree only decides which tokens are verified, never what is emitted,
 so the rule changes speed only: greedy output stays vanilla's. The same measured costs tell when speculation no
 longer pays at all (:func:`speculation_pays`, option ``stop_unprofitable``: the measured accepted drafts of the last
-steps against a plain one-slot forward).
+steps against a plain one-slot forward), and, before each step, whether to draft at all (:func:`best_arm`, option
+``backoff``: the head's tree, the prompt-lookup chain alone or a plain step, from decayed means of what each
+emitted, :func:`decayed`).
 """
 
 from __future__ import annotations
@@ -200,6 +202,38 @@ def speculation_pays(accepted: list[int], verify_s: list[float], draft_s: float,
         raise ValueError(f"draft_s must be >= 0 and plain_s > 0, got {draft_s}, {plain_s}")
     tokens = len(accepted) + sum(accepted)
     return tokens * plain_s >= len(accepted) * draft_s + sum(verify_s)
+
+
+ARMS: tuple[str, ...] = ("plain", "chain", "head")  # what a step can run, cheapest first (the order ties go to)
+
+
+def best_arm(plain_s: float, chain: tuple[float, float] | None = None,
+             head: tuple[float, float] | None = None) -> str:
+    """Which step emits the most expected tokens per second: ``"plain"`` (the root alone: 1 token in ``plain_s``
+    seconds, a one-slot forward), ``"chain"`` (the prompt-lookup chain alone) or ``"head"`` (the head's tree, drafted).
+    ``chain`` and ``head``: (expected tokens emitted, bonus token included; expected seconds, drafting included), None
+    when the arm is not on offer. Ties go to the cheaper arm, in the order of :data:`ARMS`.
+
+    Example: plain_s 1.0; chain (2.0, 1.1) -> 1.82 tokens/s, head (1.2, 1.4) -> 0.86: "chain"; without the chain:
+    "plain" (1.0 > 0.86); head (3.0, 1.5) -> 2.0: "head".
+    """
+    if plain_s <= 0:
+        raise ValueError(f"plain_s must be > 0, got {plain_s}")
+    rates = {"plain": 1.0 / plain_s}
+    for arm, offer in (("chain", chain), ("head", head)):
+        if offer is not None:
+            tokens, seconds = offer
+            if tokens < 0 or seconds <= 0:
+                raise ValueError(f"best_arm: {arm} needs tokens >= 0 and seconds > 0, got {offer}")
+            rates[arm] = tokens / seconds
+    best = max(rates.values())
+    return next(arm for arm in ARMS if rates.get(arm) == best)
+
+
+def decayed(mean: float | None, value: float, weight: float) -> float:
+    """An exponentially decayed mean after one more ``value``: ``(1 - weight) * mean + weight * value``; the first
+    value (``mean`` None) is taken as it is. Example: mean 2.0, value 0.0, weight 0.25 -> 1.5."""
+    return value if mean is None else (1.0 - weight) * mean + weight * value
 
 
 class AcceptanceCalibration:

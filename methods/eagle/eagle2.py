@@ -3,9 +3,10 @@
 shares (``eagle2``, ``eagle3``, ``jakiro`` extend them).
 
 ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10; deterministic top-k drafts at
-every temperature, as published. Two unpublished per-step policies (:mod:`harness.engine.treepolicies`): ``adaptive``
+every temperature, as published. Unpublished per-step policies (:mod:`harness.engine.treepolicies`): ``adaptive``
 sizes each step's tree (at most ``total_tokens``) from measured costs and calibrated confidence; ``lookup`` grafts a
-prompt-lookup chain onto every step's tree. Unpublished for long contexts: ``draft_window`` limits the draft's
+prompt-lookup chain onto every step's tree; ``backoff`` skips the draft for the chain alone or a plain step when the
+head does not pay. Unpublished for long contexts: ``draft_window`` limits the draft's
 attention to the last W positions (:class:`harness.engine.draftcache.DraftCache`); ``max_spec_context`` and
 ``stop_unprofitable`` stop speculating for the rest of a turn (:class:`harness.engine.treepolicies.SpeculationStop`).
 """
@@ -30,7 +31,7 @@ from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import check_stop_option
 from harness.engine.tree import DraftTree, rank_candidates, select_dynamic_tree
-from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, LookupGraft, SpeculationStop
+from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, Backoff, LookupGraft, SpeculationStop
 from harness.models import Target
 from harness.registry import register_method
 from methods.eagle.draft import EagleMethodBase
@@ -61,6 +62,11 @@ class DynamicTreeOptions:
     runs plain one-token target forwards. ``stop_unprofitable``: 0 = off; n > 0 = the same once the last n steps,
     at the costs the adaptive sizing measured (needs ``adaptive``), emitted tokens slower than plain forwards would
     have (:class:`harness.engine.treepolicies.SpeculationStop`); not published.
+    ``backoff``: 0 = off (every step drafts); k > 0 = before every step, the adaptive sizing (needs ``adaptive``)
+    chooses between the head's tree, the lookup chain alone (with ``lookup``) and a plain one-token step, whichever
+    its measured costs and decayed means of what each emitted expect to be fastest, and drafts the head at least at
+    every turn's first step and after k steps in a row without it (:class:`harness.engine.treepolicies.Backoff`);
+    not published.
     """
 
     head: str | None = None
@@ -74,6 +80,7 @@ class DynamicTreeOptions:
     draft_window: int = 0
     max_spec_context: int = 0
     stop_unprofitable: int = 0
+    backoff: int = 0
 
     # The order of the options in manifests, turn records and tables (``opt.*`` columns, ablation knobs): a subclass
     # whose own fields stood among these before they were shared lists its fields in that order; fields it does not
@@ -105,10 +112,15 @@ class DynamicTreeOptions:
         if alone and not lookup:
             raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
         check_draft_window(self.draft_window)
-        for name in ("max_spec_context", "stop_unprofitable"):
+        for name in ("max_spec_context", "stop_unprofitable", "backoff"):
             check_stop_option(name, getattr(self, name))
         if self.stop_unprofitable and not self.adaptive:
             raise ValueError("stop_unprofitable reads the adaptive sizing's measured costs: set adaptive true too")
+        if self.backoff and not self.adaptive:
+            raise ValueError("backoff reads the adaptive sizing's measured costs: set adaptive true too")
+        if self.backoff and self.stop_unprofitable:
+            raise ValueError("backoff already runs plain steps when drafting does not pay, and stop_unprofitable would "
+                             "charge them a draft: set one of them")
 
     def recorded(self) -> dict[str, Any]:
         """The options as a dict in :attr:`RECORDED_ORDER` (what :meth:`Eagle2.describe` records)."""
@@ -125,7 +137,7 @@ class Eagle2Options(DynamicTreeOptions):
     draft_vocab: int = 0
 
     RECORDED_ORDER = ("head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable")
+                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable", "backoff")
 
     def __post_init__(self):
         super().__post_init__()
@@ -166,6 +178,7 @@ class Eagle2(EagleMethodBase):
         o = self.options  # the per-step policies (harness.engine.treepolicies); None when their option is off
         self.sizer = AdaptiveSizer(o.total_tokens) if o.adaptive else None
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
+        self.backoff = Backoff(self.sizer, o.backoff) if o.backoff else None
         if o.max_spec_context or o.stop_unprofitable:  # asked by the engine's loop (SpeculativeMethod.generate)
             self.speculation_stop = SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
 
@@ -182,15 +195,21 @@ class Eagle2(EagleMethodBase):
             self.total_tokens = autotune.choose_tree_size(autotune.time_tree_sizes(self.target, runtime=self.runtime))
         if self.sizer is not None:
             self.sizer.begin(self.target, self.runtime)
+        if self.backoff is not None:
+            self.backoff.begin()
         self.counters["total_tokens"] = self.total_tokens
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
         super().accept(tokens, hidden, next_root)
-        if self.graft is not None:
-            self.graft.accept(tokens)
-        if self.sizer is not None and (self.graft is None or self.graft.drafted):
+        graft, backoff = self.graft, self.backoff
+        if graft is not None:
+            graft.accept(tokens)
+        drafted = graft.drafted if graft is not None else backoff is None or backoff.arm == Backoff.HEAD
+        if self.sizer is not None and drafted:
             # tokens = [root] + accepted drafts; calibrate on the draft's own tree
-            self.sizer.accept(self.graft.own_accepted(tokens[1:]) if self.graft is not None else len(tokens) - 1)
+            self.sizer.accept(graft.own_accepted(tokens[1:]) if graft is not None else len(tokens) - 1)
+        if backoff is not None:
+            backoff.record(len(tokens) - 1, graft.chain_accepted(tokens[1:]) if graft is not None else None)
 
     def expand(self, root: int) -> DynamicCandidates:
         """The k + depth*k*k candidates of one cycle (see the class docstring); runs depth + 1 draft forwards."""
@@ -226,10 +245,12 @@ class Eagle2(EagleMethodBase):
         return DynamicCandidates(torch.cat(rec_tokens), torch.cat(rec_scores), torch.cat(rec_parents))
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
-        if self.graft is None:
-            return self.propose_draft(root)
-        return self.graft.propose(root, functools.partial(self.propose_draft, root), self.counters,
-                                  self.target.output_device)
+        draft = functools.partial(self.propose_draft, root)
+        if self.graft is not None:
+            return self.graft.propose(root, draft, self.counters, self.target.output_device, self.backoff)
+        if self.backoff is not None:
+            return self.backoff.propose([], draft, self.counters, self.target.output_device)
+        return draft()
 
     def propose_draft(self, root: int) -> DraftTree:
         """The draft's own tree: EAGLE-2's ``total_tokens - 1`` best candidates, or the adaptive prefix of them."""
