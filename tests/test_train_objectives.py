@@ -195,3 +195,22 @@ def test_options_are_recorded_and_resume_gives_the_uninterrupted_weights(eagle_s
     b = load_file(str(tmp_path / "resumed" / "head" / "model.safetensors"))
     for key in a:
         torch.testing.assert_close(a[key], b[key], msg=key)
+
+
+def test_cli_passes_the_options_and_the_held_out_share(eagle_setup):
+    # `draftbench train eagle --option hass_steps=3 --option griffin_topk=3 --eval-fraction 0.1` reaches the
+    # objective as integers (JSON values, not strings) and the loop's config; a bad value fails in one line
+    from harness.cli import build_parser
+    from harness.cli.train import config_from_args
+
+    target, _, _ = eagle_setup
+    args = build_parser().parse_args(["train", "eagle", "--data", "d", "--eval-fraction", "0.1", "--option",
+                                      "hass_steps=3", "--option", "griffin_topk=3", "--option", "topk_weight=0.5"])
+    cfg = config_from_args(args)
+    assert cfg.eval_fraction == 0.1
+    assert cfg.options == {"hass_steps": 3, "griffin_topk": 3, "topk_weight": 0.5}
+    assert get_objective("eagle").create(target, cfg.options).options.steps == 3
+    bad = config_from_args(build_parser().parse_args(["train", "eagle", "--data", "d", "--option", "hass_steps=x"]))
+    with pytest.raises(ValueError, match="^objective 'eagle': option hass_steps: expected an integer, got 'x'$") as e:
+        get_objective("eagle").create(target, bad.options)
+    assert "\n" not in str(e.value)
