@@ -535,8 +535,8 @@ def test_objective_loss_weights_and_two_step_target():
     loss, parts = objective.loss(head, batch)
     out, _ = head.forward_outputs(batch["features"], batch["input_ids"], torch.arange(S).expand(B, S), contrast=True)
     lm = target.model.lm_head
-    v1, p1 = eagle_losses(out.mixture, batch["target"], batch["loss_mask"], lm)
-    v2, p2 = eagle_losses(out.contrast[:, :-1], batch["target"][:, 1:], batch["loss_mask"][:, 1:], lm)
+    v1, p1, _ = eagle_losses(out.mixture, batch["target"], batch["loss_mask"], lm)
+    v2, p2, _ = eagle_losses(out.contrast[:, :-1], batch["target"][:, 1:], batch["loss_mask"][:, 1:], lm)
     assert loss.item() == pytest.approx((v1 + 0.5 * v2 + 0.1 * (p1 + 0.5 * p2)).item(), rel=1e-5)
     assert set(parts) == {"vloss1", "ploss1", "vloss2", "ploss2"}
     loss.backward()

@@ -214,7 +214,7 @@ def test_losses_on_masked_positions_equal_the_all_position_formulas(built):
     torch.manual_seed(0)
     pred, feat = torch.randn(2, 6, 32), torch.randn(2, 6, 32)
     mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 1]], dtype=torch.float)
-    vloss, ploss = eagle_losses(pred, feat, mask, lm_head)
+    vloss, ploss, _ = eagle_losses(pred, feat, mask, lm_head)
     ref = -(torch.softmax(lm_head(feat), -1) * torch.log_softmax(lm_head(pred), -1)).sum(-1)  # [B, S]
     assert ploss.item() == pytest.approx(((ref * mask).sum() / (mask.sum() + 1e-5)).item(), rel=1e-5)
     assert vloss.item() == pytest.approx(masked_mean(F.smooth_l1_loss(pred, feat, reduction="none").mean(-1),
@@ -247,7 +247,7 @@ def test_reduced_training_vocabulary_renormalises_the_target_over_the_kept_token
     torch.manual_seed(0)
     pred, feat = torch.randn(1, 4, 32), torch.randn(1, 4, 32)
     mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
-    _, ploss = eagle_losses(pred, feat, mask, obj.draft_lm_head.compact)
+    _, ploss, _ = eagle_losses(pred, feat, mask, obj.draft_lm_head.compact)
     lm = target.model.lm_head
     p = torch.softmax(lm(feat)[..., kept], -1)
     q = torch.log_softmax(lm(pred)[..., kept], -1)
@@ -285,6 +285,6 @@ def test_unrolled_loss_adds_the_second_draft_step(built):
     x = torch.cat([torch.zeros_like(pred1[:, :1]), pred1[:, :-1]], dim=1)
     pred2, _ = head(x, batch["input_ids"], pos, kv=kv, attn_mask=unroll_mask(S, 2))
     valid = batch["loss_mask"] * (pos >= 1)
-    v2, p2 = eagle_losses(pred2, batch["target"], valid, target.model.lm_head)
+    v2, p2, _ = eagle_losses(pred2, batch["target"], valid, target.model.lm_head)
     assert l2.item() == pytest.approx(l1.item() + 0.8 * (v2 + 0.1 * p2).item(), rel=1e-5)
     assert set(parts) == {"vloss1", "ploss1", "vloss2", "ploss2"}

@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for flag, kind in (("lr", float), ("weight-decay", float), ("epochs", int), ("max-steps", int),
                        ("batch-size", int), ("grad-accum", int), ("warmup-steps", int), ("warmup-ratio", float),
                        ("eval-every", int), ("save-every", int), ("eval-positions", int), ("max-len", int),
-                       ("seed", int), ("log-every", int), ("max-shards", int)):
+                       ("seed", int), ("log-every", int), ("max-shards", int), ("eval-fraction", float)):
         p.add_argument("--" + flag, type=kind)
     p.add_argument("--noise", help="eagle (published), none, or a fixed scale")
     p.add_argument("--mixed-precision", choices=["auto", "no", "bf16", "fp16"])
@@ -55,7 +55,7 @@ def config_from_args(args) -> TrainConfig:
     values: dict[str, Any] = {}
     for name in ("lr", "weight_decay", "epochs", "max_steps", "batch_size", "grad_accum", "warmup_steps",
                  "warmup_ratio", "eval_every", "save_every", "eval_positions", "max_len", "seed", "log_every",
-                 "max_shards", "mixed_precision"):
+                 "max_shards", "eval_fraction", "mixed_precision"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     if args.noise is not None:

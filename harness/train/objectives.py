@@ -106,3 +106,28 @@ def objective_names() -> list[str]:
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum(values * mask) / (sum(mask) + 1e-5), EAGLE's masked average; values, mask [B, S] -> scalar."""
     return (values * mask).sum() / (mask.sum() + 1e-5)
+
+
+def topk_distill(target_p: torch.Tensor, logp: torch.Tensor, k: int) -> torch.Tensor:
+    """HASS's harmonized objective distillation term (Zhang et al., arXiv:2408.15766 Sec. 3): the cross-entropy
+    restricted to the target's K most likely tokens, ``-sum_{v in topK(p)} p_v log q_v`` per row, which weighs the
+    draft's ranking of the tokens a tree actually drafts. target_p, logp [n, V] -> [n]; K is capped at V.
+    Example: p = [0.5, 0.3, 0.2], log q = [-1, -2, -3], K = 2 -> 0.5*1 + 0.3*2 = 1.1."""
+    top = target_p.topk(min(k, target_p.shape[-1]), dim=-1).indices  # [n, K]
+    return -(target_p.gather(-1, top) * logp.gather(-1, top)).sum(-1)
+
+
+def alignable_next(align: torch.Tensor, logits: torch.Tensor, fed: torch.Tensor, k: int) -> torch.Tensor:
+    """GRIFFIN's token-alignable mask (Hu et al., arXiv:2502.11018 Sec. 3), one draft step further.
+
+    In unrolled training the chain whose step j sits at position p is fed, at step j + 1 (position p + 1), the
+    data's token ``fed[p + 1]``; drafting would feed its own pick instead, so the two agree only when that token is
+    among the draft's top ``k`` at step j. A chain stays alignable while this held at every earlier step; only
+    alignable chains train the later steps. align [B, S] bool (step j, by position; all True at step 1), logits
+    [B, S, V] (draft, step j), fed [B, S] (token ids in the logits' columns; -1 = never drafted) -> [B, S] bool
+    (step j + 1; position 0 has no chain).
+    Example: k=1, draft argmax [5, 7, 9, 2], fed [1, 5, 8, 9], align all True -> [False, True, False, True].
+    """
+    top = logits[:, :-1].topk(k, dim=-1).indices                    # [B, S-1, k]
+    hit = (top == fed[:, 1:, None]).any(-1) & align[:, :-1]          # [B, S-1]: chain at p still aligned at p + 1
+    return torch.cat([torch.zeros_like(hit[:, :1]), hit], dim=1)    # [B, S]

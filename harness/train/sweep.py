@@ -9,7 +9,9 @@ members in order with their options, head folder, status, held-out accuracy and 
 ``--sweep jakiro.head=DIR`` expands it into one method entry per head, labelled by its value.
 
 The Jakiro expert-count ablation (Jakiro, arXiv:2502.06282, Table 4) is
-``draftbench train jakiro --sweep num_experts=2,3,4,5 ...`` (K = ``experts_per_tok`` = min(2, N) unless given).
+``draftbench train jakiro --sweep num_experts=2,3,4,5 ...`` (K = ``experts_per_tok`` = min(2, N) unless given); the
+multi-step objectives compare the same way: ``draftbench train eagle --sweep hass_steps=1,3`` (plain EAGLE against
+HASS, arXiv:2408.15766) or ``--option hass_steps=3 --sweep griffin_topk=0,3`` (GRIFFIN's mask, arXiv:2502.11018).
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The ``eagle`` training objective (EAGLE-1, arXiv:2401.15077 Sec. 3.2; released trainer ``eagle/train/main.py``):
-feature regression plus a soft cross-entropy through the frozen lm_head, on noised target features, and the
-optional training-time test of EAGLE-3 (arXiv:2503.01840 Sec. 3: later draft steps on the head's own outputs).
+feature regression plus a soft cross-entropy through the frozen lm_head, on noised target features, and three
+optional multi-step objectives that leave the head unchanged: the training-time test of EAGLE-3 (arXiv:2503.01840
+Sec. 3: later draft steps on the head's own outputs, gradients through the chain), HASS's harmonized context
+alignment and objective distillation (arXiv:2408.15766 Sec. 3: the same steps on the head's own detached features,
+each weighted 1, plus a top-K loss) and GRIFFIN's token-alignable training (arXiv:2502.11018 Sec. 3: a later step
+trains only chains whose earlier draft tokens were in the draft's top-k).
 """
 
 from __future__ import annotations
@@ -11,15 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.train.objectives import Objective, masked_mean, register_objective
+from harness.train.objectives import Objective, alignable_next, masked_mean, register_objective, topk_distill
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
 
 
-def eagle_losses(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
-                 lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(vloss, ploss) of EAGLE's trainer: SmoothL1 (beta 1) averaged over H, and the soft cross-entropy
-    ``-sum_v softmax(lm_head(f_{t+1}))_v log_softmax(lm_head(f̂))_v``, both masked per position.
+def eagle_losses(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, lm_head: nn.Module,
+                 topk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(vloss, ploss, topkloss) of EAGLE's trainer: SmoothL1 (beta 1) averaged over H, and the soft cross-entropy
+    ``-sum_v softmax(lm_head(f_{t+1}))_v log_softmax(lm_head(f̂))_v``, both masked per position; with ``topk`` K > 0
+    also HASS's top-K term (:func:`harness.train.objectives.topk_distill`, masked the same way), else 0.
 
     pred, target [B, S, H]; mask [B, S]. The V-wide lm_head passes run only on the n positions with mask > 0 (the
     masked-out ones would be multiplied by 0): the same value as masking all B*S positions, at n/(B*S) of the cost.
@@ -32,7 +37,8 @@ def eagle_losses(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
     denom = mask.sum() + 1e-5
     ploss = (-(target_p * out_logp).sum(-1) * weight).sum() / denom
     vloss = masked_mean(F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1), mask)
-    return vloss, ploss
+    topkloss = (topk_distill(target_p, out_logp, topk) * weight).sum() / denom if topk else ploss.new_zeros(())
+    return vloss, ploss, topkloss
 
 
 def unroll_mask(S: int, step: int, device: torch.device | None = None) -> torch.Tensor:
@@ -88,12 +94,32 @@ class EagleObjectiveOptions:
     train_vocab: int = 0     # 0: soft CE over the full vocabulary (published); N: over the N most frequent tokens
     unroll: int = 1          # 1: published (one step from true features); U: also steps 2..U on the head's own output
     unroll_decay: float = 0.8  # weight of step j is unroll_decay**(j-1) (EAGLE-3's training-time test weights)
+    hass_steps: int = 1      # HASS: n > 1 also trains steps 2..n on the head's own DETACHED features, weight 1 each
+    topk_weight: float = 0.0  # HASS's top-K distillation term weight (HASS 1.0 in its second stage, GRIFFIN 0.5)
+    topk: int = 10           # K of that term (HASS and GRIFFIN: 10)
+    griffin_topk: int = 0    # GRIFFIN: k > 0 trains step j only on chains whose fed tokens were in the top-k (3)
 
     def __post_init__(self):
         if not isinstance(self.train_vocab, int) or self.train_vocab < 0:
             raise ValueError(f"train_vocab must be 0 (full vocabulary) or a positive integer, got {self.train_vocab!r}")
-        if not isinstance(self.unroll, int) or self.unroll < 1:
-            raise ValueError(f"unroll must be an integer >= 1, got {self.unroll!r}")
+        for name in ("unroll", "hass_steps", "topk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.unroll > 1 and self.hass_steps > 1:
+            raise ValueError(f"set unroll (EAGLE-3's training-time test) or hass_steps (HASS), not both: got "
+                             f"unroll={self.unroll}, hass_steps={self.hass_steps}")
+        if not isinstance(self.griffin_topk, int) or isinstance(self.griffin_topk, bool) or self.griffin_topk < 0:
+            raise ValueError(f"griffin_topk must be 0 (off) or a positive integer, got {self.griffin_topk!r}")
+        if self.griffin_topk and self.steps == 1:
+            raise ValueError("griffin_topk masks draft steps 2 and later: set hass_steps (or unroll) to 2 or more")
+        if not isinstance(self.topk_weight, (int, float)) or self.topk_weight < 0:
+            raise ValueError(f"topk_weight must be a number >= 0, got {self.topk_weight!r}")
+
+    @property
+    def steps(self) -> int:
+        """Draft steps trained per position (1 = the published single step)."""
+        return max(self.unroll, self.hass_steps)
 
 
 @register_objective("eagle")
@@ -109,25 +135,46 @@ class EagleObjective(Objective):
         return EagleHead.for_target(self.target, bias=self.options.bias).float()
 
     def loss(self, head, batch):
-        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` U > 1,
-        steps 2..U feed the head its own predicted feature
-        (with the true token) exactly as drafting does after a commit (:func:`eagle_unrolled_hits` shows the
-        layout) and add ``unroll_decay**(j-1)`` x the same loss; gradients flow through the chain (EAGLE-3's
-        "training-time test", applied to the EAGLE-1 head)."""
+        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` or
+        ``hass_steps`` n > 1, steps 2..n feed the head its own predicted feature (with the true token) exactly as
+        drafting does after a commit (:func:`eagle_unrolled_hits` shows the layout; keys and values of the earlier
+        context come from the true features) and add the same loss: ``unroll`` weights step j by
+        ``unroll_decay**(j-1)`` and lets gradients flow through the chain (EAGLE-3's "training-time test", applied to
+        the EAGLE-1 head); ``hass_steps`` weights every step 1 and detaches the fed-back feature, so step j trains
+        the head to read its own earlier outputs without moving them (HASS's harmonized context alignment).
+        ``topk_weight`` adds HASS's top-K term at every step; ``griffin_topk`` k drops, from step j + 1 on, the
+        chains whose token fed at some step was not in the draft's top-k at the step before (GRIFFIN; the token
+        drafting would have fed differs from the one training feeds). Parts: ``vloss``, ``ploss`` (``topkloss``),
+        suffixed by the step when n > 1, and ``aligned<j>``, the share of step-j positions GRIFFIN kept."""
         o = self.options
         features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
         B, S, _ = features.shape
         pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
+        lm_head = self.draft_lm_head.compact
+        fed = self.draft_lm_head.columns(ids) if o.griffin_topk else None  # [B, S] columns of the fed tokens
+        align = torch.ones_like(mask, dtype=torch.bool)                     # [B, S] GRIFFIN: alignable chains
         total, parts, kv, x = features.new_zeros(()), {}, None, features
-        for step in range(1, o.unroll + 1):
+        for step in range(1, o.steps + 1):
             attn = None if step == 1 else unroll_mask(S, step, ids.device)
             pred, kv = head(x, ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
-            valid = mask * (pos >= step - 1)                      # the chain needs step - 1 earlier positions
-            vloss, ploss = eagle_losses(pred, batch["target"], valid, self.draft_lm_head.compact)
-            total = total + o.unroll_decay ** (step - 1) * (o.v_weight * vloss + o.p_weight * ploss)
-            tag = str(step) if o.unroll > 1 else ""  # published run: parts "vloss", "ploss"
+            valid = mask * (pos >= step - 1) * align              # the chain needs step - 1 earlier positions
+            vloss, ploss, topkloss = eagle_losses(pred, batch["target"], valid, lm_head,
+                                                  o.topk if o.topk_weight else 0)
+            weight = 1.0 if o.hass_steps > 1 else o.unroll_decay ** (step - 1)
+            total = total + weight * (o.v_weight * vloss + o.p_weight * ploss + o.topk_weight * topkloss)
+            tag = str(step) if o.steps > 1 else ""  # published run: parts "vloss", "ploss"
             parts[f"vloss{tag}"], parts[f"ploss{tag}"] = vloss.item(), ploss.item()
-            x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
+            if o.topk_weight:
+                parts[f"topkloss{tag}"] = topkloss.item()
+            if o.griffin_topk and step > 1:
+                reach = mask * (pos >= step - 1)
+                parts[f"aligned{step}"] = (valid.sum() / reach.sum().clamp(min=1)).item()
+            if step < o.steps:
+                if o.griffin_topk:
+                    with torch.no_grad():
+                        align = alignable_next(align, lm_head(pred), fed, o.griffin_topk)
+                nxt = pred.detach() if o.hass_steps > 1 else pred
+                x = torch.cat([torch.zeros_like(nxt[:, :1]), nxt[:, :-1]], dim=1)  # chain's feature moves to p + 1
         return total, parts
 
     def accuracy(self, head, batch, k):

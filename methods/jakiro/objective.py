@@ -51,8 +51,8 @@ def jakiro_losses(mixture: torch.Tensor, contrast: torch.Tensor, target: torch.T
     """The four Jakiro loss terms: M against f_{t+1} (``target[t]``, mask ``mask[t]``) and C against f_{t+2}
     (``target[t+1]``, mask ``mask[t+1]``; C at the last position has no target and is dropped).
     mixture, contrast, target [B, S, H]; mask [B, S] -> {vloss1, ploss1, vloss2, ploss2}."""
-    vloss1, ploss1 = eagle_losses(mixture, target, mask, lm_head)
-    vloss2, ploss2 = eagle_losses(contrast[:, :-1], target[:, 1:], mask[:, 1:], lm_head)
+    vloss1, ploss1, _ = eagle_losses(mixture, target, mask, lm_head)
+    vloss2, ploss2, _ = eagle_losses(contrast[:, :-1], target[:, 1:], mask[:, 1:], lm_head)
     return {"vloss1": vloss1, "ploss1": ploss1, "vloss2": vloss2, "ploss2": ploss2}
 
 
