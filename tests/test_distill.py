@@ -37,7 +37,7 @@ def _shard_tensors(folder, manifest):
     out = []
     for s in manifest["shards"]:
         with safe_open(str(folder / s["file"]), framework="pt") as f:
-            out.append(({k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["ids"])))
+            out.append(({k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["ids"])))  # noqa: SIM118
     return out
 
 
