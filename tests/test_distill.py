@@ -42,7 +42,7 @@ def _shard_tensors(folder, manifest):
 
 
 def test_token_store_resumes_to_the_files_of_an_uninterrupted_run(tmp_path, convs_file, monkeypatch):
-    # stage (a) killed while generating its second part (conversations 2-3) must restart at that part: the same
+    # stage (a) killed while generating its second part (items 2-3) must restart at that part: the same
     # part files as a run that was never interrupted, each conversation exactly once, the first part not redone
     whole = build_dataset(tiny_target(), [convs_file], tmp_path / "whole", **BUILD)
     real, calls = features_module.self_distilled, {"n": 0}
@@ -59,7 +59,7 @@ def test_token_store_resumes_to_the_files_of_an_uninterrupted_run(tmp_path, conv
     store = tmp_path / "cut" / "distilled"
     first = json.loads((store / "manifest.json").read_text())
     assert [p["file"] for p in first["parts"]] == ["part-00000.jsonl"] and not first["complete"]
-    assert not (tmp_path / "cut" / "shard-00000.safetensors").exists()  # features wait for the whole store
+    assert not (tmp_path / "cut" / "shard-00000.safetensors").exists()  # shard 0 (items 0-2) needs parts 0, 1
     monkeypatch.setattr(features_module, "self_distilled", real)
     resumed = build_dataset(tiny_target(), [convs_file], tmp_path / "cut", **BUILD)
     assert json.loads((store / "manifest.json").read_text())["parts"][0] == first["parts"][0]  # not redone

@@ -9,7 +9,7 @@ scripts, with the fixes noted below):
    Truncated at ``max_len``. ``self_distill=True`` replaces every assistant turn by the target's greedy answer to
    the conversation so far (turn by turn, :mod:`harness.train.distill`), which matches the draft to the target's
    own distribution; that stage (a) stores the rendered ids and mask in a small token store
-   (:func:`distill_tokens`), kept and reused by any later build of the same conversations.
+   (:class:`TokenStore`), kept and reused by any later build of the same conversations.
 4. **Features.** Batched target forwards over the rendered ids (:func:`batched_features`: several conversations,
    right-padded, per forward); stored: ``input_ids``, ``loss_mask`` and the target's last
    hidden state AFTER the final norm (the ``lm_head`` input, ``base_model(...).last_hidden_state``; the test
@@ -30,7 +30,7 @@ On-disk layout (``out_dir``)::
         levels     fp16   [T, k*H]    only with ``layers`` (k levels, in the manifest's ``hidden_layers`` order)
         offsets    int64  [n + 1]     conversation i is rows offsets[i]:offsets[i+1]
         (metadata "ids": JSON list of conversation ids)
-    distilled/                        with ``self_distill``: the token store of stage (a) (:func:`distill_tokens`)
+    distilled/                        with ``self_distill``: the token store of stage (a) (:class:`TokenStore`)
 
 Resuming: shard k always holds selection items ``[k*shard_size, (k+1)*shard_size)``; a shard is written to a
 temporary file and renamed, then recorded in the manifest, so a killed build restarts at the first shard the
@@ -261,73 +261,87 @@ def _record_mask(record: dict[str, Any]) -> list[int]:
     return mask
 
 
-def distill_tokens(target: Target, selection: list[Conversation], tokens_dir: str | Path, settings: dict,
-                   generator: str = "hf", batch: int = 16, part_size: int = 128,
-                   progress: bool = True) -> dict[str, Any]:
+class TokenStore:
     """Stage (a) of a self-distilled build: the target's greedy answers (:mod:`harness.train.distill`) to every
-    conversation of ``selection``, rendered to token ids with the assistant loss mask, in ``tokens_dir``::
+    conversation of ``selection``, rendered to token ids with the assistant loss mask, in ``folder``::
 
-        manifest.json        settings (what the ids depend on), per-part generator, tokens, seconds, tokens/s
+        manifest.json        settings (what the ids depend on), per part: generator, tokens, seconds, tokens/s
         part-00000.jsonl     selection items [0, part_size), one JSON line each (in order, also when nothing is
                              left to learn from): {"id", "input_ids": [...], "assistant": [[start, end), ...]}
 
-    Resumable like the shards (a part is written whole, then listed; a resume with other ``settings`` is refused),
-    and reusable: a build with the same settings finds every part present and generates nothing, whatever its
-    feature settings. ``generator``/``batch`` only change speed (and near-ties; recorded per part). Returns the
-    manifest."""
-    from tqdm import tqdm
+    :meth:`records` generates the parts a range needs that are not written yet, so features can follow generation
+    shard by shard (and training can start on the first shards of a long build). Resumable like the shards (a part
+    is written whole, then listed; a resume with other ``settings`` is refused) and reusable: a build with the same
+    settings finds its parts present and generates nothing, whatever its feature settings. ``generator`` and
+    ``batch`` change only speed (and near-ties; both recorded per part). The generator is started at the first
+    part to write; :meth:`close` stops it."""
 
-    tokens_dir = Path(tokens_dir)
-    settings = {**settings, "part_size": part_size}
-    tokens_dir.mkdir(parents=True, exist_ok=True)
-    parts = _resume_state(tokens_dir, settings, key="parts")
-    manifest = {"settings": settings, "target": target.name, "parts": parts, "complete": False}
-    n_parts = math.ceil(len(selection) / part_size)
-    if len(parts) < n_parts:
-        gen = make_generator(generator, target, batch, settings["max_len"])
-        bar = tqdm(total=len(selection), initial=len(parts) * part_size, unit="conv", desc="generate",
-                   disable=not progress)
-        try:
-            for k in range(len(parts), n_parts):
-                convs = selection[k * part_size:(k + 1) * part_size]
-                start, tokens = time.perf_counter(), gen.tokens
-                distilled = self_distilled(target, [c.messages for c in convs], settings["max_len"],
-                                           settings["max_new_tokens"], generate=gen)
-                lines = []
-                for conv, messages in zip(convs, distilled, strict=True):
-                    ids, mask = render_with_mask(target.tokenizer, messages, settings["max_len"]) if messages \
-                        else ([], [])
-                    lines.append(json.dumps(_token_record(conv.id, ids, mask), separators=(",", ":")))
-                path = tokens_dir / part_name(k)
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-                os.replace(tmp, path)
-                seconds = time.perf_counter() - start
-                parts.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(convs),
-                              "generated_tokens": gen.tokens - tokens, "seconds": round(seconds, 3),
-                              "tokens_per_s": round((gen.tokens - tokens) / max(seconds, 1e-9), 2),
-                              "selection_range": [k * part_size, k * part_size + len(convs)],
-                              "generator": gen.describe()})
-                manifest["parts"] = parts
-                _write_json(tokens_dir / MANIFEST, _token_totals(manifest))
-                bar.update(len(convs))
-        finally:
-            bar.close()
-            gen.close()
-    manifest["complete"] = True
-    _write_json(tokens_dir / MANIFEST, _token_totals(manifest))
-    return _token_totals(manifest)
+    def __init__(self, target: Target, selection: list[Conversation], folder: str | Path, settings: dict,
+                 generator: str = "hf", batch: int = 16, part_size: int = 128):
+        self.target, self.selection, self.folder = target, selection, Path(folder)
+        self.generator, self.batch, self.part_size = generator, batch, part_size
+        self.settings = {**settings, "part_size": part_size}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.parts = _resume_state(self.folder, self.settings, key="parts")
+        self.n_parts = math.ceil(len(selection) / part_size)
+        self.gen = None
 
+    def records(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Selection items ``[lo, hi)``, generating the parts they lie in first where missing."""
+        while len(self.parts) * self.part_size < hi:
+            self._write_part(len(self.parts))
+        return read_token_records(self.folder, lo, hi)
 
-def _token_totals(manifest: dict) -> dict:
-    parts = manifest["parts"]
-    tokens, seconds = sum(p["generated_tokens"] for p in parts), sum(p["seconds"] for p in parts)
-    return {**manifest, "generated_tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
+    def _write_part(self, k: int) -> None:
+        if self.gen is None:
+            self.gen = make_generator(self.generator, self.target, self.batch, self.settings["max_len"])
+        convs = self.selection[k * self.part_size:(k + 1) * self.part_size]
+        start, tokens = time.perf_counter(), self.gen.tokens
+        distilled = self_distilled(self.target, [c.messages for c in convs], self.settings["max_len"],
+                                   self.settings["max_new_tokens"], generate=self.gen)
+        lines = []
+        for conv, messages in zip(convs, distilled, strict=True):
+            ids, mask = render_with_mask(self.target.tokenizer, messages, self.settings["max_len"]) if messages \
+                else ([], [])
+            lines.append(json.dumps(_token_record(conv.id, ids, mask), separators=(",", ":")) + "\n")
+        path = self.folder / part_name(k)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        os.replace(tmp, path)
+        seconds, generated = time.perf_counter() - start, self.gen.tokens - tokens
+        self.parts.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(convs),
+                           "generated_tokens": generated, "seconds": round(seconds, 3),
+                           "tokens_per_s": round(generated / max(seconds, 1e-9), 2),
+                           "selection_range": [k * self.part_size, k * self.part_size + len(convs)],
+                           "generator": self.gen.describe()})
+        _write_json(self.folder / MANIFEST, self.manifest())
+
+    def manifest(self) -> dict[str, Any]:
+        """What ``manifest.json`` holds: settings, parts, ``complete`` and the totals (generated tokens, seconds of
+        generation and rendering, tokens/s)."""
+        tokens, seconds = sum(p["generated_tokens"] for p in self.parts), sum(p["seconds"] for p in self.parts)
+        return {"settings": self.settings, "target": self.target.name, "parts": self.parts,
+                "complete": len(self.parts) == self.n_parts, "generated_tokens": tokens, "seconds": round(seconds, 3),
+                "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
+
+    def stage(self) -> dict[str, Any]:
+        """The build manifest's ``stages.generate``: the folder, totals so far and the generators that wrote it."""
+        m = self.manifest()
+        generators: list[dict] = []
+        for part in self.parts:
+            if part["generator"] not in generators:
+                generators.append(part["generator"])
+        return {"dir": str(self.folder), "tokens": m["generated_tokens"], "seconds": m["seconds"],
+                "tokens_per_s": m["tokens_per_s"], "generators": generators}
+
+    def close(self) -> None:
+        if self.gen is not None:
+            self.gen.close()
+            self.gen = None
 
 
 def read_token_records(tokens_dir: str | Path, lo: int, hi: int) -> list[dict[str, Any]]:
-    """Selection items ``[lo, hi)`` of a complete token store (:func:`distill_tokens`), in order."""
+    """Selection items ``[lo, hi)`` of a token store (:class:`TokenStore`) whose parts cover them, in order."""
     tokens_dir = Path(tokens_dir)
     manifest = json.loads((tokens_dir / MANIFEST).read_text(encoding="utf-8"))
     out: list[dict[str, Any]] = []
@@ -353,7 +367,7 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
     e.g. ``"low,mid,high"`` for EAGLE-3); None (default) stores the post-norm feature only.
     ``limit``: at most this many conversations per source. ``eval_questions``: prompt -> evaluation ids for the
     contamination check (default :func:`evaluation_questions` of ``data_dir``).
-    ``self_distill``: two stages. (a) :func:`distill_tokens` into ``tokens_dir`` (default ``out_dir/distilled``;
+    ``self_distill``: two stages per shard. (a) :class:`TokenStore` in ``tokens_dir`` (default ``out_dir/distilled``;
     another build, e.g. with other ``layers``, given the same ``tokens_dir`` reuses it and generates nothing) with
     ``generator`` (``hf`` | ``vllm``) over ``distill_batch`` prompts at once, ``part_size`` conversations per file;
     (b) the features of the stored ids. ``batch_tokens``: tokens per feature forward (:func:`batched_features`).
@@ -403,39 +417,40 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         "contaminated_dropped": len(dropped), "contaminated_ids": dict(sorted(dropped.items())),
         "eval_prompts_checked": len(questions), "selected": len(selection), "shards": shards, "complete": False,
     }
+    store = None
     if self_distill:
-        tokens_dir = Path(tokens_dir) if tokens_dir is not None else out_dir / "distilled"
-        store = distill_tokens(target, selection, tokens_dir, common, generator, distill_batch, part_size, progress)
-        generators: list[dict] = []
-        for part in store["parts"]:
-            if part["generator"] not in generators:
-                generators.append(part["generator"])
-        manifest["stages"] = {"generate": {"dir": str(tokens_dir), "tokens": store["generated_tokens"],
-                                           "seconds": store["seconds"], "tokens_per_s": store["tokens_per_s"],
-                                           "generators": generators}}
+        store = TokenStore(target, selection, out_dir / "distilled" if tokens_dir is None else tokens_dir, common,
+                           generator, distill_batch, part_size)
     n_shards = math.ceil(len(selection) / shard_size)
     bar = tqdm(total=len(selection), initial=min(len(shards) * shard_size, len(selection)), unit="conv",
-               desc="features", disable=not progress)
-    for k in range(len(shards), n_shards):
-        lo, hi = k * shard_size, min((k + 1) * shard_size, len(selection))
-        if self_distill:
-            rendered = [(r["id"], r["input_ids"], _record_mask(r)) for r in read_token_records(tokens_dir, lo, hi)]
-        else:
-            rendered = [(c.id, *render_with_mask(target.tokenizer, c.messages, max_len)) for c in selection[lo:hi]]
-        kept = [r for r in rendered if any(r[2])]  # a first prompt longer than max_len leaves nothing to learn from
-        start = time.perf_counter()
-        feats = batched_features(target, [r[1] for r in kept], levels, batch_tokens)
-        seconds = time.perf_counter() - start
-        items = [(*r, *f) for r, f in zip(kept, feats, strict=True)]
-        path = out_dir / shard_name(k)
-        write_shard(path, items, hidden_size, len(levels) if levels else 0)
-        tokens = sum(len(i[1]) for i in items)
-        shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
-                       "tokens": tokens, "selection_range": [lo, hi], "feature_seconds": round(seconds, 3)})
-        manifest["shards"] = shards
-        _write_json(out_dir / MANIFEST, _with_totals(manifest))
-        bar.update(hi - lo)
-    bar.close()
+               desc="self-distill + features" if self_distill else "features", disable=not progress)
+    try:
+        for k in range(len(shards), n_shards):
+            lo, hi = k * shard_size, min((k + 1) * shard_size, len(selection))
+            if store is not None:
+                rendered = [(r["id"], r["input_ids"], _record_mask(r)) for r in store.records(lo, hi)]
+                manifest["stages"] = {"generate": store.stage()}
+            else:
+                rendered = [(c.id, *render_with_mask(target.tokenizer, c.messages, max_len)) for c in selection[lo:hi]]
+            kept = [r for r in rendered if any(r[2])]  # a first prompt beyond max_len leaves nothing to learn from
+            start = time.perf_counter()
+            feats = batched_features(target, [r[1] for r in kept], levels, batch_tokens)
+            seconds = time.perf_counter() - start
+            items = [(*r, *f) for r, f in zip(kept, feats, strict=True)]
+            path = out_dir / shard_name(k)
+            write_shard(path, items, hidden_size, len(levels) if levels else 0)
+            shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
+                           "tokens": sum(len(i[1]) for i in items), "selection_range": [lo, hi],
+                           "feature_seconds": round(seconds, 3)})
+            manifest["shards"] = shards
+            _write_json(out_dir / MANIFEST, _with_totals(manifest))
+            bar.update(hi - lo)
+    finally:
+        bar.close()
+        if store is not None:
+            store.close()
+    if store is not None:
+        manifest["stages"] = {"generate": store.stage()}
     manifest["complete"] = True
     _write_json(out_dir / MANIFEST, _with_totals(manifest))
     return _with_totals(manifest)
