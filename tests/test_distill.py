@@ -180,6 +180,8 @@ def test_vllm_generator_refused_in_one_line_without_its_venv(tmp_path, convs_fil
         build_dataset(target, [convs_file], tmp_path / "d", **BUILD, generator="vllm")
     with pytest.raises(ValueError, match="part_size >= 1"):
         build_dataset(target, [convs_file], tmp_path / "e", **{**BUILD, "part_size": 0})
+    with pytest.raises(ValueError, match=r"token store \(--tokens\) .* needs --self-distill"):
+        build_dataset(target, [convs_file], tmp_path / "f", **{**BUILD, "self_distill": False}, tokens_dir=tmp_path)
 
 
 @pytest.mark.slow

@@ -386,6 +386,8 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
                          f"distill_batch >= 1, batch_tokens >= 0; got max_len={max_len}, shard_size={shard_size}, "
                          f"limit={limit}, max_new_tokens={max_new_tokens}, part_size={part_size}, "
                          f"distill_batch={distill_batch}, batch_tokens={batch_tokens}")
+    if tokens_dir is not None and not self_distill:
+        raise ValueError("a token store (--tokens) holds self-distilled answers; it needs --self-distill")
     out_dir = Path(out_dir)
     questions = evaluation_questions(data_dir) if eval_questions is None else eval_questions
     selection: list[Conversation] = []
