@@ -204,3 +204,21 @@ def test_vllm_generator_answers_like_hf(tmp_path):
         gen.close()
     assert got == HFGenerator(target, 3)(prompts, rooms)
     assert gen.tokens == sum(map(len, got)) and gen.describe()["engine"] == "vllm"
+
+
+def test_cli_build_reports_each_stage(tmp_path, convs_file, monkeypatch, capsys):
+    # `draftbench data build --self-distill` prints tokens and tokens/s of generation and of the features; a second
+    # build with --tokens of the first reports the same generation stage (reused, nothing generated)
+    import harness.cli.data as cli_data
+    from harness.cli import main
+
+    monkeypatch.setattr(cli_data, "load_target", lambda *a, **k: tiny_target())
+    monkeypatch.setattr(features_module, "evaluation_questions", lambda data_dir: NO_EVAL)
+    args = ["data", "build", "--source", convs_file, "--self-distill", "--max-len", "40", "--max-new-tokens", "4",
+            "--distill-part", "2", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert first[1].startswith("generate: ") and first[1].endswith(f"tokens/s ({tmp_path / 'a' / 'distilled'})")
+    assert first[2].startswith("features: ") and first[2].endswith(" tokens/s")
+    assert main([*args, "--out", str(tmp_path / "b"), "--tokens", str(tmp_path / "a" / "distilled")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == first[1]
