@@ -10,7 +10,14 @@ from safetensors import safe_open
 
 import harness.train.features as features_module
 from harness.train.distill import HFGenerator, make_generator, self_distilled, until_eos
-from harness.train.features import batched_features, build_dataset, read_token_records, render_with_mask
+from harness.train.features import (
+    batched_features,
+    build_dataset,
+    read_token_records,
+    record_mask,
+    render_with_mask,
+    token_record,
+)
 from tests.support.helpers import tiny_target
 
 CONVS = [  # ShareGPT format; c0 has two exchanges, c4's prompt is too long for max_len 40 (nothing to learn)
@@ -96,19 +103,17 @@ def test_stored_ids_are_the_rendering_of_the_distilled_conversations(tmp_path, c
     for record, messages in zip(records[:2], distilled, strict=True):
         ids, mask = render_with_mask(target.tokenizer, messages, 40) if messages else ([], [])
         assert record["input_ids"] == ids
-        assert [[a, b] for a, b in record["assistant"]] == _runs(mask)
+        assert record_mask(record) == mask
     assert {"id": "sharegpt/c4", "input_ids": [], "assistant": []} in records
     assert read_token_records(tmp_path / "d" / "distilled", 1, 4) == records[1:4]  # across a part boundary
 
 
-def _runs(mask):
-    runs = []
-    for j, m in enumerate(mask):
-        if m and runs and runs[-1][1] == j:
-            runs[-1][1] = j + 1
-        elif m:
-            runs.append([j, j + 1])
-    return runs
+def test_token_record_stores_the_mask_as_runs():
+    # the mask's runs of ones as [start, end): a run bug would move the loss onto prompt tokens
+    record = token_record("c", [1, 2, 3, 4, 5], [0, 1, 1, 0, 1])
+    assert record == {"id": "c", "input_ids": [1, 2, 3, 4, 5], "assistant": [[1, 3], [4, 5]]}
+    assert record_mask(record) == [0, 1, 1, 0, 1]
+    assert record_mask(token_record("e", [7, 8], [0, 0])) == [0, 0]
 
 
 def test_a_build_with_other_layers_reuses_the_token_store(tmp_path, convs_file, monkeypatch):

@@ -241,7 +241,7 @@ def part_name(k: int) -> str:
     return f"part-{k:05d}.jsonl"
 
 
-def _token_record(conv_id: str, ids: list[int], mask: list[int]) -> dict[str, Any]:
+def token_record(conv_id: str, ids: list[int], mask: list[int]) -> dict[str, Any]:
     """A conversation of the token store: its rendered ids and the loss mask as ``[start, end)`` runs of ones.
     Example: ids [1, 2, 3, 4, 5], mask [0, 1, 1, 0, 1] -> assistant [[1, 3], [4, 5]]."""
     runs: list[list[int]] = []
@@ -253,8 +253,8 @@ def _token_record(conv_id: str, ids: list[int], mask: list[int]) -> dict[str, An
     return {"id": conv_id, "input_ids": ids, "assistant": runs}
 
 
-def _record_mask(record: dict[str, Any]) -> list[int]:
-    """The 0/1 loss mask of a token-store record (inverse of :func:`_token_record`'s runs)."""
+def record_mask(record: dict[str, Any]) -> list[int]:
+    """The 0/1 loss mask of a token-store record (inverse of :func:`token_record`'s runs)."""
     mask = [0] * len(record["input_ids"])
     for a, b in record["assistant"]:
         mask[a:b] = [1] * (b - a)
@@ -303,7 +303,7 @@ class TokenStore:
         for conv, messages in zip(convs, distilled, strict=True):
             ids, mask = render_with_mask(self.target.tokenizer, messages, self.settings["max_len"]) if messages \
                 else ([], [])
-            lines.append(json.dumps(_token_record(conv.id, ids, mask), separators=(",", ":")) + "\n")
+            lines.append(json.dumps(token_record(conv.id, ids, mask), separators=(",", ":")) + "\n")
         path = self.folder / part_name(k)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(lines), encoding="utf-8")
@@ -430,7 +430,7 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         for k in range(len(shards), n_shards):
             lo, hi = k * shard_size, min((k + 1) * shard_size, len(selection))
             if store is not None:
-                rendered = [(r["id"], r["input_ids"], _record_mask(r)) for r in store.records(lo, hi)]
+                rendered = [(r["id"], r["input_ids"], record_mask(r)) for r in store.records(lo, hi)]
                 manifest["stages"] = {"generate": store.stage()}
             else:
                 rendered = [(c.id, *render_with_mask(target.tokenizer, c.messages, max_len)) for c in selection[lo:hi]]
