@@ -133,8 +133,8 @@ def generate_batch(llm, req: dict) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = [SamplingParams(max_tokens=n, temperature=0.0, stop_token_ids=req.get("stop_token_ids") or None)
-              for n in req["max_tokens"]]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, stop_token_ids=req.get("stop_token_ids") or None,
+                             detokenize=False) for n in req["max_tokens"]]  # ids are all the caller reads
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
     return {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "wall_time_s": time.perf_counter() - start}
