@@ -227,3 +227,27 @@ def test_cli_build_reports_each_stage(tmp_path, convs_file, monkeypatch, capsys)
     assert first[2].startswith("features: ") and first[2].endswith(" tokens/s")
     assert main([*args, "--out", str(tmp_path / "b"), "--tokens", str(tmp_path / "a" / "distilled")]) == 0
     assert capsys.readouterr().out.splitlines()[1] == first[1]
+
+
+def test_a_build_resumed_without_its_store_generates_only_the_missing_shards(tmp_path, convs_file, monkeypatch):
+    # a self-distilled build whose first shard was written before the token store existed (or whose store was
+    # removed) must generate the parts of the missing shards only, not regenerate the finished shard's answers
+    build = {**BUILD, "shard_size": 2}
+    real, calls = features_module.batched_features, {"n": 0}
+
+    def dies_on_second_shard(*args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*args)
+
+    monkeypatch.setattr(features_module, "batched_features", dies_on_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(tiny_target(), [convs_file], tmp_path / "d", **build)
+    monkeypatch.setattr(features_module, "batched_features", real)
+    for f in (tmp_path / "d" / "distilled").iterdir():
+        f.unlink()
+    m = build_dataset(tiny_target(), [convs_file], tmp_path / "d", **build)
+    store = json.loads((tmp_path / "d" / "distilled" / "manifest.json").read_text())
+    assert [p["file"] for p in store["parts"]] == ["part-00001.jsonl", "part-00002.jsonl"]  # not part 0
+    assert not store["complete"] and m["complete"] and len(m["shards"]) == 3

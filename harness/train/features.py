@@ -282,14 +282,17 @@ class TokenStore:
         self.generator, self.batch, self.part_size = generator, batch, part_size
         self.settings = {**settings, "part_size": part_size}
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.parts = _resume_state(self.folder, self.settings, key="parts")
+        self.parts = {p["selection_range"][0] // part_size: p
+                      for p in _resume_state(self.folder, self.settings, key="parts")}  # part index -> entry
         self.n_parts = math.ceil(len(selection) / part_size)
         self.gen = None
 
     def records(self, lo: int, hi: int) -> list[dict[str, Any]]:
-        """Selection items ``[lo, hi)``, generating the parts they lie in first where missing."""
-        while len(self.parts) * self.part_size < hi:
-            self._write_part(len(self.parts))
+        """Selection items ``[lo, hi)``, generating the parts they lie in first where missing (only those: a
+        resumed feature build whose first shards predate the store does not regenerate them)."""
+        for k in range(lo // self.part_size, math.ceil(hi / self.part_size)):
+            if k not in self.parts:
+                self._write_part(k)
         return read_token_records(self.folder, lo, hi)
 
     def _write_part(self, k: int) -> None:
@@ -309,18 +312,19 @@ class TokenStore:
         tmp.write_text("".join(lines), encoding="utf-8")
         os.replace(tmp, path)
         seconds, generated = time.perf_counter() - start, self.gen.tokens - tokens
-        self.parts.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(convs),
-                           "generated_tokens": generated, "seconds": round(seconds, 3),
-                           "tokens_per_s": round(generated / max(seconds, 1e-9), 2),
-                           "selection_range": [k * self.part_size, k * self.part_size + len(convs)],
-                           "generator": self.gen.describe()})
+        self.parts[k] = {"file": path.name, "sha256": file_sha256(path), "conversations": len(convs),
+                         "generated_tokens": generated, "seconds": round(seconds, 3),
+                         "tokens_per_s": round(generated / max(seconds, 1e-9), 2),
+                         "selection_range": [k * self.part_size, k * self.part_size + len(convs)],
+                         "generator": self.gen.describe()}
         _write_json(self.folder / MANIFEST, self.manifest())
 
     def manifest(self) -> dict[str, Any]:
         """What ``manifest.json`` holds: settings, parts, ``complete`` and the totals (generated tokens, seconds of
         generation and rendering, tokens/s)."""
-        tokens, seconds = sum(p["generated_tokens"] for p in self.parts), sum(p["seconds"] for p in self.parts)
-        return {"settings": self.settings, "target": self.target.name, "parts": self.parts,
+        parts = [self.parts[k] for k in sorted(self.parts)]
+        tokens, seconds = sum(p["generated_tokens"] for p in parts), sum(p["seconds"] for p in parts)
+        return {"settings": self.settings, "target": self.target.name, "parts": parts,
                 "complete": len(self.parts) == self.n_parts, "generated_tokens": tokens, "seconds": round(seconds, 3),
                 "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
 
@@ -328,7 +332,7 @@ class TokenStore:
         """The build manifest's ``stages.generate``: the folder, totals so far and the generators that wrote it."""
         m = self.manifest()
         generators: list[dict] = []
-        for part in self.parts:
+        for part in m["parts"]:
             if part["generator"] not in generators:
                 generators.append(part["generator"])
         return {"dir": str(self.folder), "tokens": m["generated_tokens"], "seconds": m["seconds"],
