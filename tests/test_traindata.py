@@ -8,12 +8,12 @@ from safetensors import safe_open
 
 import harness.train.features as features_module
 from harness.train.dataset import FeatureDataset, collate, eagle_noise, shift_for_eagle
+from harness.train.distill import self_distilled
 from harness.train.features import (
+    batched_features,
     build_dataset,
     merge_datasets,
     render_with_mask,
-    self_distilled,
-    target_features,
     verify_shards,
 )
 from harness.train.sources import (
@@ -123,21 +123,21 @@ def test_build_with_layers_stores_the_requested_levels(tmp_path, convs_file):
 def test_resume_after_kill_has_no_duplicates(tmp_path, convs_file, monkeypatch):
     target = tiny_target()
     calls = {"n": 0}
-    real = target_features
+    real = batched_features
 
-    def dies_on_third(t, ids):
+    def dies_on_second(*args):  # one call per shard
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise KeyboardInterrupt("simulated kill")
-        return real(t, ids)
+        return real(*args)
 
-    monkeypatch.setattr(features_module, "target_features", dies_on_third)
+    monkeypatch.setattr(features_module, "batched_features", dies_on_second)
     with pytest.raises(KeyboardInterrupt):  # shard 0 (conversations 0-1) is complete, shard 1 is not
         build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
                          progress=False)
     first = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert not first["complete"] and len(first["shards"]) == 1
-    monkeypatch.setattr(features_module, "target_features", real)
+    monkeypatch.setattr(features_module, "batched_features", real)
     m = build_dataset(target, [convs_file], tmp_path / "d", max_len=64, shard_size=2, eval_questions=NO_EVAL,
                          progress=False)
     assert m["complete"] and m["shards"][0] == first["shards"][0]  # shard 0 was not rebuilt

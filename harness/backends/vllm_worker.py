@@ -11,6 +11,8 @@ Every request gets exactly one reply line, ``{"ok": true, ...}`` or ``{"ok": fal
     {"op": "generate", "prompt_ids": [...], "max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
      "seed": 7}                       -> {"ok": true, "token_ids": [...], "wall_time_s": ..., "ttft_s": ...,
                                           "finish_reason": "length", "counters": {...}, "steps": {...} | null}
+    {"op": "generate_batch", "prompts": [[...], ...], "max_tokens": [64, ...], "stop_token_ids": [2]}
+                                      -> {"ok": true, "token_ids": [[...], ...], "wall_time_s": ...}  (greedy)
     {"op": "close"}                   -> {"ok": true}, then the worker exits
 
 One prompt per ``generate`` call, timed here around ``LLM.generate`` (the pipe is not inside the time). The
@@ -126,6 +128,18 @@ def generate(llm, req: dict) -> dict:
             "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps}
 
 
+def generate_batch(llm, req: dict) -> dict:
+    """Greedy answers to many prompts in one ``LLM.generate`` (vLLM batches them; self-distillation's generator)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [SamplingParams(max_tokens=n, temperature=0.0, stop_token_ids=req.get("stop_token_ids") or None,
+                             detokenize=False) for n in req["max_tokens"]]  # ids are all the caller reads
+    start = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
+    return {"token_ids": [list(o.outputs[0].token_ids) for o in outs], "wall_time_s": time.perf_counter() - start}
+
+
 def exit_with_parent(parent: int, period_s: float = 0.5) -> None:
     """Watch the harness that started this worker (``parent``: its pid, from ``DRAFTBENCH_WORKER_PARENT``, the
     name :mod:`harness.backends.worker` gives it) and end this process (without vLLM's shutdown, which can hang)
@@ -161,6 +175,10 @@ def main() -> int:
                 if llm is None:
                     raise RuntimeError("generate before load")
                 reply({"ok": True, **generate(llm, req)})
+            elif op == "generate_batch":
+                if llm is None:
+                    raise RuntimeError("generate_batch before load")
+                reply({"ok": True, **generate_batch(llm, req)})
             elif op == "close":
                 reply({"ok": True})
                 return 0

@@ -10,10 +10,12 @@ import os
 import time
 from pathlib import Path
 
+from harness.backends.vllm import PYTHON_ENV
 from harness.models import DEFAULT_TARGET, load_target
 from harness.run import suites
 from harness.run.config import ConfigError
 from harness.train.datastore import build_datastore, load_tokenizer
+from harness.train.distill import GENERATORS
 from harness.train.features import build_dataset, dataset_token_counts, merge_datasets, read_manifest
 from harness.train.sources import SOURCES
 
@@ -57,7 +59,14 @@ def _add_feature_parsers(subparsers) -> None:
     p.add_argument("--limit", type=int, help="at most this many conversations per source")
     p.add_argument("--self-distill", action="store_true", help="regenerate assistant turns with the target (greedy)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per regenerated turn (with --self-distill)")
-    p.add_argument("--distill-batch", type=int, default=16, help="prompts generated together (with --self-distill)")
+    p.add_argument("--distill-batch", type=int, default=16,
+                   help="prompts generated together (with --self-distill; vllm: its max_num_seqs)")
+    p.add_argument("--generator", choices=GENERATORS, default="hf",
+                   help="who generates with --self-distill: hf (model.generate, default) or vllm (vLLM's engine "
+                        f"in its venv, ${PYTHON_ENV})")
+    p.add_argument("--tokens", help="the generated token ids with --self-distill (default OUT/distilled); a build "
+                                    "given the tokens of another (e.g. other --layers) reuses them")
+    p.add_argument("--distill-part", type=int, default=128, help="conversations per token file (with --self-distill)")
     p.add_argument("--shard-size", type=int, default=256, help="conversations per shard file")
     p.add_argument("--layers", help="also store these hidden-state levels, e.g. low,mid,high (what `train eagle3` "
                                     "reads: the inputs of layers 2, L/2, L-3) or indices 2,15,27")
@@ -108,9 +117,13 @@ def cmd_build(args) -> int:
     m = build_dataset(target, args.sources or ["sharegpt"], args.out, max_len=args.max_len, limit=args.limit,
                       self_distill=args.self_distill, max_new_tokens=args.max_new_tokens, shard_size=args.shard_size,
                       drop_contaminated=not args.fail_on_contamination, data_dir=args.data_dir,
-                      progress=not args.no_progress, distill_batch=args.distill_batch, layers=args.layers)
+                      progress=not args.no_progress, distill_batch=args.distill_batch, layers=args.layers,
+                      generator=args.generator, tokens_dir=args.tokens, part_size=args.distill_part)
     print(f"{args.out}: {m['count']} conversations, {m['tokens']} tokens in {len(m['shards'])} shard(s); "
           f"{m['contaminated_dropped']} dropped as contaminated")
+    for name, stage in m.get("stages", {}).items():
+        print(f"{name}: {stage['tokens']} tokens in {stage['seconds']:.1f} s = {stage['tokens_per_s'] or 0:.1f} "
+              f"tokens/s{' (' + stage['dir'] + ')' if 'dir' in stage else ''}")
     return 0
 
 

@@ -7,8 +7,11 @@ scripts, with the fixes noted below):
 3. **Rendering.** The target's own chat template; ``loss_mask`` = 1 exactly on assistant tokens. The spans are
    derived by rendering prefixes (see :func:`assistant_char_spans`), not with EAGLE's hard-coded offsets.
    Truncated at ``max_len``. ``self_distill=True`` replaces every assistant turn by the target's greedy answer to
-   the conversation so far (turn by turn), which matches the draft to the target's own distribution.
-4. **Features.** One target forward per conversation; stored: ``input_ids``, ``loss_mask`` and the target's last
+   the conversation so far (turn by turn, :mod:`harness.train.distill`), which matches the draft to the target's
+   own distribution; that stage (a) stores the rendered ids and mask in a small token store
+   (:class:`TokenStore`), kept and reused by any later build of the same conversations.
+4. **Features.** Batched target forwards over the rendered ids (:func:`batched_features`: several conversations,
+   right-padded, per forward); stored: ``input_ids``, ``loss_mask`` and the target's last
    hidden state AFTER the final norm (the ``lm_head`` input, ``base_model(...).last_hidden_state``; the test
    checks that it equals ``output_hidden_states[-1]`` and that ``lm_head`` of it gives the logits) as fp16.
    ``layers`` (off by default) also stores other hidden-state levels from the same forward, concatenated in the
@@ -18,7 +21,8 @@ scripts, with the fixes noted below):
 
 On-disk layout (``out_dir``)::
 
-    manifest.json                     settings, counts, hashes, per-shard sha256 (rewritten after every shard)
+    manifest.json                     settings, counts, hashes, per-shard sha256 (rewritten after every shard),
+                                      ``stages``: tokens, seconds and tokens/s of generation and of the features
     shard-00000.safetensors           conversations [0, shard_size) of the selection, concatenated:
         input_ids  int32  [T]         T = total tokens of the shard
         loss_mask  uint8  [T]
@@ -26,6 +30,7 @@ On-disk layout (``out_dir``)::
         levels     fp16   [T, k*H]    only with ``layers`` (k levels, in the manifest's ``hidden_layers`` order)
         offsets    int64  [n + 1]     conversation i is rows offsets[i]:offsets[i+1]
         (metadata "ids": JSON list of conversation ids)
+    distilled/                        with ``self_distill``: the token store of stage (a) (:class:`TokenStore`)
 
 Resuming: shard k always holds selection items ``[k*shard_size, (k+1)*shard_size)``; a shard is written to a
 temporary file and renamed, then recorded in the manifest, so a killed build restarts at the first shard the
@@ -40,6 +45,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ import torch
 
 from harness.engine.speculative import resolve_hidden_layers
 from harness.models import Target
+from harness.train.distill import make_generator, self_distilled
 from harness.train.sources import (
     SOURCES,
     Conversation,
@@ -110,91 +117,44 @@ def render_with_mask(tokenizer, messages: list[dict[str, str]], max_len: int) ->
     return ids, mask
 
 
-def self_distilled(target: Target, conversations: list[list[dict[str, str]]], max_len: int, max_new_tokens: int,
-                   batch_size: int = 16) -> list[list[dict[str, str]]]:
-    """Each conversation's ``messages`` with every assistant turn replaced by the target's greedy answer to the
-    (regenerated) history.
+def batched_features(target: Target, seqs: list[list[int]], layers: tuple[int, ...] | None = None,
+                     batch_tokens: int = 8192) -> list[tuple[torch.Tensor, ...]]:
+    """The target's features of each token sequence, from batched forwards: ``seqs`` (n lists of ids) -> per
+    sequence ``(hidden fp16 [S, H],)`` or, with ``layers`` (indices of ``output_hidden_states``),
+    ``(hidden, levels fp16 [S, len(layers) * H])``, on CPU.
 
-    Turns whose prompt already reaches ``max_len`` tokens are dropped with everything after them (they would be
-    truncated away anyway); each answer is capped so that prompt + answer fit in ``max_len``. Work is batched
-    across conversations: round r regenerates the r-th assistant turn of every conversation still going, in
-    batches of ``batch_size`` prompts of similar length (left-padded, :func:`greedy_batch`), so a shard costs about
-    (its turns / batch_size) batched generations instead of one generation per turn. On a CPU a batch of 16 short
-    prompts costs little more than one (weights are read once per step), which makes self-distillation affordable.
+    ``hidden`` is the last hidden state after the final norm (the ``lm_head`` input). Sequences are sorted by length
+    and grouped so that a group's rows times its longest length stay within ``batch_tokens`` (one sequence per
+    forward at 0); a group is right-padded and run without an attention mask: under the causal mask a real token
+    attends only to positions at or before it, all real, and the default position ids 0..S-1 are its own, so a
+    row's features are those of a forward over the sequence alone up to floating-point rounding (the GEMMs of
+    another batch shape sum in another order). Short conversations gain most: one forward's fixed cost is shared.
     """
-    outs: list[list[dict[str, str]]] = [[] for _ in conversations]
-    cursor = [0] * len(conversations)
-    going = list(range(len(conversations)))
-    while going:
-        pending: list[tuple[int, list[int], int]] = []  # (conversation, prompt ids, room)
-        for i in going:
-            msgs = conversations[i]
-            while cursor[i] < len(msgs) and msgs[cursor[i]]["role"] != "assistant":
-                outs[i].append(dict(msgs[cursor[i]]))
-                cursor[i] += 1
-            if cursor[i] >= len(msgs):
-                continue
-            prompt = target.render_chat(outs[i])[0].tolist()
-            room = min(max_new_tokens, max_len - len(prompt))
-            if room <= 0:
-                outs[i] = outs[i][:-1]  # drop the unanswered user turn and stop this conversation
-                continue
-            pending.append((i, prompt, room))
-        pending.sort(key=lambda t: len(t[1]))
-        for b in range(0, len(pending), batch_size):
-            chunk = pending[b:b + batch_size]
-            answers = greedy_batch(target, [p for _, p, _ in chunk], [r for _, _, r in chunk])
-            for (i, _, _), answer in zip(chunk, answers):
-                outs[i].append({"role": "assistant", "content": target.decode(answer)})
-                cursor[i] += 1
-        going = [i for i, _, _ in pending]
-    return outs
-
-
-def greedy_batch(target: Target, prompts: list[list[int]], rooms: list[int]) -> list[list[int]]:
-    """Greedy continuations of several prompts at once: ``model.generate`` on left-padded ids with an attention
-    mask (position ids follow the mask, so padding does not shift positions). Prompt i gets at most ``rooms[i]``
-    new tokens and stops at its first EOS (excluded). Batched fp32 arithmetic may break a near-tie differently
-    from a one-prompt run; for training data that is immaterial (the test checks agreement on a tiny model).
-    """
-    pad = target.tokenizer.pad_token_id
-    pad = pad if pad is not None else (min(target.eos_ids) if target.eos_ids else 0)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)     # [B, P]
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)        # [B, P]
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        mask[row, width - len(p):] = 1
-    eos = sorted(target.eos_ids)
-    with torch.inference_mode():
-        out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                                    max_new_tokens=max(rooms), do_sample=False, num_beams=1, pad_token_id=pad,
-                                    eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
-    answers = []
-    for row, room in enumerate(rooms):
-        new = out[row, width:width + room].tolist()
-        cut = next((j for j, t in enumerate(new) if t in target.eos_ids), len(new))
-        answers.append(new[:cut])
-    return answers
-
-
-def target_features(target: Target, input_ids: list[int]) -> torch.Tensor:
-    """The target's last hidden state after the final norm (the ``lm_head`` input): ids [S] -> fp16 [S, H] on CPU."""
-    ids = torch.tensor([input_ids], dtype=torch.long, device=target.device)  # [1, S]
-    with torch.inference_mode():
-        h = target.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # [1, S, H]
-    return h[0].to("cpu", torch.float16)
-
-
-def target_feature_levels(target: Target, input_ids: list[int],
-                          layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`target_features` and, from the same forward, the hidden states ``layers`` (indices of
-    ``output_hidden_states``) concatenated: ids [S] -> (fp16 [S, H], fp16 [S, len(layers) * H]) on CPU."""
-    ids = torch.tensor([input_ids], dtype=torch.long, device=target.device)  # [1, S]
-    with torch.inference_mode():
-        out = target.model.base_model(input_ids=ids, use_cache=False, output_hidden_states=list(layers))
-    levels = torch.cat([out.hidden_states[i][0].to("cpu") for i in layers], dim=-1)  # [S, k*H]
-    return out.last_hidden_state[0].to("cpu", torch.float16), levels.to(torch.float16)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list[tuple[torch.Tensor, ...]] = [()] * len(seqs)
+    pad = target.tokenizer.pad_token_id if target.tokenizer is not None else None
+    pad = 0 if pad is None else pad
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * len(seqs[order[end]]) <= batch_tokens:
+            end += 1
+        group = order[start:end]
+        width = len(seqs[group[-1]])
+        ids = torch.full((len(group), width), pad, dtype=torch.long)  # [B, S] right-padded
+        for row, i in enumerate(group):
+            ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
+        with torch.inference_mode():
+            res = target.model.base_model(input_ids=ids.to(target.device), use_cache=False,
+                                          output_hidden_states=list(layers) if layers else False)
+        hidden = res.last_hidden_state.to("cpu", torch.float16)  # [B, S, H]
+        levels = torch.cat([res.hidden_states[j].to("cpu") for j in layers], dim=-1).to(torch.float16) \
+            if layers else None  # [B, S, k*H]
+        for row, i in enumerate(group):
+            n = len(seqs[i])
+            out[i] = tuple(t[row, :n].clone() for t in (hidden, levels) if t is not None)
+        start = end
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -258,8 +218,9 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _resume_state(out_dir: Path, settings: dict) -> list[dict]:
-    """The shards a previous build with the same ``settings`` completed (empty for a fresh directory)."""
+def _resume_state(out_dir: Path, settings: dict, key: str = "shards") -> list[dict]:
+    """The shards (``key``: or parts) a previous build with the same ``settings`` completed (empty for a fresh
+    directory)."""
     path = out_dir / MANIFEST
     if not path.exists():
         return []
@@ -268,7 +229,7 @@ def _resume_state(out_dir: Path, settings: dict) -> list[dict]:
     if diff:
         shown = ", ".join(f"{k}: {old.get('settings', {}).get(k)!r} -> {settings[k]!r}" for k in diff)
         raise ValueError(f"{out_dir} holds a build with different settings ({shown}); use a new output directory")
-    shards = old.get("shards", [])
+    shards = old.get(key, [])
     for s in shards:
         if not (out_dir / s["file"]).exists():
             raise FileNotFoundError(
@@ -276,19 +237,146 @@ def _resume_state(out_dir: Path, settings: dict) -> list[dict]:
     return shards
 
 
+def part_name(k: int) -> str:
+    return f"part-{k:05d}.jsonl"
+
+
+def token_record(conv_id: str, ids: list[int], mask: list[int]) -> dict[str, Any]:
+    """A conversation of the token store: its rendered ids and the loss mask as ``[start, end)`` runs of ones.
+    Example: ids [1, 2, 3, 4, 5], mask [0, 1, 1, 0, 1] -> assistant [[1, 3], [4, 5]]."""
+    runs: list[list[int]] = []
+    for j, m in enumerate(mask):
+        if m and runs and runs[-1][1] == j:
+            runs[-1][1] = j + 1
+        elif m:
+            runs.append([j, j + 1])
+    return {"id": conv_id, "input_ids": ids, "assistant": runs}
+
+
+def record_mask(record: dict[str, Any]) -> list[int]:
+    """The 0/1 loss mask of a token-store record (inverse of :func:`token_record`'s runs)."""
+    mask = [0] * len(record["input_ids"])
+    for a, b in record["assistant"]:
+        mask[a:b] = [1] * (b - a)
+    return mask
+
+
+class TokenStore:
+    """Stage (a) of a self-distilled build: the target's greedy answers (:mod:`harness.train.distill`) to every
+    conversation of ``selection``, rendered to token ids with the assistant loss mask, in ``folder``::
+
+        manifest.json        settings (what the ids depend on), per part: generator, tokens, seconds, tokens/s
+        part-00000.jsonl     selection items [0, part_size), one JSON line each (in order, also when nothing is
+                             left to learn from): {"id", "input_ids": [...], "assistant": [[start, end), ...]}
+
+    :meth:`records` generates the parts a range needs that are not written yet, so features can follow generation
+    shard by shard (and training can start on the first shards of a long build). Resumable like the shards (a part
+    is written whole, then listed; a resume with other ``settings`` is refused) and reusable: a build with the same
+    settings finds its parts present and generates nothing, whatever its feature settings. ``generator`` and
+    ``batch`` change only speed (and near-ties; both recorded per part). The generator is started at the first
+    part to write; :meth:`close` stops it."""
+
+    def __init__(self, target: Target, selection: list[Conversation], folder: str | Path, settings: dict,
+                 generator: str = "hf", batch: int = 16, part_size: int = 128):
+        self.target, self.selection, self.folder = target, selection, Path(folder)
+        self.generator, self.batch, self.part_size = generator, batch, part_size
+        self.settings = {**settings, "part_size": part_size}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.parts = {p["selection_range"][0] // part_size: p
+                      for p in _resume_state(self.folder, self.settings, key="parts")}  # part index -> entry
+        self.n_parts = math.ceil(len(selection) / part_size)
+        self.gen = None
+
+    def records(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        """Selection items ``[lo, hi)``, generating the parts they lie in first where missing (only those: a
+        resumed feature build whose first shards predate the store does not regenerate them)."""
+        for k in range(lo // self.part_size, math.ceil(hi / self.part_size)):
+            if k not in self.parts:
+                self._write_part(k)
+        return read_token_records(self.folder, lo, hi)
+
+    def _write_part(self, k: int) -> None:
+        if self.gen is None:
+            self.gen = make_generator(self.generator, self.target, self.batch, self.settings["max_len"])
+        convs = self.selection[k * self.part_size:(k + 1) * self.part_size]
+        start, tokens = time.perf_counter(), self.gen.tokens
+        distilled = self_distilled(self.target, [c.messages for c in convs], self.settings["max_len"],
+                                   self.settings["max_new_tokens"], generate=self.gen)
+        lines = []
+        for conv, messages in zip(convs, distilled, strict=True):
+            ids, mask = render_with_mask(self.target.tokenizer, messages, self.settings["max_len"]) if messages \
+                else ([], [])
+            lines.append(json.dumps(token_record(conv.id, ids, mask), separators=(",", ":")) + "\n")
+        path = self.folder / part_name(k)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        os.replace(tmp, path)
+        seconds, generated = time.perf_counter() - start, self.gen.tokens - tokens
+        self.parts[k] = {"file": path.name, "sha256": file_sha256(path), "conversations": len(convs),
+                         "generated_tokens": generated, "seconds": round(seconds, 3),
+                         "tokens_per_s": round(generated / max(seconds, 1e-9), 2),
+                         "selection_range": [k * self.part_size, k * self.part_size + len(convs)],
+                         "generator": self.gen.describe()}
+        _write_json(self.folder / MANIFEST, self.manifest())
+
+    def manifest(self) -> dict[str, Any]:
+        """What ``manifest.json`` holds: settings, parts, ``complete`` and the totals (generated tokens, seconds of
+        generation and rendering, tokens/s)."""
+        parts = [self.parts[k] for k in sorted(self.parts)]
+        tokens, seconds = sum(p["generated_tokens"] for p in parts), sum(p["seconds"] for p in parts)
+        return {"settings": self.settings, "target": self.target.name, "parts": parts,
+                "complete": len(self.parts) == self.n_parts, "generated_tokens": tokens, "seconds": round(seconds, 3),
+                "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
+
+    def stage(self) -> dict[str, Any]:
+        """The build manifest's ``stages.generate``: the folder, totals so far and the generators that wrote it."""
+        m = self.manifest()
+        generators: list[dict] = []
+        for part in m["parts"]:
+            if part["generator"] not in generators:
+                generators.append(part["generator"])
+        return {"dir": str(self.folder), "tokens": m["generated_tokens"], "seconds": m["seconds"],
+                "tokens_per_s": m["tokens_per_s"], "generators": generators}
+
+    def close(self) -> None:
+        if self.gen is not None:
+            self.gen.close()
+            self.gen = None
+
+
+def read_token_records(tokens_dir: str | Path, lo: int, hi: int) -> list[dict[str, Any]]:
+    """Selection items ``[lo, hi)`` of a token store (:class:`TokenStore`) whose parts cover them, in order."""
+    tokens_dir = Path(tokens_dir)
+    manifest = json.loads((tokens_dir / MANIFEST).read_text(encoding="utf-8"))
+    out: list[dict[str, Any]] = []
+    for part in manifest["parts"]:
+        a, b = part["selection_range"]
+        if b <= lo or a >= hi:
+            continue
+        lines = (tokens_dir / part["file"]).read_text(encoding="utf-8").splitlines()
+        out += [json.loads(line) for line in lines[max(lo, a) - a:min(hi, b) - a]]
+    return out
+
+
 def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path, max_len: int = 2048,
                   limit: int | None = None, self_distill: bool = False, max_new_tokens: int = 512,
                   shard_size: int = 256, drop_contaminated: bool = True,
                   eval_questions: dict[str, list[str]] | None = None, data_dir: str | Path | None = None,
                   command: str | None = None, progress: bool = True, distill_batch: int = 16,
-                  layers: str | list | None = None) -> dict[str, Any]:
+                  layers: str | list | None = None, generator: str = "hf", tokens_dir: str | Path | None = None,
+                  part_size: int = 128, batch_tokens: int = 8192) -> dict[str, Any]:
     """Build (or resume) a feature dataset in ``out_dir`` and return its manifest (see the module docstring).
 
     ``layers``: also store these hidden-state levels (:func:`harness.engine.speculative.resolve_hidden_layers`,
     e.g. ``"low,mid,high"`` for EAGLE-3); None (default) stores the post-norm feature only.
-    ``limit``: at most this many conversations per source. ``distill_batch``: prompts per batched generation with
-    ``self_distill`` (a speed knob only; not part of the settings a resume must match). ``eval_questions``: prompt ->
-    evaluation ids for the contamination check (default :func:`evaluation_questions` of ``data_dir``).
+    ``limit``: at most this many conversations per source. ``eval_questions``: prompt -> evaluation ids for the
+    contamination check (default :func:`evaluation_questions` of ``data_dir``).
+    ``self_distill``: two stages per shard. (a) :class:`TokenStore` in ``tokens_dir`` (default ``out_dir/distilled``;
+    another build, e.g. with other ``layers``, given the same ``tokens_dir`` reuses it and generates nothing) with
+    ``generator`` (``hf`` | ``vllm``) over ``distill_batch`` prompts at once, ``part_size`` conversations per file;
+    (b) the features of the stored ids. ``batch_tokens``: tokens per feature forward (:func:`batched_features`).
+    ``generator``, ``distill_batch`` and ``batch_tokens`` are speed knobs, not settings a resume must match. The
+    manifest's ``stages`` give each stage's tokens, seconds and tokens/s.
     """
     from tqdm import tqdm
 
@@ -296,9 +384,14 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
     unknown = [s for s in sources if s not in SOURCES and not s.endswith(".json")]
     if not sources or unknown:
         raise ValueError(f"sources must be a non-empty list of {', '.join(SOURCES)}; got {sources!r}")
-    if max_len < 2 or shard_size < 1 or (limit is not None and limit < 1) or max_new_tokens < 1:
-        raise ValueError(f"need max_len >= 2, shard_size >= 1, limit >= 1, max_new_tokens >= 1; got max_len={max_len}, "
-                         f"shard_size={shard_size}, limit={limit}, max_new_tokens={max_new_tokens}")
+    if max_len < 2 or shard_size < 1 or (limit is not None and limit < 1) or max_new_tokens < 1 \
+            or part_size < 1 or distill_batch < 1 or batch_tokens < 0:
+        raise ValueError(f"need max_len >= 2, shard_size >= 1, limit >= 1, max_new_tokens >= 1, part_size >= 1, "
+                         f"distill_batch >= 1, batch_tokens >= 0; got max_len={max_len}, shard_size={shard_size}, "
+                         f"limit={limit}, max_new_tokens={max_new_tokens}, part_size={part_size}, "
+                         f"distill_batch={distill_batch}, batch_tokens={batch_tokens}")
+    if tokens_dir is not None and not self_distill:
+        raise ValueError("a token store (--tokens) holds self-distilled answers; it needs --self-distill")
     out_dir = Path(out_dir)
     questions = evaluation_questions(data_dir) if eval_questions is None else eval_questions
     selection: list[Conversation] = []
@@ -311,14 +404,14 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
     levels = None
     if layers is not None:
         levels = resolve_hidden_layers(layers, target.model.config.get_text_config(decoder=True).num_hidden_layers)
-    settings = {
-        "format": FORMAT_VERSION, "sources": sources, "limit": limit, "max_len": max_len, "self_distill": self_distill,
-        "max_new_tokens": max_new_tokens if self_distill else None, "shard_size": shard_size,
-        "drop_contaminated": drop_contaminated, "target_config_sha256": config_sha256(target.config),
-        **tokenizer_hashes(target.tokenizer),
+    common = {
+        "format": FORMAT_VERSION, "sources": sources, "limit": limit, "max_len": max_len,
+        "max_new_tokens": max_new_tokens if self_distill else None, "drop_contaminated": drop_contaminated,
+        "target_config_sha256": config_sha256(target.config), **tokenizer_hashes(target.tokenizer),
         "selection_sha256": _sha256_bytes("\n".join(c.id for c in selection).encode()),
-        "layers": list(levels) if levels else None,
     }
+    settings = {**common, "self_distill": self_distill, "shard_size": shard_size,
+                "layers": list(levels) if levels else None}
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = _resume_state(out_dir, settings)
     manifest = {
@@ -330,29 +423,40 @@ def build_dataset(target: Target, sources: list[str] | str, out_dir: str | Path,
         "contaminated_dropped": len(dropped), "contaminated_ids": dict(sorted(dropped.items())),
         "eval_prompts_checked": len(questions), "selected": len(selection), "shards": shards, "complete": False,
     }
+    store = None
+    if self_distill:
+        store = TokenStore(target, selection, out_dir / "distilled" if tokens_dir is None else tokens_dir, common,
+                           generator, distill_batch, part_size)
     n_shards = math.ceil(len(selection) / shard_size)
     bar = tqdm(total=len(selection), initial=min(len(shards) * shard_size, len(selection)), unit="conv",
-               desc="features", disable=not progress)
-    for k in range(len(shards), n_shards):
-        items = []
-        convs = selection[k * shard_size:(k + 1) * shard_size]
-        all_messages = [c.messages for c in convs]
-        if self_distill:
-            all_messages = self_distilled(target, all_messages, max_len, max_new_tokens, distill_batch)
-        for conv, messages in zip(convs, all_messages):
-            ids, mask = render_with_mask(target.tokenizer, messages, max_len) if messages else ([], [])
-            if any(mask):  # a first prompt longer than max_len leaves nothing to learn from
-                feats = target_feature_levels(target, ids, levels) if levels else (target_features(target, ids),)
-                items.append((conv.id, ids, mask, *feats))
-            bar.update(1)
-        path = out_dir / shard_name(k)
-        write_shard(path, items, hidden_size, len(levels) if levels else 0)
-        shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
-                       "tokens": sum(len(i[1]) for i in items),
-                       "selection_range": [k * shard_size, min((k + 1) * shard_size, len(selection))]})
-        manifest["shards"] = shards
-        _write_json(out_dir / MANIFEST, _with_totals(manifest))
-    bar.close()
+               desc="self-distill + features" if self_distill else "features", disable=not progress)
+    try:
+        for k in range(len(shards), n_shards):
+            lo, hi = k * shard_size, min((k + 1) * shard_size, len(selection))
+            if store is not None:
+                rendered = [(r["id"], r["input_ids"], record_mask(r)) for r in store.records(lo, hi)]
+                manifest["stages"] = {"generate": store.stage()}
+            else:
+                rendered = [(c.id, *render_with_mask(target.tokenizer, c.messages, max_len)) for c in selection[lo:hi]]
+            kept = [r for r in rendered if any(r[2])]  # a first prompt beyond max_len leaves nothing to learn from
+            start = time.perf_counter()
+            feats = batched_features(target, [r[1] for r in kept], levels, batch_tokens)
+            seconds = time.perf_counter() - start
+            items = [(*r, *f) for r, f in zip(kept, feats, strict=True)]
+            path = out_dir / shard_name(k)
+            write_shard(path, items, hidden_size, len(levels) if levels else 0)
+            shards.append({"file": path.name, "sha256": file_sha256(path), "conversations": len(items),
+                           "tokens": sum(len(i[1]) for i in items), "selection_range": [lo, hi],
+                           "feature_seconds": round(seconds, 3)})
+            manifest["shards"] = shards
+            _write_json(out_dir / MANIFEST, _with_totals(manifest))
+            bar.update(hi - lo)
+    finally:
+        bar.close()
+        if store is not None:
+            store.close()
+    if store is not None:
+        manifest["stages"] = {"generate": store.stage()}
     manifest["complete"] = True
     _write_json(out_dir / MANIFEST, _with_totals(manifest))
     return _with_totals(manifest)
@@ -362,8 +466,15 @@ def _with_totals(manifest: dict) -> dict:
     shards = manifest["shards"]
     done = sum(s["selection_range"][1] - s["selection_range"][0] for s in shards)
     count = sum(s["conversations"] for s in shards)
-    return {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards),
-            "skipped_no_assistant_tokens": done - count}
+    out = {**manifest, "count": count, "tokens": sum(s["tokens"] for s in shards),
+           "skipped_no_assistant_tokens": done - count}
+    timed = [s for s in shards if "feature_seconds" in s]  # shards of builds before stage timing have none
+    if timed:
+        tokens, seconds = sum(s["tokens"] for s in timed), sum(s["feature_seconds"] for s in timed)
+        features = {"tokens": tokens, "seconds": round(seconds, 3),
+                    "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
+        out["stages"] = {**manifest.get("stages", {}), "features": features}
+    return out
 
 
 def read_manifest(data_dir: str | Path, max_shards: int | None = None) -> dict:
