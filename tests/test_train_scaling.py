@@ -105,6 +105,8 @@ def test_scale_writes_its_points_nested_on_one_held_out_set_and_resumes(data, tm
     assert [r["step"] for r in map(json.loads, log) if r["kind"] == "train"] == [1, 2, 3]
     keep = ("point", "position", "train_tokens", "steps", "acc", "eval_loss")
     assert [{k: r[k] for k in keep} for r in resumed] == [{k: r[k] for k in keep} for r in straight]
+    with pytest.raises(ValueError, match="another held-out set"):  # a larger held-out set in the same folder
+        train_scale("eagle", target, feats, tmp_path / "resumed", config(eval_fraction=0.3), sizes[:1], argv)
 
 
 def test_tau_per_point_through_the_runner(data, tmp_path):

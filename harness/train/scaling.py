@@ -3,12 +3,14 @@ trains the same recipe on nested prefixes of one feature dataset and evaluates e
 (EAGLE-3, arXiv:2503.01840, Sec. 4 and Figure 1: acceptance against the amount of training data).
 
 **Points.** The held-out set is the trainer's own eval split of the whole dataset (the last ``eval_fraction`` of
-its conversations in build order, :class:`harness.train.dataset.FeatureDataset`), the same for every point; the
-training pool is every conversation before it. The point of size N tokens trains on the shortest prefix of the pool
-(whole conversations, in build order) that holds at least N tokens, counting every stored position of a
-conversation cut at ``max_len`` (the positions a training step reads, prompt included; the manifest's ``tokens``
-counts the same way before the cut). So the prefixes are nested, disjoint from the held-out set, and a larger point
-holds every conversation of a smaller one. The draft vocabulary (``draft_vocab``/``train_vocab``) is counted on
+its conversations in build order, or of its first ``max_shards``; :class:`harness.train.dataset.FeatureDataset`),
+the same for every point; the training pool is every conversation before it. (It moves when the dataset grows: a
+curve extended with more data goes into a new folder, or keeps ``max_shards``; a folder refuses points on another
+held-out set.) The point of size N tokens trains on the shortest prefix of the pool (whole conversations, in build
+order) that holds at least N tokens, counting every stored position of a conversation cut at ``max_len`` (the
+positions a training step reads, prompt included; the manifest's ``tokens`` counts the same way before the cut).
+So the prefixes are nested, disjoint from the held-out set, and a larger point holds every conversation of a
+smaller one. The draft vocabulary (``draft_vocab``/``train_vocab``) is counted on
 the point's own prefix, never on data the point does not train on.
 
 **Budget.** Every point gets the same training settings; the step budget follows from them: with ``--epochs E``
@@ -267,6 +269,10 @@ def train_scale(objective_name: str, target: Target, data_dir: str | Path, out_d
     returns the tidy rows of ``out_dir/scaling.csv``."""
     info = plan(objective_name, data_dir, out_dir, config, sizes, argv, tau)
     out = Path(out_dir)
+    old = json.loads((out / INDEX).read_text())["objectives"].get(objective_name) if (out / INDEX).is_file() else None
+    if old and old["eval_set"]["sha256"] != info["eval_set"]["sha256"]:
+        raise ValueError(f"{out}: its {objective_name} points were evaluated on another held-out set (other data or "
+                         "--max-shards); points on different held-out sets are not comparable: use another --out")
     out.mkdir(parents=True, exist_ok=True)
     for p in info["points"]:
         _refresh(out, p, tau)
