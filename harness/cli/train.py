@@ -127,7 +127,7 @@ def _train_scale(args) -> int:
         if r["position"] == 1 and r["objective"] == args.scale_objective:
             tau_text = f", τ {r['tau']:.2f}" if r["tau"] is not None else ""
             print(f"{args.scale_objective} {r['point']}: {r['train_tokens']} tokens, {r['steps']} steps, held-out "
-                  f"acc@1 {r['acc']:.3f}{tau_text}")
+                  f"acc@1 {r['acc']}{tau_text}")
     print(f"{Path(args.out) / 'scaling.csv'}, {Path(args.out) / 'scaling.png'}")
     return 0
 
