@@ -219,6 +219,44 @@ def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanil
     return _save(fig, path)
 
 
+def plot_scaling(table: pd.DataFrame, path: Path) -> Path | None:
+    """The data-scaling curve (:mod:`harness.train.scaling`'s tidy table): held-out top-1 draft accuracy against
+    training tokens (log x), one line per draft position and objective (colour = position, line style and marker =
+    objective), and beside it τ against training tokens, one line per objective, when any point has τ. None when
+    the table is empty."""
+    if table.empty:
+        return None
+    objectives = list(dict.fromkeys(table["objective"]))
+    positions = sorted(table["position"].unique())
+    has_tau = table["tau"].notna().any()
+    fig = Figure(figsize=(11.0 if has_tau else 6.5, 4.2))
+    axes = np.atleast_1d(fig.subplots(1, 2 if has_tau else 1))
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
+    colors = matplotlib.colormaps["tab10"]
+    for i, objective in enumerate(objectives):
+        marker, line = styles[i % len(styles)]
+        g = table[table["objective"] == objective]
+        for j, pos in enumerate(positions):
+            s = g[g["position"] == pos].sort_values("train_tokens")
+            name = f"position {pos}" + (f" ({objective})" if len(objectives) > 1 else "")
+            axes[0].plot(s["train_tokens"], s["acc"], marker=marker, linestyle=line, color=colors(j % 10), label=name)
+        if has_tau:
+            s = g[g["position"] == positions[0]].sort_values("train_tokens")
+            axes[1].plot(s["train_tokens"], s["tau"], marker=marker, linestyle=line, label=objective)
+    axes[0].set_ylabel("top-1 draft accuracy (held-out)")
+    axes[0].set_ylim(0, 1.02)
+    axes[0].set_title("Held-out accuracy per draft position" + (f" ({objectives[0]})" if len(objectives) == 1 else ""))
+    _legend(axes[0], len(objectives) * len(positions))
+    if has_tau:
+        axes[1].set_ylabel("τ (tokens per target forward)")
+        axes[1].set_title("Mean accepted length")
+        axes[1].legend(fontsize="small")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens")
+    return _save(fig, path)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     """Lay ``fig`` out and write it to ``path`` whole (:func:`harness.measure.rundir.atomic_file`)."""
     fig.tight_layout()

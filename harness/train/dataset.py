@@ -43,6 +43,8 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     split: None (all), "train" or "eval"; the eval split is the last ``max(1, round(eval_fraction * n))``
     conversations in build order (EAGLE holds out the last 5% of its file list; ShareGPT is already shuffled).
+    train_limit: with split "train", only the first that many training conversations (a prefix; the eval split is
+    the same whatever the limit: the data-scaling curve, :mod:`harness.train.scaling`).
     noise: "eagle" (published ``U(-0.5,0.5)*0.2*512/S``), "none", or a float = fixed scale ``U(-0.5,0.5)*scale``.
     Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] and
     token_mask [S] (unshifted); for a dataset built with ``layers`` also levels [S, k*H] (aligned with features,
@@ -50,7 +52,8 @@ class FeatureDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
-                 noise: str | float = "eagle", max_len: int | None = None, max_shards: int | None = None):
+                 noise: str | float = "eagle", max_len: int | None = None, max_shards: int | None = None,
+                 train_limit: int | None = None):
         from safetensors import safe_open
 
         if split not in (None, "train", "eval"):
@@ -68,6 +71,11 @@ class FeatureDataset(torch.utils.data.Dataset):
             index += [(s["file"], off[i], off[i + 1]) for i in range(len(off) - 1)]
         n_eval = max(1, round(eval_fraction * len(index))) if len(index) > 1 and eval_fraction > 0 else 0
         self.index = {None: index, "train": index[: len(index) - n_eval], "eval": index[len(index) - n_eval:]}[split]
+        if train_limit is not None:
+            if split != "train" or not 1 <= train_limit <= len(self.index):
+                raise ValueError(f"{data_dir}: train_limit={train_limit} needs split 'train' and 1..{len(self.index)} "
+                                 f"(the training conversations), got split {split!r}")
+            self.index = self.index[:train_limit]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -94,6 +102,20 @@ class FeatureDataset(torch.utils.data.Dataset):
             b = min(b, a + self.max_len)
         with safe_open(str(self.data_dir / file), framework="pt") as f:
             return f.get_slice("levels")[a:b].float()
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """Token frequencies at loss positions over this split's conversations (cut at ``max_len``), int64
+        ``[vocab_size]`` (:func:`harness.engine.draftvocab.token_counts` summed)."""
+        from safetensors import safe_open
+
+        from harness.engine.draftvocab import token_counts
+
+        total = torch.zeros(vocab_size, dtype=torch.int64)
+        for file, a, b in self.index:
+            b = b if self.max_len is None else min(b, a + self.max_len)
+            with safe_open(str(self.data_dir / file), framework="pt") as f:
+                total += token_counts(f.get_slice("input_ids")[a:b], f.get_slice("loss_mask")[a:b], vocab_size)
+        return total
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ids, hidden, mask = self.raw(i)

@@ -61,6 +61,8 @@ class TrainConfig:
     max_len: int = 2048
     eval_fraction: float = 0.05
     max_shards: int | None = None     # train on the first N shards only (a build may still be running)
+    train_conversations: int | None = None  # train on the first N training conversations only (same held-out
+    #                                   split, draft vocabulary counted on them: harness.train.scaling)
     eval_every: int = 500
     eval_positions: int = 4
     save_every: int = 1000
@@ -258,8 +260,6 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     out_dir, data_dir = Path(out_dir), Path(data_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
     objective.check_data(manifest, str(data_dir))
-    counts = dataset_token_counts(data_dir, objective.lm_head.weight.shape[0], cfg.max_shards)
-    objective.set_token_counts(counts)
     hidden = target.model.get_output_embeddings().weight.shape[1]
     if manifest["hidden_size"] != hidden:
         raise ValueError(f"{data_dir}: features have hidden size {manifest['hidden_size']}, the target {target.name!r} "
@@ -268,10 +268,15 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
                               gradient_accumulation_steps=cfg.grad_accum, project_dir=str(out_dir),
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     set_seed(cfg.seed)
-    train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len, cfg.max_shards)
+    train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len, cfg.max_shards,
+                              cfg.train_conversations)
     eval_ds = FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
     if len(train_ds) == 0:
         raise ValueError(f"{data_dir}: no training conversations after holding out {len(eval_ds)} for evaluation")
+    vocab = objective.lm_head.weight.shape[0]
+    counts = (dataset_token_counts(data_dir, vocab, cfg.max_shards) if cfg.train_conversations is None
+              else train_ds.token_counts(vocab))
+    objective.set_token_counts(counts)
 
     head = objective.build_head()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -292,7 +297,8 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     manifest_sha = _sha256_file(data_dir / "manifest.json")
     identity = {"objective": objective_name, "options": dataclasses.asdict(objective.options),
                 "data_manifest_sha256": manifest_sha, "total_steps": total, "batch_size": cfg.batch_size,
-                "grad_accum": cfg.grad_accum, "num_processes": accelerator.num_processes, "lr": cfg.lr}
+                "grad_accum": cfg.grad_accum, "num_processes": accelerator.num_processes, "lr": cfg.lr,
+                "train_conversations": cfg.train_conversations}
     if accelerator.is_main_process:
         _check_run(out_dir, identity, cfg.resume)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,25 +70,35 @@ def members(objective_name: str, base_options: dict[str, Any], grid: dict[str, l
     return out
 
 
-def member_command(argv: Sequence[str], out: Path, assignment: dict[str, Any]) -> str:
-    """The single ``draftbench train`` command that trains one member: ``argv`` (the sweep's arguments after
-    ``train``) without its ``--sweep`` flags, ``--out`` set to the member's folder, one ``--option`` per swept value."""
-    args, skip = [], False
+def single_command(argv: Sequence[str], out: Path, extra: Sequence[str], drop: Sequence[str] = ("--sweep",),
+                   drop_switches: Sequence[str] = ()) -> str:
+    """The single ``draftbench train`` command for one head of a sweep or scaling run: ``argv`` (the arguments after
+    ``train``) without ``--out`` and the ``drop`` flags (with their values) and ``drop_switches`` (flags without a
+    value), then ``extra``, then ``--out out``.
+    Example: ["eagle", "--sweep", "x=1,2", "--cpu"], "o", ["--option", "x=1"] -> "draftbench train eagle --cpu
+    --option x=1 --out o"."""
+    args, skip, valued = [], False, ("--out", *drop)
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
-        if a in ("--sweep", "--out"):
+        if a in valued:
             skip = i + 1 < len(argv)
             continue
-        if a.startswith(("--sweep=", "--out=")):
+        if a in drop_switches or a.startswith(tuple(f"{f}=" for f in valued)):
             continue
         args.append(a)
-    extra = [x for k, v in assignment.items() for x in ("--option", f"{k}={json.dumps(v)}")]
     return shlex.join(["draftbench", "train", *args, *extra, "--out", str(out)])
 
 
-def _finished(folder: Path) -> dict[str, Any] | None:
+def member_command(argv: Sequence[str], out: Path, assignment: dict[str, Any]) -> str:
+    """The single ``draftbench train`` command that trains one member: ``argv`` (the sweep's arguments after
+    ``train``) without its ``--sweep`` flags, ``--out`` set to the member's folder, one ``--option`` per swept value."""
+    return single_command(argv, out, [x for k, v in assignment.items() for x in ("--option", f"{k}={json.dumps(v)}")])
+
+
+def finished_training(folder: Path) -> dict[str, Any] | None:
+    """The recipe of a training that ran to its last step in ``folder`` (its head written), else None."""
     recipe = folder / "recipe.json"
     if not recipe.is_file():
         return None
@@ -111,11 +121,11 @@ def train_sweep(objective_name: str, target: Target, data_dir: str | Path, out_d
     rows = members(objective_name, config.options, grid)
     out.mkdir(parents=True, exist_ok=True)
     for row in rows:
-        row["status"] = "done" if _finished(out / row["folder"]) else "pending"
+        row["status"] = "done" if finished_training(out / row["folder"]) else "pending"
     _write_index(out, objective_name, grid, config, rows)
     for row in rows:
         folder = out / row["folder"]
-        recipe = _finished(folder)
+        recipe = finished_training(folder)
         if recipe is None:
             cfg = dataclasses.replace(config, options={**config.options, **row["assignment"]})
             recipe = train(objective_name, target, data_dir, folder, cfg,
