@@ -5,18 +5,23 @@ Where the server is: ``engine_options: {server_url: http://host:port}`` (``draft
 server started elsewhere and measured as it runs (the entry's method options cannot configure it and are refused);
 or ``engine_options: {launch: vllm}``, a local ``vllm serve`` started from vLLM's venv (``make vllm-setup``) with the
 speculative configuration the in-process vLLM backend maps for the entry's method (:mod:`harness.backends.launch`),
-stopped at the end of the run, also on Ctrl-C and on failure.
+or ``{launch: llama.cpp}``, the ``llama-server`` at ``$DRAFTBENCH_LLAMA_SERVER`` with the entry's other engine
+options as its flags, stopped at the end of the run, also on Ctrl-C and on failure.
 
 Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
 messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
 harness's own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with
 the turn's temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids
-(vLLM's ``return_token_ids``) and the usage count. Measured, as the harness measures its own turns: wall time from
+(vLLM's ``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its
+``verbose``, which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only)
+and the usage count. Measured, as the harness measures its own turns: wall time from
 sending the request to the end of the stream, time to the first token, and per new token its arrival time
 (``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
 evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
 token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
-token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so.
+token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so. So does
+a turn whose chunks carried fewer ids than that count (llama.cpp sends no chunk for a token ending inside a UTF-8
+character): ids that skip a token are never recorded.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed (a load level, :mod:`harness.run.load`, reads
