@@ -137,6 +137,10 @@ def test_referee_table_per_turn_hand_computed():
     assert (q1["steps_engine"], q1["steps_harness"]) == (4, 4)
     assert not q2["equal_to_vanilla"] and (q2["divergence_position"], q2["divergence_kind"]) == (4, "tie")
     assert pd.isna(q2["first_step"]) and q2["acc_engine"] == q2["acc_harness"] == pytest.approx([1, 1, 2 / 3])
+    text_only = [dict(r, output_ids=None) if r["label"] == "vllm-eagle3" else r for r in RECORDS]
+    turns_text = T.turns_table(text_only, MANIFEST)
+    # a served turn without token ids: equality with vanilla is n/a, not a disagreement at position 0
+    assert RF.referee_table(turns_text, pairs)["equal_to_vanilla"].isna().all()
     s = RF.pair_summary(turns, pairs[0])
     assert s["turns"] == 2 and s["tau_engine"] == s["tau_harness"] == pytest.approx(20 / 9)
     assert s["acc_engine"] == pytest.approx([5 / 7, 5 / 7, 3 / 7]) and s["acc_harness"] == pytest.approx(

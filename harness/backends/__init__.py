@@ -39,7 +39,11 @@ def _served_options(method: str, options: Any, given: set[str], target: str,
     from harness.backends.served import OPTIONS, check_options
 
     opts = check_options(method, given, engine_options)
-    if opts.get("launch") is None:
+    if opts.get("launch") == "llama.cpp":  # configured by llama-server's own flags
+        from harness.backends.launch import llama_server
+
+        llama_server()
+    if opts.get("launch") != "vllm":
         return opts, None, method != "vanilla"
     from harness.backends.vllm import check_python, speculative_config
 
@@ -72,6 +76,14 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
         backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative)
+    elif opts["launch"] == "llama.cpp":
+        from harness.backends import launch
+
+        flags = {k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}
+        server = launch.launch_llama_cpp(target, target_path, opts.get("gguf"), flags,
+                                         float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
+        backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
+                                {"launch": "llama.cpp", "argv": server.argv, "load_s": server.load_s})
     else:
         from harness.backends import launch
         from harness.backends.vllm import llm_options

@@ -1,5 +1,6 @@
-"""A local server started for a run (``engine: openai`` with ``engine_options: {launch: vllm}``), and stopped at its
-end: after the last turn, on Ctrl-C and on any failure (the runner closes every backend in a ``finally``).
+"""A local server started for a run (``engine: openai`` with ``engine_options: {launch: vllm}`` or ``{launch:
+llama.cpp}``), and stopped at its end: after the last turn, on Ctrl-C and on any failure (the runner closes every
+backend in a ``finally``).
 
 :func:`vllm_serve_argv` is the ``vllm serve`` command of a method entry, from the same mapping the in-process vLLM
 backend uses (:func:`harness.backends.vllm.speculative_config` for the speculative configuration,
@@ -8,6 +9,10 @@ python of vLLM's venv (``make vllm-setup``, ``$DRAFTBENCH_VLLM_PYTHON``). :class
 in a process group of its own (the server and the engine processes it spawns), waits until ``/health`` answers,
 and stops the whole group: SIGTERM, then SIGKILL after a grace period. Its log goes to a temporary file, read back
 only for the error line of a server that exits or never becomes ready.
+
+:func:`llama_server_argv` is llama.cpp's ``llama-server`` (the binary at ``$DRAFTBENCH_LLAMA_SERVER``) serving the
+target's GGUF with ``--metrics``; the entry's other ``engine_options`` are its flags as they are (speculation
+included: ``spec_type: ngram-simple``), since draftbench's method options are not mapped to llama.cpp's.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from harness.backends.contract import BackendError
+from harness.backends.contract import BackendError, EngineError
 from harness.backends.served import wait_ready
 from harness.backends.vllm_worker import CPU_DEFAULTS
 
 STARTUP_TIMEOUT_S = 900.0  # loading takes about a minute on 2 CPU cores; a first CPU compile can take longer
 STOP_GRACE_S = 20.0
 SERVE_DEFAULTS = CPU_DEFAULTS  # a launched server is loaded as the in-process worker loads vLLM
+LLAMA_SERVER_ENV = "DRAFTBENCH_LLAMA_SERVER"  # the llama-server binary for launch: llama.cpp
 
 
 def free_port() -> int:
@@ -57,7 +64,18 @@ def vllm_serve_argv(python: str, target_path: str, served_name: str, dtype: str,
             served_name, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)]
     # a speculative server sends each request's ordered per-step acceptance (harness.backends.served)
     per_request = {"per_request_spec_decode_metrics": "detailed"} if speculative is not None else {}
-    for key, value in {**SERVE_DEFAULTS, **per_request, **options}.items():
+    argv += flags({**SERVE_DEFAULTS, **per_request, **options})
+    if speculative is not None:
+        argv += ["--speculative-config", json.dumps(speculative)]
+    return argv
+
+
+def flags(options: dict[str, Any]) -> list[str]:
+    """Options as command-line flags: ``max_model_len: 1024`` -> ``--max-model-len 1024``; True -> the bare flag,
+    False -> the ``--no-`` flag, None -> nothing; a mapping or list -> JSON.
+    Example: {"a_b": 1, "c": True, "d": False, "e": {"k": 2}} -> ["--a-b", "1", "--c", "--no-d", "--e", '{"k": 2}']."""
+    argv = []
+    for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
@@ -65,9 +83,42 @@ def vllm_serve_argv(python: str, target_path: str, served_name: str, dtype: str,
             argv.append("--no-" + key.replace("_", "-"))
         elif value is not None:
             argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
-    if speculative is not None:
-        argv += ["--speculative-config", json.dumps(speculative)]
     return argv
+
+
+def llama_server_argv(binary: str, gguf: str, served_name: str, port: int, options: dict[str, Any]) -> list[str]:
+    """llama.cpp's server of a method entry: the GGUF under the run's target name, on 127.0.0.1, with its Prometheus
+    counters (``--metrics``), and ``options`` as flags (:func:`flags`).
+
+    Example: ("/b/llama-server", "/m.gguf", "smollm2-135m", 8000, {"spec_type": "ngram-simple"}) ->
+    ["/b/llama-server", "--model", "/m.gguf", "--alias", "smollm2-135m", "--host", "127.0.0.1", "--port", "8000",
+    "--metrics", "--spec-type", "ngram-simple"].
+    """
+    return [binary, "--model", gguf, "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
+            "--metrics"] + flags(options)
+
+
+def llama_server() -> str:
+    """The llama-server binary at ``$DRAFTBENCH_LLAMA_SERVER``, or an :class:`EngineError` saying it is not there."""
+    binary = os.environ.get(LLAMA_SERVER_ENV)
+    if not binary or not Path(binary).is_file():
+        raise EngineError(f"launch: llama.cpp needs llama.cpp's llama-server binary at ${LLAMA_SERVER_ENV} "
+                          f"({binary or 'not set'})")
+    return binary
+
+
+def target_gguf(target_path: str, gguf: str | None) -> str:
+    """The GGUF llama-server loads: ``gguf`` (engine_options), else the one the embedded target was converted from
+    (its folder's ``draftbench_source.json``); an :class:`EngineError` for a target with neither."""
+    if gguf is None:
+        source = Path(target_path) / "draftbench_source.json"
+        if not source.is_file():
+            raise EngineError(f"launch: llama.cpp needs the target as a GGUF file: {target_path} was not converted "
+                              "from one; give engine_options gguf: PATH")
+        gguf = json.loads(source.read_text())["gguf"]
+    if not Path(gguf).is_file():
+        raise EngineError(f"launch: llama.cpp: no GGUF file at {gguf}")
+    return gguf
 
 
 class ServerProcess:
@@ -127,3 +178,11 @@ def launch_vllm(target: str, target_path: str, dtype: str, speculative: dict[str
     argv = vllm_serve_argv(check_python(), target_path, target, dtype, port, speculative, options)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     return ServerProcess(argv, f"http://127.0.0.1:{port}", timeout, env, what="vllm serve")
+
+
+def launch_llama_cpp(target: str, target_path: str, gguf: str | None, options: dict[str, Any],
+                     timeout: float = STARTUP_TIMEOUT_S) -> ServerProcess:
+    """A ``llama-server`` of the target for one entry, on a free local port, ready."""
+    port = free_port()
+    return ServerProcess(llama_server_argv(llama_server(), target_gguf(target_path, gguf), target, port, options),
+                         f"http://127.0.0.1:{port}", timeout, what="llama-server")

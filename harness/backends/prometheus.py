@@ -12,9 +12,15 @@ The counters, by engine (the names the engines' own documentation and source giv
   ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
   ``vllm:spec_decode_num_accepted_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_per_pos_total``
   (one sample per ``position`` label, 0-based: drafts whose token at that position was accepted);
-* llama.cpp's ``llama-server --metrics``: ``llamacpp:spec_tokens_drafted_total`` and
-  ``llamacpp:spec_tokens_accepted_total``, proposed in ggml-org/llama.cpp pull request 23328 (read where a build
-  exposes them; released servers expose only throughput counters such as ``llamacpp:tokens_predicted_total``);
+* llama.cpp's ``llama-server --metrics`` (read live from a build of ggml-org/llama.cpp commit 0c1e570, the copy
+  vendored in llama-cpp-python 0.3.36; ``tools/server/server-task.cpp``): the same four names under the
+  ``llamacpp:`` prefix, ``llamacpp:spec_decode_num_drafts_total`` (verification steps),
+  ``llamacpp:spec_decode_num_draft_tokens_total``, ``llamacpp:spec_decode_num_accepted_tokens_total`` and
+  ``llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, each request's counts added when it
+  ends; the per-position counter appears only after the server's first drafting step (before it, with no drafts,
+  it is read as no positions, ``[]``); without speculation only throughput counters such as
+  ``llamacpp:tokens_predicted_total``. Values are printed with 6 significant digits, so a counter past 999,999
+  (``1.23457e+06``) no longer diffs exactly;
 * SGLang (``docs/references/production_metrics.md`` of sgl-project/sglang): no speculative counter; its
   ``sglang:spec_accept_length`` is a gauge (a running mean), which cannot be diffed around one request: n/a;
 * ``trtllm-serve`` (``docs/source/commands/trtllm-serve.rst`` of NVIDIA/TensorRT-LLM): its ``/metrics`` is JSON
@@ -28,10 +34,11 @@ import re
 
 # draftbench's counter -> the metric names that carry it, first found wins
 COUNTERS: dict[str, tuple[str, ...]] = {
-    "drafts": ("vllm:spec_decode_num_drafts_total",),
-    "draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "llamacpp:spec_tokens_drafted_total"),
-    "accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total", "llamacpp:spec_tokens_accepted_total"),
-    "accepted_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
+    "drafts": ("vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_drafts_total"),
+    "draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_draft_tokens_total"),
+    "accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total"),
+    "accepted_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                         "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"),
 }
 SERVERS = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llama.cpp"}  # metric prefix -> the server it names
 
@@ -73,7 +80,9 @@ def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def read_counters(text: str) -> dict[str, int | list[int] | None]:
     """The acceptance counters of one ``/metrics`` reading (:data:`COUNTERS`): ints summed over label sets, the
-    per-position counter a list by ``position`` (0, 1, ...); None for what the reading lacks.
+    per-position counter a list by ``position`` (0, 1, ...); None for what the reading lacks, except the
+    per-position counter of a reading with 0 drafts, which is ``[]`` (nothing accepted anywhere yet; llama.cpp
+    prints that counter only once it has drafted).
 
     Example: 'vllm:spec_decode_num_drafts_total{engine="0"} 4\\n'
     'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1\\n'
@@ -97,6 +106,8 @@ def read_counters(text: str) -> dict[str, int | list[int] | None]:
             out[key] = [int(per.get(i, 0)) for i in range(max(per) + 1)]
         else:
             out[key] = int(sum(value for _, value in by_name[name]))
+    if out["drafts"] == 0 and out["accepted_per_pos"] is None:
+        out["accepted_per_pos"] = []
     return out
 
 

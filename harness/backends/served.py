@@ -5,18 +5,23 @@ Where the server is: ``engine_options: {server_url: http://host:port}`` (``draft
 server started elsewhere and measured as it runs (the entry's method options cannot configure it and are refused);
 or ``engine_options: {launch: vllm}``, a local ``vllm serve`` started from vLLM's venv (``make vllm-setup``) with the
 speculative configuration the in-process vLLM backend maps for the entry's method (:mod:`harness.backends.launch`),
-stopped at the end of the run, also on Ctrl-C and on failure.
+or ``{launch: llama.cpp}``, the ``llama-server`` at ``$DRAFTBENCH_LLAMA_SERVER`` with the entry's other engine
+options as its flags, stopped at the end of the run, also on Ctrl-C and on failure.
 
 Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
 messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
 harness's own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with
 the turn's temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids
-(vLLM's ``return_token_ids``) and the usage count. Measured, as the harness measures its own turns: wall time from
+(vLLM's ``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its
+``verbose``, which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only)
+and the usage count. Measured, as the harness measures its own turns: wall time from
 sending the request to the end of the stream, time to the first token, and per new token its arrival time
 (``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
 evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
 token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
-token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so.
+token count (``usage``), and per-token times only where it sent as many chunks as tokens; the notes say so. So does
+a turn whose chunks carried fewer ids than that count (llama.cpp sends no chunk for a token ending inside a UTF-8
+character): ids that skip a token are never recorded.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed (a load level, :mod:`harness.run.load`, reads
@@ -54,12 +59,15 @@ from harness.backends.contract import (
 )
 from harness.backends.prometheus import COUNTERS, diff, read_counters, server_kind
 
-OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s")  # this backend's own options
+OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
+LAUNCHES = ("vllm", "llama.cpp")
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT_S = 300.0        # no byte from the server for this long: the request failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
 SETTLE_S = 0.05          # counters are re-read until two readings this far apart agree (a server updates them late)
 SETTLE_MAX_S = 2.0
+# llama.cpp's own request field: each streamed chunk of /v1/completions carries its token id (``__verbose.tokens``)
+LLAMACPP_FIELDS = {"verbose": True}
 
 
 def check_options(method: str, given: set[str], engine_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -70,11 +78,11 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
     url, launch = opts.get("server_url"), opts.get("launch")
     if (url is None) == (launch is None):
         raise EngineError("engine openai needs exactly one of engine_options server_url (a running server, "
-                          "--server-url URL) or launch: vllm (a local vllm serve started for the run)")
+                          "--server-url URL) or launch: vllm or llama.cpp (a local server started for the run)")
     if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
         raise EngineError(f"engine openai: server_url must be an http:// or https:// URL, got {url!r}")
-    if launch is not None and launch != "vllm":
-        raise EngineError(f"engine openai: launch {launch!r} is not known; it launches vllm")
+    if launch is not None and launch not in LAUNCHES:
+        raise EngineError(f"engine openai: launch {launch!r} is not known; it launches {' or '.join(LAUNCHES)}")
     if opts.get("api", "chat") not in APIS:
         raise EngineError(f"engine openai: api {opts['api']!r} is not known; use {' or '.join(APIS)}")
     if url is not None:
@@ -83,6 +91,12 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
             raise EngineError(f"engine openai, method {method!r} at {url}: {', '.join(sorted(given) + extra)} would "
                               "configure the server, which runs as it was started; start it with them, or use "
                               "launch: vllm")
+    if "gguf" in opts and launch != "llama.cpp":
+        raise EngineError("engine openai: engine_options gguf is the model file of launch: llama.cpp only")
+    if launch == "llama.cpp" and given:
+        raise EngineError(f"engine openai, method {method!r} on launch: llama.cpp: method options "
+                          f"({', '.join(sorted(given))}) are not mapped to llama-server; pass its flags as "
+                          "engine_options (spec_type: ngram-simple -> --spec-type ngram-simple)")
     return {"api": "chat", "timeout_s": TIMEOUT_S, **opts}
 
 
@@ -152,10 +166,10 @@ class ServedBackend(Backend):
             if server is None:
                 wait_ready(self.url, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
             self.model = self._check_model(options.get("model"), target, target_path)
-            self.version = self._version()
+            self.version, kind = self._version()
             status, text = http_get(self.url + "/metrics", self.timeout)
             self.has_metrics = status == 200 and self._counters_of(text) is not None
-            self.server_kind = server_kind(text) if self.has_metrics else None
+            self.server_kind = (server_kind(text) if self.has_metrics else None) or kind
         except BaseException:
             self.close()
             raise
@@ -178,12 +192,18 @@ class ServedBackend(Backend):
                            f"{wanted or target} ({target_path}); point at a server of the run's target, or name its "
                            "model with engine_options model: NAME if it is the same model")
 
-    def _version(self) -> str | None:
-        try:
-            status, body = http_get(self.url + "/version", self.timeout)
-            return str(json.loads(body)["version"]) if status == 200 else None
-        except (BackendError, ValueError, KeyError, TypeError):
-            return None  # the server does not say: n/a
+    def _version(self) -> tuple[str | None, str | None]:
+        """(the server's version, the server it names itself or None): ``/version`` (vLLM, SGLang), else
+        llama.cpp's ``/props``, whose ``build_info`` is ``b<build number>-<commit>``; (None, None) where neither
+        says (n/a)."""
+        for path, key, kind in (("/version", "version", None), ("/props", "build_info", "llama.cpp")):
+            try:
+                status, body = http_get(self.url + path, self.timeout)
+                if status == 200:
+                    return str(json.loads(body)[key]), kind
+            except (BackendError, ValueError, KeyError, TypeError):
+                pass
+        return None, None
 
     @staticmethod
     def _counters_of(text: str) -> dict[str, Any] | None:
@@ -225,6 +245,8 @@ class ServedBackend(Backend):
             body["seed"] = request.seed
         if request.top_k:
             body["top_k"] = request.top_k
+        if self.server_kind == "llama.cpp":
+            body.update(LLAMACPP_FIELDS)
         if self.options["api"] == "chat":
             body["messages"] = request.messages
         else:
@@ -312,12 +334,14 @@ class ServedBackend(Backend):
                         raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
                                            f"{json.dumps(err)[:200]}")
                     usage = chunk.get("usage") or usage
+                    verbose = chunk.get("__verbose")  # llama.cpp: a partial chunk's own token ids (the last's: [])
+                    verbose_ids = verbose.get("tokens") if isinstance(verbose, dict) else None
                     metrics = chunk.get("metrics")
                     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
                         per_request = metrics["speculative_decoding"]
                     for choice in chunk.get("choices") or []:
                         piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-                        new = choice.get("token_ids")
+                        new = choice.get("token_ids") or verbose_ids
                         if (new or piece) and ttft is None:  # the first chunk's tokens all arrive with it
                             ttft = prev = now
                         if new:
@@ -344,15 +368,19 @@ class ServedBackend(Backend):
             raise BackendError(f"{what}: the stream ended mid-turn after {len(ids) or len(text)} "
                                f"{'tokens' if ids else 'chunks'} ({missing})")
         completion = (usage or {}).get("completion_tokens")
-        if with_ids and (ids or not text):
+        lost = with_ids and completion is not None and len(ids) != int(completion)
+        if with_ids and not lost and (ids or not text):
             return EngineTurn(token_ids=ids, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
                               completion_tokens=completion, token_times_s=times, notes=notes), per_request
         if completion is None:
             raise BackendError(f"{what} sent text without token ids and no usage count: the turn's tokens cannot "
                                "be counted")
-        per_token = len(chunk_times) == int(completion)  # as many chunks as tokens: one token per chunk
-        notes = ["text without token ids: output_ids n/a (losslessness n/a), the turn's length is the server's own "
-                 "count, " + ("one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
+        per_token = not lost and len(chunk_times) == int(completion)  # as many chunks as tokens: one per chunk
+        # llama.cpp sends no chunk for a token that ends inside a UTF-8 character: its id is lost
+        why = (f"the chunks carried {len(ids)} token ids for the server's {completion} tokens" if lost else
+               "text without token ids")
+        notes = [why + ": output_ids n/a (losslessness n/a), the turn's length is the server's own count, " + (
+            "one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
         return EngineTurn(token_ids=None, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
                           completion_tokens=int(completion), token_times_s=chunk_times if per_token else None,
                           notes=notes), per_request

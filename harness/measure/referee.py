@@ -185,7 +185,8 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
             if ref is None:
                 continue
             greedy = float(rec["temperature"]) == 0.0
-            van = vanilla.get(key) if greedy else None
+            # a turn without token ids (a server that sent text only) cannot be held against vanilla's: n/a
+            van = vanilla.get(key) if greedy and rec.get("output_ids") is not None else None
             div = M.divergence(rec, van, one_sided=True) if van is not None else None
             tau_e, acc_e = _per_turn(rec, depth)
             tau_h, acc_h = _per_turn(ref, depth)

@@ -12,7 +12,12 @@ completion answers HTTP N), ``hang`` (the completion answers after 5 s), ``no_co
 speculative counters), ``cut_at=N`` (the stream closes after N tokens, without finish or ``[DONE]``),
 ``model=NAME`` (serves another model), ``text_only`` (no token ids), ``pairs`` (two token ids per chunk),
 ``error_at=N`` (an error object in the stream after N tokens), ``per_request`` (vLLM's per-request acceptance,
-``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk); as a process also
+``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk), ``llamacpp`` (as
+llama.cpp's ``llama-server --metrics`` answers, from payloads captured live from commit 0c1e570 and trimmed: no
+``/version`` but ``/props``' ``build_info``; ``llamacpp:`` counters, the per-position one only once it has drafted;
+no ``token_ids``, but with the request's ``verbose`` each /v1/completions chunk's own id in ``__verbose.tokens``;
+the usage on the finishing chunk), ``lost_at=N`` (with ``llamacpp``: no chunk for token N, as llama.cpp sends
+none for a token that ends inside a UTF-8 character); as a process also
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
 
@@ -61,6 +66,14 @@ class Fake:
         return None
 
     def metrics(self) -> str:
+        if self.flag("llamacpp"):
+            lines = ["# TYPE llamacpp:tokens_predicted_total counter", "llamacpp:tokens_predicted_total 14"] + [
+                f"llamacpp:spec_decode_num_{name}_total {value}" for name, value in
+                (("draft_tokens", self.draft_tokens), ("accepted_tokens", self.accepted), ("drafts", self.drafts))]
+            if self.drafts:
+                lines += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}'
+                          for i, v in enumerate(self.per_pos)]
+            return "\n".join(lines) + "\n"
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 0.0']
         if not self.flag("no_counters"):
@@ -92,8 +105,10 @@ def handler(fake: Fake):
         def do_GET(self):
             if self.path == "/health":
                 self.reply(503 if fake.flag("not_ready") else 200, "")
-            elif self.path == "/version":
+            elif self.path == "/version" and not fake.flag("llamacpp"):
                 self.reply(200, json.dumps({"version": "0.0-fake"}))
+            elif self.path == "/props" and fake.flag("llamacpp"):
+                self.reply(200, json.dumps({"build_info": "b1-0c1e570", "model_path": "/m.gguf"}))
             elif self.path == "/v1/models":
                 self.reply(200, json.dumps({"object": "list", "data": [
                     {"id": fake.flag("model") or "smollm2-135m", "object": "model"}]}))
@@ -143,6 +158,12 @@ def handler(fake: Fake):
                 ids = list(range(10 + i, 10 + min(i + step, n)))
                 text = "".join(f"t{t} " for t in ids)
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                if fake.flag("llamacpp"):
+                    if str(i) != fake.flag("lost_at"):
+                        self.event({"choices": [choice], "object": "text_completion", **(
+                            {"__verbose": {"content": text, "tokens": ids, "stop": False}}
+                            if body.get("verbose") and not chat else {})})
+                    continue
                 if not fake.flag("text_only"):
                     choice["token_ids"] = ids
                 if step_ms:  # a batching engine: the step costs more the more the batch verifies
@@ -166,6 +187,12 @@ def handler(fake: Fake):
                         fake.accepted += 3
                         fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
                 last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+                if fake.flag("llamacpp"):  # the finishing chunk carries the usage; its own tokens are []
+                    self.event({"choices": [last], "usage": {"completion_tokens": n, "prompt_tokens": 3},
+                                "__verbose": {"content": "", "tokens": [], "stop": True}})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
                 self.event({"choices": [last]})
                 usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
                 if fake.flag("per_request"):
