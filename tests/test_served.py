@@ -16,7 +16,7 @@ from harness.backends import served as S
 from harness.backends import vllm as V
 from harness.backends.contract import BackendError, EngineError, TurnRequest, steps_from_counters, turn_fields
 from harness.backends.prometheus import diff, parse_exposition, read_counters, server_kind
-from harness.backends.served import ServedBackend, check_options
+from harness.backends.served import ServedBackend, check_options, request_totals
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
 from harness.measure.records import read_records
@@ -394,6 +394,27 @@ def test_a_llama_cpp_turn_token_ids_from_its_verbose_chunks(fake):
     state.mode = "llamacpp"  # chat chunks carry text only: one chunk per token, ids n/a
     turn = backend_at(url).generate(REQUEST)
     assert (turn.token_ids, turn.completion_tokens, len(turn.token_times_s)) == (None, 4, 4)
+
+
+def test_llama_cpp_per_request_timings_win_over_the_counters(fake):
+    state, url = fake
+    state.mode = "llamacpp,timings"
+    backend = backend_at(url, api="completions")
+    turn = backend.generate(REQUEST)
+    # the counters moved by 4 drafted, 3 accepted; the request's own timings say 4 and 2: those are the turn's
+    # (were the counters kept, a second client on the server would be counted in this turn)
+    assert (turn.draft_tokens, turn.accepted_tokens) == (4, 2)
+    assert (turn.drafts, turn.accepted_per_pos, turn.accepted_steps) == (2, [2, 1], [2, 1])  # steps: the counters
+    assert turn.notes == ["drafted and accepted tokens from the server's per-request timings (draft_n, "
+                          "draft_n_accepted)",
+                          "per-step acceptance from the server's counters (the order of the steps is unknown)"]
+    state.mode = "llamacpp,timings=no_draft"  # timings without draft_n: the counters' 4 and 3, never 0
+    turn = backend.generate(REQUEST)
+    assert (turn.draft_tokens, turn.accepted_tokens) == (4, 3)
+    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)"]
+    assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12, "draft_n_accepted": 9}}) == (12, 9)
+    assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12}}) is None  # half a pair is n/a
+    assert request_totals({}) is None
 
 
 @pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),

@@ -30,7 +30,10 @@ The per-step accepted and drafted tokens, from which τ and the per-step histogr
 own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
 chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
 detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-position counters
-(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters). An entry
+(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters). The
+drafted and accepted totals: llama.cpp's per-request ``timings`` (``draft_n``, ``draft_n_accepted`` on the request's
+last chunk, :func:`request_totals`) where it sends them, which no other client can move, else the counters; the
+record's ``engine_notes`` say which. An entry
 that speculates on a server with neither fails its turns with one line saying so: its forwards cannot be counted.
 
 Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
@@ -150,6 +153,19 @@ def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None
         time.sleep(0.25)
 
 
+def request_totals(per_request: dict[str, Any]) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens of one request from llama.cpp's per-request ``timings`` (``draft_n``,
+    ``draft_n_accepted``, which llama-server sends on the last chunk of a request that drafted); None where either
+    is missing (n/a, never 0). Example: {"timings": {"predicted_n": 16, "draft_n": 12, "draft_n_accepted": 9}} ->
+    (12, 9); {"timings": {"predicted_n": 16}} -> None."""
+    timings = per_request.get("timings")
+    drafted, accepted = (timings.get("draft_n"), timings.get("draft_n_accepted")) if isinstance(timings, dict) else (
+        None, None)
+    if isinstance(drafted, (int, float)) and isinstance(accepted, (int, float)):
+        return int(drafted), int(accepted)
+    return None
+
+
 class ServedBackend(Backend):
     """One method entry on a server. ``target``: the run's target name, ``target_path`` its folder (the model the
     server must serve); ``speculative``: whether the entry speculates (its turns then need the server's acceptance
@@ -263,6 +279,11 @@ class ServedBackend(Backend):
             counters = diff(before, self.settled_counters())
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
         turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
+        totals = request_totals(per_request)
+        if totals is not None:  # the request's own totals win over counter diffs (another client may move those)
+            turn.draft_tokens, turn.accepted_tokens = totals
+            turn.notes.append("drafted and accepted tokens from the server's per-request timings (draft_n, "
+                              "draft_n_accepted)")
         accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
         if isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted):
             turn.accepted_steps, turn.drafted_steps = [int(a) for a in accepted], [int(d) for d in drafted]
@@ -339,6 +360,8 @@ class ServedBackend(Backend):
                     metrics = chunk.get("metrics")
                     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
                         per_request = metrics["speculative_decoding"]
+                    if isinstance(chunk.get("timings"), dict):  # llama.cpp: the request's own, on the last chunk
+                        per_request = {**per_request, "timings": chunk["timings"]}
                     for choice in chunk.get("choices") or []:
                         piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                         new = choice.get("token_ids") or verbose_ids

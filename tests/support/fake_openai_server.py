@@ -17,7 +17,10 @@ llama.cpp's ``llama-server --metrics`` answers, from payloads captured live from
 ``/version`` but ``/props``' ``build_info``; ``llamacpp:`` counters, the per-position one only once it has drafted;
 no ``token_ids``, but with the request's ``verbose`` each /v1/completions chunk's own id in ``__verbose.tokens``;
 the usage on the finishing chunk), ``lost_at=N`` (with ``llamacpp``: no chunk for token N, as llama.cpp sends
-none for a token that ends inside a UTF-8 character); as a process also
+none for a token that ends inside a UTF-8 character), ``timings`` (with ``llamacpp``: the finishing chunk carries
+the request's ``timings`` with ``draft_n`` 4 and ``draft_n_accepted`` 2, the second not what the counters moved by;
+``timings=no_draft``: without those two, as llama-server sends them only for a request that drafted); as a process
+also
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
 
@@ -188,8 +191,13 @@ def handler(fake: Fake):
                         fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
                 last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
                 if fake.flag("llamacpp"):  # the finishing chunk carries the usage; its own tokens are []
-                    self.event({"choices": [last], "usage": {"completion_tokens": n, "prompt_tokens": 3},
-                                "__verbose": {"content": "", "tokens": [], "stop": True}})
+                    final = {"choices": [last], "usage": {"completion_tokens": n, "prompt_tokens": 3},
+                             "__verbose": {"content": "", "tokens": [], "stop": True}}
+                    if fake.flag("timings"):  # the request's own timings; draft_n only where it drafted
+                        final["timings"] = {"cache_n": 0, "prompt_n": 3, "prompt_ms": 1.5, "predicted_n": n,
+                                            "predicted_ms": 6.0, **({"draft_n": 4, "draft_n_accepted": 2}
+                                                                    if fake.flag("timings") != "no_draft" else {})}
+                    self.event(final)
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                     return
