@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import check_engine, create_backend, launch
+from harness.backends import check_engine, create_backend, launch, launched_options
 from harness.backends import served as S
 from harness.backends import vllm as V
-from harness.backends.contract import BackendError, EngineError, TurnRequest, steps_from_counters, turn_fields
+from harness.backends.contract import (
+    BackendError,
+    EngineError,
+    TurnRequest,
+    entry_options,
+    steps_from_counters,
+    turn_fields,
+)
 from harness.backends.prometheus import diff, parse_exposition, read_counters, server_kind
 from harness.backends.served import ServedBackend, check_options, request_totals
 from harness.cli import build_parser
@@ -249,6 +256,10 @@ def test_a_served_run_end_to_end_with_failures_resumed_and_a_report(tmp_path, fa
     assert manifest["engines"]["pld-served"] == {
         "engine": "openai", "server": "vllm", "version": "0.0-fake", "url": url,
         "config": {"server_url": url, "api": "chat", "model": "smollm2-135m"}}
+    # the server ran its own configuration, which it does not report: n/a, not pld's defaults (max_ngram 3, ...)
+    assert manifest["methods"]["pld-served"]["options"] == {"server_config": "n/a"}
+    assert cut["method_options"] == {"server_config": "n/a"}
+    assert manifest["methods"]["vanilla"]["options"] == {}  # the harness's own entry: its method's options
     state.mode = ""
     served_run(tmp_path, {}, resume=run_dir)
     again = read_records(run_dir)
@@ -258,6 +269,40 @@ def test_a_served_run_end_to_end_with_failures_resumed_and_a_report(tmp_path, fa
     assert served[1]["output_ids"] == [10, 11, 12, 13]
     written = write_report(run_dir)
     assert Path(written["report_html"]).is_file() and Path(written["summary_parquet"]).is_file()
+    # the report's methods table: the served entry's options as the manifest has them
+    assert "<td>pld-served</td><td>pld</td><td>True</td><td><code>{&quot;server_config&quot;: &quot;n/a&quot;}" \
+        in Path(written["report_html"]).read_text()
+
+
+def test_a_served_entry_shows_what_the_server_ran_not_the_methods_defaults(fake, monkeypatch):
+    state, url = fake
+    state.mode = "llamacpp"
+
+    class Launched:  # a llama-server started with its own speculative flags (here: the fake at url)
+        argv, load_s = ["/b/llama-server", "--spec-type", "ngram-simple", "--draft-max", "8"], 0.5
+
+        def __init__(self, *args):
+            self.url = url
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(launch, "llama_server", lambda: "/b/llama-server")
+    monkeypatch.setattr(launch, "launch_llama_cpp", Launched)
+    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/models/smollm2-135m", "float32",
+                             {"launch": "llama.cpp", "spec_type": "ngram-simple", "draft_max": 8})
+    # llama-server's flags are what ran; pld's own defaults (max_ngram 3, ...) did not
+    assert backend.ran_options == {"spec_type": "ngram-simple", "draft_max": 8}
+    assert entry_options({"num_draft_tokens": 10, "max_ngram": 3}, backend) == {"spec_type": "ngram-simple",
+                                                                              "draft_max": 8}
+    assert entry_options({"num_draft_tokens": 10, "max_ngram": 3}, None) == {"num_draft_tokens": 10, "max_ngram": 3}
+    # launch: vllm ran the options vLLM maps, as the speculative_config they became; pld's max_spec_context, which
+    # vLLM has no equivalent for, did not run and is left out
+    spec = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    pld = {"num_draft_tokens": 10, "min_ngram": 1, "max_ngram": 3, "max_spec_context": 30}
+    assert launched_options("pld", pld, spec) == {"num_draft_tokens": 10, "min_ngram": 1, "max_ngram": 3,
+                                                  "speculative_config": spec}
+    assert launched_options("vanilla", None, None) == {"speculative_config": None}
 
 
 def fake_serve_argv(mode):

@@ -10,6 +10,7 @@ selects one (:func:`create_backend`); ``engine: harness``, the default, runs the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from harness.backends.contract import ENGINES, Backend, EngineError
@@ -76,6 +77,8 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
         backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative)
+        # a server started elsewhere runs its own configuration, which it does not report: n/a, not the defaults
+        backend.ran_options = {"server_config": "n/a"}
     elif opts["launch"] == "llama.cpp":
         from harness.backends import launch
 
@@ -84,6 +87,7 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
                                          float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
                                 {"launch": "llama.cpp", "argv": server.argv, "load_s": server.load_s})
+        backend.ran_options = dict(flags)  # llama-server's own flags (spec_type, draft_max, ...), nothing else
     else:
         from harness.backends import launch
         from harness.backends.vllm import llm_options
@@ -94,5 +98,17 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
                                 {"launch": "vllm", "argv": server.argv, "speculative_config": spec,
                                  "load_s": server.load_s})
+        backend.ran_options = launched_options(method, options, spec)
     backend.engine_options = dict(engine_options or {})
     return backend
+
+
+def launched_options(method: str, options: Any, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """What a launched ``vllm serve`` ran of a method entry: the method options vLLM maps (as set) and the
+    ``speculative_config`` they became; the options it has no equivalent for are left out (they did not run).
+    Example: ("pld", PldOptions(), {"method": "ngram", "num_speculative_tokens": 10, ...}) -> {"num_draft_tokens":
+    10, "min_ngram": 1, "max_ngram": 3, "speculative_config": {"method": "ngram", ...}}."""
+    from harness.backends.vllm import METHODS
+
+    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
+    return {**{o: values[o] for o in METHODS[method][2] if values.get(o) is not None}, "speculative_config": spec}

@@ -107,6 +107,16 @@ def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculativ
     return out + [1] * left
 
 
+def entry_options(options: dict[str, Any], backend: Backend | None) -> dict[str, Any]:
+    """The options an entry's manifest and records show (``method_options``, the summary's ``opt.*`` columns): the
+    method's own ``options``, or what its backend ran instead (:attr:`Backend.ran_options`), so that a server's
+    entry never shows the harness method's defaults as if the server had run them.
+    Example: ({"max_ngram": 3}, a llama-server started with spec_type ngram-simple) -> {"spec_type": "ngram-simple"}."""
+    if backend is None or backend.ran_options is None:
+        return options
+    return dict(backend.ran_options)
+
+
 def steps_from_counters(drafts: int, accepted_per_pos: list[int]) -> list[int] | None:
     """Per drafting step, the accepted draft tokens, from a turn's counters alone: ``drafts`` D and
     ``accepted_per_pos`` p[0..k-1] (p[i]: drafts whose first i + 1 tokens were accepted) fix how many steps accepted
@@ -132,6 +142,9 @@ class Backend(abc.ABC):
     name: str = ""
     speculative: bool = False
     engine_options: dict[str, Any] = {}  # what the entry passes to the engine (set by create_backend), recorded
+    # what the engine ran in place of the method's options (a server configured by its own flags or configuration),
+    # the entry's recorded method_options (:func:`entry_options`); None: the method's options ran as they are
+    ran_options: dict[str, Any] | None = None
 
     @abc.abstractmethod
     def generate(self, request: TurnRequest) -> EngineTurn: ...

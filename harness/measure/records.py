@@ -30,7 +30,9 @@ strict JSON):
 run_id, status, error       run identity; ``"ok"`` or ``"error"`` (then ``error`` holds type and message)
 attempt                     id shared by the turns of one attempt at a question (see above)
 method, label, lossless     registered method name, the run's label for it (unique per run), lossless flag
-method_options              dict of the method's options (ablation knobs)
+method_options              dict of the method's options (ablation knobs); for an entry a server ran, what the server
+                            ran instead (:func:`harness.backends.contract.entry_options`; ``{"server_config": "n/a"}``
+                            for a server started elsewhere)
 suite, suite_version        suite name and its version
 question_id, category, turn question identity (``question_id`` as a string), 0-based turn index
 question_turns              how many turns the question has (a complete question has this many records)

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.contract import STOP_REASONS, TurnRequest
+from harness.backends.contract import STOP_REASONS, TurnRequest, entry_options
 from harness.backends.prometheus import diff
 from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
@@ -112,7 +112,8 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
                 results, window, counters = run_level(method.backend, requests, c, offsets)
             common = {
                 "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
-                "lossless": method.lossless, "method_options": method.describe()["options"], "turn": 0,
+                "lossless": method.lossless, "turn": 0,
+                "method_options": entry_options(method.describe()["options"], method.backend),
                 "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
                 "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
                 "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),

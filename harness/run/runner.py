@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from harness.backends import check_engine, create_backend
-from harness.backends.contract import BackendError, TurnRequest, turn_fields
+from harness.backends.contract import BackendError, TurnRequest, entry_options, turn_fields
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
@@ -156,7 +156,9 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
                             **({"context": {"recipe": s.context.to_dict(),
                                             "prompts": {q.question_id: q.context for q in s.questions}}}
                                if s.context is not None else {})} for s in suites},
-        "methods": {label: m.describe() for label, m in methods.items()},
+        # an entry a server ran shows what the server ran (harness.backends.contract.entry_options)
+        "methods": {label: {**m.describe(), "options": entry_options(m.describe()["options"], m.backend)}
+                    for label, m in methods.items()},
         # how each runtime of the run calls the target (backend, cache, shapes, CUDA graphs, linear kernels)
         "runtimes": {m.runtime: m.target_runner.describe() for m in methods.values()},
     }
@@ -180,7 +182,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
     for turn, text in enumerate(question.turns):
         rec = {
             "run_id": ctx.run_id, "status": "ok", "error": None, "attempt": attempt, "method": method.name,
-            "label": ctx.label, "lossless": method.lossless, "method_options": method.describe()["options"],
+            "label": ctx.label, "lossless": method.lossless,
+            "method_options": entry_options(method.describe()["options"], method.backend),
             "suite": suite.name, "suite_version": suite.version, "question_id": str(question.question_id),
             "category": question.category, "turn": turn, "question_turns": len(question.turns), "target": target.name,
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
