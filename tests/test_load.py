@@ -6,15 +6,17 @@ the ``load:`` block's checks, and one load run end to end against two fake serve
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from harness.backends.contract import EngineTurn
 from harness.measure import metrics as M
 from harness.measure.load import latest_levels, load_markdown, load_table, read_load_rows
 from harness.measure.report import write_report
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from harness.run.load import arrival_offsets, level_questions
+from harness.run.load import _row, arrival_offsets, level_questions
 from harness.run.runner import run
 from tests.support.fake_openai_server import Fake, serve, step_seconds
 from tests.support.helpers import tiny_target
@@ -229,3 +231,16 @@ def test_a_load_run_whose_entry_failed_every_request_exits_1(tmp_path, capsys):
 def test_without_a_vanilla_entry_the_section_says_there_is_no_speed_up():
     rows = [r for r in literal_levels() if r["label"] == "eagle3"]
     assert "No vanilla entry measured these levels: no speed-up" in load_markdown(load_table(rows))
+
+
+def test_a_load_rows_acceptance_totals_are_the_requests_own():
+    """llama.cpp's per-request timings survive concurrency, where the level's counters cannot be split: each row
+    keeps its request's drafted and accepted totals; a request without them has None (n/a), never 0."""
+    suite, q = SimpleNamespace(name="s", version="1"), SimpleNamespace(question_id=1, category="c")
+    turn = EngineTurn(token_ids=None, wall_time_s=0.5, ttft_s=0.1, stop_reason="length", text="a b",
+                      completion_tokens=2)
+    result = (0.0, 0.5, turn, {"timings": {"predicted_n": 2, "draft_n": 5, "draft_n_accepted": 3}}, None)
+    assert _row(result, suite, q, None)["engine_counters"] == {"draft_tokens": 5, "accepted_tokens": 3}
+    result = (0.0, 0.5, turn, {"timings": {"predicted_n": 2}}, None)  # nothing drafted: llama.cpp omits both
+    assert _row(result, suite, q, None)["engine_counters"] is None
+

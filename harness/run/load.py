@@ -23,7 +23,9 @@ the suites last; every entry gets the same prompts at the same level (the speed-
 Acceptance at concurrency > 1 cannot be split by request from the server's counters: the Prometheus counters are
 read before the level's first request and after its last (:meth:`ServedBackend.settled_counters`) and the
 difference is stored with every row of the level (``level_counters``); per-request steps are kept where the server
-sends them (vLLM's ``--per-request-spec-decode-metrics detailed``).
+sends them (vLLM's ``--per-request-spec-decode-metrics detailed``), and so are a request's own drafted and
+accepted totals (llama.cpp's per-request ``timings``, :func:`harness.backends.served.request_totals`) as the row's
+``engine_counters`` (None where the server sends none).
 
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
@@ -43,6 +45,7 @@ import numpy as np
 
 from harness.backends.contract import STOP_REASONS, TurnRequest, entry_options
 from harness.backends.prometheus import diff
+from harness.backends.served import request_totals
 from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
 from harness.measure.records import RecordStore
@@ -169,10 +172,13 @@ def _row(result, suite, q, target) -> dict[str, Any]:
         return row
     accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
     steps = isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted)
+    totals = request_totals(per_request)
     return {**row, "new_tokens": len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens,
             "wall_time_s": turn.wall_time_s, "prefill_time_s": turn.ttft_s,
             "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason),
             "output_ids": turn.token_ids, "output_text": turn.text if turn.token_ids is None
             else target.decode(turn.token_ids), "token_times_s": turn.token_times_s,
             "accepted_drafts": [int(a) for a in accepted] if steps else None,
-            "draft_depths": [int(d) for d in drafted] if steps else None, "engine_notes": list(turn.notes)}
+            "draft_depths": [int(d) for d in drafted] if steps else None, "engine_notes": list(turn.notes),
+            "engine_counters": None if totals is None else dict(zip(("draft_tokens", "accepted_tokens"), totals,
+                                                                    strict=True))}
