@@ -130,7 +130,8 @@ ENGINE_OPTION = "max_spec_context"  # the option every speculative method takes 
 
 
 def check_stop_option(name: str, value) -> None:
-    """Options ``max_spec_context`` and ``stop_unprofitable`` (:class:`SpeculationStop`): an integer >= 0, 0 = off."""
+    """Options ``max_spec_context`` and ``stop_unprofitable`` (:class:`SpeculationStop`), and the dynamic-tree
+    methods' ``backoff``: an integer >= 0, 0 = off."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {value!r}")
 

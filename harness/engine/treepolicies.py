@@ -203,7 +203,7 @@ class Backoff:
     accepted is recorded, and it counts as a step without the head.
     """
 
-    HEAD, CHAIN, PLAIN = "head", "chain", "plain"
+    PLAIN, CHAIN, HEAD = autotune.ARMS  # the arms best_arm names, cheapest first
     WEIGHT = 0.25  # the weight of the newest step in the decayed means
 
     def __init__(self, sizer: AdaptiveSizer, probe: int):
