@@ -23,7 +23,7 @@ from harness.backends.contract import (
     turn_fields,
 )
 from harness.backends.prometheus import diff, parse_exposition, read_counters, server_kind
-from harness.backends.served import ServedBackend, check_options, request_totals
+from harness.backends.served import ServedBackend, check_options, request_totals, sglang_steps
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
 from harness.measure.records import read_records
@@ -460,6 +460,32 @@ def test_llama_cpp_per_request_timings_win_over_the_counters(fake):
     assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12, "draft_n_accepted": 9}}) == (12, 9)
     assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12}}) is None  # half a pair is n/a
     assert request_totals({}) is None
+
+
+def test_sglang_acceptance_from_its_per_request_spec_tokens_details(fake):
+    # SGLang 0.5.23 (response shapes from its source: SpecTokensDetails, serving_completions.py; not captured live)
+    # has no /version and no speculative counter at /metrics; it is known by /server_info, asked for its own
+    # per-request statistics, and each turn's acceptance is read from them
+    state, url = fake
+    state.mode = "sglang"
+    backend = backend_at(url, api="completions")
+    assert (backend.version, backend.describe()["server"]) == ("0.5.23", "sglang")
+    turn = backend.generate(REQUEST)
+    assert state.requests[-1]["return_spec_tokens_details"] is True and "verbose" not in state.requests[-1]
+    assert (turn.token_ids, turn.completion_tokens) == ([10, 11, 12, 13], 4)
+    # 3 forwards drafting 3 each, histogram [1, 0, 2]: two accepted 2 drafts, one none; per position 2 / 2 / 0
+    assert (turn.drafts, turn.draft_tokens, turn.accepted_tokens) == (3, 9, 4)
+    assert (turn.accepted_steps, turn.drafted_steps, turn.accepted_per_pos) == ([2, 2, 0], [3, 3, 3], [2, 2, 0])
+    assert turn.notes == ["acceptance from the server's per-request spec_tokens_details (the order of the steps is "
+                          "unknown)"]
+    # details that contradict each other are n/a (the turn then needs counters), never a guess
+    good = {"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
+            "spec_correct_drafts_histogram": [1, 0, 2]}
+    assert sglang_steps(good)["accepted_steps"] == [2, 2, 0]
+    assert sglang_steps({**good, "spec_correct_drafts_histogram": [2, 0, 2]}) is None  # 4 forwards, not 3
+    assert sglang_steps({**good, "spec_num_correct_drafts": 5}) is None  # the histogram accepts 4
+    assert sglang_steps({**good, "spec_correct_drafts_histogram": [2, 0, 0, 0, 1]}) is None  # 4 accepted of 3
+    assert sglang_steps({**good, "spec_verify_ct": 0}) is None and sglang_steps({}) is None
 
 
 @pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),

@@ -30,7 +30,10 @@ The per-step accepted and drafted tokens, from which τ and the per-step histogr
 own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
 chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
 detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-position counters
-(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters). The
+(:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters); from an
+SGLang server (its ``sglang:`` metrics or ``/server_info``), which has no such counters, its per-request
+``spec_tokens_details`` (:func:`sglang_steps`: verification forwards, drafted and accepted tokens and the histogram
+of accepted drafts per forward, which no other client can move). The
 drafted and accepted totals: llama.cpp's per-request ``timings`` (``draft_n``, ``draft_n_accepted`` on the request's
 last chunk, :func:`request_totals`) where it sends them, which no other client can move, else the counters; the
 record's ``engine_notes`` say which. An entry
@@ -71,6 +74,8 @@ SETTLE_S = 0.05          # counters are re-read until two readings this far apar
 SETTLE_MAX_S = 2.0
 # llama.cpp's own request field: each streamed chunk of /v1/completions carries its token id (``__verbose.tokens``)
 LLAMACPP_FIELDS = {"verbose": True}
+# SGLang's: a chunk before the usage carries the request's speculative statistics (``sglext.spec_tokens_details``)
+SGLANG_FIELDS = {"return_spec_tokens_details": True}
 
 
 def check_options(method: str, given: set[str], engine_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -166,6 +171,32 @@ def request_totals(per_request: dict[str, Any]) -> tuple[int, int] | None:
     return None
 
 
+def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
+    """A turn's acceptance from SGLang's per-request ``spec_tokens_details`` (its ``sglext`` with
+    ``return_spec_tokens_details``): ``spec_verify_ct`` verification forwards, ``spec_num_proposed_drafts`` drafted
+    tokens (verify_ct x (num_draft_tokens - 1), SGLang's own count), ``spec_num_correct_drafts`` accepted ones (the
+    bonus token not counted) and ``spec_correct_drafts_histogram`` (h[j]: forwards that accepted exactly j drafts),
+    from which the per-step accepted counts follow, listed from most to fewest accepted (SGLang does not send
+    their order). None where the four disagree (n/a, never a guess).
+
+    Example: {"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
+    "spec_correct_drafts_histogram": [1, 0, 2]} -> {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 4,
+    "accepted_per_pos": [2, 2, 0], "accepted_steps": [2, 2, 0], "drafted_steps": [3, 3, 3]}.
+    """
+    verify, proposed, correct, hist = (details.get(k) for k in (
+        "spec_verify_ct", "spec_num_proposed_drafts", "spec_num_correct_drafts", "spec_correct_drafts_histogram"))
+    if not (isinstance(verify, int) and isinstance(proposed, int) and isinstance(correct, int)
+            and isinstance(hist, list) and verify > 0 and proposed % verify == 0):
+        return None
+    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(int(hist[j]))]
+    if len(steps) != verify or sum(steps) != correct or any(j > proposed // verify for j in steps):
+        return None
+    k = proposed // verify
+    return {"drafts": verify, "draft_tokens": proposed, "accepted_tokens": correct,
+            "accepted_per_pos": [sum(j > i for j in steps) for i in range(k)], "accepted_steps": steps,
+            "drafted_steps": [k] * verify}
+
+
 class ServedBackend(Backend):
     """One method entry on a server. ``target``: the run's target name, ``target_path`` its folder (the model the
     server must serve); ``speculative``: whether the entry speculates (its turns then need the server's acceptance
@@ -209,10 +240,11 @@ class ServedBackend(Backend):
                            "model with engine_options model: NAME if it is the same model")
 
     def _version(self) -> tuple[str | None, str | None]:
-        """(the server's version, the server it names itself or None): ``/version`` (vLLM, SGLang), else
-        llama.cpp's ``/props``, whose ``build_info`` is ``b<build number>-<commit>``; (None, None) where neither
-        says (n/a)."""
-        for path, key, kind in (("/version", "version", None), ("/props", "build_info", "llama.cpp")):
+        """(the server's version, the server it names itself or None): ``/version`` (vLLM), else llama.cpp's
+        ``/props``, whose ``build_info`` is ``b<build number>-<commit>``, else SGLang's ``/server_info`` (0.5.23
+        has no ``/version``); (None, None) where none says (n/a)."""
+        for path, key, kind in (("/version", "version", None), ("/props", "build_info", "llama.cpp"),
+                                ("/server_info", "version", "sglang")):
             try:
                 status, body = http_get(self.url + path, self.timeout)
                 if status == 200:
@@ -263,6 +295,8 @@ class ServedBackend(Backend):
             body["top_k"] = request.top_k
         if self.server_kind == "llama.cpp":
             body.update(LLAMACPP_FIELDS)
+        elif self.server_kind == "sglang":
+            body.update(SGLANG_FIELDS)
         if self.options["api"] == "chat":
             body["messages"] = request.messages
         else:
@@ -272,6 +306,13 @@ class ServedBackend(Backend):
     def generate(self, request: TurnRequest) -> EngineTurn:
         before = self._read_counters() if self.has_metrics else None
         turn, per_request = self.stream(request)
+        sglang = sglang_steps(per_request["sglang"]) if "sglang" in per_request else None
+        if sglang is not None:  # the request's own acceptance, which no other client can move
+            for key, value in sglang.items():
+                setattr(turn, key, value)
+            turn.notes.append("acceptance from the server's per-request spec_tokens_details (the order of the steps "
+                              "is unknown)")
+            return turn
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
             counters = dict.fromkeys(COUNTERS)
@@ -362,6 +403,9 @@ class ServedBackend(Backend):
                         per_request = metrics["speculative_decoding"]
                     if isinstance(chunk.get("timings"), dict):  # llama.cpp: the request's own, on the last chunk
                         per_request = {**per_request, "timings": chunk["timings"]}
+                    sglext = chunk.get("sglext")  # SGLang: the request's own statistics, in a chunk of their own
+                    if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
+                        per_request = {**per_request, "sglang": sglext["spec_tokens_details"]}
                     for choice in chunk.get("choices") or []:
                         piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                         new = choice.get("token_ids") or verbose_ids

@@ -19,7 +19,11 @@ no ``token_ids``, but with the request's ``verbose`` each /v1/completions chunk'
 the usage on the finishing chunk), ``lost_at=N`` (with ``llamacpp``: no chunk for token N, as llama.cpp sends
 none for a token that ends inside a UTF-8 character), ``timings`` (with ``llamacpp``: the finishing chunk carries
 the request's ``timings`` with ``draft_n`` 4 and ``draft_n_accepted`` 2, the second not what the counters moved by;
-``timings=no_draft``: without those two, as llama-server sends them only for a request that drafted); as a process
+``timings=no_draft``: without those two, as llama-server sends them only for a request that drafted), ``sglang``
+(as SGLang 0.5.23's server answers, shapes from its source, not captured live: no ``/version`` but
+``/server_info``' ``version``; ``sglang:`` metrics without speculative counters; with the request's
+``return_spec_tokens_details`` a chunk without choices before the usage carrying ``sglext.spec_tokens_details``:
+3 verification forwards of 3 drafted tokens, accepting 2, 2 and 0); as a process
 also
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
@@ -69,6 +73,10 @@ class Fake:
         return None
 
     def metrics(self) -> str:
+        if self.flag("sglang"):
+            return ("# TYPE sglang:generation_tokens_total counter\n"
+                    'sglang:generation_tokens_total{model_name="smollm2-135m",is_streaming="true"} 14.0\n'
+                    'sglang:spec_accept_length{model_name="smollm2-135m"} 2.0\n')
         if self.flag("llamacpp"):
             lines = ["# TYPE llamacpp:tokens_predicted_total counter", "llamacpp:tokens_predicted_total 14"] + [
                 f"llamacpp:spec_decode_num_{name}_total {value}" for name, value in
@@ -108,10 +116,12 @@ def handler(fake: Fake):
         def do_GET(self):
             if self.path == "/health":
                 self.reply(503 if fake.flag("not_ready") else 200, "")
-            elif self.path == "/version" and not fake.flag("llamacpp"):
+            elif self.path == "/version" and not (fake.flag("llamacpp") or fake.flag("sglang")):
                 self.reply(200, json.dumps({"version": "0.0-fake"}))
             elif self.path == "/props" and fake.flag("llamacpp"):
                 self.reply(200, json.dumps({"build_info": "b1-0c1e570", "model_path": "/m.gguf"}))
+            elif self.path == "/server_info" and fake.flag("sglang"):
+                self.reply(200, json.dumps({"version": "0.5.23", "frontend": "python", "tp_size": 1}))
             elif self.path == "/v1/models":
                 self.reply(200, json.dumps({"object": "list", "data": [
                     {"id": fake.flag("model") or "smollm2-135m", "object": "model"}]}))
@@ -202,6 +212,12 @@ def handler(fake: Fake):
                     self.wfile.flush()
                     return
                 self.event({"choices": [last]})
+                if fake.flag("sglang") and body.get("return_spec_tokens_details"):
+                    self.event({"object": "text_completion", "choices": [], "model": body["model"], "sglext": {
+                        "routed_experts": None, "cached_tokens_details": None, "spec_tokens_details": {
+                            "spec_accept_rate": 4 / 9, "spec_accept_length": n / 3, "spec_num_correct_drafts": 4,
+                            "spec_num_proposed_drafts": 9, "spec_verify_ct": 3,
+                            "spec_correct_drafts_histogram": [1, 0, 2], "spec_cap_lens_histogram": []}}})
                 usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
                 if fake.flag("per_request"):
                     usage["metrics"] = {"speculative_decoding": {
