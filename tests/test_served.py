@@ -79,8 +79,8 @@ def test_served_options_and_the_vllm_serve_command():
         check_options("vanilla", set(), {"server_url": "localhost:8000"})
     with pytest.raises(EngineError, match=r"depth, max_model_len would configure the server, which runs as it was"):
         check_options("eagle3", {"depth"}, {"server_url": "http://h:1", "max_model_len": 1024})
-    with pytest.raises(EngineError, match="launch 'sglang' is not known; it launches vllm"):
-        check_options("vanilla", set(), {"launch": "sglang"})
+    with pytest.raises(EngineError, match="launch 'tgi' is not known; it launches vllm or llama.cpp or sglang"):
+        check_options("vanilla", set(), {"launch": "tgi"})
     with pytest.raises(EngineError, match="a server_url is measured with engine openai"):
         check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"server_url": "http://h:1"})
     assert check_options("pld", set(), {"server_url": "http://h:1"}) == {
@@ -486,6 +486,37 @@ def test_sglang_acceptance_from_its_per_request_spec_tokens_details(fake):
     assert sglang_steps({**good, "spec_num_correct_drafts": 5}) is None  # the histogram accepts 4
     assert sglang_steps({**good, "spec_correct_drafts_histogram": [2, 0, 0, 0, 1]}) is None  # 4 accepted of 3
     assert sglang_steps({**good, "spec_verify_ct": 0}) is None and sglang_steps({}) is None
+
+
+def test_launch_sglang_command_refusals_and_a_launched_turn(tmp_path, monkeypatch):
+    # SGLang's flags pass through as they are; draftbench's method options are not mapped to them
+    assert launch.sglang_serve_argv("/s/bin/python", "/m", "smollm2-135m", "float32", 8000, {
+        "speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4, "device": "cpu"}) == [
+        "/s/bin/python", "-I", "-m", "sglang.launch_server", "--model-path", "/m", "--served-model-name",
+        "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--speculative-algorithm",
+        "NGRAM", "--speculative-num-draft-tokens", "4", "--device", "cpu"]
+    with pytest.raises(EngineError, match=r"method 'pld' on launch: sglang: method options \(num_draft_tokens\) are "
+                                          r"not mapped to sglang.launch_server; pass its flags as engine_options "
+                                          r"\(speculative_algorithm: NGRAM -> --speculative-algorithm NGRAM\)"):
+        check_options("pld", {"num_draft_tokens"}, {"launch": "sglang"})
+    monkeypatch.setenv(launch.SGLANG_PYTHON_ENV, str(tmp_path / "none" / "python"))
+    with pytest.raises(EngineError, match=r"launch: sglang needs the python of a venv with SGLang at "
+                                          r"\$DRAFTBENCH_SGLANG_PYTHON \(\S+/none/python: not there"):
+        check_engine("openai", "pld", None, set(), "smollm2-135m", {"launch": "sglang"})
+    # launched (the fake server as SGLang answers): its flags are what the entry ran, acceptance per request
+    monkeypatch.setenv(launch.SGLANG_PYTHON_ENV, sys.executable)
+    monkeypatch.setattr(launch, "sglang_serve_argv", lambda python, target_path, served_name, dtype, port, options: [
+        sys.executable, FAKE_SERVER, str(port), "sglang"])
+    options = {"launch": "sglang", "api": "completions", "speculative_algorithm": "NGRAM"}
+    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/m", "float32", options)
+    try:
+        turn = backend.generate(REQUEST)
+        assert (turn.token_ids, turn.accepted_steps) == ([10, 11, 12, 13], [2, 2, 0])
+        assert backend.describe()["config"]["launch"] == "sglang" and backend.version == "0.5.23"
+        assert backend.ran_options == {"speculative_algorithm": "NGRAM"}
+    finally:
+        backend.close()
+    assert gone(backend.server.proc.pid)
 
 
 @pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),

@@ -44,6 +44,10 @@ def _served_options(method: str, options: Any, given: set[str], target: str,
         from harness.backends.launch import llama_server
 
         llama_server()
+    elif opts.get("launch") == "sglang":  # configured by SGLang's own flags
+        from harness.backends.launch import sglang_python
+
+        sglang_python()
     if opts.get("launch") != "vllm":
         return opts, None, method != "vanilla"
     from harness.backends.vllm import check_python, speculative_config
@@ -79,15 +83,18 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
         backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative)
         # a server started elsewhere runs its own configuration, which it does not report: n/a, not the defaults
         backend.ran_options = {"server_config": "n/a"}
-    elif opts["launch"] == "llama.cpp":
+    elif opts["launch"] in ("llama.cpp", "sglang"):
         from harness.backends import launch
 
         flags = {k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}
-        server = launch.launch_llama_cpp(target, target_path, opts.get("gguf"), flags,
-                                         float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
+        timeout = float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S))
+        if opts["launch"] == "llama.cpp":
+            server = launch.launch_llama_cpp(target, target_path, opts.get("gguf"), flags, timeout)
+        else:
+            server = launch.launch_sglang(target, target_path, dtype, flags, timeout)
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
-                                {"launch": "llama.cpp", "argv": server.argv, "load_s": server.load_s})
-        backend.ran_options = dict(flags)  # llama-server's own flags (spec_type, draft_max, ...), nothing else
+                                {"launch": opts["launch"], "argv": server.argv, "load_s": server.load_s})
+        backend.ran_options = dict(flags)  # the server's own flags (spec_type, speculative_algorithm...), no more
     else:
         from harness.backends import launch
         from harness.backends.vllm import llm_options

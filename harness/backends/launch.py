@@ -13,6 +13,9 @@ only for the error line of a server that exits or never becomes ready.
 :func:`llama_server_argv` is llama.cpp's ``llama-server`` (the binary at ``$DRAFTBENCH_LLAMA_SERVER``) serving the
 target's GGUF with ``--metrics``; the entry's other ``engine_options`` are its flags as they are (speculation
 included: ``spec_type: ngram-simple``), since draftbench's method options are not mapped to llama.cpp's.
+:func:`sglang_serve_argv` is SGLang's server (``python -m sglang.launch_server``, with the python of SGLang's own venv,
+``$DRAFTBENCH_SGLANG_PYTHON``) on the target's folder, its flags the entry's other ``engine_options`` in the same way
+(``speculative_algorithm: NGRAM``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ STARTUP_TIMEOUT_S = 900.0  # loading takes about a minute on 2 CPU cores; a firs
 STOP_GRACE_S = 20.0
 SERVE_DEFAULTS = CPU_DEFAULTS  # a launched server is loaded as the in-process worker loads vLLM
 LLAMA_SERVER_ENV = "DRAFTBENCH_LLAMA_SERVER"  # the llama-server binary for launch: llama.cpp
+SGLANG_PYTHON_ENV = "DRAFTBENCH_SGLANG_PYTHON"  # the python of SGLang's venv for launch: sglang
 
 
 def free_port() -> int:
@@ -96,6 +100,32 @@ def llama_server_argv(binary: str, gguf: str, served_name: str, port: int, optio
     """
     return [binary, "--model", gguf, "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
             "--metrics"] + flags(options)
+
+
+def sglang_serve_argv(python: str, target_path: str, served_name: str, dtype: str, port: int,
+                      options: dict[str, Any]) -> list[str]:
+    """SGLang's OpenAI-compatible server of a method entry (``-I``: the harness is not on its import path): the
+    target's folder under the run's target name, on 127.0.0.1, and ``options`` as flags (:func:`flags`).
+
+    Example: ("/s/bin/python", "/m", "smollm2-135m", "float32", 8000, {"speculative_algorithm": "NGRAM"}) ->
+    ["/s/bin/python", "-I", "-m", "sglang.launch_server", "--model-path", "/m", "--served-model-name",
+    "smollm2-135m", "--dtype", "float32", "--host", "127.0.0.1", "--port", "8000", "--speculative-algorithm",
+    "NGRAM"].
+    """
+    return [python, "-I", "-m", "sglang.launch_server", "--model-path", target_path, "--served-model-name",
+            served_name, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)] + flags(options)
+
+
+def sglang_python() -> str:
+    """The python of SGLang's venv, ``$DRAFTBENCH_SGLANG_PYTHON`` or the repository's ``.venv-sglang/bin/python``;
+    an :class:`EngineError` saying it is not there."""
+    from harness.backends.vllm import REPO
+
+    exe = os.environ.get(SGLANG_PYTHON_ENV) or str(REPO / ".venv-sglang" / "bin" / "python")
+    if not Path(exe).is_file():
+        raise EngineError(f"launch: sglang needs the python of a venv with SGLang at ${SGLANG_PYTHON_ENV} ({exe}: "
+                          "not there; docs/engines.md says how to make one)")
+    return exe
 
 
 def llama_server() -> str:
@@ -186,3 +216,11 @@ def launch_llama_cpp(target: str, target_path: str, gguf: str | None, options: d
     port = free_port()
     return ServerProcess(llama_server_argv(llama_server(), target_gguf(target_path, gguf), target, port, options),
                          f"http://127.0.0.1:{port}", timeout, what="llama-server")
+
+
+def launch_sglang(target: str, target_path: str, dtype: str, options: dict[str, Any],
+                  timeout: float = STARTUP_TIMEOUT_S) -> ServerProcess:
+    """SGLang's server of the target for one entry, on a free local port, ready."""
+    port = free_port()
+    return ServerProcess(sglang_serve_argv(sglang_python(), target_path, target, dtype, port, options),
+                         f"http://127.0.0.1:{port}", timeout, what="sglang.launch_server")

@@ -6,7 +6,8 @@ server started elsewhere and measured as it runs (the entry's method options can
 or ``engine_options: {launch: vllm}``, a local ``vllm serve`` started from vLLM's venv (``make vllm-setup``) with the
 speculative configuration the in-process vLLM backend maps for the entry's method (:mod:`harness.backends.launch`),
 or ``{launch: llama.cpp}``, the ``llama-server`` at ``$DRAFTBENCH_LLAMA_SERVER`` with the entry's other engine
-options as its flags, stopped at the end of the run, also on Ctrl-C and on failure.
+options as its flags, or ``{launch: sglang}``, SGLang's server from its venv (``$DRAFTBENCH_SGLANG_PYTHON``), its
+flags likewise, stopped at the end of the run, also on Ctrl-C and on failure.
 
 Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
 messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
@@ -66,7 +67,10 @@ from harness.backends.contract import (
 from harness.backends.prometheus import COUNTERS, diff, read_counters, server_kind
 
 OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
-LAUNCHES = ("vllm", "llama.cpp")
+LAUNCHES = ("vllm", "llama.cpp", "sglang")
+# a launched server configured by its own flags: its name in errors and one flag as an example
+FLAG_SERVERS = {"llama.cpp": ("llama-server", "spec_type: ngram-simple -> --spec-type ngram-simple"),
+                "sglang": ("sglang.launch_server", "speculative_algorithm: NGRAM -> --speculative-algorithm NGRAM")}
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT_S = 300.0        # no byte from the server for this long: the request failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
@@ -86,7 +90,8 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
     url, launch = opts.get("server_url"), opts.get("launch")
     if (url is None) == (launch is None):
         raise EngineError("engine openai needs exactly one of engine_options server_url (a running server, "
-                          "--server-url URL) or launch: vllm or llama.cpp (a local server started for the run)")
+                          "--server-url URL) or launch: vllm, llama.cpp or sglang (a local server started for the "
+                          "run)")
     if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
         raise EngineError(f"engine openai: server_url must be an http:// or https:// URL, got {url!r}")
     if launch is not None and launch not in LAUNCHES:
@@ -101,10 +106,11 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
                               "launch: vllm")
     if "gguf" in opts and launch != "llama.cpp":
         raise EngineError("engine openai: engine_options gguf is the model file of launch: llama.cpp only")
-    if launch == "llama.cpp" and given:
-        raise EngineError(f"engine openai, method {method!r} on launch: llama.cpp: method options "
-                          f"({', '.join(sorted(given))}) are not mapped to llama-server; pass its flags as "
-                          "engine_options (spec_type: ngram-simple -> --spec-type ngram-simple)")
+    if launch in FLAG_SERVERS and given:
+        server, example = FLAG_SERVERS[launch]
+        raise EngineError(f"engine openai, method {method!r} on launch: {launch}: method options "
+                          f"({', '.join(sorted(given))}) are not mapped to {server}; pass its flags as "
+                          f"engine_options ({example})")
     return {"api": "chat", "timeout_s": TIMEOUT_S, **opts}
 
 
