@@ -21,8 +21,11 @@ The counters, by engine (the names the engines' own documentation and source giv
   it is read as no positions, ``[]``); without speculation only throughput counters such as
   ``llamacpp:tokens_predicted_total``. Values are printed with 6 significant digits, so a counter past 999,999
   (``1.23457e+06``) no longer diffs exactly;
-* SGLang (``docs/references/production_metrics.md`` of sgl-project/sglang): no speculative counter; its
-  ``sglang:spec_accept_length`` is a gauge (a running mean), which cannot be diffed around one request: n/a;
+* SGLang (``sglang.launch_server --enable-metrics``; read in the source of its 0.5.23 wheel,
+  ``srt/observability/metrics_collector.py``): ``sglang:spec_accept_length`` and ``sglang:spec_accept_rate`` are
+  gauges (running means), which cannot be diffed around one request, and ``sglang:spec_verify_calls_total``
+  counts verification forwards with no accepted tokens beside it: n/a here; the served client reads each request's
+  own ``spec_tokens_details`` instead (:func:`harness.backends.served.sglang_steps`);
 * ``trtllm-serve`` (``docs/source/commands/trtllm-serve.rst`` of NVIDIA/TensorRT-LLM): its ``/metrics`` is JSON
   iteration statistics, not the exposition format: n/a.
 """
