@@ -175,7 +175,7 @@ class LayerSearch:
 
 @register_method("layer_skip")
 class LayerSkip(SpeculativeMethod):
-    """Self-speculation (SWIFT arXiv:2410.06916): the target drafts a chain with some of its layers skipped.
+    """Self-speculation (SWIFT arXiv:2410.06916): the target drafts a chain with a fixed or searched set skipped.
 
     Lossless at every temperature; see the module docstring."""
 
