@@ -25,11 +25,25 @@ Options. ``skip_layers``: the skipped decoder layers (0-based, checked against t
 middle layers with the first and the last kept (:func:`interleaved_skip`): SWIFT's initial layer set (every other
 layer from 1 to L - 2, arXiv:2410.06916, "context-based layer set optimization") is what a ratio near 0.5
 gives (L = 30, 0.45: layers 1, 3, ..., 27). Whole layers are skipped (Draft & Verify and SWIFT choose attention and
-MLP sub-layers separately); SWIFT's on-the-fly Bayesian search of the set is not implemented. ``k`` (default 25)
+MLP sub-layers separately). ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
 probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
 the early stop off, and with it the one host read per draft token it costs.
+
+The set searched on the fly (``search``; SWIFT, arXiv:2410.06916, Sec. 4.1 "Context-based layer set optimization",
+with its released defaults: window 32, 1000 candidates, patience 300, stop above matchness 0.95, every 25th candidate
+Bayesian). Drafting starts from the set above; once more than ``search_window + 1`` tokens of a turn are committed,
+every step scores one candidate set of as many layers, drawn among layers 1 .. L - 2: the skipping model runs once
+over the turn's first ``search_window + 1`` tokens (after the prompt, in a copy of the prompt's cache taken at the
+turn's start, as SWIFT clones its prefilled cache) and its *matchness* is the share of positions where its greedy
+next token is the target's own (:mod:`harness.engine.layersearch`). A candidate that beats the best matchness so far
+drafts from the next step on. The target verifies every draft as before, so the output is unchanged at every
+temperature; the search costs one forward of the skipping model and one host read per step while it runs
+(``counters["search_forwards"]``), and a copy of the prompt's KV cache. ``persist`` carries the search and its set
+over turns and questions as SWIFT does (the manifest says ``order_dependent: true``); ``per_turn`` restarts it from
+the initial set every turn. A turn's record holds ``method_notes``: the set it started with, each change (the first
+verification step drafted with it, the set, its matchness) and the search's state.
 
 Sliding-window layers: after the prefill the engine switches their past recording on (:func:`harness.engine.kv.
 prepare_cache`), so a kept sliding layer keeps the drafted positions after its ``window - 1`` committed ones and the
@@ -40,13 +54,15 @@ the kept layers' types while the layers are swapped.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod, layer_types
@@ -55,6 +71,7 @@ from harness.models import Target
 from harness.registry import register_method
 
 DEFAULT_SKIP_RATIO = 0.45  # SWIFT's (arXiv:2410.06916, its experimental setup)
+SEARCH_MODES = ("off", "persist", "per_turn")
 
 
 def interleaved_skip(num_layers: int, ratio: float) -> list[int]:
@@ -71,12 +88,24 @@ def interleaved_skip(num_layers: int, ratio: float) -> list[int]:
 class LayerSkipOptions:
     """``skip_layers``: the skipped decoder layers (0-based); ``skip_ratio``: else the share of layers skipped in the
     interleaved pattern (default 0.45; give one of the two); ``k``: the longest draft chain; ``stop_threshold``:
-    end the chain after a draft token whose top-1 probability is below it (0: never)."""
+    end the chain after a draft token whose top-1 probability is below it (0: never). ``search``: SWIFT's on-the-fly
+    search of the set (``off``; ``persist``: one search over the whole run, as SWIFT; ``per_turn``: started afresh
+    from the initial set at every turn) with its budget: ``search_window`` tokens scored, at most ``search_iters``
+    candidates, stopped after ``search_patience`` candidates in a row that did not beat the best or once one scores
+    above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization (0: random search
+    only); ``search_seed`` seeds the candidates."""
 
     skip_layers: list[int] | None = None
     skip_ratio: float | None = None
     k: int = 25
     stop_threshold: float = 0.8
+    search: str = "off"
+    search_window: int = 32
+    search_iters: int = 1000
+    search_patience: int = 300
+    search_score: float = 0.95
+    search_bayes_every: int = 25
+    search_seed: int = 0
 
     def __post_init__(self):
         if self.skip_layers is not None:
@@ -93,11 +122,60 @@ class LayerSkipOptions:
             raise ValueError(f"k must be an integer in [1, 127] (a verification takes 128 slots), got {self.k!r}")
         if not 0.0 <= self.stop_threshold <= 1.0:
             raise ValueError(f"stop_threshold must be in [0, 1], got {self.stop_threshold}")
+        if self.search not in SEARCH_MODES:
+            raise ValueError(f"search must be one of {', '.join(SEARCH_MODES)}, got {self.search!r}")
+        for name, low in (("search_window", 1), ("search_iters", 1), ("search_patience", 1),
+                          ("search_bayes_every", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if not 0.0 < self.search_score <= 1.0:
+            raise ValueError(f"search_score must be in (0, 1], got {self.search_score}")
+
+
+@dataclass
+class LayerSearch:
+    """The state of SWIFT's layer set search (arXiv:2410.06916 Sec. 4.1): ``n`` of the searchable ``layers`` are
+    skipped by every candidate; ``points`` / ``scores`` are the candidates scored so far (as
+    :func:`harness.engine.layersearch.skip_point`) and their matchness; ``best`` is the best matchness (0 at the
+    start, as SWIFT: the first candidate replaces the initial set); ``stale`` counts candidates in a row that did not
+    beat it."""
+
+    layers: list[int]
+    n: int
+    generator: torch.Generator
+    points: list[torch.Tensor] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    best: float = 0.0
+    iterations: int = 0
+    stale: int = 0
+    done: bool = False
+
+    def candidate(self, bayes_every: int) -> list[int]:
+        """Every ``bayes_every``-th candidate from Bayesian optimization over the scores so far (once there are two),
+        the others from random search (SWIFT's schedule)."""
+        if bayes_every and (self.iterations + 1) % bayes_every == 0 and len(self.scores) > 1:
+            return bayes_skip(torch.stack(self.points), torch.tensor(self.scores), self.layers, self.n, self.generator)
+        return random_skip(self.layers, self.n, self.generator)
+
+    def record(self, skip: list[int], score: float, options: LayerSkipOptions) -> bool:
+        """Register a candidate's matchness; whether it is the new best. The search stops after ``search_iters``
+        candidates, after ``search_patience`` in a row that were not better, or at a best above ``search_score``."""
+        self.points.append(skip_point(skip, self.layers))
+        self.scores.append(score)
+        self.iterations += 1
+        better = score > self.best
+        if better:
+            self.best, self.stale = score, 0
+        else:
+            self.stale += 1
+        self.done = (self.best > options.search_score or self.stale >= options.search_patience
+                     or self.iterations >= options.search_iters)
+        return better
 
 
 @register_method("layer_skip")
 class LayerSkip(SpeculativeMethod):
-    """Self-speculation (SWIFT arXiv:2410.06916): the target drafts a chain with some of its layers skipped.
+    """Self-speculation (SWIFT arXiv:2410.06916): the target drafts a chain with a fixed or searched set skipped.
 
     Lossless at every temperature; see the module docstring."""
 
@@ -124,19 +202,44 @@ class LayerSkip(SpeculativeMethod):
             raise OptionsError(f"{where}: option skip_layers skips all {n} decoder layers; keep at least one")
         self.decoder = decoder
         self.config = decoder.config  # the config the decoder reads layer_types from
-        types = layer_types(target.model.config) or ["full_attention"] * n
-        self.skipped = skip
-        self.kept = [i for i in range(n) if i not in set(skip)]
-        self.kept_layers = nn.ModuleList([layers[i] for i in self.kept])
-        self.kept_types = [types[i] for i in self.kept]  # what layer_types says of the kept layers, in their order
-        self.per_type = len(set(types)) > 1  # a mixed target takes a mask per attention type
-        # the first kept layer of each attention type: its cache slot sizes the draft mask of that type
-        self.first_kept = {}
-        for i, kind in zip(self.kept, self.kept_types):
-            self.first_kept.setdefault(kind, i)
+        self.types = layer_types(target.model.config) or ["full_attention"] * n
+        self.per_type = len(set(self.types)) > 1  # a mixed target takes a mask per attention type
+        self.use_layers(skip)
+        self.initial = list(skip)  # the set drafting starts from
+        self.searchable = list(range(1, n - 1)) if n > 2 else list(range(1, n))  # SWIFT keeps the first and last
+        if self.options.search != "off" and not 0 < len(skip) <= len(self.searchable):
+            raise OptionsError(f"{where}: option search moves the skipped layers among layers "
+                               f"{self.searchable[0] if self.searchable else 1}..{n - 2} (the first and the last are "
+                               f"kept): skip between 1 and {len(self.searchable)} layers, got {len(skip)}")
+        self.search = self.new_search()
+        self.window_cache = None  # the search's copy of the turn's prompt cache (None: not searching this turn)
+        self.window: list[int] = []  # the turn's first search_window + 1 committed tokens, the scored context
+        self.prompt_len = 0
+        self.turn_start: list[int] = []  # the set the turn started with
+        self.changes: list[dict[str, Any]] = []  # the turn's set changes
+        self.turn_steps = 0  # verification steps of the turn so far
         self._proposal = "deterministic"
         self.cache = None   # the target's cache of the current turn (the engine's)
         self.committed = 0  # positions in it
+
+    def use_layers(self, skip: list[int]) -> None:
+        """Draft with ``skip`` skipped from now on: the kept layers, their attention types and the first kept layer
+        of each type (its cache slot sizes the draft mask of that type)."""
+        layers = self.decoder.layers
+        self.skipped = sorted(skip)
+        self.kept = [i for i in range(len(layers)) if i not in set(skip)]
+        self.kept_layers = nn.ModuleList([layers[i] for i in self.kept])
+        self.kept_types = [self.types[i] for i in self.kept]  # what layer_types says of the kept layers, in order
+        self.first_kept = {}
+        for i, kind in zip(self.kept, self.kept_types):
+            self.first_kept.setdefault(kind, i)
+
+    def new_search(self) -> LayerSearch | None:
+        """A search from scratch (None with ``search=off``)."""
+        if self.options.search == "off":
+            return None
+        return LayerSearch(self.searchable, len(self.initial),
+                           torch.Generator().manual_seed(self.options.search_seed))
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options: Any) -> LayerSkip:
@@ -150,18 +253,81 @@ class LayerSkip(SpeculativeMethod):
         return self._proposal
 
     def describe(self) -> dict[str, Any]:
-        """The options plus the layers actually skipped (from ``skip_ratio`` when ``skip_layers`` is not given)."""
-        return {**super().describe(), "skipped_layers": list(self.skipped)}
+        """The options plus the layers skipped first (from ``skip_ratio`` when ``skip_layers`` is not given) and
+        ``order_dependent``: whether the searched set carries from one turn and question to the next."""
+        return {**super().describe(), "skipped_layers": list(self.initial),
+                "order_dependent": self.options.search == "persist"}
+
+    def turn_notes(self) -> dict[str, Any] | None:
+        """With ``search`` on: the set the turn started with, its changes (``step``: the first verification step
+        drafted with it, an index of ``draft_depths``; the set; its matchness), and the search's candidates so far,
+        best matchness and whether it has stopped."""
+        if self.search is None:
+            return None
+        return {"skipped_layers": self.turn_start, "layer_set_changes": self.changes,
+                "search_iterations": self.search.iterations, "search_best_matchness": round(self.search.best, 4),
+                "search_done": self.search.done}
 
     # ---- the target's cache ----------------------------------------------------------------------------------------
     def turn_cache(self, cache: object) -> None:
         self.cache = cache  # the draft forwards append to its kept layers and crop them back
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        self.committed = prompt_ids.shape[1]
+        """A new turn; with ``search`` on, a copy of the prompt's cache for scoring candidates (SWIFT's clone of the
+        prefilled cache) while the search runs, and with ``per_turn`` a fresh search from the initial set."""
+        self.committed = self.prompt_len = prompt_ids.shape[1]
+        self.turn_steps = 0
+        if self.search is None:
+            return
+        if self.options.search == "per_turn":
+            self.search = self.new_search()
+            self.use_layers(self.initial)
+        self.turn_start, self.changes, self.window = list(self.skipped), [], []
+        self.window_cache = None if self.search.done else copy.deepcopy(self.cache)
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
+        """Commit ``tokens``; while searching, one candidate per step once more than ``search_window + 1`` tokens of
+        the turn are committed (SWIFT's optimization phase, one iteration per decoding step)."""
         self.committed += len(tokens)
+        self.turn_steps += 1
+        if self.window_cache is None:
+            return
+        room = self.options.search_window + 1 - len(self.window)
+        self.window.extend(tokens[:room])
+        if self.committed - self.prompt_len > self.options.search_window + 1:
+            self.search_step()
+
+    # ---- the layer set search (SWIFT arXiv:2410.06916 Sec. 4.1) ------------------------------------------------
+    def search_step(self) -> None:
+        """Score one candidate on the turn's window; draft with it from the next step if it beats the best so far;
+        drop the prompt cache's copy once the search stops."""
+        candidate = self.search.candidate(self.options.search_bayes_every)
+        score = self.score_set(candidate)
+        if self.search.record(candidate, score, self.options):
+            self.use_layers(candidate)
+            self.changes.append({"step": self.turn_steps, "skipped_layers": candidate, "matchness": round(score, 4)})
+        if self.search.done:
+            self.window_cache = None
+
+    def score_set(self, skip: list[int]) -> float:
+        """The matchness of drafting with ``skip`` skipped on the turn's window: one forward of the skipping model over
+        the window's tokens (after the prompt, in the copy of its cache), its greedy next tokens against the
+        target's own; the copy is cropped back to the prompt after it."""
+        current = self.skipped
+        self.use_layers(skip)
+        device = self.target.device
+        ids = torch.tensor([self.window], dtype=torch.long, device=device)  # [1, w + 1]
+        pos = torch.arange(self.prompt_len, self.prompt_len + ids.shape[1], device=device)[None]  # [1, w + 1]
+        try:
+            with self.skipping():
+                logits = self.target.model(ids, cache=self.window_cache, use_cache=True,
+                                           position_ids=pos).logits[0]  # [w + 1, V]
+        finally:
+            for i in self.kept:
+                self.window_cache.layers[i].crop(-ids.shape[1])
+            self.use_layers(current)
+        self.counters["search_forwards"] = self.counters.get("search_forwards", 0) + 1
+        return matchness(logits[:-1].argmax(-1), ids[0, 1:].to(logits.device))
 
     # ---- drafting ------------------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -179,6 +179,7 @@ SHIPPED = [
                 "lookup_alone": 3}),  # the CPU speed-up presets' entry: adaptive tree + grafted lookup chain
     ("jakiro", {"mode": "hybrid", "total_tokens": 16, "depth": 3, "top_k": 4, "draft_vocab": 4096}),
     ("medusa", {"draft_vocab": 4096, "tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]}),
+    ("hydra", {"draft_vocab": 4096, "tree": [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]}),
 ]
 
 

@@ -29,7 +29,8 @@ from methods.vanilla import Vanilla
 from tests.support.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
 from tests.support.helpers import random_eagle_head as random_head
 
-WEIGHT_FILES = {"model.safetensors", "medusa_lm_head.safetensors"}  # what the shipped heads load as weights
+# what the shipped heads load as weights
+WEIGHT_FILES = {"model.safetensors", "medusa_lm_head.safetensors", "hydra_lm_head.safetensors"}
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
 

@@ -16,6 +16,7 @@ from harness.registry import get_method
 from harness.train.dataset import FeatureDataset, collate
 from harness.train.loop import LOG_FILE, TrainConfig, latest_checkpoint, train
 from harness.train.objectives import get_objective
+from methods import SHIPPED_HEADS
 from methods.hydra.drafting import Hydra, fill_hydra_tree, level_layout
 from methods.hydra.heads import HydraHeads, load_hydra_heads, save_hydra_heads
 from methods.hydra.objective import HydraObjective, hydra_inputs
@@ -115,6 +116,16 @@ def test_checkpoint_for_another_target_is_refused_in_one_line(tmp_path):
     published_hydra_folder(tmp_path / "nocfg", hidden=48)  # no sizes in the config: the weights' shapes tell
     with pytest.raises(CheckpointError, match=r"target 'tiny-llama': hidden 32, vocab 128.*shape mismatches"):
         load_hydra_heads(tmp_path / "nocfg", tiny_target())
+
+
+def test_the_shipped_head_for_another_target_is_refused_in_one_line():
+    """The head shipped for SmolLM2-135M (hidden 576) passed to a tiny target (hidden 32): one line naming the
+    checkpoint's config, both sizes and the target, before any weight is read"""
+    folder = SHIPPED_HEADS / "smollm2-135m" / "hydra"
+    with pytest.raises(CheckpointError, match=r"smollm2-135m/hydra/config.json: hidden_size=576 does not match the "
+                                              r"target 'tiny-llama' \(hidden_size=32\)") as e:
+        get_method("hydra").create(tiny_target(), {"head": str(folder)})
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("field, value", [("hydra_head_arch", "prefix-mlp"), ("grounded_heads", False),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from harness.engine.layersearch import bayes_skip, gp_ucb, matchness, random_skip, skip_point, top_layers
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.registry import get_method
@@ -183,6 +184,10 @@ def test_interleaved_pattern():
     ({"k": 0}, r"k must be an integer in \[1, 127\]"),
     ({"k": 128}, r"k must be an integer in \[1, 127\]"),
     ({"stop_threshold": 1.5}, r"stop_threshold must be in \[0, 1\], got 1.5"),
+    ({"search": "bayes"}, "search must be one of off, persist, per_turn, got 'bayes'"),
+    ({"search_window": 0}, "search_window must be >= 1, got 0"),
+    ({"search_bayes_every": -1}, "search_bayes_every must be >= 0, got -1"),
+    ({"search_score": 0.0}, r"search_score must be in \(0, 1\], got 0.0"),
 ])
 def test_bad_options_are_refused_with_one_line(options, message):
     target = tiny_target(eos=False, layers=4)
@@ -216,3 +221,100 @@ def test_the_confidence_stop_costs_one_host_read_per_draft_token():
         gen = method.generate(PROMPT, 24, GREEDY)
     assert probe.events["__float__"] == sum(min(depth, 2) for depth in gen.draft_depths)
     assert set(gen.draft_depths) == {1, 2, 3}  # the stop ended some chains early, not all
+
+
+# ---- SWIFT's layer set search (arXiv:2410.06916 Sec. 4.1) -----------------------------------------------------------
+
+def test_search_maths_on_literal_inputs():
+    """Matchness is the share of equal next tokens; a set is the one-hot point of its skipped layers; a point is read
+    back as its n largest coordinates; the GP's upper confidence bound is near each scored point's score plus a
+    little uncertainty and, far from every point, the scores' mean + 2.5 x their std. A wrong normalisation or a
+    kernel that ignored distance would move these numbers"""
+    assert matchness(torch.tensor([1, 2, 3, 4]), torch.tensor([1, 0, 3, 0])) == 0.5
+    assert skip_point([1, 3], [1, 2, 3, 4]).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert top_layers(torch.tensor([0.1, 0.9, 0.3, 0.8]), [1, 2, 3, 4], 2) == [2, 4]
+    ucb = gp_ucb(torch.tensor([[0.0], [1.0]]), torch.tensor([0.0, 1.0]), torch.tensor([[0.0], [1.0], [10.0]]))
+    torch.testing.assert_close(ucb, torch.tensor([0.1301, 1.1186, 1.7500]), rtol=0, atol=1e-4)
+    drawn = random_skip([1, 2, 3, 4, 5], 3, torch.Generator().manual_seed(0))
+    assert len(set(drawn)) == 3 and set(drawn) <= {1, 2, 3, 4, 5} and drawn == sorted(drawn)
+    # a GP that saw [2, 4] score 0.9 and the others 0.1-0.2 proposes [2, 4] again
+    layers = [1, 2, 3, 4]
+    points = torch.stack([skip_point(s, layers) for s in ([1, 2], [3, 4], [2, 4])])
+    assert bayes_skip(points, torch.tensor([0.1, 0.2, 0.9]), layers, 2, torch.Generator().manual_seed(0)) == [2, 4]
+
+
+def identity_layers_target(identity: tuple[int, ...]):
+    """A 6-layer tiny target whose layers ``identity`` add nothing to the residual stream (zero attention output
+    and MLP down projections): skipping exactly those drafts the target's own tokens."""
+    target = tiny_target(eos=False, layers=6, init=0.3)
+    layers = target.model.get_decoder().layers
+    for i in identity:
+        torch.nn.init.zeros_(layers[i].self_attn.o_proj.weight)
+        torch.nn.init.zeros_(layers[i].mlp.down_proj.weight)
+    return target
+
+
+def test_search_finds_the_planted_identity_layers():
+    """Layers 2 and 4 are identities: skipping them is the target itself (matchness 1), any other pair of layers
+    1..4 is not. Started from [1, 3], the search (window 8, seed 0) replaces it at step 10 by its first candidate
+    and finds [2, 4] at its 18th, above search_score, and stops; the output stays vanilla's, the record says which
+    set drafted from which step, and the next turn of a persistent search starts from the found set without
+    searching again"""
+    target = identity_layers_target((2, 4))
+    method = get_method("layer_skip").create(target, {"skip_layers": [1, 3], "k": 4, "stop_threshold": 0.0,
+                                                      "search": "persist", "search_window": 8})
+    gen = method.generate(PROMPT, 60, GREEDY)
+    assert gen.token_ids == vanilla(target, 60)
+    assert gen.method_notes == {
+        "skipped_layers": [1, 3],
+        "layer_set_changes": [{"step": 10, "skipped_layers": [1, 2], "matchness": 0.125},
+                              {"step": 27, "skipped_layers": [2, 4], "matchness": 1.0}],
+        "search_iterations": 18, "search_best_matchness": 1.0, "search_done": True}
+    assert gen.counters["search_forwards"] == 18 and method.skipped == [2, 4]
+    assert set(gen.accepted_drafts[27:]) == {4}  # the found set drafts the target's tokens: every chain accepted
+    again = method.generate(PROMPT, 20, GREEDY)
+    assert again.method_notes["skipped_layers"] == [2, 4] and again.method_notes["layer_set_changes"] == []
+    assert "search_forwards" not in again.counters
+    assert method.describe()["skipped_layers"] == [1, 3] and method.describe()["order_dependent"] is True
+
+
+def test_a_per_turn_search_starts_each_turn_from_the_initial_set():
+    """search=per_turn: every turn starts from skip_layers and searches afresh, so two identical turns draft and
+    record identically (the run does not depend on the order of its questions)"""
+    target = identity_layers_target((2, 4))
+    method = get_method("layer_skip").create(target, {"skip_layers": [1, 3], "k": 4, "stop_threshold": 0.0,
+                                                      "search": "per_turn", "search_window": 8})
+    first, second = method.generate(PROMPT, 60, GREEDY), method.generate(PROMPT, 60, GREEDY)
+    assert first.method_notes == second.method_notes and first.accepted_drafts == second.accepted_drafts
+    assert first.method_notes["skipped_layers"] == [1, 3] and method.describe()["order_dependent"] is False
+
+
+def test_the_search_leaves_the_targets_cache_as_vanilla_would():
+    """Candidates are scored in a copy of the prompt's cache: the engine's cache after every step must still be a
+    fresh forward's over the committed text (as in the fixed-set test above), on a sliding-window target too"""
+    for target in (tiny_target(eos=False, layers=4), tiny_causal_lm("mistral", 6)):
+        method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0,
+                                                          "search": "per_turn", "search_window": 4, "search_score": 1.0,
+                                                          "search_bayes_every": 3})
+        accept, committed = method.accept, []
+
+        def checked_accept(tokens, hidden, next_root, method=method, accept=accept, committed=committed,
+                           target=target):
+            accept(tokens, hidden, next_root)
+            committed.extend(tokens)
+            fresh = DynamicCache(config=target.model.config)
+            target.model(torch.tensor([PROMPT[0].tolist() + committed]), cache=fresh, use_cache=True)
+            for mine, ref in zip(method.cache.layers, fresh.layers):
+                torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-5, atol=1e-5)
+
+        method.accept = checked_accept
+        gen = method.generate(PROMPT, 40, GREEDY)
+        assert gen.token_ids == get_method("vanilla").create(target).generate(PROMPT, 40, GREEDY).token_ids
+        assert gen.counters["search_forwards"] > 3  # the search ran, Bayesian candidates included
+
+
+def test_the_search_without_a_layer_to_move_is_refused():
+    target = tiny_target(eos=False, layers=4)
+    with pytest.raises(OptionsError, match=r"method 'layer_skip': option search moves the skipped layers among "
+                                           r"layers 1..2 .*skip between 1 and 2 layers, got 0"):
+        get_method("layer_skip").create(target, {"skip_layers": [], "search": "persist"})

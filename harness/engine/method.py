@@ -41,6 +41,8 @@ class Generation:
         (:class:`harness.engine.treepolicies.SpeculationStop`): ``{"step": i, "reason": r, "context": c}``, forward i
         (an index of ``accept_lengths``) the first plain one, r the option that stopped it (``max_spec_context`` or
         ``stop_unprofitable``), c the context in tokens (prompt and emitted) before it.
+    method_notes: None, or what a speculative method chose during the turn, in its own JSON-able terms
+        (:meth:`harness.engine.speculative.SpeculativeMethod.turn_notes`; layer skipping's searched layer sets).
     """
 
     token_ids: list[int]
@@ -56,6 +58,7 @@ class Generation:
     logit_runner_ups: list[int] = field(default_factory=list)
     timings_synchronised: bool | None = None
     speculation_off: dict[str, Any] | None = None
+    method_notes: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:

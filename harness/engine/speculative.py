@@ -83,7 +83,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -313,6 +313,11 @@ class SpeculativeMethod(Method):
         target's own layers (layer skipping) keeps it, appends its drafted positions to it and crops them back before
         :meth:`propose` returns; the engine's forwards must find it as they left it. Default: not kept."""
 
+    def turn_notes(self) -> dict[str, Any] | None:
+        """What the method chose during the turn, asked for at its end: a JSON-able dict the run writes to the
+        turn's record as ``method_notes`` (layer skipping's searched layer sets). Default None: no notes."""
+        return None
+
     def side_branch(self) -> DraftTree | None:
         """Slots to run in the next verification forward without verifying them, asked for right after
         :meth:`propose` (Lookahead decoding's Jacobi window, arXiv:2402.02057 Sec. 3.3): a tree below the root whose
@@ -433,7 +438,7 @@ class SpeculativeMethod(Method):
                           draft_depths=stats.draft_depths, timings=timings, counters=counters,
                           logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
                           logit_runner_ups=stats.runner_ups,
-                          timings_synchronised=clock.sync, speculation_off=off)
+                          timings_synchronised=clock.sync, speculation_off=off, method_notes=self.turn_notes())
 
     def _start_turn(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                     generator: torch.Generator | None) -> _Turn:

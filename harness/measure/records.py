@@ -61,6 +61,9 @@ timings, counters           method-specific breakdown (e.g. draft_s, verify_s; d
 timings_synchronised        whether the timings split was measured with a device sync at each mark (None: no split)
 speculation_off             when the method stopped speculating for the rest of the turn: ``{"step", "reason",
                             "context"}`` (``harness.engine.method.Generation``); absent otherwise
+method_notes                what the method chose during the turn, in its own terms (``layer_skip`` with ``search``:
+                            the layer set it started with and each change, ``harness.engine.method.Generation``);
+                            absent otherwise
 logit_margins, logit_tops,  greedy only (else None): per emitted token, the target's top-1 minus top-2 logit, the
 logit_runner_ups            top-1 logit and the top-2 token (``harness.measure.metrics.divergence``)
 score, score_name           quality of the answer where the suite has a scorer (on the last turn)

@@ -238,6 +238,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     rec["draft_kv_bytes"] = method.draft_kv_bytes(positions)
                 if gen.speculation_off is not None:  # the turn stopped speculating (absent otherwise)
                     rec["speculation_off"] = gen.speculation_off
+                if gen.method_notes is not None:  # what the method chose in the turn (absent otherwise)
+                    rec["method_notes"] = gen.method_notes
             messages.append({"role": "assistant", "content": answer})
         except Exception as exc:
             failed = _error_text(exc)
