@@ -118,7 +118,8 @@ def engine_positions(buckets: Sequence[int], max_new_tokens: int, window: int | 
     """The positions an engine that reserves its context up front (vLLM's ``max_model_len``) must hold for a
     bucket's prompt and its answer: the longest bucket plus the answer's budget, within the target's window (the
     runner cuts an answer's budget to the window anyway).
-    Examples: buckets (512, 2048), 64 new tokens, window 8192 -> 2112; buckets (7168,), 2048 new tokens -> 8192."""
+    Examples: buckets (512, 2048), 64 new tokens, window 8192 -> 2112; buckets (7168,), 2048 new tokens, the same
+    window -> 8192."""
     needed = max(buckets) + max_new_tokens
     return min(needed, window) if window else needed
 
