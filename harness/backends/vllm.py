@@ -208,8 +208,9 @@ def llm_options(engine_options: dict[str, Any] | None, positions: int | None = N
     ``node_rank`` / ``master_addr``. A malformed parallelism option is an :class:`EngineError`.
 
     ``positions``: what a run of long prompts needs (:func:`harness.run.context.engine_positions`); beyond the
-    worker's default ``max_model_len`` (2048, :data:`~harness.backends.vllm_worker.CPU_DEFAULTS`), which vLLM would
-    refuse such prompts under, it becomes ``max_model_len`` unless the engine options set one.
+    worker's default ``max_model_len`` (2048, :data:`~harness.backends.vllm_worker.CPU_DEFAULTS`), under which vLLM
+    refuses a 2048-token prompt and stops a shorter one's answer at 2048 positions, it becomes ``max_model_len``
+    unless the engine options set one.
 
     Examples: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2};
     ({}, positions=2112) -> {"max_model_len": 2112}; ({}, positions=576) -> {}.
