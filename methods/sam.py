@@ -101,6 +101,13 @@ class SamDecoding(SpeculativeMethod):
             described["fallback"] = self.fallback.describe()
         return described
 
+    def draft_kv_bytes(self, positions: int) -> int | None:
+        """The EAGLE-2 fallback's own draft KV at ``positions`` context tokens
+        (:meth:`methods.eagle.draft.EagleMethodBase.draft_kv_bytes`): it follows every committed token, chain steps
+        included, so it holds the whole context. None with fallback ``none``: the suffix automaton holds token ids and
+        states over them, no KV cache."""
+        return self.fallback.draft_kv_bytes(positions) if self.fallback is not None else None
+
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.automaton = SuffixAutomaton(fetch(prompt_ids[0]))
         if self.fallback is not None:

@@ -35,13 +35,15 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from harness.engine.hostio import upload
 from harness.engine.method import OptionsError, build_options, seeded
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, chain_tree
-from harness.models import Target, load_target, target_from_model
+from harness.measure.metrics import draft_kv_bytes
+from harness.models import Target, kv_shape, load_target, target_from_model
 from harness.registry import register_method
 
 SCHEDULES = ("heuristic", "heuristic_transient", "constant")
@@ -150,6 +152,25 @@ class Sps(SpeculativeMethod):
         return {**super().describe(), "draft_model": self.draft.name}
 
     # ---- the draft's own cache ---------------------------------------------------------------------------------
+    def draft_kv_bytes(self, positions: int) -> int | None:
+        """The draft model's own KV cache (its ``DynamicCache``, which follows the committed text) at ``positions``
+        context tokens, in its dtype (:func:`harness.measure.metrics.draft_kv_bytes`): each full-attention layer
+        over every position, each sliding-window layer over the ``window - 1`` it keeps (transformers'
+        ``DynamicSlidingWindowLayer``); a layer that shares another's KV or has none (``dummy``) adds nothing.
+        None when the config does not give the shape (kv heads, head_dim) or a layer keeps another kind of state
+        (chunked, linear or recurrent attention), whose size this formula does not give.
+        Example: a 2-layer draft with 2 kv heads of width 8 in float32, layer 0 sliding with window 8, layer 1
+        full, at 100 positions -> 2 * 2 * 8 * 4 * (7 + 100) = 13,696 bytes."""
+        text = self.draft.model.config.get_text_config(decoder=True)
+        _, kv_heads, head_dim, _ = kv_shape(text.to_dict())
+        types, kwargs = get_layer_types_and_kwargs(text)
+        if kv_heads is None or head_dim is None or set(types) - {"full_attention", "sliding_attention", "dummy"}:
+            return None
+        windows = [kw["sliding_window"] - 1 if kind == "sliding_attention" else 0
+                   for kind, kw in zip(types, kwargs) if kind != "dummy"]
+        return sum(draft_kv_bytes(windows.count(w), kv_heads, head_dim, positions, self.draft.dtype.itemsize,
+                                  window=w) for w in sorted(set(windows)))
+
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.cache = DynamicCache(config=self.draft.model.config)
         self.cache.activate_past_recording()  # sliding-window layers keep what a crop may need to roll back

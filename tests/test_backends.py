@@ -56,6 +56,11 @@ def test_methods_map_to_vllm_speculative_configs():
     assert mapped("vanilla", engine_options={"speculative_config": {"method": "suffix"}}) == {"method": "suffix"}
     assert V.llm_options({"speculative_config": {"method": "mtp"}, "tensor_parallel_size": 2}) == {
         "tensor_parallel_size": 2}
+    # a long-context run: room for its longest prompt and answer past the worker's 2048 positions, where vLLM would
+    # refuse a 2048-token prompt; below that the default stays, and the entry's own max_model_len wins
+    assert V.llm_options({}, positions=2112) == {"max_model_len": 2112}
+    assert V.llm_options({}, positions=576) == {}
+    assert V.llm_options({"max_model_len": 4096}, positions=8192) == {"max_model_len": 4096}
 
 
 def test_what_vllm_cannot_run_is_one_clear_error():

@@ -7,9 +7,19 @@ import pytest
 import torch
 
 from harness import registry
+from harness.backends.contract import Backend, EngineTurn
 from harness.measure.records import read_records
+from harness.run import runner
 from harness.run.config import ConfigError, MethodSpec, RunConfig
-from harness.run.context import ContextError, Recipe, build_prompt, check_buckets, parse_recipe, recipe_digest
+from harness.run.context import (
+    ContextError,
+    Recipe,
+    build_prompt,
+    check_buckets,
+    engine_positions,
+    parse_recipe,
+    recipe_digest,
+)
 from harness.run.runner import run
 from harness.run.suites import DataError, build_context_suite, load_suite
 from methods.eagle.checkpoint import save_eagle_head
@@ -203,3 +213,42 @@ def test_run_config_refuses_bad_buckets():
     with pytest.raises(ConfigError, match="distinct and increasing"):
         RunConfig(context_buckets=[2048, 512])
     assert "context_buckets" not in RunConfig().to_dict()
+
+
+def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tmp_path, monkeypatch):
+    """An entry on another engine: the engine is started with room for the longest bucket and the answer (vLLM's
+    worker defaults to 2048 positions and would refuse a 2048-token bucket's prompt and answer), and its records
+    carry the bucket with ``kv_cache_bytes`` and ``draft_kv_bytes`` null (n/a: the engine's caches are its own), not
+    the harness's figures and never 0; ``prefill_time_s`` is the engine's time to the first token."""
+    assert engine_positions([512, 2048], 64, 8192) == 2112
+    assert engine_positions([7168], 2048, 8192) == 8192  # the runner cuts the answer to the window anyway
+    assert engine_positions([64, 128], 3, None) == 131
+    started = []
+
+    class Fixed(Backend):
+        name = "vllm"
+
+        def generate(self, request):
+            return EngineTurn(token_ids=[5, 6, 7], wall_time_s=0.5, ttft_s=0.25, stop_reason="length")
+
+        def describe(self):
+            return {"engine": "vllm", "version": "0-fixed"}
+
+        def close(self):
+            pass
+
+    def create(engine, *args):
+        started.append((engine, args[-1]))
+        return Fixed() if engine == "vllm" else None
+
+    monkeypatch.setattr(runner, "check_engine", lambda *args: None)
+    monkeypatch.setattr(runner, "create_backend", create)
+    cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], max_new_tokens=3, warmup=0,
+                    methods=[MethodSpec("vanilla"), MethodSpec("vanilla", label="engine", engine="vllm")],
+                    output_dir=str(tmp_path / "out"))
+    recs = [r for r in read_records(run(cfg, target=tiny_target(eos=False), progress=False)) if r["label"] == "engine"]
+    assert started == [("harness", 131), ("vllm", 131)]  # 1024-position window: the longest bucket 128 + 3
+    assert [(r["context_bucket"], r["prompt_tokens"], r["prefill_time_s"]) for r in recs] == \
+        [(64, 64, 0.25), (64, 64, 0.25), (128, 128, 0.25), (128, 128, 0.25)]
+    assert all(r["kv_cache_bytes"] is None and r["draft_kv_bytes"] is None for r in recs)
+    assert all("kv_cache_bytes" in r and "draft_kv_bytes" in r for r in recs)

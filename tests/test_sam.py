@@ -117,3 +117,12 @@ def test_bad_options_name_the_field():
         SamDecoding.create(target, {"fallback": "none", "draft_tokens": 0})
     with pytest.raises(OptionsError, match="depth"):  # the fallback's options are checked at configuration time
         SamDecoding.create(target, {"depth": 0})
+
+
+def test_the_draft_kv_is_the_fallbacks_or_none():
+    """With the EAGLE-2 fallback, sam holds that head's draft KV (one layer, 2 kv heads of width 8, float32 on the
+    tiny target: 2 x 1 x 2 x 8 x 4 = 128 bytes per position, over the whole context since it follows every committed
+    token); with fallback none it keeps no KV: None, never 0 (a 0 would read as a measured empty cache)."""
+    target = tiny_target(vocab=64, tokenizer=False)
+    assert build_example("sam", target, total_tokens=8, depth=2, top_k=3).draft_kv_bytes(1000) == 128 * 1000
+    assert SamDecoding.create(target, {"fallback": "none"}).draft_kv_bytes(1000) is None

@@ -14,6 +14,7 @@ from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.models import target_from_model
 from harness.registry import get_method
 from methods.sps import Sps, SpsOptions
+from tests.support.anymodel import tiny_causal_lm
 from tests.support.helpers import GREEDY, char_tokenizer, check_generation, install_oracle, tiny_llama, tiny_target
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
@@ -152,3 +153,28 @@ def test_option_draft_loads_a_folder_with_the_targets_dtype(tmp_path):
     assert method.describe()["draft_model"] == str(tmp_path / "draft")
     gen = method.generate(PROMPT, 30, GREEDY)
     assert gen.token_ids == get_method("vanilla").create(target).generate(PROMPT, 30, GREEDY).token_ids
+
+
+def test_the_drafts_own_kv_bytes_literal_and_as_held():
+    """The draft's KV through ``metrics.draft_kv_bytes``: a tiny Qwen2 draft (2 kv heads of width 8, float32) with
+    layer 0 full and layer 1 sliding over window 8 keeps 100 positions in layer 0 and the window - 1 = 7 that
+    transformers' sliding layer keeps in layer 1: 2 x 2 x 8 x 4 x (100 + 7) = 13,696 bytes. After every verification
+    of a turn the figure equals the bytes of the K/V tensors the draft's cache holds; counting the sliding layer over
+    every position (93 x 128 bytes too many at 100) or over its full window would not. A one-layer full draft:
+    2 x 2 x 8 x 4 = 128 bytes per position."""
+    target = tiny_causal_lm("llama")
+    method = Sps(target, SpsOptions(k=3), draft=tiny_causal_lm("qwen2", window=8, seed=2))
+    assert method.draft_kv_bytes(100) == 13_696
+    assert method.draft_kv_bytes(5) == 2 * 2 * 8 * 4 * (5 + 5)  # below the window the sliding layer holds all 5
+    accept, steps = method.accept, []
+
+    def checked_accept(tokens, hidden, next_root):
+        accept(tokens, hidden, next_root)
+        layers = method.cache.layers
+        held = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
+        steps.append(held == method.draft_kv_bytes(layers[0].keys.shape[-2]))
+
+    method.accept = checked_accept
+    method.generate(torch.arange(2, 42)[None], 20, GREEDY)  # a 40-token prompt: past the window from the start
+    assert len(steps) > 3 and all(steps), steps
+    assert Sps.example(target, k=3).draft_kv_bytes(1000) == 128 * 1000

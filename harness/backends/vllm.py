@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backends.contract import Backend, BackendError, EngineError, EngineTurn, TurnRequest
+from harness.backends.vllm_worker import CPU_DEFAULTS
 from harness.backends.worker import Worker
 from harness.models import resolve_target_path
 from harness.registry import BUILTIN_PLUGINS
@@ -200,15 +201,23 @@ PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parall
 EXECUTORS = ("mp", "ray", "uni", "external_launcher")  # distributed_executor_backend
 
 
-def llm_options(engine_options: dict[str, Any] | None) -> dict[str, Any]:
+def llm_options(engine_options: dict[str, Any] | None, positions: int | None = None) -> dict[str, Any]:
     """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``), among them vLLM's
     parallelism: ``tensor_parallel_size``, ``pipeline_parallel_size`` (GPUs, or nodes with the Ray executor),
     ``distributed_executor_backend`` (``mp`` on one machine, ``ray`` across a Ray cluster), ``nnodes`` /
     ``node_rank`` / ``master_addr``. A malformed parallelism option is an :class:`EngineError`.
 
-    Example: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2}.
+    ``positions``: what a run of long prompts needs (:func:`harness.run.context.engine_positions`); beyond the
+    worker's default ``max_model_len`` (2048, :data:`~harness.backends.vllm_worker.CPU_DEFAULTS`), under which vLLM
+    refuses a 2048-token prompt and stops a shorter one's answer at 2048 positions, it becomes ``max_model_len``
+    unless the engine options set one.
+
+    Examples: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2};
+    ({}, positions=2112) -> {"max_model_len": 2112}; ({}, positions=576) -> {}.
     """
     out = {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
+    if positions is not None and "max_model_len" not in out and positions > CPU_DEFAULTS["max_model_len"]:
+        out["max_model_len"] = positions
     for key in PARALLEL_SIZES:
         value = out.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -99,7 +99,8 @@ def draft_kv_bytes(layers: int, kv_heads: int, head_dim: int, positions: int, by
     """Bytes of a draft head's own KV cache (the *stable* KV an EAGLE-style head keeps for the committed positions,
     EAGLE-1 arXiv:2401.15077 Sec. 3.1; Jakiro's heads alike) when the context holds ``positions`` tokens: the
     :func:`kv_cache_bytes` of the head's layers over the positions it keeps, all of them, or with a draft attention
-    window W > 0 (option ``draft_window``) the last W.
+    window W > 0 (option ``draft_window``) the last W. A separate draft model (SpS, arXiv:2211.17192) adds one call
+    per group of layers that keep the same window (full layers: 0).
     Example: a one-layer head shaped like SmolLM2-135M's layers (3 kv heads, head_dim 64) at 4096 positions in
     float32 -> 2 * 1 * 3 * 64 * 4096 * 4 = 6,291,456 bytes (6 MiB); with window 512 -> 786,432 bytes."""
     return kv_cache_bytes(layers, kv_heads, head_dim, min(positions, window) if window else positions, bytes_per_value)

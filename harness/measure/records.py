@@ -85,10 +85,12 @@ context_bucket,             a prompt of a context suite only (harness.run.contex
 context_documents,          source documents it reads, and how many tokens of the last one its cut left out;
 context_cut_tokens          ``prompt_tokens`` is its exact length
 kv_cache_bytes              a context prompt only: the target's KV cache at prompt + answer, computed from its
-                            config and dtype (``harness.measure.metrics.kv_cache_bytes``)
-draft_kv_bytes              a context prompt only: the draft head's own KV cache at prompt + answer (EAGLE, Jakiro;
-                            within its ``draft_window``; ``harness.measure.metrics.draft_kv_bytes``), None for a
-                            method that keeps none; absent in older runs
+                            config and dtype (``harness.measure.metrics.kv_cache_bytes``); None on another engine
+                            (vLLM pages and reserves its cache itself), as ``draft_kv_bytes`` there
+draft_kv_bytes              a context prompt only: the drafter's own KV cache at prompt + answer
+                            (``harness.measure.metrics.draft_kv_bytes``): EAGLE's and Jakiro's heads within their
+                            ``draft_window``, sps's draft model (its sliding layers within their window), sam's EAGLE-2
+                            fallback; None for a method that keeps none; absent in older runs
 max_new_tokens_cut_to       a context prompt only, when the model's window cut its answer's budget: that budget
 =========================== ==================================================================================
 """

@@ -460,7 +460,7 @@ def context_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     plus the mean ``prompt_tokens``, draft and verify milliseconds per verification step (``timings``), the mean
     ``prefill_s`` per turn, ``decode_tokens_per_s`` (mean over questions, prefill left out) and its
     ``decode_speedup`` (ratio of means), ``kv_cache_bytes`` (the target's KV cache at the longest turn's
-    prompt + answer) and ``draft_kv_bytes`` (the draft head's own, the same way; NaN for a method without one).
+    prompt + answer) and ``draft_kv_bytes`` (the drafter's own, the same way; NaN for a method without one).
     Empty when the run has no buckets."""
     if not has_context(turns):
         return pd.DataFrame(columns=CONTEXT_COLUMNS)

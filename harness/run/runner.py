@@ -71,7 +71,7 @@ from harness.models import (
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig, config_from_dict
-from harness.run.context import ContextError, check_buckets, context_fields
+from harness.run.context import ContextError, check_buckets, context_fields, engine_positions
 from harness.run.load import level_questions, run_load
 from harness.run.progress import Progress, QuestionLines
 from harness.run.suites import Suite, build_context_suite, load_suite
@@ -215,6 +215,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 answer = turn_rec.text if turn_rec.token_ids is None else target.decode(turn_rec.token_ids)
                 rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer,
                            **turn_fields(turn_rec, method.backend))
+                if question.context:  # the engine's own caches are not visible from here: n/a, never 0
+                    rec.update(kv_cache_bytes=None, draft_kv_bytes=None)
             else:
                 with tracker.track() as m:
                     gen = method.generate(prompt_ids, budget, sampling, generator)
@@ -453,13 +455,16 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
         suites = built_suites(suites, target)
+        positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens,
+                                          getattr(target.config, "max_position_embeddings", None))
+                         for s in suites if s.context is not None), default=None)
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
         for spec in entries:
             methods[spec.label].profile = PROFILE[config.profile]
             methods[spec.label].runtime = spec.runtime
             methods[spec.label].backend = create_backend(
                 spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
-                str(target.dtype).replace("torch.", ""), spec.engine_options)
+                str(target.dtype).replace("torch.", ""), spec.engine_options, positions)
             if hasattr(methods[spec.label].target_runner, "on_compile"):
                 methods[spec.label].target_runner.on_compile = say.on_compile
         if manifest is None and dist.rank == 0:
