@@ -15,7 +15,7 @@ from harness.backends.contract import EngineTurn
 from harness.measure import metrics as M
 from harness.measure.load import latest_levels, load_markdown, load_table, read_load_rows
 from harness.measure.report import write_report
-from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
+from harness.run.config import ConfigError, MethodSpec, RunConfig, check_slots, config_from_dict
 from harness.run.load import _row, arrival_offsets, level_questions
 from harness.run.runner import run
 from tests.support.fake_openai_server import Fake, serve, step_seconds
@@ -155,6 +155,30 @@ def test_load_needs_served_entries_and_one_measurement_per_level():
                              "load": {"concurrency": 4, "request_rate": "inf"}}).load_spec()
     assert (spec.concurrency, spec.request_rate, spec.requests_at(4)) == ((4,), math.inf, 8)
     assert "load" not in config().to_dict()  # a run without load levels: its configuration and digest as before
+
+
+def test_a_llama_cpp_server_needs_a_slot_per_request_in_flight():
+    """llama-server decodes as many requests at once as it has slots (--parallel) and queues the rest: a level above
+    them would be measured at a lower concurrency than it says. Refused with the configuration where the entry gives
+    its parallel, and once its server reports fewer slots (/props) before any level where it does not."""
+    check_slots(4, {"llamacpp-vanilla": 4, "vllm": None, "auto": -1})  # enough, not known, llama.cpp's auto: passes
+    with pytest.raises(ConfigError, match=r"concurrency is 4, more than the slots of llama.cpp's server of ngram "
+                                          r"\(2\): .*engine_options parallel: 4 \(llama-server --parallel 4\)"):
+        check_slots(4, {"ngram": 2, "vanilla": 4})
+    entry = MethodSpec("vanilla", engine_options={"launch": "llama.cpp", "parallel": 2})
+    with pytest.raises(ConfigError, match=r"slots of llama.cpp's server of vanilla \(2\)"):
+        RunConfig(methods=[entry], engine="openai", load={"concurrency": [1, 4]})
+    assert RunConfig(methods=[entry], engine="openai", load={"concurrency": [1, 2]}).load_spec().concurrency == (1, 2)
+
+
+def test_a_load_run_on_a_llama_cpp_server_with_too_few_slots_measures_nothing(tmp_path):
+    server, url = serve(Fake("llamacpp,slots=2"))
+    try:
+        with pytest.raises(ConfigError, match=r"server of vanilla \(2\), pld-served \(2\): requests past"):
+            load_run(tmp_path, [url, url])
+    finally:
+        server.shutdown()
+    assert not list((tmp_path / "results").glob("*/load.jsonl"))  # refused before the first level
 
 
 @pytest.fixture()

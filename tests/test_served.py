@@ -423,6 +423,7 @@ def test_a_llama_cpp_turn_token_ids_from_its_verbose_chunks(fake):
     state.mode = "llamacpp"
     backend = backend_at(url, api="completions")
     assert (backend.version, backend.describe()["server"]) == ("b1-0c1e570", "llama.cpp")  # /props, no /version
+    assert backend.slots == 4 and backend.describe()["config"]["slots"] == 4  # /props' total_slots, in the manifest
     turn = backend.generate(REQUEST)
     assert state.requests[-1]["verbose"] is True  # llama.cpp's field (a vLLM request has none: the test above)
     # each chunk's own id (__verbose.tokens), one token per chunk: exact times; the finishing chunk's [] adds none

@@ -219,14 +219,15 @@ class ServedBackend(Backend):
             if server is None:
                 wait_ready(self.url, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
             self.model = self._check_model(options.get("model"), target, target_path)
-            self.version, kind = self._version()
+            self.version, kind, self.slots = self._version()
             status, text = http_get(self.url + "/metrics", self.timeout)
             self.has_metrics = status == 200 and self._counters_of(text) is not None
             self.server_kind = (server_kind(text) if self.has_metrics else None) or kind
         except BaseException:
             self.close()
             raise
-        self.config = {"server_url": self.url, "api": options["api"], "model": self.model, **(config or {})}
+        self.config = {"server_url": self.url, "api": options["api"], "model": self.model, **(config or {}),
+                       **({"slots": self.slots} if self.slots is not None else {})}
 
     def _check_model(self, wanted: str | None, target: str, target_path: str) -> str:
         status, body = http_get(self.url + "/v1/models", self.timeout)
@@ -245,19 +246,22 @@ class ServedBackend(Backend):
                            f"{wanted or target} ({target_path}); point at a server of the run's target, or name its "
                            "model with engine_options model: NAME if it is the same model")
 
-    def _version(self) -> tuple[str | None, str | None]:
-        """(the server's version, the server it names itself or None): ``/version`` (vLLM), else llama.cpp's
-        ``/props``, whose ``build_info`` is ``b<build number>-<commit>``, else SGLang's ``/server_info`` (0.5.23
-        has no ``/version``); (None, None) where none says (n/a)."""
+    def _version(self) -> tuple[str | None, str | None, int | None]:
+        """(the server's version, the server it names itself or None, its slots or None): ``/version`` (vLLM), else
+        llama.cpp's ``/props``, whose ``build_info`` is ``b<build number>-<commit>`` and whose ``total_slots`` are
+        the requests it decodes at once (``--parallel``; more wait in its queue), else SGLang's ``/server_info``
+        (0.5.23 has no ``/version``); (None, None, None) where none says (n/a)."""
         for path, key, kind in (("/version", "version", None), ("/props", "build_info", "llama.cpp"),
                                 ("/server_info", "version", "sglang")):
             try:
                 status, body = http_get(self.url + path, self.timeout)
                 if status == 200:
-                    return str(json.loads(body)[key]), kind
-            except (BackendError, ValueError, KeyError, TypeError):
+                    answer = json.loads(body)
+                    slots = answer.get("total_slots") if kind == "llama.cpp" else None
+                    return str(answer[key]), kind, slots if isinstance(slots, int) else None
+            except (BackendError, ValueError, KeyError, TypeError, AttributeError):
                 pass
-        return None, None
+        return None, None, None
 
     @staticmethod
     def _counters_of(text: str) -> dict[str, Any] | None:

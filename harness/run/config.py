@@ -202,6 +202,9 @@ class RunConfig:
         if self.repeats != 1:
             raise ConfigError(f"run.load: a load run has repeats 1 (each level is one measurement), got "
                               f"{self.repeats}")
+        # a launched llama-server's slots are its --parallel; without it, what /props says once it runs (run_load)
+        check_slots(max(spec.concurrency), {m.label: m.engine_options.get("parallel") for m in self.entries()
+                                            if m.engine_options.get("launch") == "llama.cpp"})
         return spec
 
     def entries(self) -> list[MethodSpec]:
@@ -267,6 +270,23 @@ class LoadSpec:
 
     def requests_at(self, concurrency: int) -> int:
         return self.num_prompts or 2 * concurrency
+
+
+def check_slots(highest: int, slots: dict[str, Any]) -> None:
+    """A level is measured at its concurrency only where the server decodes that many requests at once: llama.cpp's
+    server decodes as many as it has slots (``--parallel``) and queues the rest. ``slots``: entry label -> its
+    server's slots (anything but a positive int: not known, not checked). A :class:`ConfigError` naming the entries
+    with fewer slots than ``highest``, the run's highest concurrency.
+    Example: (4, {"llamacpp-ngram": 2, "llamacpp-vanilla": None}) -> ConfigError("run.load: the highest concurrency
+    is 4, more than the slots of llama.cpp's server of llamacpp-ngram (2): ...")."""
+    short = {label: n for label, n in slots.items()
+             if isinstance(n, int) and not isinstance(n, bool) and 0 < n < highest}
+    if short:
+        servers = ", ".join(f"{label} ({n})" for label, n in short.items())
+        raise ConfigError(f"run.load: the highest concurrency is {highest}, more than the slots of llama.cpp's server "
+                          f"of {servers}: requests past its slots wait in its queue, so the level would not run at "
+                          f"its concurrency; give the entry engine_options parallel: {highest} (llama-server "
+                          f"--parallel {highest}) or lower the concurrency")
 
 
 def load_spec(raw: Any) -> LoadSpec:

@@ -27,6 +27,13 @@ sends them (vLLM's ``--per-request-spec-decode-metrics detailed``), and so are a
 accepted totals (llama.cpp's per-request ``timings``, :func:`harness.backends.served.request_totals`) as the row's
 ``engine_counters`` (None where the server sends none).
 
+A llama.cpp server decodes at most its slots' requests at once (``llama-server --parallel N``, ``total_slots`` in
+its ``/props``; the build tried here makes 4 when not told) and queues the rest, which would measure a level below
+its concurrency: an entry whose ``engine_options`` give ``parallel`` below the highest concurrency is refused with
+the run's configuration, and one whose server reports fewer slots is refused once the servers run, before any level
+(:func:`harness.run.config.check_slots`). llama.cpp's counters sum over its slots, and its per-request ``timings``
+partition them: the rows' ``engine_counters`` of a level add up to its ``level_counters``.
+
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
 measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
@@ -50,7 +57,7 @@ from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
 from harness.measure.records import RecordStore
 from harness.measure.rundir import LOAD_FILE
-from harness.run.config import ConfigError, LoadSpec
+from harness.run.config import ConfigError, LoadSpec, check_slots
 
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
@@ -89,6 +96,8 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
     ``warm_up(method)``, through the same client), level by level in the order given; ``seed_of(question_id)``: a
     request's sampling seed (:func:`harness.run.runner.question_seed`)."""
     spec = config.load_spec()
+    # the slots a llama.cpp server reported (/props), given or not: before any level is measured
+    check_slots(max(spec.concurrency), {label: getattr(m.backend, "slots", None) for label, m in methods.items()})
     questions = [(suite, q) for suite in suites for q in suite.questions]
     plan = level_questions(spec, questions)
     store = RecordStore(run_dir, file_name=LOAD_FILE)

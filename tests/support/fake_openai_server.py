@@ -14,7 +14,8 @@ speculative counters), ``cut_at=N`` (the stream closes after N tokens, without f
 ``error_at=N`` (an error object in the stream after N tokens), ``per_request`` (vLLM's per-request acceptance,
 ``metrics.speculative_decoding`` with steps accepting 1 then 2 tokens, on the usage chunk), ``llamacpp`` (as
 llama.cpp's ``llama-server --metrics`` answers, from payloads captured live from commit 0c1e570 and trimmed: no
-``/version`` but ``/props``' ``build_info``; ``llamacpp:`` counters, the per-position one only once it has drafted;
+``/version`` but ``/props``' ``build_info`` and ``total_slots``, 4 as the build makes when not told, or
+``slots=N``; ``llamacpp:`` counters, the per-position one only once it has drafted;
 no ``token_ids``, but with the request's ``verbose`` each /v1/completions chunk's own id in ``__verbose.tokens``;
 the usage on the finishing chunk), ``lost_at=N`` (with ``llamacpp``: no chunk for token N, as llama.cpp sends
 none for a token that ends inside a UTF-8 character), ``timings`` (with ``llamacpp``: the finishing chunk carries
@@ -119,7 +120,8 @@ def handler(fake: Fake):
             elif self.path == "/version" and not (fake.flag("llamacpp") or fake.flag("sglang")):
                 self.reply(200, json.dumps({"version": "0.0-fake"}))
             elif self.path == "/props" and fake.flag("llamacpp"):
-                self.reply(200, json.dumps({"build_info": "b1-0c1e570", "model_path": "/m.gguf"}))
+                self.reply(200, json.dumps({"build_info": "b1-0c1e570", "model_path": "/m.gguf",
+                                            "total_slots": int(fake.flag("slots") or 4)}))
             elif self.path == "/server_info" and fake.flag("sglang"):
                 self.reply(200, json.dumps({"version": "0.5.23", "frontend": "python", "tp_size": 1}))
             elif self.path == "/v1/models":
