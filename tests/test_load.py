@@ -16,7 +16,7 @@ from harness.measure import metrics as M
 from harness.measure.load import latest_levels, load_markdown, load_table, read_load_rows
 from harness.measure.report import write_report
 from harness.run.config import ConfigError, MethodSpec, RunConfig, check_slots, config_from_dict
-from harness.run.load import _row, arrival_offsets, level_questions
+from harness.run.load import _row, arrival_offsets, level_questions, load_order
 from harness.run.runner import run
 from tests.support.fake_openai_server import Fake, serve, step_seconds
 from tests.support.helpers import tiny_target
@@ -190,7 +190,7 @@ def servers():
         server.shutdown()
 
 
-def load_run(tmp_path, urls, resume=None):
+def load_run(tmp_path, urls, resume=None, interleave=False):
     suite = tmp_path / "q.jsonl"
     suite.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [f"q{i}"]}) + "\n"
                              for i in range(6)))
@@ -198,7 +198,8 @@ def load_run(tmp_path, urls, resume=None):
                              MethodSpec("pld", "pld-served",
                                         engine_options={"server_url": urls[1], "model": "smollm2-135m"})],
                     suites=[str(suite)], max_new_tokens=6, warmup=1, engine="openai",
-                    output_dir=str(tmp_path / "results"), load={"concurrency": [1, 4], "num_prompts": 4})
+                    output_dir=str(tmp_path / "results"), load={"concurrency": [1, 4], "num_prompts": 4},
+                    interleave=interleave)
     return run(None if resume else cfg, resume=resume, target=tiny_target(eos=False), progress=False)
 
 
@@ -229,6 +230,23 @@ def test_a_load_run_end_to_end_resumed_and_reported(tmp_path, servers):
     assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Load") and "| pld-served | 4 | 4 |" in md
     assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup"} <= set(written)
     assert Path(written["load_csv"]).is_file()
+
+
+def test_levels_run_entry_by_entry_or_interleaved_with_the_order_alternating():
+    # interleaved, the entry that goes first alternates per level; if it did not, a load drifting through the run
+    # would always fall on the same entry and bias its speed-up (the llama.cpp sweep in harness/run/load.py)
+    assert load_order(["v", "s"], [1, 4, 16], ["q1", "q4", "q16"], True) == [
+        ("v", 0, 1, "q1"), ("s", 0, 1, "q1"), ("s", 1, 4, "q4"), ("v", 1, 4, "q4"), ("v", 2, 16, "q16"),
+        ("s", 2, 16, "q16")]
+    assert load_order(["v", "s"], [1, 4], ["q1", "q4"], False) == [
+        ("v", 0, 1, "q1"), ("v", 1, 4, "q4"), ("s", 0, 1, "q1"), ("s", 1, 4, "q4")]
+
+
+def test_an_interleaved_load_run_writes_its_levels_in_that_order(tmp_path, servers):
+    # the file's order is the measuring order: a run that ignored interleave would write vanilla's two levels first
+    rows = read_load_rows(load_run(tmp_path, servers, interleave=True))
+    firsts = [(r["label"], r["concurrency"]) for r in rows[::4]]
+    assert firsts == [("vanilla", 1), ("pld-served", 1), ("pld-served", 4), ("vanilla", 4)]
 
 
 def test_the_load_flags_of_draftbench_run():

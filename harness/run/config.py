@@ -78,7 +78,8 @@ class RunConfig:
     warmup: int = 1                       # untimed warm-up questions per method, through the same code path
     interleave: bool = False              # true: question-major order (each question under every entry in turn), so
     #                                       a shared machine's slow spells fall on all entries alike; false:
-    #                                       entry-major (each entry answers every question before the next starts)
+    #                                       entry-major (each entry answers every question before the next starts);
+    #                                       load runs: level by level, alternating the entries (harness.run.load)
     baseline: str = "vanilla"             # label that speedups are measured against
     chat_template: str | None = None      # harness/run/templates/<name>.jinja or a .jinja file (None: the tokenizer's)
     system_prompt: str | None = None      # replaces every suite's system prompt (None: each suite's own)

@@ -34,6 +34,11 @@ the run's configuration, and one whose server reports fewer slots is refused onc
 (:func:`harness.run.config.check_slots`). llama.cpp's counters sum over its slots, and its per-request ``timings``
 partition them: the rows' ``engine_counters`` of a level add up to its ``level_counters``.
 
+Entries run one after another, every level of one before the next, or, with the run's ``interleave: true``, level
+by level with the entries' order reversed on every other level (:func:`load_order`): on a shared machine whose load
+drifts, the entry measured last is otherwise the one the drift hits (a llama.cpp sweep measured 0.98-1.05x with the
+speculative entry first and 0.48-0.64x with it second, at the same acceptance).
+
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
 measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
@@ -92,9 +97,9 @@ def level_questions(spec: LoadSpec, questions: list) -> list[list]:
 
 
 def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up, seed_of) -> None:
-    """Every load level of the run not yet complete in ``run_dir``, entry by entry (each warmed up first with
-    ``warm_up(method)``, through the same client), level by level in the order given; ``seed_of(question_id)``: a
-    request's sampling seed (:func:`harness.run.runner.question_seed`)."""
+    """Every load level of the run not yet complete in ``run_dir``, in :func:`load_order` (entry by entry, or with
+    the run's ``interleave`` level by level; every entry warmed up first with ``warm_up(method)``, through the same
+    client); ``seed_of(question_id)``: a request's sampling seed (:func:`harness.run.runner.question_seed`)."""
     spec = config.load_spec()
     # the slots a llama.cpp server reported (/props), given or not: before any level is measured
     check_slots(max(spec.concurrency), {label: getattr(m.backend, "slots", None) for label, m in methods.items()})
@@ -104,35 +109,51 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
     done = {key for key, rows in latest_levels(read_load_rows(run_dir)).items()
             if all(r["status"] == "ok" for r in rows) and len(rows) == spec.requests_at(key[1])}
     temperature, seed = config.temperatures[0], config.seeds[0]
-    for label, method in methods.items():
-        if all((label, c) in done for c in spec.concurrency):
-            continue
+    pending = [label for label in methods if not all((label, c) in done for c in spec.concurrency)]
+    for label in pending:
         with say.phase(f"warming up {label}"):
-            warm_up(method)
-        for level, (c, picked) in enumerate(zip(spec.concurrency, plan, strict=True)):
-            if (label, c) in done:
-                continue
-            requests = []
-            for suite, q in picked:
-                user = [{"role": "user", "content": q.turns[0]}]
-                system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
-                requests.append(TurnRequest(system + user, target.render_chat(user, suite.system_prompt)[0].tolist(),
-                                            suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
-                                            config.top_k, seed_of(q.question_id)))
-            offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
-            with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
-                results, window, counters = run_level(method.backend, requests, c, offsets)
-            common = {
-                "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
-                "lossless": method.lossless, "turn": 0,
-                "method_options": entry_options(method.describe()["options"], method.backend),
-                "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
-                "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
-                "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
-                "level_wall_s": window, "level_counters": counters, **_engine_fields(method.backend),
-            }
-            store.append([{**common, **_row(result, suite, q, target)}
-                          for result, (suite, q) in zip(results, picked, strict=True)])
+            warm_up(methods[label])
+    for label, level, c, picked in load_order(pending, spec.concurrency, plan, config.interleave):
+        if (label, c) in done:
+            continue
+        method = methods[label]
+        requests = []
+        for suite, q in picked:
+            user = [{"role": "user", "content": q.turns[0]}]
+            system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
+            requests.append(TurnRequest(system + user, target.render_chat(user, suite.system_prompt)[0].tolist(),
+                                        suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
+                                        config.top_k, seed_of(q.question_id)))
+        offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
+        with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
+            results, window, counters = run_level(method.backend, requests, c, offsets)
+        common = {
+            "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
+            "lossless": method.lossless, "turn": 0,
+            "method_options": entry_options(method.describe()["options"], method.backend),
+            "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
+            "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
+            "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
+            "level_wall_s": window, "level_counters": counters, **_engine_fields(method.backend),
+        }
+        store.append([{**common, **_row(result, suite, q, target)}
+                      for result, (suite, q) in zip(results, picked, strict=True)])
+
+
+def load_order(labels: list[str], concurrency: list[int], plan: list[list], interleave: bool) -> list[tuple]:
+    """The order of a run's load levels, as ``(label, level index, concurrency, questions)``: entry by entry (every
+    level of the first entry, then the next), or with ``interleave`` level by level, the entries' order reversed on
+    every other level (A B, B A, A B, ...), so that a machine's load drifting during the run falls on every entry
+    alike instead of on whichever ran last.
+
+    Example: (["v", "s"], [1, 4], [q1, q4], True) -> [("v", 0, 1, q1), ("s", 0, 1, q1), ("s", 1, 4, q4),
+    ("v", 1, 4, q4)]; with False -> [("v", 0, 1, q1), ("v", 1, 4, q4), ("s", 0, 1, q1), ("s", 1, 4, q4)].
+    """
+    levels = list(enumerate(zip(concurrency, plan, strict=True)))
+    if not interleave:
+        return [(label, i, c, picked) for label in labels for i, (c, picked) in levels]
+    return [(label, i, c, picked) for i, (c, picked) in levels
+            for label in (labels if i % 2 == 0 else labels[::-1])]
 
 
 def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: list[float]):
