@@ -7,6 +7,8 @@ model where a run must happen.
 
 import json
 import os
+import signal
+import time
 
 import pytest
 
@@ -23,13 +25,17 @@ QUESTIONS = [{"question_id": 1, "turns": ["Say hi.", "Now say bye."]}, {"questio
 if "ctrl_c_test" not in METHODS:
     @register_method("ctrl_c_test")
     class CtrlC(Method):
-        """Test method: answers "ok!", and raises KeyboardInterrupt (as Ctrl-C would) on a prompt saying "stop
-        here" while ``armed``."""
+        """Test method: answers "ok!", and on a prompt saying "stop here" while ``armed`` raises KeyboardInterrupt
+        (as Ctrl-C would), or with ``sigterm`` sends its own process SIGTERM (as ``kill`` or ``timeout`` would)."""
 
         armed = True
+        sigterm = False
 
         def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
             if CtrlC.armed and "stop here" in self.target.tokenizer.decode(prompt_ids[0].tolist()):
+                if CtrlC.sigterm:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)  # the handler interrupts this at once
                 raise KeyboardInterrupt
             ids = self.target.tokenizer("ok!", add_special_tokens=False)["input_ids"][:max_new_tokens]
             return Generation(token_ids=ids, accept_lengths=[1] * len(ids), stop_reason="max_new_tokens")
@@ -163,10 +169,14 @@ def test_report_names_a_corrupt_line_in_one_warning_line(tmp_path, capsys):
     assert (run_dir / "tables" / "summary.csv").exists()
 
 
-def test_ctrl_c_is_one_line_with_the_resume_command_and_the_records_stay(tmp_path, suite_file, capsys, tiny_model):
+@pytest.mark.parametrize("sigterm", [False, True], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_is_one_line_with_the_resume_command_and_the_records_stay(tmp_path, suite_file, capsys, tiny_model,
+                                                                         sigterm):
     """Ctrl-C printed a 91-line KeyboardInterrupt. It must print one line with the exact resume command, exit 130,
-    keep question 1's records, and that command must finish the run."""
-    CtrlC.armed = True
+    keep question 1's records, and that command must finish the run. SIGTERM (``kill``, ``timeout``) takes the same
+    way out; before, it killed the process where it stood and left the servers a run had launched running."""
+    CtrlC.armed, CtrlC.sigterm = True, sigterm
+    handler = signal.getsignal(signal.SIGTERM)
     args = base_args(tmp_path, suite_file)
     args[args.index("vanilla")] = "ctrl_c_test"
     code, err = run_cli(args, capsys)
@@ -174,8 +184,9 @@ def test_ctrl_c_is_one_line_with_the_resume_command_and_the_records_stay(tmp_pat
     assert code == 130
     assert one_line(err) == (f"draftbench: interrupted; the records so far are kept in {run_dir}; resume with: "
                              f"draftbench run --resume {run_dir}")
+    assert signal.getsignal(signal.SIGTERM) is handler  # the command's handler is gone once it returns
     assert [json.loads(x)["question_id"] for x in (run_dir / "records.jsonl").read_text().splitlines()] == ["1", "1"]
-    CtrlC.armed = False
+    CtrlC.armed = CtrlC.sigterm = False
     code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
     assert code == 0 and err == ""
     lines = (run_dir / "records.jsonl").read_text().splitlines()

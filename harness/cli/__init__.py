@@ -3,13 +3,17 @@
 Every parser of the command lives in this package, a module per command (``run``, ``report``, ``list``, ``data``,
 ``train``, ``reproduce``, ``compare``, ``baseline``, ``export``, ``cache``): each adds its subparser
 (``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix
-print one line, ``draftbench: error: ...``, and exit 2; Ctrl-C exits 130.
+print one line, ``draftbench: error: ...``, and exit 2; Ctrl-C exits 130, and so does SIGTERM (``kill``, ``timeout``, a
+CI runner or job scheduler stopping the command), which takes the same way out: servers and workers a run launched
+are stopped and the run is left resumable.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import warnings
 
 from harness.cli import baseline, cache, compare, data, export, report, reproduce, run, train
@@ -32,9 +36,21 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
-        return _dispatch(args)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return _dispatch(args)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM ends a command as Ctrl-C does (a KeyboardInterrupt), so that the run's ``finally`` blocks stop the
+    servers it launched instead of leaving them running."""
+    raise KeyboardInterrupt
 
 
 def _dispatch(args) -> int:
