@@ -281,8 +281,12 @@ class SpeculativeMethod(Method):
         super().__init__(target, options)
         self.counters: dict[str, int] = {}
         check_tree_backend(target, self.name)  # before a run starts, not at its first turn
-        if self.options.max_spec_context:  # asked by the loop (generate); a method may set its own policy after this
-            self.speculation_stop = SpeculationStop(max_context=self.options.max_spec_context)
+        self.speculation_stop = self.build_speculation_stop()  # asked by the loop (generate); None: never stop
+
+    def build_speculation_stop(self) -> SpeculationStop | None:
+        """The policy that turns speculation off for the rest of a turn (``max_spec_context``), built once in
+        ``__init__``; a method with more reasons to stop (a sizer's measured costs) overrides it."""
+        return SpeculationStop(max_context=self.options.max_spec_context) if self.options.max_spec_context else None
 
     @property
     def feature_device(self) -> torch.device:

@@ -176,11 +176,22 @@ class Eagle2(EagleMethodBase):
                                f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
         o = self.options  # the per-step policies (harness.engine.treepolicies); None when their option is off
-        self.sizer = AdaptiveSizer(o.total_tokens) if o.adaptive else None
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
         self.backoff = Backoff(self.sizer, o.backoff) if o.backoff else None
-        if o.max_spec_context or o.stop_unprofitable:  # asked by the engine's loop (SpeculativeMethod.generate)
-            self.speculation_stop = SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
+
+    @functools.cached_property
+    def sizer(self) -> AdaptiveSizer | None:
+        """The adaptive tree sizer (option ``adaptive``; None when off), built at first use: the base ``__init__``
+        already needs it for :meth:`build_speculation_stop`."""
+        return AdaptiveSizer(self.options.total_tokens) if self.options.adaptive else None
+
+    def build_speculation_stop(self) -> SpeculationStop | None:
+        """:meth:`SpeculativeMethod.build_speculation_stop` with ``stop_unprofitable``, which reads the adaptive
+        sizer's measured costs."""
+        o = self.options
+        if not (o.max_spec_context or o.stop_unprofitable):
+            return None
+        return SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
 
     def describe(self) -> dict[str, Any]:
         """:meth:`harness.engine.method.Method.describe` with the options in their recorded order
