@@ -114,3 +114,49 @@ def test_report_writes_context_outputs_only_for_a_run_with_buckets(tmp_path):
     paths = R.write_report(tmp_path / "plain")
     assert not {"context_csv", "crossover_csv", "plot_context"} & set(paths)
     assert not (tmp_path / "plain" / "tables" / "context.csv").exists()
+
+
+def windowed(window, bucket, wall, lengths, depths):
+    """A turn of eagle3 with option ``draft_window`` = ``window`` (label as a sweep writes it)."""
+    accepted = [n - 1 for n in lengths[1:]]
+    r = rec(f"eagle3[draft_window={window}]", bucket, wall, 0.2, lengths, accepted, depths,
+            {"draft_s": 0.01, "verify_s": 0.1})
+    return {**r, "method": "eagle3", "method_options": {"draft_window": window, "depth": 4}}
+
+
+# A draft_window sweep against the buckets (issue #23 item 4); vanilla as in RECORDS (9 tokens: 1.0 s, then 2.0 s):
+#   window 0   512: [1, 4, 4] in 0.5 s      -> τ 3,    speed-up 2.0;   4096: [1, 2, 2, 2, 2] in 2.5 s -> τ 1.8, 0.8
+#   window 32  512: [1, 4, 2, 2] in 0.6 s   -> τ 2.25, speed-up 5/3;   4096: [1, 4, 4] in 1.5 s       -> τ 3,   4/3
+WINDOW_RECORDS = [
+    RECORDS[0], RECORDS[2],
+    windowed(0, 512, 0.5, [1, 4, 4], [4, 4]), windowed(32, 512, 0.6, [1, 4, 2, 2], [4, 4, 4]),
+    windowed(0, 4096, 2.5, [1, 2, 2, 2, 2], [4, 4, 4, 4]), windowed(32, 4096, 1.5, [1, 4, 4], [4, 4]),
+]
+
+
+def test_ablation_of_a_knob_is_per_bucket():
+    """One ablation row per entry and input length, the speed-up against vanilla on that bucket's prompt: pooled over
+    the buckets (one row per entry) window 0 would show τ 18 / 8 = 2.25, as window 32's 512 bucket, and hide that
+    the window loses at 512 and wins at 4096; a speed-up against both buckets' vanilla would pair the wrong prompts."""
+    from harness.measure import ablation as A
+
+    t = A.ablation_table(T.turns_table(WINDOW_RECORDS), n_boot=200)
+    got = {(r["opt.draft_window"], r["context_bucket"]): [r["tau"], r["speedup"], r["acc@2"]]
+           for r in t.to_dict("records")}
+    want = {(0, 512): [3.0, 2.0, 1.0], (32, 512): [2.25, 5 / 3, 1 / 3], (0, 4096): [1.8, 0.8, 0.0],
+            (32, 4096): [3.0, 4 / 3, 1.0]}
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k]) for k in want)
+    assert A.table_knobs(t) == ["opt.draft_window", "context_bucket"]
+    assert "| label | draft_window | context_bucket |" in A.ablation_markdown(T.turns_table(WINDOW_RECORDS))
+    plain = [{k: v for k, v in r.items() if k != "context_bucket"} for r in WINDOW_RECORDS]
+    assert len(A.ablation_table(T.turns_table(plain), n_boot=200)) == 2  # no buckets: one row per entry, as before
+
+
+def test_window_sweep_plots_against_both_knobs(tmp_path):
+    """The report plots the knob with one line per bucket and the buckets with one line per window."""
+    from harness.measure import ablation as A
+
+    RecordStore(tmp_path / "w").append(WINDOW_RECORDS)
+    paths = A.write_ablation(tmp_path / "w", T.turns_table(WINDOW_RECORDS))
+    assert {"plot_ablation_eagle3_draft_window", "plot_ablation_eagle3_context_bucket",
+            "plot_ablation_eagle3_draft_window_acceptance"} <= set(paths)

@@ -5,7 +5,10 @@ whose value differs between two labels of the same method, e.g. ``opt.mode`` in 
 run, or ``opt.num_experts`` when the entries use heads with different expert counts (the Jakiro method records the
 checkpoint's N). Knobs are found from the records only, never parsed back from labels.
 
-``ablation_table`` has one row per (label, method, suite, temperature) of a drafting method: the knob values, τ with
+``ablation_table`` has one row per (label, method, suite, temperature) of a drafting method, and per input length
+(``context_bucket``) in a run with context-length buckets (:mod:`harness.run.context`), where the input length is a
+knob of the table like the options (an x axis and a line of the plots: ``draft_window`` against the buckets, issue
+#23 item 4): the knob values, τ with
 its bootstrap CI (:func:`harness.measure.metrics.tau_ci`), the speed-up (ratio of means) with its paired bootstrap CI
 (:func:`harness.measure.metrics.speedup_ratio_ci`) against the baseline of the entry's own runtime
 (:func:`harness.measure.records.baseline_labels`: ``vanilla@compiled`` for an entry measured compiled), acceptance
@@ -43,10 +46,17 @@ from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
 from harness.measure.rundir import atomic_file
+from harness.measure.tables import has_context
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]
 HEAD_OPTION = "head"
+BUCKET = "context_bucket"  # a run's input-length bucket: a knob of the ablation table, not a method option
+
+
+def table_knobs(table: pd.DataFrame) -> list[str]:
+    """The knob columns of an ablation table: its ``opt.*`` columns, then ``context_bucket`` when it has one."""
+    return [c for c in table.columns if c.startswith(OPT)] + ([BUCKET] if BUCKET in table.columns else [])
 
 
 def _cell(v: Any) -> Any:
@@ -136,20 +146,26 @@ def _column(g: pd.DataFrame, name: str) -> list:
 
 def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
                    seed: int = 0) -> pd.DataFrame:
-    """One row per (label, method, suite, temperature) of a method that drafted: knob values and every ablation
-    number (see the module docstring). Empty when no method drafted. ``turns``: the measured turns (the report
-    passes its measured rows: a question with an error turn is left out whole); error rows are skipped here too."""
+    """One row per (label, method, suite, temperature) of a method that drafted, and per ``context_bucket`` when
+    the run has context-length buckets (the speed-up then against the baseline on the same bucket's prompts): knob
+    values and every ablation number (see the module docstring). Empty when no method drafted. ``turns``: the
+    measured turns (the report passes its measured rows: a question with an error turn is left out whole); error
+    rows are skipped here too."""
     knobs = knob_names(turns)
     ok = turns[turns["status"] == "ok"]
     bases = baseline_labels(turns, baseline_label) if "runtime" in turns else {}
     depth = max((max(d) for d in _lists(ok["draft_depths"]) if d), default=0)
+    buckets = has_context(ok)
+    group = [*GROUP, BUCKET] if buckets else GROUP
     rows = []
-    for key, g in ok.groupby(GROUP, dropna=False, sort=False):
-        label, _, suite, temp = key
+    for key, g in ok.groupby(group, dropna=False, sort=False):
+        label, _, suite, temp = key[:4]
         if not any(_lists(g["draft_depths"])):
             continue
         base_label = bases.get(label, baseline_label)  # the baseline of the entry's own runtime
         base = ok[(ok["label"] == base_label) & (ok["suite"] == suite) & (ok["temperature"] == temp)]
+        if buckets:
+            base = base[base[BUCKET].map(str) == str(key[4])]
         tps = {q: M.tokens_per_second(list(x["new_tokens"]), list(x["wall_time_s"]))
                for q, x in g.groupby("question_id", sort=False)}
         base_tps = {q: M.tokens_per_second(list(x["new_tokens"]), list(x["wall_time_s"]))
@@ -162,6 +178,7 @@ def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot:
                      for v in _column(g, f"timing.{name}_s")] for name in ("draft", "verify", "overhead")}
         row = {**dict(zip(GROUP, key)),
                **{k: _cell(g[k].iloc[0]) for k in knobs},
+               **({BUCKET: _cell(key[4])} if buckets else {}),
                "n_questions": len(per_q), "n_turns": len(g),
                "tau": tau, "tau_ci_lo": tau_lo, "tau_ci_hi": tau_hi,
                "speedup": sp, "speedup_ci_lo": sp_lo, "speedup_ci_hi": sp_hi,
@@ -356,7 +373,7 @@ def ablation_pivots(table: pd.DataFrame, values: Sequence[str] = ("tau", "speedu
     """Per method and x knob: (title, pivot) with the x knob's values as rows and the line knob's as columns (or one
     column), cells "τ / speed-up" of the entries a plot of that knob shows."""
     out = []
-    knobs = [c for c in table.columns if c.startswith(OPT)]
+    knobs = table_knobs(table)
     for (method, suite, temp), t in table.groupby(["method", "suite", "temperature"], sort=False):
         mk = [k for k in knobs if t[k].map(str).nunique() > 1]
         for x in x_knobs(t, mk):
@@ -389,7 +406,7 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
     paths["ablation_csv"] = csv
     groups = list(table.groupby(["method", "suite", "temperature"], sort=False))
     for (method, suite, temp), t in groups:
-        knobs = [k for k in table.columns if k.startswith(OPT) and t[k].map(str).nunique() > 1]
+        knobs = [k for k in table_knobs(table) if t[k].map(str).nunique() > 1]
         tag = "" if len(groups) == 1 else f"_{suite}_T{temp:g}"
         for x in x_knobs(t, knobs):
             stem = f"ablation_{method}_{_name(x)}{tag}"
@@ -410,7 +427,7 @@ def ablation_markdown(turns: pd.DataFrame, baseline_label: str = "vanilla") -> s
     table = ablation_table(turns, baseline_label)
     if table.empty:
         return ""
-    knobs = [k for k in table.columns if k.startswith(OPT)]
+    knobs = table_knobs(table)
     head = ["label", *[_name(k) for k in knobs], "τ [95% CI]", f"speed-up vs {baseline_label} (same runtime) [95% CI]",
             "acc@1", "draft fwd / step", "draft ms / step", "verify ms / step"]
     rows = [[str(r["label"]), *[str(r[k]) for k in knobs],
