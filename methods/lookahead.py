@@ -16,9 +16,10 @@ One target forward per step does two things (Sec. 3.3, "decode, predict and veri
   or speculative-sampling verification.
 
 The pool and the window start empty and from the prompt at every turn (the pool persists across the steps of a turn,
-as published). The window's first level is filled with tokens drawn from the prompt (a seeded ``random.Random(0)``
-per turn); during the first ``N - 2`` steps it grows one level per step before any n-gram is collected, as the
-reference code's warm-up does (level lengths ``W + N - 2 - step`` until they reach ``W``).
+as published). The window's first level is filled with tokens drawn from the prompt (``random.Random(10)`` per
+turn: the reference code's ``random.seed(10)`` and draws, so both start from the same window); during the first
+``N - 2`` steps it grows one level per step before any n-gram is collected, as the reference code's warm-up does
+(level lengths ``W + N - 2 - step`` until they reach ``W``).
 
 Differences from the paper and its reference code (``hao-ai-lab/LookaheadDecoding``, ``lade/decoding.py``), none of
 which changes the output (verification is lossless):
@@ -49,6 +50,8 @@ from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, graft_chain
 from harness.models import Target
 from harness.registry import register_method
+
+REFERENCE_SEED = 10  # the reference code seeds Python's random with 10 per generate call (lade/decoding.py)
 
 
 def window_tree(levels: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
@@ -170,7 +173,7 @@ class Lookahead(SpeculativeMethod):
         self.eos = target.eos_ids
         self.pool: dict[int, list[tuple[int, ...]]] = {}
         self.levels: list[list[int]] = []
-        self.rng = random.Random(0)
+        self.rng = random.Random(REFERENCE_SEED)
         self.prompt: list[int] = []
         self._side: DraftTree | None = None
         self._drafts = 0          # nodes in the current draft tree
@@ -181,12 +184,12 @@ class Lookahead(SpeculativeMethod):
         return {**super().describe(), "state": "n-gram pool and window reset every turn"}
 
     def _prompt_token(self) -> int:
-        return self.prompt[self.rng.randrange(len(self.prompt))]
+        return self.rng.choice(self.prompt)
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         o = self.options
         self.prompt = prompt_ids[0].tolist()
-        self.rng = random.Random(0)
+        self.rng = random.Random(REFERENCE_SEED)
         self.pool = {}
         # warm-up starts from one level of W + N - 2 columns (column 0 = the root), drawn from the prompt
         self.levels = [[0] + [self._prompt_token() for _ in range(o.window + o.ngram - 3)]]

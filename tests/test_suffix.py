@@ -1,11 +1,14 @@
 """SuffixDecoding on literal token lists: the bounded suffix tree, the greedy speculation tree, the method's trees."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from harness.engine.suffixtree import SuffixTree, speculate
+from harness.engine.suffixtree import SuffixTree, expand, speculate
 from methods.suffix import SuffixDecoding
 
 
@@ -88,13 +91,52 @@ def test_a_shorter_match_wins_when_its_tree_scores_higher():
     assert (spec.match_length, spec.score) == (3, 2.0)
 
 
+def test_a_chain_takes_the_best_child_at_every_node():
+    # the docstring example of expand(): [5, 6, 7] twice, [5, 6, 8] once; below [5] the tree is 6, 7, 8 (8 a sibling
+    # of 7), the chain 6, 7 only: a chain that kept 8 would be drafting a tree the engine (vLLM) cannot verify
+    tree = tree_of([5, 6, 7], [5, 6, 7], [5, 6, 8], max_depth=4)
+    spec = expand(tree, tree.find([5]), 3, 0.0)
+    assert (spec.tokens, spec.parents) == ([6, 7, 8], [-1, 0, 0])
+    chain = expand(tree, tree.find([5]), 3, 0.0, branch=False)
+    assert (chain.tokens, chain.parents, chain.probs) == ([6, 7], [-1, 0], [1.0, 2 / 3])
+
+
+def test_equal_siblings_come_in_the_order_their_counts_last_changed():
+    # [5, 9] then [5, 7]: both follow 5 once; 9 was counted first and comes first (ArcticInference appends a new
+    # child behind its siblings), not the smaller token id 7. Then [5, 7] and [5, 9] again: 7 reached 2 first
+    tree = tree_of([5, 9], [5, 7])
+    assert expand(tree, tree.find([5]), 2, 0.0).tokens == [9, 7]
+    tree.add([5, 7])
+    tree.add([5, 9])
+    assert expand(tree, tree.find([5]), 2, 0.0).tokens == [7, 9]
+
+
+def test_the_pending_root_is_counted_before_matching():
+    # prompt [1, 2, 3, 1], root 2: [1, 2] now occurs twice (at 0 and at the end), followed once by 3, so 3 has
+    # D = 1/2 and 1 after it 1/2 (factor 1 * p 2 = 2 tokens); leaving the pending root out of the counts would
+    # give D = 1 to both, as the authors' implementation (which adds each sampled token before it speculates)
+    # does not
+    m = SuffixDecoding(None, SuffixDecoding.Options(tree=False, max_depth=8))
+    m.begin(torch.tensor([[1, 2, 3, 1]]), None)
+    assert m.propose(2, SamplingParams(), None).tokens.tolist() == [3, 1]
+    assert m.request_tree.counts[m.request_tree.find([1, 2])] == 2
+    # accept() does not count the root twice: [1, 2] stays at 2, [2, 3] gains the accepted 3
+    m.accept([2, 3], None, 9)
+    assert m.request_tree.counts[m.request_tree.find([1, 2])] == 2
+    assert m.request_tree.counts[m.request_tree.find([2, 3])] == 2
+
+
 def test_method_drafts_from_the_prompt_then_from_earlier_outputs():
-    # turn 1: the prompt [1, 2, 3] with root 1 matches [1] -> [2]; turn 2 (a new question, persist) has a prompt
-    # without the text, but the global tree holds turn 1's output [8, 9, 4]: root 8 -> [9]
+    # turn 1: the prompt [1, 2, 3] with root 1 matches [1] -> [2]; it emits 1, 2, 8, 9. Turn 2 (a new question,
+    # persist) has a prompt without the text, but the global tree holds turn 1's output: root 8 -> [9]
     m = SuffixDecoding(None, SuffixDecoding.Options())
     m.begin(torch.tensor([[1, 2, 3]]), None)
     assert m.propose(1, SamplingParams(), None).tokens.tolist() == [2]
-    m.accept([8, 9, 4], None, 5)
+    m.accept([1, 2], None, 8)
+    m.propose(8, SamplingParams(), None)
+    m.accept([8], None, 9)
+    m.propose(9, SamplingParams(), None)
+    m.accept([9], None, 4)
     m.begin(torch.tensor([[6]]), None)
     assert m.propose(8, SamplingParams(), None).tokens.tolist() == [9]
     assert m.describe()["order_dependent"] is True
@@ -116,6 +158,42 @@ def test_per_question_starts_cold_but_keeps_the_text_of_earlier_turns():
 def test_bad_options_name_the_field():
     for bad, field in [({"global_tree": "forever"}, "global_tree"), ({"max_spec_factor": 0}, "max_spec_factor"),
                        ({"min_token_prob": 1.5}, "min_token_prob"), ({"max_spec_tokens": 500}, "max_spec_tokens"),
-                       ({"max_depth": 1}, "max_depth")]:
+                       ({"max_depth": 1}, "max_depth"), ({"tree": "no"}, "tree")]:
         with pytest.raises(OptionsError, match=field):
             SuffixDecoding.create(None, bad)
+
+
+def test_chain_drafts_equal_the_authors_implementation_as_vllm_drives_it():
+    # tests/data/suffix_arcticinference.json: the drafts of ArcticInference 0.3.0's SuffixDecodingCache (the
+    # authors' implementation, which vLLM 0.32's `suffix` method calls) at every step of four requests (two MT-bench
+    # questions, both turns, SmolLM2 token ids; GPT-4's answers as the generated text, greedy decoding replayed),
+    # recorded by the command in docs/reference.md. tree=false drafts the same chain at every step but one (a tie),
+    # the global tree carrying the first answers into the later requests; a difference in counting (the pending
+    # root), in the match rule or in the pruning would draft other tokens at many steps
+    ref = json.loads((Path(__file__).parent / "data" / "suffix_arcticinference.json").read_text())
+    m = SuffixDecoding(None, SuffixDecoding.Options(max_depth=ref["max_tree_depth"], tree=False,
+                                                    max_spec_tokens=ref["num_speculative_tokens"],
+                                                    max_spec_factor=ref["max_spec_factor"],
+                                                    min_token_prob=ref["min_token_prob"]))
+    drafted, differ = 0, []
+    for request in ref["requests"]:
+        out = request["output"]
+        m.begin(torch.tensor([request["prompt"]]), None)
+        n = 1
+        for expected in request["drafts"]:
+            draft = m.propose(out[n - 1], SamplingParams(), None).tokens.tolist()
+            if draft != expected:
+                differ.append((ref["requests"].index(request), n, draft, expected))
+            acc = 0
+            while acc < len(draft) and n + acc < len(out) and draft[acc] == out[n + acc]:
+                acc += 1
+            m.accept(out[n - 1:n + acc], None, out[n + acc] if n + acc < len(out) else -1)
+            n += acc + 1
+            drafted += bool(draft)
+        assert n >= len(out)
+    assert drafted == 73
+    # one step of 116: after "the" the continuations " second" and " last" have equal counts (D 1/3 each) and
+    # ArcticInference's sibling list, which places a child that reaches a count before or behind the siblings
+    # already there depending on where it stood, lists the other first (the harness's order approximates it: the
+    # child whose count changed earliest first)
+    assert differ == [(1, 35, [1796], [1596])]

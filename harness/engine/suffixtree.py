@@ -15,6 +15,12 @@ are cut at ``max_depth``, match length + tree depth <= ``max_depth``). Its score
 D over the tree: the expected number of accepted tokens) chooses between match lengths and between the prompt's
 tree and the global one.
 
+With ``branch=False`` the speculation is the single most likely path instead (the child of highest D at every
+node), as the authors' implementation drafts by default (ArcticInference's ``use_tree_spec=False``, what vLLM's
+``suffix`` method verifies). Siblings of equal count are taken in the order ArcticInference keeps them in (nearly:
+it keeps each node's children sorted by decreasing count, a new child last, and a child whose count grows mostly
+behind the siblings that already had that count), i.e. the child whose count last changed earliest first.
+
 Worked example (used in the tests): the sequence [1, 2, 3, 1, 2, 4] with max_depth 3. The string [1, 2] occurs at
 positions 0 and 3 (count 2), followed once by 3 and once by 4 (counts 1, 1). The context [7, 1, 2] matches [2]
 (p = 1) and [1, 2] (p = 2; [7, 1, 2] does not occur). With max_spec_factor 1, p = 1 allows one token (3 or 4,
@@ -32,7 +38,8 @@ class SuffixTree:
     """Every suffix (at most ``max_depth`` tokens) of the sequences added, with occurrence counts.
 
     Node 0 is the root (the empty string; its count is the number of positions). ``children[n]`` maps a token to a
-    node, ``counts[n]`` counts the positions where node n's string ends, ``depths[n]`` is its length. :meth:`start`
+    node, ``counts[n]`` counts the positions where node n's string ends, ``depths[n]`` is its length, ``stamps[n]``
+    the update (``clock``) at which its count last changed, which orders siblings of equal count. :meth:`start`
     begins a new sequence (no suffix crosses from one sequence into the next); :meth:`extend` appends tokens to the
     current one. Example: extend([1, 1]) -> nodes "1" (count 2) and "1 1" (count 1).
     """
@@ -44,6 +51,8 @@ class SuffixTree:
         self.children: list[dict[int, int]] = [{}]
         self.counts: list[int] = [0]
         self.depths: list[int] = [0]
+        self.stamps: list[int] = [0]
+        self.clock = 0
         self._open: list[int] = []  # nodes of the current sequence's suffixes shorter than max_depth (root excluded)
 
     def __len__(self) -> int:
@@ -65,7 +74,10 @@ class SuffixTree:
                     self.children.append({})
                     self.counts.append(0)
                     self.depths.append(self.depths[node] + 1)
+                    self.stamps.append(0)
                 self.counts[child] += 1
+                self.clock += 1
+                self.stamps[child] = self.clock
                 if self.depths[child] < self.max_depth:
                     grown.append(child)
             self.counts[0] += 1
@@ -115,46 +127,51 @@ class Speculation:
 
 
 def speculate(tree: SuffixTree, context: list[int], max_spec_factor: float, min_token_prob: float,
-              max_spec_tokens: int) -> Speculation:
+              max_spec_tokens: int, branch: bool = True) -> Speculation:
     """The best greedy speculation tree of ``tree`` for ``context`` (arXiv:2411.04975 Sec. 4): for every match
-    length p (:meth:`SuffixTree.matches`), the tree below that match of at most ``min(max_spec_tokens,
-    floor(max_spec_factor * p))`` nodes (:func:`expand`); the one with the highest score wins, ties going to the
-    longer match. Trying every p, not only the longest, is what the authors' implementation does: in a text that
-    repeats with period k the longest match is the most recent repetition, followed by fewer than k tokens.
-    Example: see the module docstring.
+    length p (:meth:`SuffixTree.matches`), the tree (``branch``; else the path) below that match of at most
+    ``min(max_spec_tokens, floor(max_spec_factor * p))`` nodes (:func:`expand`); the one with the highest score
+    wins, ties going to the longer match. Trying every p, not only the longest, is what the authors'
+    implementation does: in a text that repeats with period k the longest match is the most recent repetition,
+    followed by fewer than k tokens. Example: see the module docstring.
     """
     best = Speculation()
     for node, p in reversed(tree.matches(context)):
         budget = min(max_spec_tokens, int(max_spec_factor * p + 1e-9))
-        spec = expand(tree, node, budget, min_token_prob)
+        spec = expand(tree, node, budget, min_token_prob, branch)
         if spec.score > best.score:
             best = spec
             best.match_length = p
     return best
 
 
-def expand(tree: SuffixTree, node: int, budget: int, min_token_prob: float) -> Speculation:
-    """The greedy tree below ``node``: at most ``budget`` nodes, best-first by D, none with D < ``min_token_prob``.
+def expand(tree: SuffixTree, node: int, budget: int, min_token_prob: float, branch: bool = True) -> Speculation:
+    """The greedy tree below ``node``: at most ``budget`` nodes, best-first by D, none with D < ``min_token_prob``;
+    with ``branch=False`` the path that takes the best child of every node.
 
     Nodes come out in the order they were chosen, so parents precede children and siblings come in decreasing D
-    (preference order); ties go to the smaller token id. Example: after add([5, 6, 7]) twice and add([5, 6, 8]),
-    below [5] with budget 3 and no pruning: tokens [6, 7, 8], parents [-1, 0, 0], D [1, 2/3, 1/3].
+    (preference order); ties go to the node whose count last changed earliest (:class:`SuffixTree` ``stamps``).
+    Example: after add([5, 6, 7]) twice and add([5, 6, 8]), below [5] with budget 3 and no pruning: tokens
+    [6, 7, 8], parents [-1, 0, 0], D [1, 2/3, 1/3]; with branch=False tokens [6, 7], parents [-1, 0], D [1, 2/3].
     """
     out = Speculation()
-    # heap of candidates: (-D, token, tree node, parent index in `out` (-1 = the matched node))
+    # heap of candidates: (-D, stamp, token, tree node, parent index in `out` (-1 = the matched node))
     heap: list[tuple[float, int, int, int]] = []
 
     def push(parent_node: int, parent_prob: float, parent_index: int) -> None:
         total = tree.counts[parent_node]
         for token, child in tree.children[parent_node].items():
-            heapq.heappush(heap, (-parent_prob * tree.counts[child] / total, token, child, parent_index))
+            heapq.heappush(heap, (-parent_prob * tree.counts[child] / total, tree.stamps[child], token, child,
+                                  parent_index))
 
     if budget >= 1:
         push(node, 1.0, -1)
     while heap and len(out.tokens) < budget:
-        neg_prob, token, child, parent = heapq.heappop(heap)
+        neg_prob, _, token, child, parent = heapq.heappop(heap)
         if -neg_prob < min_token_prob:
             break
+        if not branch:
+            heap.clear()  # a chain: the most likely child only, its siblings dropped
         out.tokens.append(token)
         out.parents.append(parent)
         out.probs.append(-neg_prob)
