@@ -27,6 +27,12 @@ def prompt(real_target):
     return real_target.render_chat(PROMPT)
 
 
+@pytest.fixture(scope="module")
+def generate_tokens(real_target, prompt):
+    """transformers' eager greedy tokens (N_NEW) for the prompt: the reference of both runtimes' vanilla, once."""
+    return _generate(real_target.model, prompt, False)[0, prompt.shape[1]:].tolist()
+
+
 def _generate(model, prompt, compiled: bool):
     if not compiled:
         return model.generate(prompt, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=2)
@@ -57,7 +63,7 @@ def test_bench_generate(benchmark, real_target, prompt, runtime):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_bench_vanilla(benchmark, real_target, prompt, runtime):
+def test_bench_vanilla(benchmark, real_target, prompt, generate_tokens, runtime):
     """draftbench's vanilla through the runner of ``runtime``: N_NEW tokens, and the same tokens as generate of the
     same runtime (a baseline that decodes something else is not a baseline)."""
     benchmark.group = "vanilla-vs-generate" + ("" if runtime == "eager" else f"-{runtime}")
@@ -70,5 +76,5 @@ def test_bench_vanilla(benchmark, real_target, prompt, runtime):
     finally:
         real_target.eos_ids = saved
     assert len(tokens) == N_NEW
-    assert tokens == _generate(real_target.model, prompt, False)[0, prompt.shape[1]:].tolist()
+    assert tokens == generate_tokens
     benchmark.extra_info.update(new_tokens=len(tokens), runtime=runtime)

@@ -42,7 +42,14 @@ from harness.measure import tables as T
 from harness.measure.ablation import ablation_table
 from harness.measure.records import baseline_labels
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from tests.support.helpers import GREEDY, build_example, registered_methods, tiny_llama, tiny_target
+from tests.support.helpers import (
+    GREEDY,
+    REAL_MODEL_SMALL,
+    build_example,
+    registered_methods,
+    tiny_llama,
+    tiny_target,
+)
 
 METHOD_NAMES = registered_methods()
 
@@ -415,21 +422,27 @@ def test_run_with_both_runtimes_keeps_compilation_out_of_measured_turns(tmp_path
     assert summary.loc["vanilla@compiled", "eager_match_share"] == 1.0
 
 
-SMALL_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
-SMALL = {"eagle1": {"tree": SMALL_TREE}, "jakiro_star": {"tree": SMALL_TREE},
-         "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3}, "eagle3": {"total_tokens": 8, "depth": 2, "top_k": 3},
-         "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3}, "medusa": {"tree": [[0], [0, 0], [1], [0, 1], [2]]}}
+MOON = [{"role": "user", "content": "List three facts about the moon."}]
+
+
+@pytest.fixture(scope="module")
+def moon_eager(real_target):
+    """The moon prompt on the default model and vanilla's eager greedy tokens for it (32)."""
+    prompt = real_target.render_chat(MOON)
+    return prompt, build_example("vanilla", real_target).generate(prompt, 32, GREEDY).token_ids
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
-def test_compiled_greedy_equals_eager_for_every_method_default_model(real_target, name):
+def test_compiled_greedy_equals_eager_for_every_method_default_model(real_target, moon_eager, name):
     """On the default model (SmolLM2-135M, fp32, CPU: the dynamic flavour with oneDNN-packed linears, whose
     rounding differs from eager MKL's), every registered method gives the eager greedy tokens compiled: a
     difference would be a near tie flipped by the kernels or a seam bug, either of which the tables must not hide.
-    All methods share one compiled runner (its graphs compile once: minutes on one CPU thread)."""
-    prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
-    eager = build_example(name, real_target, **SMALL.get(name, {}))
-    compiled = build_example(name, real_target, **SMALL.get(name, {}))
+    The eager tokens are vanilla's, computed once: every method's eager output equals them (the losslessness that
+    tests/test_default_model.py checks with these small trees on this prompt), so comparing with each method's own
+    eager run would repeat that turn 15 times. All methods share one compiled runner (its graphs compile once:
+    minutes on one CPU thread)."""
+    prompt, eager = moon_eager
+    compiled = build_example(name, real_target, **REAL_MODEL_SMALL.get(name, {}))
     compiled.runtime = "compiled"
-    assert compiled.generate(prompt, 32, GREEDY).token_ids == eager.generate(prompt, 32, GREEDY).token_ids
+    assert compiled.generate(prompt, 32, GREEDY).token_ids == eager

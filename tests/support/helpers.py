@@ -8,7 +8,8 @@
 - exact joint distributions of the first tokens and the chi-square test against them, for any method instance
   (:func:`sampled_pvalue`) or any registered method with any options (:func:`method_pvalue`);
 - the registered methods, built without files (:func:`registered_methods`, :func:`build_example`), and the oracle
-  wrapper that makes any speculative method's tree acceptable to full depth (:func:`install_oracle`).
+  wrapper that makes any speculative method's tree acceptable to full depth (:func:`install_oracle`), and the small
+  trees the real-model tests build them with (:data:`REAL_MODEL_SMALL`).
 """
 
 from __future__ import annotations
@@ -289,6 +290,29 @@ def build_example(name: str, target: Target, seed: int = 0, **options) -> Method
             f"{cls.__qualname__}.example(target, seed={seed}, **{options!r}) raised {type(e).__name__}: {e}. A method "
             "that loads a checkpoint must override Method.example to build its draft parts randomly "
             "(harness/engine/method.py); every registered method is tested that way.") from e
+
+
+# Small trees for the real default model (tests/test_default_model.py, tests/test_runtime.py): on CPU every step costs
+# a target forward over the whole tree (the 49152-wide lm_head runs on every node: 60 nodes cost ~4x a 1-token
+# forward) plus, for the head methods, one draft forward per level (each with a 49152-wide lm_head), and random draft
+# parts accept almost nothing, so a turn is ~40 such steps. Three levels, 6-16 nodes, keep every code path (siblings,
+# re-ranking, Jakiro's two-step level, SAM's EAGLE-2 fallback, REST's trie, Token Recycling's static tree, Lookahead's
+# window beside its n-gram guesses) at a fraction of the published trees' cost.
+SMALL_STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes, depth 3
+SMALL_RANK_TREE = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]  # Medusa/Hydra: 7 nodes, ranks 0-2
+REAL_MODEL_SMALL = {
+    "eagle1": {"tree": SMALL_STATIC_TREE},
+    "eagle2": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "eagle3": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro": {"total_tokens": 8, "depth": 2, "top_k": 3},
+    "jakiro_star": {"tree": SMALL_STATIC_TREE},
+    "medusa": {"tree": SMALL_RANK_TREE},
+    "hydra": {"tree": SMALL_RANK_TREE},
+    "sam": {"total_tokens": 8, "depth": 2, "top_k": 3},  # its EAGLE-2 fallback's tree (60 nodes by default)
+    "rest": {"num_draft": 8},  # trie nodes (64 by default)
+    "token_recycling": {"tree": SMALL_STATIC_TREE},  # 80 nodes by default
+    "lookahead": {"window": 4, "ngram": 3, "guess": 4},  # 16 slots a forward (W=15, N=5, G=15: 115 by default)
+}
 
 
 def oracle_tree(tree: DraftTree, future: list[int], vocab: int) -> tuple[DraftTree, list[int]]:
