@@ -41,6 +41,25 @@ def test_accept_lengths_from_engine_steps():
     assert accept_lengths(None, 3, True) is None  # speculation without step counts: not derivable, never guessed
 
 
+def test_accept_lengths_with_the_engines_forward_count():
+    # vLLM counts a last step's accepted tokens past the budget: from the steps alone, ([4, 2], 8) reads as 3
+    # forwards (tau 2.67); with the engine's 4 forwards, one drafted nothing and the last step kept one token
+    # (tau 2.0). If this failed, an engine entry's tau would be overstated whenever a method sometimes drafts nothing.
+    assert accept_lengths([4, 2], 8, True) == [1, 5, 2]
+    assert accept_lengths([4, 2], 8, True, forwards=4) == [1, 5, 1, 1]
+    assert accept_lengths([2, 0, 1], 9, True, forwards=6) == [1, 3, 1, 2, 1, 1]  # agrees where nothing ran past
+    assert accept_lengths([2, 0, 1], 9, True, forwards=3) == [1, 3, 1, 2, 1, 1]  # does not fit: from the steps
+    assert accept_lengths([], 3, True, forwards=3) == [1, 1, 1]
+
+
+def test_prefill_chunks_of_the_vllm_worker():
+    # the worker's forwards are vLLM's iterations less the prefill's extra chunks; a wrong count would add plain
+    # forwards to every long-context turn
+    from harness.backends.vllm_worker import prefill_chunks
+    assert [prefill_chunks(5000, 2048), prefill_chunks(100, 2048), prefill_chunks(4096, 2048),
+            prefill_chunks(5000, None)] == [3, 1, 2, 1]
+
+
 def test_methods_map_to_vllm_speculative_configs():
     # what vLLM runs for each draftbench method; a wrong key would silently run another configuration
     assert mapped("vanilla") is None

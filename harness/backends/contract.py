@@ -59,6 +59,7 @@ class EngineTurn:
     has no such counter. ``accepted_per_pos[i]``: drafts whose first i + 1 tokens were accepted.
     ``accepted_steps`` / ``drafted_steps``: per verification step that drafted, the accepted and drafted tokens,
     where the engine reports steps (then :func:`accept_lengths` derives draftbench's per-forward counts).
+    ``forwards``: the turn's target forwards (the prefill counted once), where the engine counts them.
     ``token_ids``: None when the engine returned only ``text`` (then ``completion_tokens``, its own count, is the
     turn's length). ``token_times_s``: per new token, seconds from the request to its arrival, where the engine
     streams. ``notes``: how this turn was measured where it departs from the harness's own (one phrase each)."""
@@ -73,6 +74,7 @@ class EngineTurn:
     accepted_per_pos: list[int] | None = None
     accepted_steps: list[int] | None = None
     drafted_steps: list[int] | None = None
+    forwards: int | None = None
     text: str | None = None
     completion_tokens: int | None = None
     token_times_s: list[float] | None = None
@@ -84,20 +86,35 @@ class EngineTurn:
                 "accepted_per_pos": self.accepted_per_pos}
 
 
-def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculative: bool) -> list[int] | None:
+def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculative: bool,
+                   forwards: int | None = None) -> list[int] | None:
     """draftbench's ``accept_lengths`` (tokens per target forward, :class:`harness.engine.method.Generation`) from
     an engine's per-step accepted counts: the prefill's token, then accepted + 1 per drafting step, then one token
-    for each forward that drafted nothing (engines report only drafting steps, so those go last), cut so the total
-    is the turn's ``new_tokens`` (the last step's accepted tokens can run past the budget or EOS). Without
-    speculation every forward gives one token; speculating without step counts gives None (not derivable).
+    for each forward that drafted nothing (engines report only drafting steps, so those go last), the total being
+    the turn's ``new_tokens``. Without speculation every forward gives one token; speculating without step counts
+    gives None (not derivable).
+
+    The last drafting step's accepted tokens can run past the budget or EOS (vLLM counts tokens it then drops).
+    With the engine's count of the turn's ``forwards`` (prefill once), the forwards that drafted nothing are
+    ``forwards - 1 - steps`` and the last drafting step keeps what is left; without it (or when that count does not
+    fit the steps), the steps are taken whole in order and the rest are forwards that drafted nothing, which
+    undercounts them when the last step ran past the budget.
 
     Examples: ([2, 0, 1], 7) -> [1, 3, 1, 2]; ([2, 0, 1], 9) -> [1, 3, 1, 2, 1, 1]; ([2, 0, 1], 5) -> [1, 3, 1];
-    ([2], 2) -> [1, 1]; (None, 3, speculative=False) -> [1, 1, 1].
+    ([2], 2) -> [1, 1]; (None, 3, speculative=False) -> [1, 1, 1]; ([4, 2], 8) -> [1, 5, 2] but
+    ([4, 2], 8, forwards=4) -> [1, 5, 1, 1] (the last step accepted 2, one token fit the budget, and a forward
+    that drafted nothing came between).
     """
     if not speculative:
         return [1] * new_tokens
     if accepted_steps is None:
         return None
+    if forwards is not None and accepted_steps:
+        whole = [a + 1 for a in accepted_steps]
+        plain = forwards - 1 - len(whole)
+        last = new_tokens - 1 - sum(whole[:-1]) - plain
+        if plain >= 0 and 1 <= last <= whole[-1]:
+            return [1] + whole[:-1] + [last] + [1] * plain
     out, left = [], new_tokens
     for n in [1] + [a + 1 for a in accepted_steps]:
         if left <= 0:
@@ -171,10 +188,13 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         raise BackendError(f"engine {backend.name} returned neither token ids nor a token count")
     info = backend.describe()
     # a server launched elsewhere may speculate although the entry did not say so: its counters tell
-    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative or bool(turn.accepted_steps))
+    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative or bool(turn.accepted_steps), turn.forwards)
     if lengths is None:
         raise BackendError(f"engine {backend.name} speculated but reported no per-step acceptance; the turn's "
                            "forwards cannot be counted")
+    if turn.forwards is not None and len(lengths) != turn.forwards:
+        turn.notes.append(f"the engine's {turn.forwards} forwards do not fit its steps: forwards derived from the "
+                          f"steps ({len(lengths)})")
     return {
         "new_tokens": n, "steps": len(lengths), "accept_lengths": lengths,
         "accepted_drafts": list(turn.accepted_steps or []), "draft_depths": list(turn.drafted_steps or []),

@@ -284,7 +284,7 @@ class VLLMBackend(Backend):
                           stop_reason=r.get("finish_reason"), drafts=counters.get("drafts"),
                           draft_tokens=counters.get("draft_tokens"), accepted_tokens=counters.get("accepted_tokens"),
                           accepted_per_pos=counters.get("accepted_per_pos"), accepted_steps=steps.get("accepted"),
-                          drafted_steps=steps.get("drafted"))
+                          drafted_steps=steps.get("drafted"), forwards=r.get("forwards"))
 
     def close(self) -> None:
         if self.worker is not None:

@@ -10,7 +10,8 @@ Every request gets exactly one reply line, ``{"ok": true, ...}`` or ``{"ok": fal
                                           "parallel": {"tensor_parallel_size": 1, ...} | null}
     {"op": "generate", "prompt_ids": [...], "max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
      "seed": 7}                       -> {"ok": true, "token_ids": [...], "wall_time_s": ..., "ttft_s": ...,
-                                          "finish_reason": "length", "counters": {...}, "steps": {...} | null}
+                                          "finish_reason": "length", "counters": {...}, "steps": {...} | null,
+                                          "forwards": 14 | null}
     {"op": "generate_batch", "prompts": [[...], ...], "max_tokens": [64, ...], "stop_token_ids": [2]}
                                       -> {"ok": true, "token_ids": [[...], ...], "wall_time_s": ...}  (greedy)
     {"op": "close"}                   -> {"ok": true}, then the worker exits
@@ -19,10 +20,12 @@ One prompt per ``generate`` call, timed here around ``LLM.generate`` (the pipe i
 speculative counters are vLLM's Prometheus counters (``vllm:spec_decode_num_drafts`` and friends, read with
 ``LLM.get_metrics()``) diffed around the turn; a counter vLLM does not expose is null, never 0. ``steps`` are the
 request's own per-step counts (vLLM's ``per_request_spec_decode_metrics="detailed"``): accepted and drafted tokens of
-each verification step. ``config`` is what ``LLM(...)`` got (:func:`llm_kwargs`); ``parallel`` is the layout vLLM
-resolved from it (:data:`PARALLEL`: tensor / pipeline / data parallel sizes, executor backend, world size, nodes).
-vLLM and its engine process print logs on stdout; fd 1 is pointed at stderr before vLLM is
-imported, so the protocol stream carries nothing but replies.
+each verification step. ``forwards`` are the turn's target forwards, the prefill counted once: vLLM's engine
+iterations (``vllm:iteration_tokens_total``'s count, diffed; one prompt at a time) less the prefill's extra chunks
+(:func:`prefill_chunks`); null where vLLM does not count them. ``config`` is what ``LLM(...)`` got
+(:func:`llm_kwargs`); ``parallel`` is the layout vLLM resolved from it (:data:`PARALLEL`: tensor / pipeline / data
+parallel sizes, executor backend, world size, nodes). vLLM and its engine process print logs on stdout; fd 1 is
+pointed at stderr before vLLM is imported, so the protocol stream carries nothing but replies.
 
 The worker does not outlive the harness: when its parent is gone (killed, crashed) or closes the pipe without a
 ``close``, it leaves at once (:func:`exit_with_parent`), since a worker blocked in vLLM or in vLLM's shutdown would
@@ -59,6 +62,21 @@ def read_counters(llm) -> dict:
         else:
             out[key] = (out[key] or 0) + int(metric.value)
     return out
+
+
+ITERATIONS = "vllm:iteration_tokens_total"  # a histogram with one observation per engine iteration
+
+
+def read_iterations(llm) -> int | None:
+    """vLLM's engine iterations so far (the count of :data:`ITERATIONS`, summed over engines), None when absent."""
+    counts = [int(m.count) for m in llm.get_metrics() if m.name == ITERATIONS and hasattr(m, "count")]
+    return sum(counts) if counts else None
+
+
+def prefill_chunks(prompt_tokens: int, chunk: int | None) -> int:
+    """The engine iterations a prompt's prefill takes: one, or ceil(prompt / chunk) under chunked prefill with a
+    per-iteration budget of ``chunk`` tokens. Example: (5000, 2048) -> 3; (100, 2048) -> 1; (5000, None) -> 1."""
+    return max(1, -(-prompt_tokens // chunk)) if chunk else 1
 
 
 def diff_counters(before: dict, after: dict) -> dict:
@@ -114,18 +132,31 @@ def generate(llm, req: dict) -> dict:
 
     params = SamplingParams(max_tokens=req["max_tokens"], temperature=req["temperature"], top_p=req["top_p"],
                             top_k=req["top_k"] or -1, seed=req.get("seed"))
-    before = read_counters(llm)
+    before, iterations = read_counters(llm), read_iterations(llm)
     start = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=req["prompt_ids"])], params, use_tqdm=False)[0]
     wall = time.perf_counter() - start
-    after = read_counters(llm)
+    after, done = read_counters(llm), read_iterations(llm)
+    forwards = None
+    if iterations is not None and done is not None:
+        forwards = done - iterations - prefill_chunks(len(req["prompt_ids"]), chunk_budget(llm)) + 1
     completion = out.outputs[0]
     stats = getattr(out, "metrics", None)
     ttft = getattr(stats, "first_token_latency", None) or None
     spec = getattr(completion, "spec_decode_metrics", None)
     steps = None if spec is None else {"accepted": list(spec.per_step_accepted), "drafted": list(spec.per_step_drafted)}
     return {"token_ids": list(completion.token_ids), "wall_time_s": wall, "ttft_s": ttft,
-            "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps}
+            "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps,
+            "forwards": forwards}
+
+
+def chunk_budget(llm) -> int | None:
+    """The tokens one engine iteration may take when vLLM chunks prefills (its scheduler's
+    ``max_num_batched_tokens``), None when it does not chunk them or does not say."""
+    config = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None)
+    if config is None or not getattr(config, "enable_chunked_prefill", False):
+        return None
+    return getattr(config, "max_num_batched_tokens", None)
 
 
 def generate_batch(llm, req: dict) -> dict:
