@@ -109,14 +109,14 @@ def accept_lengths(accepted_steps: list[int] | None, new_tokens: int, speculativ
         return [1] * new_tokens
     if accepted_steps is None:
         return None
-    if forwards is not None and accepted_steps:
-        whole = [a + 1 for a in accepted_steps]
+    whole = [a + 1 for a in accepted_steps]  # tokens of each drafting step, taken whole
+    if forwards is not None and whole:
         plain = forwards - 1 - len(whole)
         last = new_tokens - 1 - sum(whole[:-1]) - plain
         if plain >= 0 and 1 <= last <= whole[-1]:
             return [1] + whole[:-1] + [last] + [1] * plain
     out, left = [], new_tokens
-    for n in [1] + [a + 1 for a in accepted_steps]:
+    for n in [1] + whole:
         if left <= 0:
             break
         out.append(min(n, left))
@@ -192,9 +192,10 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     if lengths is None:
         raise BackendError(f"engine {backend.name} speculated but reported no per-step acceptance; the turn's "
                            "forwards cannot be counted")
+    notes = list(turn.notes)
     if turn.forwards is not None and len(lengths) != turn.forwards:
-        turn.notes.append(f"the engine's {turn.forwards} forwards do not fit its steps: forwards derived from the "
-                          f"steps ({len(lengths)})")
+        notes.append(f"the engine's {turn.forwards} forwards do not fit its steps: forwards derived from the steps "
+                     f"({len(lengths)})")
     return {
         "new_tokens": n, "steps": len(lengths), "accept_lengths": lengths,
         "accepted_drafts": list(turn.accepted_steps or []), "draft_depths": list(turn.drafted_steps or []),
@@ -207,5 +208,5 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "logit_tops": None, "logit_runner_ups": None,
         "engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
         "engine_config": info.get("config"), "engine_options": dict(backend.engine_options),
-        "engine_counters": turn.counters(), "token_times_s": turn.token_times_s, "engine_notes": list(turn.notes),
+        "engine_counters": turn.counters(), "token_times_s": turn.token_times_s, "engine_notes": notes,
     }

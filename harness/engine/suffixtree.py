@@ -156,7 +156,7 @@ def expand(tree: SuffixTree, node: int, budget: int, min_token_prob: float, bran
     """
     out = Speculation()
     # heap of candidates: (-D, stamp, token, tree node, parent index in `out` (-1 = the matched node))
-    heap: list[tuple[float, int, int, int]] = []
+    heap: list[tuple[float, int, int, int, int]] = []
 
     def push(parent_node: int, parent_prob: float, parent_index: int) -> None:
         total = tree.counts[parent_node]

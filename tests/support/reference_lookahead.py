@@ -27,22 +27,21 @@ def harness_side(w: int, n: int, g: int, out: str) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
+    from harness.run.suites import load_suite
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     vanilla = get_method("vanilla").create(target, {})
     look = get_method("lookahead").create(target, {"window": w, "ngram": n, "guess": g})
-    path = os.path.join(os.environ.get("DRAFTBENCH_DATA", "data"), "eagle", "mt_bench", "question.jsonl")
-    with open(path) as f:
-        questions = [json.loads(line) for line in f][:5]
+    questions = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:5]
     rows = []
     for q in questions:
         messages = []
-        for turn, text in enumerate(q["turns"]):
+        for turn, text in enumerate(q.turns):
             messages.append({"role": "user", "content": text})
             ids = target.render_chat(messages)
             v = vanilla.generate(ids, 64, SamplingParams())
             la = look.generate(ids, 64, SamplingParams())
-            rows.append({"qid": q["question_id"], "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
+            rows.append({"qid": q.question_id, "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
                          "lookahead": la.token_ids, "forwards": len(la.accept_lengths)})
             messages.append({"role": "assistant", "content": target.decode(v.token_ids)})
     with open(out, "w") as f:
