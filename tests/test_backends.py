@@ -52,12 +52,28 @@ def test_accept_lengths_with_the_engines_forward_count():
     assert accept_lengths([], 3, True, forwards=3) == [1, 1, 1]
 
 
-def test_prefill_chunks_of_the_vllm_worker():
-    # the worker's forwards are vLLM's iterations less the prefill's extra chunks; a wrong count would add plain
-    # forwards to every long-context turn
-    from harness.backends.vllm_worker import prefill_chunks
-    assert [prefill_chunks(5000, 2048), prefill_chunks(100, 2048), prefill_chunks(4096, 2048),
-            prefill_chunks(5000, None)] == [3, 1, 2, 1]
+def test_the_vllm_worker_reads_counters_and_iterations_from_one_get_metrics():
+    # vLLM's metric objects (vllm/v1/metrics/reader.py: Counter .value, Vector .values, Histogram .count), two
+    # engines; one get_metrics() a reading (the worker used to call it twice before and twice after each turn).
+    # The iterations' difference is the turn's forwards as it is: vLLM observes only steps that gave a token, so a
+    # chunked prefill's partial chunks are not in it (were they subtracted, a long prompt's turn would lose forwards)
+    from types import SimpleNamespace as M
+
+    class LLM:
+        calls = 0
+
+        def get_metrics(self):
+            LLM.calls += 1
+            return [M(name="vllm:spec_decode_num_drafts", value=4), M(name="vllm:spec_decode_num_drafts", value=1),
+                    M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[3, 1]),
+                    M(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[1, 0]),
+                    M(name="vllm:iteration_tokens_total", count=40, sum=97, buckets={}),
+                    M(name="vllm:iteration_tokens_total", count=2, sum=5, buckets={}),
+                    M(name="vllm:num_requests_running", value=0)]
+
+    counters, iterations = vllm_worker.read_metrics(LLM())
+    assert counters == {"drafts": 5, "draft_tokens": None, "accepted_tokens": None, "accepted_per_pos": [4, 1]}
+    assert (iterations, LLM.calls) == (42, 1)  # absent counters None (n/a), never 0
 
 
 def test_methods_map_to_vllm_speculative_configs():

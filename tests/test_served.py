@@ -18,11 +18,12 @@ from harness.backends.contract import (
     BackendError,
     EngineError,
     TurnRequest,
+    accept_lengths,
     entry_options,
     steps_from_counters,
     turn_fields,
 )
-from harness.backends.prometheus import diff, parse_exposition, read_counters, server_kind
+from harness.backends.prometheus import diff, parse_exposition, read_counters, read_iterations, server_kind
 from harness.backends.served import ServedBackend, check_options, request_totals, sglang_steps
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
@@ -60,6 +61,50 @@ def test_prometheus_exposition_is_parsed_and_counters_picked():
     assert server_kind(EXPOSITION) == "vllm" and server_kind("llamacpp:tokens_predicted_total 3\n") == "llama.cpp"
     with pytest.raises(ValueError, match="line 2 is not a Prometheus sample"):
         parse_exposition('a 1\n{"iter": 3}\n')  # trtllm-serve's /metrics is JSON: no counters, not garbage
+
+
+# vllm serve 0.32 on this machine (ngram, k = 4, --max-num-batched-tokens 64), trimmed to the lines read here, around
+# one request: a 168-token prompt (its prefill in 3 chunks of at most 64), 40 new tokens in 9 drafting steps
+VLLM_BEFORE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="smollm2-135m"} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="0"} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="1"} 0.0
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="smollm2-135m"} 0.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="smollm2-135m"} 0.0
+vllm:iteration_tokens_total_count{engine="0",model_name="smollm2-135m"} 0.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="smollm2-135m"} 0.0
+"""
+VLLM_AFTER = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="smollm2-135m"} 9.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="smollm2-135m"} 1.7961864078800442e+09
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="1"} 8.0
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="smollm2-135m"} 1.0
+vllm:iteration_tokens_total_bucket{engine="0",le="8.0",model_name="smollm2-135m"} 9.0
+vllm:iteration_tokens_total_bucket{engine="0",le="256.0",model_name="smollm2-135m"} 10.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="smollm2-135m"} 10.0
+vllm:iteration_tokens_total_count{engine="0",model_name="smollm2-135m"} 10.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="smollm2-135m"} 208.0
+"""
+
+
+def test_vllms_engine_iterations_count_a_chunked_prefill_once():
+    # 10 steps gave the request tokens: the prefill once (one observation of 169 tokens, le 256, though it ran in
+    # 3 chunks: vLLM observes only steps with outputs) and 9 drafting steps; were the chunks subtracted (3 - 1), the
+    # turn would have 8 forwards for 9 drafting steps, which fits nothing
+    assert (read_iterations(VLLM_BEFORE), read_iterations(VLLM_AFTER)) == (0, 10)
+    assert diff(read_counters(VLLM_BEFORE), read_counters(VLLM_AFTER))["drafts"] == 9
+    steps = [4, 4, 4, 4, 4, 0, 4, 4, 4]  # the request's own, in order; the last ran past the 40-token budget
+    assert accept_lengths(steps, 40, True, forwards=10) == [1, 5, 5, 5, 5, 5, 1, 5, 5, 3]
+    assert read_iterations(EXPOSITION) is None  # no such histogram: None (derive from the steps), never 0
+    two = 'vllm:iteration_tokens_total_count{engine="0"} 4.0\nvllm:iteration_tokens_total_count{engine="1"} 3.0\n'
+    assert read_iterations(two) == 7  # summed over engines
 
 
 def test_steps_from_counters():
@@ -107,6 +152,8 @@ def fake():
     server.shutdown()
 
 
+NO_ITERATIONS = ("forwards derived from the steps: the server's /metrics counts no engine iterations (vLLM's "
+                 "vllm:iteration_tokens_total)")
 REQUEST = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 4, temperature=0.0, top_p=0.9, seed=7)
 
 
@@ -133,16 +180,57 @@ def test_a_served_turn_with_token_ids_times_and_counters(fake):
     assert (rec["engine"], rec["engine_version"], rec["engine_url"]) == ("openai", "0.0-fake", url)
     assert rec["engine_config"] == {"server_url": url, "api": "chat", "model": "smollm2-135m"}
     assert rec["engine_notes"] == ["per-step acceptance from the server's counters (the order of the steps is "
-                                   "unknown)"]
+                                   "unknown)", NO_ITERATIONS]  # the fake counts no engine iterations
     assert backend.describe()["server"] == "vllm"
     state.mode = "per_request"  # vLLM's ordered per-step acceptance rides on the usage chunk: it wins
     rec = turn_fields(backend.generate(REQUEST), backend)
     assert (rec["accepted_drafts"], rec["draft_depths"], rec["accept_lengths"]) == ([1, 2], [2, 2], [1, 2, 1])
-    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics"]
+    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics", NO_ITERATIONS]
     state.mode = ""
     completions = backend_at(url, api="completions")
     completions.generate(REQUEST)
     assert state.requests[-1]["prompt"] == [1, 2, 3] and "messages" not in state.requests[-1]  # the harness's ids
+
+
+def vllm_metrics(drafts: int, per_pos: list[int], iterations: int | None) -> str:
+    lines = [f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="smollm2-135m"}} {drafts}.0'] + [
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}.0'
+        for i, v in enumerate(per_pos)]
+    if iterations is not None:
+        lines += [f'vllm:iteration_tokens_total_count{{engine="0",model_name="smollm2-135m"}} {iterations}.0',
+                  'vllm:iteration_tokens_total_sum{engine="0",model_name="smollm2-135m"} 310.0']
+    return "\n".join(lines) + "\n"
+
+
+def test_a_served_turn_counts_its_forwards_from_the_servers_engine_iterations(fake):
+    # the request's steps accept 1 then 2 (vLLM's per-request metrics); 6 tokens. From the steps alone: prefill,
+    # 2, 3 (3 forwards, tau 2.0). The server's iterations moved 41 -> 45: 4 forwards, so one drafted nothing and
+    # the last step kept 2 of its 3 (tau 1.5); without the count, tau would be overstated
+    state, url = fake
+    state.mode = "per_request"
+    backend = backend_at(url)
+    readings = iter([vllm_metrics(7, [5, 2], 41)])  # before the request; every later reading: after it
+    state.metrics = lambda: next(readings, vllm_metrics(9, [7, 3], 45))
+    request = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 6)
+    turn = backend.generate(request)
+    assert (turn.forwards, turn.accepted_steps) == (4, [1, 2])
+    rec = turn_fields(turn, backend)
+    assert (rec["accept_lengths"], rec["steps"]) == ([1, 2, 2, 1], 4)
+    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics"]
+    # a server whose /metrics lacks the histogram: the steps decide, and the record says so
+    readings = iter([vllm_metrics(9, [7, 3], None)])
+    state.metrics = lambda: next(readings, vllm_metrics(11, [9, 4], None))
+    turn = backend.generate(request)
+    rec = turn_fields(turn, backend)
+    assert (turn.forwards, rec["accept_lengths"]) == (None, [1, 2, 3])
+    assert rec["engine_notes"] == ["per-step acceptance from the server's per-request metrics", NO_ITERATIONS]
+    # a vanilla turn: every forward one token, and the count agrees (4 tokens, 4 forwards)
+    state.mode = ""
+    vanilla = backend_at(url, method="vanilla", speculative=False)
+    readings = iter([vllm_metrics(0, [], 45)])
+    state.metrics = lambda: next(readings, vllm_metrics(0, [], 49))
+    rec = turn_fields(vanilla.generate(REQUEST), vanilla)
+    assert (rec["accept_lengths"], rec["engine_notes"]) == ([1, 1, 1, 1], [])
 
 
 def test_chunks_of_several_tokens_and_text_only_servers_say_so(fake):
@@ -428,7 +516,8 @@ def test_a_llama_cpp_turn_token_ids_from_its_verbose_chunks(fake):
     assert state.requests[-1]["verbose"] is True  # llama.cpp's field (a vLLM request has none: the test above)
     # each chunk's own id (__verbose.tokens), one token per chunk: exact times; the finishing chunk's [] adds none
     assert (turn.token_ids, turn.completion_tokens, len(turn.token_times_s)) == ([10, 11, 12, 13], 4, 4)
-    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)"]
+    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)",
+                          NO_ITERATIONS]
     # the first request after the start: per-position counter absent before, [2, 1] after
     assert (turn.drafts, turn.accepted_per_pos, turn.accepted_steps) == (2, [2, 1], [2, 1])
     state.mode = "llamacpp,lost_at=1"  # no chunk for token 1: its id is lost, so no ids at all rather than wrong ones
@@ -453,11 +542,13 @@ def test_llama_cpp_per_request_timings_win_over_the_counters(fake):
     assert (turn.drafts, turn.accepted_per_pos, turn.accepted_steps) == (2, [2, 1], [2, 1])  # steps: the counters
     assert turn.notes == ["drafted and accepted tokens from the server's per-request timings (draft_n, "
                           "draft_n_accepted)",
-                          "per-step acceptance from the server's counters (the order of the steps is unknown)"]
+                          "per-step acceptance from the server's counters (the order of the steps is unknown)",
+                          NO_ITERATIONS]
     state.mode = "llamacpp,timings=no_draft"  # timings without draft_n: the counters' 4 and 3, never 0
     turn = backend.generate(REQUEST)
     assert (turn.draft_tokens, turn.accepted_tokens) == (4, 3)
-    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)"]
+    assert turn.notes == ["per-step acceptance from the server's counters (the order of the steps is unknown)",
+                          NO_ITERATIONS]
     assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12, "draft_n_accepted": 9}}) == (12, 9)
     assert request_totals({"timings": {"predicted_n": 16, "draft_n": 12}}) is None  # half a pair is n/a
     assert request_totals({}) is None
@@ -539,3 +630,28 @@ def test_launch_llama_cpp_live():
     finally:
         backend.close()
     assert gone(backend.server.proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(V.python()).is_file(), reason=f"vLLM's venv is absent ({V.python()})")
+def test_launch_vllm_live_counts_every_turns_forwards(tmp_path, data_dir, real_target, monkeypatch):
+    # a real `vllm serve` of the default model (about a minute to start on 2 CPU cores), vLLM's ngram through the
+    # completions API (the harness's prompt ids, so its greedy tokens must be the harness's vanilla's): every turn's
+    # forwards come from the server's engine iterations (/metrics) and fit its steps, as in-process vLLM's do
+    # (tests/test_vllm_engine.py); were they derived from the steps, a last step past the budget would overstate tau
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    cfg = RunConfig(methods=[
+        MethodSpec("vanilla"),
+        MethodSpec("pld", "served-ngram", {"num_draft_tokens": 4, "min_ngram": 2, "max_ngram": 3}, engine="openai",
+                   engine_options={"launch": "vllm", "api": "completions"}),
+    ], suites=["mt_bench"], limit=2, max_new_tokens=32, warmup=0, data_dir=str(data_dir), output_dir=str(tmp_path))
+    recs = read_records(run(cfg, target=real_target, progress=False))
+    assert len(recs) == 8 and all(r["status"] == "ok" for r in recs), [r["error"] for r in recs if r["error"]]
+    reference = {(r["question_id"], r["turn"]): r["output_ids"] for r in recs if r["label"] == "vanilla"}
+    for r in (r for r in recs if r["label"] == "served-ngram"):
+        assert r["output_ids"] == reference[(r["question_id"], r["turn"])], (r["question_id"], r["turn"])
+        assert not [n for n in r["engine_notes"] if "forwards" in n], r["engine_notes"]  # counted, and they fit
+        assert sum(r["accept_lengths"]) == r["new_tokens"] and r["engine_counters"]["drafts"] is not None
+        by_steps = len(accept_lengths(r["accepted_drafts"], r["new_tokens"], True))
+        print(f"question {r['question_id']} turn {r['turn']}: {r['steps']} forwards counted, {by_steps} from the "
+              f"steps alone")

@@ -28,6 +28,14 @@ The counters, by engine (the names the engines' own documentation and source giv
   own ``spec_tokens_details`` instead (:func:`harness.backends.served.sglang_steps`);
 * ``trtllm-serve`` (``docs/source/commands/trtllm-serve.rst`` of NVIDIA/TensorRT-LLM): its ``/metrics`` is JSON
   iteration statistics, not the exposition format: n/a.
+
+Besides the acceptance counters, :func:`read_iterations` reads vLLM's engine iterations: the histogram
+``vllm:iteration_tokens_total`` (vLLM 0.32's ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``, labels
+``model_name`` and ``engine``), whose ``vllm:iteration_tokens_total_count`` sample counts the engine steps that gave
+some request a token: ``record`` observes it only with the step's ``IterationStats``, which the server's output
+loop (``vllm/v1/engine/async_llm.py``) makes only for a step with outputs, and the scheduler emits no output for a
+chunked prefill's partial chunks (``should_emit_output`` in ``vllm/v1/core/sched/scheduler.py``). At concurrency 1
+its difference around a request is the request's target forwards with the prefill counted once, chunked or not.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "accepted_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
                          "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"),
 }
+ITERATIONS = "vllm:iteration_tokens_total_count"  # vLLM's engine steps that gave a token so far (a histogram's count)
 SERVERS = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llama.cpp"}  # metric prefix -> the server it names
 
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$')
@@ -136,3 +145,12 @@ def server_kind(text: str) -> str | None:
         if re.search(rf"^{re.escape(prefix)}", text, re.MULTILINE):
             return server
     return None
+
+
+def read_iterations(text: str) -> int | None:
+    """vLLM's engine iterations so far in one ``/metrics`` reading (:data:`ITERATIONS`, summed over engines and
+    models); None where the reading lacks it (not a vLLM server).
+    Example: 'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 41.0\n'
+    'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 97.0\n' -> 41."""
+    counts = [value for name, _, value in parse_exposition(text) if name == ITERATIONS and math.isfinite(value)]
+    return int(sum(counts)) if counts else None

@@ -39,6 +39,11 @@ drafted and accepted totals: llama.cpp's per-request ``timings`` (``draft_n``, `
 last chunk, :func:`request_totals`) where it sends them, which no other client can move, else the counters; the
 record's ``engine_notes`` say which. An entry
 that speculates on a server with neither fails its turns with one line saying so: its forwards cannot be counted.
+The turn's target forwards, which fix how many of its forwards drafted nothing
+(:func:`harness.backends.contract.accept_lengths`): vLLM's engine iterations (``vllm:iteration_tokens_total``'s
+count, :func:`harness.backends.prometheus.read_iterations`) diffed around the request, as in-process vLLM counts
+them; from a server without that count they are derived from the steps, which overstates τ when the last drafting
+step ran past the budget, and the record's notes say so.
 
 Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
 in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
@@ -64,7 +69,7 @@ from harness.backends.contract import (
     TurnRequest,
     steps_from_counters,
 )
-from harness.backends.prometheus import COUNTERS, diff, read_counters, server_kind
+from harness.backends.prometheus import COUNTERS, diff, read_counters, read_iterations, server_kind
 
 OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
 LAUNCHES = ("vllm", "llama.cpp", "sglang")
@@ -270,25 +275,31 @@ class ServedBackend(Backend):
         except ValueError:
             return None  # not the exposition format (trtllm-serve's /metrics is JSON): no counters
 
-    def _read_counters(self) -> dict[str, Any]:
+    def _reading(self) -> tuple[dict[str, Any], int | None]:
+        """One ``/metrics`` reading: the acceptance counters and vLLM's engine iterations (None where absent)."""
         status, text = http_get(self.url + "/metrics", self.timeout)
         counters = self._counters_of(text) if status == 200 else None
         if counters is None:
             raise BackendError(f"GET {self.url}/metrics answered HTTP {status} without Prometheus counters, though "
                                "it had them when the run started")
-        return counters
+        return counters, read_iterations(text)
 
-    def settled_counters(self) -> dict[str, Any]:
-        """The counters once two readings :data:`SETTLE_S` apart agree (a server may count a request's last steps
-        after it has sent the last chunk); a load level reads them before and after all its requests."""
-        last, deadline = self._read_counters(), time.monotonic() + SETTLE_MAX_S
+    def settled_reading(self) -> tuple[dict[str, Any], int | None]:
+        """:meth:`_reading` once two readings :data:`SETTLE_S` apart agree (a server may count a request's last
+        steps after it has sent the last chunk)."""
+        last, deadline = self._reading(), time.monotonic() + SETTLE_MAX_S
         while time.monotonic() < deadline:
             time.sleep(SETTLE_S)
-            now = self._read_counters()
+            now = self._reading()
             if now == last:
                 break
             last = now
         return last
+
+    def settled_counters(self) -> dict[str, Any]:
+        """The settled acceptance counters (:meth:`settled_reading`); a load level reads them before and after all
+        its requests."""
+        return self.settled_reading()[0]
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "server": self.server_kind, "version": self.version, "url": self.url,
@@ -314,7 +325,7 @@ class ServedBackend(Backend):
         return body
 
     def generate(self, request: TurnRequest) -> EngineTurn:
-        before = self._read_counters() if self.has_metrics else None
+        before = self._reading() if self.has_metrics else None
         turn, per_request = self.stream(request)
         sglang = sglang_steps(per_request["sglang"]) if "sglang" in per_request else None
         if sglang is not None:  # the request's own acceptance, which no other client can move
@@ -325,9 +336,11 @@ class ServedBackend(Backend):
             return turn
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
-            counters = dict.fromkeys(COUNTERS)
+            counters, iterations = dict.fromkeys(COUNTERS), None
         else:
-            counters = diff(before, self.settled_counters())
+            after = self.settled_reading()
+            counters = diff(before[0], after[0])
+            iterations = None if before[1] is None or after[1] is None else after[1] - before[1]
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
         turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
         totals = request_totals(per_request)
@@ -347,6 +360,10 @@ class ServedBackend(Backend):
                                f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}) nor per-request "
                                "acceptance; a speculative entry's forwards cannot be counted (an entry of method "
                                "vanilla measures its tokens and times)")
+        if turn.accepted_steps is not None and iterations is None:
+            turn.notes.append("forwards derived from the steps: the server's /metrics counts no engine iterations "
+                              "(vLLM's vllm:iteration_tokens_total)")
+        turn.forwards = iterations
         return turn
 
     def _steps_from_counters(self, turn: EngineTurn) -> None:

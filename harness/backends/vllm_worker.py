@@ -21,8 +21,9 @@ speculative counters are vLLM's Prometheus counters (``vllm:spec_decode_num_draf
 ``LLM.get_metrics()``) diffed around the turn; a counter vLLM does not expose is null, never 0. ``steps`` are the
 request's own per-step counts (vLLM's ``per_request_spec_decode_metrics="detailed"``): accepted and drafted tokens of
 each verification step. ``forwards`` are the turn's target forwards, the prefill counted once: vLLM's engine
-iterations (``vllm:iteration_tokens_total``'s count, diffed; one prompt at a time) less the prefill's extra chunks
-(:func:`prefill_chunks`); null where vLLM does not count them. ``config`` is what ``LLM(...)`` got
+iterations (``vllm:iteration_tokens_total``'s count, diffed; one prompt at a time; :data:`ITERATIONS`); null where
+vLLM does not count them. One ``LLM.get_metrics()`` before and one after each turn feed both
+(:func:`read_metrics`). ``config`` is what ``LLM(...)`` got
 (:func:`llm_kwargs`); ``parallel`` is the layout vLLM resolved from it (:data:`PARALLEL`: tensor / pipeline / data
 parallel sizes, executor backend, world size, nodes). vLLM and its engine process print logs on stdout; fd 1 is
 pointed at stderr before vLLM is imported, so the protocol stream carries nothing but replies.
@@ -46,13 +47,23 @@ COUNTERS = {  # what draftbench calls it -> vLLM's Prometheus counter (Vector: o
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
     "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
 }
+# a histogram observed once per engine step that gave some request a token (vLLM 0.32: vllm/v1/engine/llm_engine.py
+# makes the step's IterationStats only when it has outputs, and vllm/v1/core/sched/scheduler.py emits none for a
+# chunked prefill's partial chunks): one prompt at a time, its count's difference is the turn's forwards with the
+# prefill counted once, chunked or not (measured: a 168-token prompt in chunks of 64 tokens, 9 drafting steps: 10)
+ITERATIONS = "vllm:iteration_tokens_total"
 
 
-def read_counters(llm) -> dict:
-    """The speculative counters summed over engines: ints, a list for the per-position vector; absent ones None."""
+def read_metrics(llm) -> tuple[dict, int | None]:
+    """One ``llm.get_metrics()`` reading: the speculative counters summed over engines (ints, a list for the
+    per-position vector; absent ones None) and vLLM's engine iterations so far (the count of :data:`ITERATIONS`,
+    summed over engines; None when absent)."""
     out: dict = dict.fromkeys(COUNTERS)
     names = {v: k for k, v in COUNTERS.items()}
+    iterations = None
     for metric in llm.get_metrics():
+        if metric.name == ITERATIONS and hasattr(metric, "count"):
+            iterations = (iterations or 0) + int(metric.count)
         key = names.get(metric.name)
         if key is None:
             continue
@@ -61,22 +72,7 @@ def read_counters(llm) -> dict:
             out[key] = [a + int(b) for a, b in zip(old, metric.values, strict=True)]
         else:
             out[key] = (out[key] or 0) + int(metric.value)
-    return out
-
-
-ITERATIONS = "vllm:iteration_tokens_total"  # a histogram with one observation per engine iteration
-
-
-def read_iterations(llm) -> int | None:
-    """vLLM's engine iterations so far (the count of :data:`ITERATIONS`, summed over engines), None when absent."""
-    counts = [int(m.count) for m in llm.get_metrics() if m.name == ITERATIONS and hasattr(m, "count")]
-    return sum(counts) if counts else None
-
-
-def prefill_chunks(prompt_tokens: int, chunk: int | None) -> int:
-    """The engine iterations a prompt's prefill takes: one, or ceil(prompt / chunk) under chunked prefill with a
-    per-iteration budget of ``chunk`` tokens. Example: (5000, 2048) -> 3; (100, 2048) -> 1; (5000, None) -> 1."""
-    return max(1, -(-prompt_tokens // chunk)) if chunk else 1
+    return out, iterations
 
 
 def diff_counters(before: dict, after: dict) -> dict:
@@ -132,14 +128,12 @@ def generate(llm, req: dict) -> dict:
 
     params = SamplingParams(max_tokens=req["max_tokens"], temperature=req["temperature"], top_p=req["top_p"],
                             top_k=req["top_k"] or -1, seed=req.get("seed"))
-    before, iterations = read_counters(llm), read_iterations(llm)
+    before, iterations = read_metrics(llm)
     start = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=req["prompt_ids"])], params, use_tqdm=False)[0]
     wall = time.perf_counter() - start
-    after, done = read_counters(llm), read_iterations(llm)
-    forwards = None
-    if iterations is not None and done is not None:
-        forwards = done - iterations - prefill_chunks(len(req["prompt_ids"]), chunk_budget(llm)) + 1
+    after, done = read_metrics(llm)
+    forwards = None if iterations is None or done is None else done - iterations
     completion = out.outputs[0]
     stats = getattr(out, "metrics", None)
     ttft = getattr(stats, "first_token_latency", None) or None
@@ -148,15 +142,6 @@ def generate(llm, req: dict) -> dict:
     return {"token_ids": list(completion.token_ids), "wall_time_s": wall, "ttft_s": ttft,
             "finish_reason": completion.finish_reason, "counters": diff_counters(before, after), "steps": steps,
             "forwards": forwards}
-
-
-def chunk_budget(llm) -> int | None:
-    """The tokens one engine iteration may take when vLLM chunks prefills (its scheduler's
-    ``max_num_batched_tokens``), None when it does not chunk them or does not say."""
-    config = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None)
-    if config is None or not getattr(config, "enable_chunked_prefill", False):
-        return None
-    return getattr(config, "max_num_batched_tokens", None)
 
 
 def generate_batch(llm, req: dict) -> dict:
