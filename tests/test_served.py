@@ -632,26 +632,34 @@ def test_launch_llama_cpp_live():
     assert gone(backend.server.proc.pid)
 
 
+CHUNKED = {"max_num_batched_tokens": 32, "max_num_seqs": 4}  # every prompt's prefill in chunks of at most 32 tokens
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path(V.python()).is_file(), reason=f"vLLM's venv is absent ({V.python()})")
 def test_launch_vllm_live_counts_every_turns_forwards(tmp_path, data_dir, real_target, monkeypatch):
-    # a real `vllm serve` of the default model (about a minute to start on 2 CPU cores), vLLM's ngram through the
-    # completions API (the harness's prompt ids, so its greedy tokens must be the harness's vanilla's): every turn's
-    # forwards come from the server's engine iterations (/metrics) and fit its steps, as in-process vLLM's do
-    # (tests/test_vllm_engine.py); were they derived from the steps, a last step past the budget would overstate tau
+    # real `vllm serve`s of the default model (about a minute to start on 2 CPU cores), vLLM's ngram through the
+    # completions API (the harness's prompt ids, so its greedy tokens must be the harness's vanilla's), once as
+    # vLLM chooses and once with every prefill chunked: every turn's forwards come from the server's engine
+    # iterations (/metrics) and fit its steps, as in-process vLLM's do (tests/test_vllm_engine.py); were they
+    # derived from the steps, a last step past the budget would overstate tau; were a chunked prefill counted per
+    # chunk, the chunked entry's turns would not fit
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    ngram = {"num_draft_tokens": 4, "min_ngram": 2, "max_ngram": 3}
+    served = {"launch": "vllm", "api": "completions"}
     cfg = RunConfig(methods=[
         MethodSpec("vanilla"),
-        MethodSpec("pld", "served-ngram", {"num_draft_tokens": 4, "min_ngram": 2, "max_ngram": 3}, engine="openai",
-                   engine_options={"launch": "vllm", "api": "completions"}),
+        MethodSpec("pld", "served-ngram", ngram, engine="openai", engine_options=served),
+        MethodSpec("pld", "served-ngram-chunked", ngram, engine="openai", engine_options={**served, **CHUNKED}),
     ], suites=["mt_bench"], limit=2, max_new_tokens=32, warmup=0, data_dir=str(data_dir), output_dir=str(tmp_path))
     recs = read_records(run(cfg, target=real_target, progress=False))
-    assert len(recs) == 8 and all(r["status"] == "ok" for r in recs), [r["error"] for r in recs if r["error"]]
+    assert len(recs) == 12 and all(r["status"] == "ok" for r in recs), [r["error"] for r in recs if r["error"]]
     reference = {(r["question_id"], r["turn"]): r["output_ids"] for r in recs if r["label"] == "vanilla"}
-    for r in (r for r in recs if r["label"] == "served-ngram"):
+    for r in (r for r in recs if r["label"] != "vanilla"):
         assert r["output_ids"] == reference[(r["question_id"], r["turn"])], (r["question_id"], r["turn"])
         assert not [n for n in r["engine_notes"] if "forwards" in n], r["engine_notes"]  # counted, and they fit
         assert sum(r["accept_lengths"]) == r["new_tokens"] and r["engine_counters"]["drafts"] is not None
         by_steps = len(accept_lengths(r["accepted_drafts"], r["new_tokens"], True))
-        print(f"question {r['question_id']} turn {r['turn']}: {r['steps']} forwards counted, {by_steps} from the "
-              f"steps alone")
+        print(f"{r['label']} question {r['question_id']} turn {r['turn']} ({r['prompt_tokens']} prompt tokens): "
+              f"{r['steps']} forwards counted, {by_steps} from the steps alone")
+    assert max(r["prompt_tokens"] for r in recs) > 2 * CHUNKED["max_num_batched_tokens"]  # prefills of 3+ chunks
