@@ -70,6 +70,8 @@ VLLM_BEFORE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decodin
 vllm:spec_decode_num_drafts_total{engine="0",model_name="smollm2-135m"} 0.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="0"} 0.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="1"} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="2"} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="3"} 0.0
 # HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
 # TYPE vllm:iteration_tokens_total histogram
 vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="smollm2-135m"} 0.0
@@ -83,6 +85,8 @@ vllm:spec_decode_num_drafts_total{engine="0",model_name="smollm2-135m"} 9.0
 vllm:spec_decode_num_drafts_created{engine="0",model_name="smollm2-135m"} 1.7961864078800442e+09
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="0"} 8.0
 vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="1"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="2"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="smollm2-135m",position="3"} 8.0
 # HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
 # TYPE vllm:iteration_tokens_total histogram
 vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="smollm2-135m"} 1.0
@@ -99,7 +103,8 @@ def test_vllms_engine_iterations_count_a_chunked_prefill_once():
     # 3 chunks: vLLM observes only steps with outputs) and 9 drafting steps; were the chunks subtracted (3 - 1), the
     # turn would have 8 forwards for 9 drafting steps, which fits nothing
     assert (read_iterations(VLLM_BEFORE), read_iterations(VLLM_AFTER)) == (0, 10)
-    assert diff(read_counters(VLLM_BEFORE), read_counters(VLLM_AFTER))["drafts"] == 9
+    counters = diff(read_counters(VLLM_BEFORE), read_counters(VLLM_AFTER))
+    assert (counters["drafts"], counters["accepted_per_pos"]) == (9, [8, 8, 8, 8])
     steps = [4, 4, 4, 4, 4, 0, 4, 4, 4]  # the request's own, in order; the last ran past the 40-token budget
     assert accept_lengths(steps, 40, True, forwards=10) == [1, 5, 5, 5, 5, 5, 1, 5, 5, 3]
     assert read_iterations(EXPOSITION) is None  # no such histogram: None (derive from the steps), never 0
