@@ -4,17 +4,20 @@ optional multi-step objectives that leave the head unchanged: the training-time 
 Sec. 3: later draft steps on the head's own outputs, gradients through the chain), HASS's harmonized context
 alignment and objective distillation (arXiv:2408.15766 Sec. 3: the same steps on the head's own detached features,
 each weighted 1, plus a top-K loss) and GRIFFIN's token-alignable training (arXiv:2502.11018 Sec. 3: a later step
-trains only chains whose earlier draft tokens were in the draft's top-k).
+trains only chains whose earlier draft tokens were in the draft's top-k). The multi-step loop,
+:func:`unrolled_loss`, takes the head step as a function: the ``jakiro`` objective runs it too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.engine.draftvocab import DraftLMHead
 from harness.train.objectives import Objective, alignable_next, masked_mean, register_objective, topk_distill
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
@@ -134,8 +137,8 @@ def step_terms(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, lm
     return vloss, ploss, topkloss, parts
 
 
-def unrolled_loss(step_loss, options: EagleObjectiveOptions, batch: dict[str, torch.Tensor],
-                  draft_lm_head) -> tuple[torch.Tensor, dict[str, float]]:
+def unrolled_loss(step_loss: Callable, options: EagleObjectiveOptions, batch: dict[str, torch.Tensor],
+                  draft_lm_head: DraftLMHead) -> tuple[torch.Tensor, dict[str, float]]:
     """The multi-step training loss of a head that drafts autoregressively, given how one head step is called.
 
     Step 1 is a plain causal forward on the (noised) true features: the published loss. With ``unroll`` or
