@@ -554,3 +554,98 @@ def test_objective_options_and_save(tmp_path):
     assert load_jakiro_head(tmp_path / "out", target).layers[0].mlp_moe.experts[0].up_proj.weight.shape == (16, H)
     with pytest.raises(OptionsError, match="experts_per_tok"):
         get_objective("jakiro").create(target, {"num_experts": 2, "experts_per_tok": 3})
+
+
+def tiny_objective_batch():
+    """A jakiro objective (defaults) on the tiny target, a head drawn with seed 0 and a 2 x 6 random batch whose last
+    position is masked out: the set-up the default loss below was pinned on."""
+    target = tiny_target()
+    objective = get_objective("jakiro").create(target, {})
+    torch.manual_seed(0)
+    head = objective.build_head()
+    g = torch.Generator().manual_seed(0)
+    B, S = 2, 6
+    batch = {"features": torch.randn(B, S, H, generator=g), "input_ids": torch.randint(0, V, (B, S), generator=g),
+             "target": torch.randn(B, S, H, generator=g), "loss_mask": torch.tensor([[1.0] * 5 + [0.0]] * 2)}
+    return target, head, batch
+
+
+def test_objective_default_loss_is_the_published_value():
+    """The values main's objective (before the multi-step options existed) gave on this head and batch, bit for
+    bit: the default and an explicit unroll=1 / hass_steps=1 are the published single-step loss. A different sum
+    order, an extra term or C trained at another step would change the last bits or more."""
+    target, head, batch = tiny_objective_batch()
+    for options in ({}, {"unroll": 1, "hass_steps": 1}):
+        loss, parts = get_objective("jakiro").create(target, options).loss(head, batch)
+        assert loss.item() == 1.4602837562561035
+        assert parts == {"vloss1": 0.4962204098701477, "ploss1": 4.853604316711426,
+                         "vloss2": 0.4721178412437439, "ploss2": 4.852878093719482}
+    head.zero_grad()
+    loss.backward()
+    assert head.fc.weight.grad.double().sum().item() == pytest.approx(0.09023349611857157, rel=1e-6)
+
+
+def test_objective_multistep_trains_later_steps_on_m_alone():
+    """Steps 2..n add M's EAGLE losses only (C keeps its step-1 loss): hass_steps weights each 1 and detaches the
+    fed-back M, unroll weights step j by 0.8^(j-1) and lets gradients through it. Step 1's parts are the default
+    run's; the total is the default loss plus the later steps' weighted terms. Training C again at later steps, or
+    a wrong weight, breaks the sum; no detach would give the training-time test's gradient."""
+    target, head, batch = tiny_objective_batch()
+    plain, plain_parts = get_objective("jakiro").create(target, {}).loss(head, batch)
+    hass, hp = get_objective("jakiro").create(target, {"hass_steps": 3}).loss(head, batch)
+    ttt, tp = get_objective("jakiro").create(target, {"unroll": 3}).loss(head, batch)
+    assert set(hp) == set(tp) == set(plain_parts) | {"vloss_step2", "ploss_step2", "vloss_step3", "ploss_step3"}
+    for parts in (hp, tp):
+        assert {k: parts[k] for k in plain_parts} == plain_parts
+        assert parts["vloss_step2"] == pytest.approx(tp["vloss_step2"], rel=1e-6)  # same forward, both forms
+    later = [hp[f"vloss_step{j}"] + 0.1 * hp[f"ploss_step{j}"] for j in (2, 3)]
+    assert hass.item() == pytest.approx(plain.item() + later[0] + later[1], rel=1e-5)
+    assert ttt.item() == pytest.approx(plain.item() + 0.8 * later[0] + 0.64 * later[1], rel=1e-5)
+    grads = []
+    for options in ({"hass_steps": 2}, {"unroll": 2, "unroll_decay": 1.0}):
+        head.zero_grad()
+        get_objective("jakiro").create(target, options).loss(head, batch)[0].backward()
+        grads.append(head.layers[0].mlp_moe.experts[0].down_proj.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])
+
+
+def test_objective_multistep_feeds_back_the_mixture():
+    """A head that generated its own features (f_{t+1} = M(f_<=t, x_<=t+1)[t]) is a perfect draft: fed its own M
+    at steps 2 and 3 it reads the true features again, so M's feature loss is 0 at every step. Feeding back C, or
+    the feature at the wrong position, would leave an error."""
+    from tests.test_train_objectives import perfect_batch
+
+    target = tiny_target()
+    head = random_head(target)
+    objective = get_objective("jakiro").create(target, {"hass_steps": 3})
+    _, parts = objective.loss(head, perfect_batch(objective, head, [10, 20, 30, 40, 50, 60, 70, 80]))
+    assert max(parts["vloss1"], parts["vloss_step2"], parts["vloss_step3"]) < 1e-9
+    assert parts["vloss2"] > 1e-3  # C is a different output: the check above is not vacuous
+
+
+@pytest.mark.parametrize("options", [{"hass_steps": 3}, {"unroll": 3}, {"hass_steps": 3, "griffin_topk": 3}])
+def test_objective_multistep_trains_and_saves_the_published_format(tmp_path, options):
+    """30 Adam steps on one toy batch lower the multi-step loss; the head saves in the published Jakiro format
+    (the same files and config.json as a default-trained head's) and loads back with its weights (fp16 on disk)."""
+    target, _, batch = tiny_objective_batch()
+    objective = get_objective("jakiro").create(target, options)
+    torch.manual_seed(0)
+    head = objective.build_head()
+    optimizer = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss, _ = objective.loss(head, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    objective.save(head, tmp_path / "multi")
+    plain = get_objective("jakiro").create(target, {})
+    plain.save(plain.build_head(), tmp_path / "plain")
+    assert sorted(p.name for p in (tmp_path / "multi").iterdir()) == ["config.json", "model.safetensors"]
+    assert (tmp_path / "multi" / "config.json").read_text() == (tmp_path / "plain" / "config.json").read_text()
+    loaded = dict(load_jakiro_head(tmp_path / "multi", target).named_parameters())
+    for name, value in head.named_parameters():
+        if value.requires_grad:  # the trained weights; the embedding is the target's
+            torch.testing.assert_close(loaded[name], value.detach().half().to(loaded[name].dtype), msg=name)

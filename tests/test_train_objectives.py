@@ -1,6 +1,6 @@
 """Multi-step training objectives that leave the head unchanged (issue #25 item 5): HASS's harmonized context
 alignment and top-K distillation (arXiv:2408.15766 Sec. 3) and GRIFFIN's token-alignable mask (arXiv:2502.11018
-Sec. 3), as options of the ``eagle`` objective."""
+Sec. 3), as options of the ``eagle`` objective (and of ``jakiro``, whose own tests are in test_jakiro.py)."""
 
 import json
 
@@ -159,6 +159,7 @@ def test_griffin_drops_the_chains_fed_a_token_the_draft_did_not_pick(eagle_setup
 
 
 def test_bad_options_fail_in_one_line(eagle_setup):
+    # the jakiro objective takes the same multi-step options (methods/jakiro/objective.py) with the same messages
     target, _, _ = eagle_setup
     cases = [({"hass_steps": 0}, "hass_steps must be an integer >= 1"),
              ({"hass_steps": 3, "unroll": 2}, "set unroll .* or hass_steps .*, not both"),
@@ -167,9 +168,11 @@ def test_bad_options_fail_in_one_line(eagle_setup):
              ({"topk_weight": -1}, "topk_weight must be a number >= 0"),
              ({"topk": 0}, "topk must be an integer >= 1")]
     for options, message in cases:
-        with pytest.raises(ValueError, match=message) as e:
-            get_objective("eagle").create(target, options)
-        assert "\n" not in str(e.value)
+        for name in ("eagle", "jakiro"):
+            with pytest.raises(ValueError, match=f"^objective '{name}': {message}") as e:
+                get_objective(name).create(target, options)
+            assert "\n" not in str(e.value)
+    assert get_objective("jakiro").create(target, {"unroll": 3}).options.steps == 3
 
 
 def test_options_are_recorded_and_resume_gives_the_uninterrupted_weights(eagle_setup, tmp_path, monkeypatch):

@@ -4,17 +4,20 @@ optional multi-step objectives that leave the head unchanged: the training-time 
 Sec. 3: later draft steps on the head's own outputs, gradients through the chain), HASS's harmonized context
 alignment and objective distillation (arXiv:2408.15766 Sec. 3: the same steps on the head's own detached features,
 each weighted 1, plus a top-K loss) and GRIFFIN's token-alignable training (arXiv:2502.11018 Sec. 3: a later step
-trains only chains whose earlier draft tokens were in the draft's top-k).
+trains only chains whose earlier draft tokens were in the draft's top-k). The multi-step loop,
+:func:`unrolled_loss`, takes the head step as a function: the ``jakiro`` objective runs it too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.engine.draftvocab import DraftLMHead
 from harness.train.objectives import Objective, alignable_next, masked_mean, register_objective, topk_distill
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
@@ -122,6 +125,65 @@ class EagleObjectiveOptions:
         return max(self.unroll, self.hass_steps)
 
 
+def step_terms(pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, lm_head: nn.Module,
+               options: EagleObjectiveOptions, tag: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   dict[str, float]]:
+    """One draft step's :func:`eagle_losses` (the top-K term only when ``options.topk_weight`` > 0, else 0) and
+    their values named ``vloss<tag>``, ``ploss<tag>`` (``topkloss<tag>``). pred, target [B, S, H]; valid [B, S]."""
+    vloss, ploss, topkloss = eagle_losses(pred, target, valid, lm_head, options.topk if options.topk_weight else 0)
+    parts = {f"vloss{tag}": vloss.item(), f"ploss{tag}": ploss.item()}
+    if options.topk_weight:
+        parts[f"topkloss{tag}"] = topkloss.item()
+    return vloss, ploss, topkloss, parts
+
+
+def unrolled_loss(step_loss: Callable, options: EagleObjectiveOptions, batch: dict[str, torch.Tensor],
+                  draft_lm_head: DraftLMHead) -> tuple[torch.Tensor, dict[str, float]]:
+    """The multi-step training loss of a head that drafts autoregressively, given how one head step is called.
+
+    Step 1 is a plain causal forward on the (noised) true features: the published loss. With ``unroll`` or
+    ``hass_steps`` n > 1, steps 2..n feed the head its own predicted feature (with the true token) exactly as
+    drafting does after a commit (:func:`eagle_unrolled_hits` shows the layout; keys and values of the earlier
+    context come from the true features) and add that step's loss: ``unroll`` weights step j by
+    ``unroll_decay**(j-1)`` and lets gradients flow through the chain (EAGLE-3's "training-time test",
+    arXiv:2503.01840 Sec. 3); ``hass_steps`` weights every step 1 and detaches the fed-back feature, so step j
+    trains the head to read its own earlier outputs without moving them (HASS's harmonized context alignment,
+    arXiv:2408.15766 Sec. 3). ``griffin_topk`` k drops, from step j + 1 on, the chains whose token fed at some
+    step was not in the draft's top-k at the step before (GRIFFIN, arXiv:2502.11018 Sec. 3; the token drafting
+    would have fed differs from the one training feeds); part ``aligned<j>`` is the share of step-j positions kept.
+
+    ``step_loss(step, x, pos, kv, attn, valid) -> (pred, kv, loss, parts)`` runs the head once: x [B, S, H] the fed
+    features, pos [B, S], kv the keys/values of the earlier steps (None at step 1), attn the step's mask
+    (:func:`unroll_mask`; None at step 1), valid [B, S] the loss mask of the chains this step trains; it returns
+    the feature fed back to the next step pred [B, S, H], the keys/values so far, the step's loss and its named
+    parts. batch: features [B, S, H], input_ids, loss_mask [B, S] -> (total loss, parts).
+    """
+    o = options
+    features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
+    B, S, _ = features.shape
+    pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
+    fed = draft_lm_head.columns(ids) if o.griffin_topk else None  # [B, S] columns of the fed tokens
+    align = torch.ones_like(mask, dtype=torch.bool)                # [B, S] GRIFFIN: alignable chains
+    total, parts, kv, x = features.new_zeros(()), {}, None, features
+    for step in range(1, o.steps + 1):
+        attn = None if step == 1 else unroll_mask(S, step, ids.device)
+        valid = mask * (pos >= step - 1) * align  # the chain needs step - 1 earlier positions
+        pred, kv, loss, step_parts = step_loss(step, x, pos, kv, attn, valid)  # pred [B, S, H]
+        weight = 1.0 if o.hass_steps > 1 else o.unroll_decay ** (step - 1)
+        total = total + weight * loss
+        parts.update(step_parts)
+        if o.griffin_topk and step > 1:
+            reach = mask * (pos >= step - 1)
+            parts[f"aligned{step}"] = (valid.sum() / reach.sum().clamp(min=1)).item()
+        if step < o.steps:
+            if o.griffin_topk:
+                with torch.no_grad():
+                    align = alignable_next(align, draft_lm_head.compact(pred), fed, o.griffin_topk)
+            nxt = pred.detach() if o.hass_steps > 1 else pred
+            x = torch.cat([torch.zeros_like(nxt[:, :1]), nxt[:, :-1]], dim=1)  # chain's feature moves to p + 1
+    return total, parts
+
+
 @register_objective("eagle")
 class EagleObjective(Objective):
     """EAGLE-1/2 (arXiv:2401.15077 Sec. 3.2): ``v_weight * SmoothL1(f̂, f_{t+1}) + p_weight * soft CE`` through the
@@ -135,47 +197,19 @@ class EagleObjective(Objective):
         return EagleHead.for_target(self.target, bias=self.options.bias).float()
 
     def loss(self, head, batch):
-        """Step 1 (a plain causal forward on the noised true features) is the published loss. With ``unroll`` or
-        ``hass_steps`` n > 1, steps 2..n feed the head its own predicted feature (with the true token) exactly as
-        drafting does after a commit (:func:`eagle_unrolled_hits` shows the layout; keys and values of the earlier
-        context come from the true features) and add the same loss: ``unroll`` weights step j by
-        ``unroll_decay**(j-1)`` and lets gradients flow through the chain (EAGLE-3's "training-time test", applied to
-        the EAGLE-1 head); ``hass_steps`` weights every step 1 and detaches the fed-back feature, so step j trains
-        the head to read its own earlier outputs without moving them (HASS's harmonized context alignment).
-        ``topk_weight`` adds HASS's top-K term at every step; ``griffin_topk`` k drops, from step j + 1 on, the
-        chains whose token fed at some step was not in the draft's top-k at the step before (GRIFFIN; the token
-        drafting would have fed differs from the one training feeds). Parts: ``vloss``, ``ploss`` (``topkloss``),
-        suffixed by the step when n > 1, and ``aligned<j>``, the share of step-j positions GRIFFIN kept."""
+        """Step 1 (a plain causal forward on the noised true features) is the published loss; the options train
+        the later steps too (:func:`unrolled_loss`). Parts: ``vloss``, ``ploss`` (``topkloss``), suffixed by the
+        step when n > 1, and ``aligned<j>``, the share of step-j positions GRIFFIN kept."""
         o = self.options
-        features, ids, mask = batch["features"], batch["input_ids"], batch["loss_mask"]
-        B, S, _ = features.shape
-        pos = torch.arange(S, device=ids.device).expand(B, S)  # [B, S]
         lm_head = self.draft_lm_head.compact
-        fed = self.draft_lm_head.columns(ids) if o.griffin_topk else None  # [B, S] columns of the fed tokens
-        align = torch.ones_like(mask, dtype=torch.bool)                     # [B, S] GRIFFIN: alignable chains
-        total, parts, kv, x = features.new_zeros(()), {}, None, features
-        for step in range(1, o.steps + 1):
-            attn = None if step == 1 else unroll_mask(S, step, ids.device)
-            pred, kv = head(x, ids, pos, kv=kv, attn_mask=attn)  # [B, S, H]
-            valid = mask * (pos >= step - 1) * align              # the chain needs step - 1 earlier positions
-            vloss, ploss, topkloss = eagle_losses(pred, batch["target"], valid, lm_head,
-                                                  o.topk if o.topk_weight else 0)
-            weight = 1.0 if o.hass_steps > 1 else o.unroll_decay ** (step - 1)
-            total = total + weight * (o.v_weight * vloss + o.p_weight * ploss + o.topk_weight * topkloss)
+
+        def step_loss(step, x, pos, kv, attn, valid):
+            pred, kv = head(x, batch["input_ids"], pos, kv=kv, attn_mask=attn)  # [B, S, H]
             tag = str(step) if o.steps > 1 else ""  # published run: parts "vloss", "ploss"
-            parts[f"vloss{tag}"], parts[f"ploss{tag}"] = vloss.item(), ploss.item()
-            if o.topk_weight:
-                parts[f"topkloss{tag}"] = topkloss.item()
-            if o.griffin_topk and step > 1:
-                reach = mask * (pos >= step - 1)
-                parts[f"aligned{step}"] = (valid.sum() / reach.sum().clamp(min=1)).item()
-            if step < o.steps:
-                if o.griffin_topk:
-                    with torch.no_grad():
-                        align = alignable_next(align, lm_head(pred), fed, o.griffin_topk)
-                nxt = pred.detach() if o.hass_steps > 1 else pred
-                x = torch.cat([torch.zeros_like(nxt[:, :1]), nxt[:, :-1]], dim=1)  # chain's feature moves to p + 1
-        return total, parts
+            vloss, ploss, topkloss, parts = step_terms(pred, batch["target"], valid, lm_head, o, tag)
+            return pred, kv, o.v_weight * vloss + o.p_weight * ploss + o.topk_weight * topkloss, parts
+
+        return unrolled_loss(step_loss, o, batch, self.draft_lm_head)
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],

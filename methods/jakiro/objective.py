@@ -1,37 +1,42 @@
 """The ``jakiro`` training objective (released code github.com/haiduo/Jakiro ``jakiro/train/main.py``): EAGLE's losses
-on the mixture M plus ``contrast_weight`` x the same on the contrastive output C against the feature two steps ahead.
+on the mixture M plus ``contrast_weight`` x the same on the contrastive output C against the feature two steps ahead,
+and the ``eagle`` objective's multi-step options (EAGLE-3's training-time test, arXiv:2503.01840 Sec. 3; HASS,
+arXiv:2408.15766 Sec. 3; GRIFFIN, arXiv:2502.11018 Sec. 3) for the steps the head drafts autoregressively from M.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from harness.train.objectives import Objective, register_objective
-from methods.eagle.objective import eagle_losses, eagle_unrolled_hits
+from methods.eagle.objective import (
+    EagleObjectiveOptions,
+    eagle_losses,
+    eagle_unrolled_hits,
+    step_terms,
+    unrolled_loss,
+)
 from methods.jakiro.checkpoint import save_jakiro_head
 from methods.jakiro.head import JakiroHead
 
 
 @dataclass
-class JakiroObjectiveOptions:
+class JakiroObjectiveOptions(EagleObjectiveOptions):
     """Jakiro training (released ``jakiro/train/main.py``): ``L = v_weight (vloss_M + c vloss_C) + p_weight (ploss_M + c
     ploss_C)`` with
     c = ``contrast_weight`` (0.5 published; 0 trains without the contrastive output, Table 4's "without both").
     ``num_experts`` N, ``experts_per_tok`` K (None = min(2, N): the released K = 2, and all of them when N = 1, so an
     expert-count sweep ``--sweep num_experts=1,2,3,4`` needs no second flag), ``expert_intermediate_size``
-    (None = H, as released)."""
+    (None = H, as released). The weights, ``bias``, ``train_vocab`` and the multi-step options (``unroll``,
+    ``unroll_decay``, ``hass_steps``, ``topk_weight``, ``topk``, ``griffin_topk``) are the ``eagle`` objective's, with
+    its defaults (the published single step)."""
 
     num_experts: int = 2
     experts_per_tok: int | None = None
     expert_intermediate_size: int | None = None
-    p_weight: float = 0.1
-    v_weight: float = 1.0
     contrast_weight: float = 0.5
-    bias: bool = True
-    train_vocab: int = 0  # as the eagle objective's: 0 = full vocabulary (published)
 
     def __post_init__(self):
         if isinstance(self.num_experts, int) and self.num_experts >= 1 and self.experts_per_tok is None:
@@ -44,16 +49,7 @@ class JakiroObjectiveOptions:
                              f"got {self.expert_intermediate_size}")
         if min(self.p_weight, self.v_weight, self.contrast_weight) < 0:
             raise ValueError("p_weight, v_weight and contrast_weight must be >= 0")
-
-
-def jakiro_losses(mixture: torch.Tensor, contrast: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
-                  lm_head: nn.Module) -> dict[str, torch.Tensor]:
-    """The four Jakiro loss terms: M against f_{t+1} (``target[t]``, mask ``mask[t]``) and C against f_{t+2}
-    (``target[t+1]``, mask ``mask[t+1]``; C at the last position has no target and is dropped).
-    mixture, contrast, target [B, S, H]; mask [B, S] -> {vloss1, ploss1, vloss2, ploss2}."""
-    vloss1, ploss1, _ = eagle_losses(mixture, target, mask, lm_head)
-    vloss2, ploss2, _ = eagle_losses(contrast[:, :-1], target[:, 1:], mask[:, 1:], lm_head)
-    return {"vloss1": vloss1, "ploss1": ploss1, "vloss2": vloss2, "ploss2": ploss2}
+        super().__post_init__()
 
 
 @register_objective("jakiro")
@@ -72,15 +68,30 @@ class JakiroObjective(Objective):
                                      expert_intermediate_size=o.expert_intermediate_size).float()
 
     def loss(self, head, batch):
-        B, S = batch["input_ids"].shape
-        pos = torch.arange(S, device=batch["input_ids"].device).expand(B, S)
-        out, _ = head.forward_outputs(batch["features"], batch["input_ids"], pos, contrast=True)
-        parts = jakiro_losses(out.mixture, out.contrast, batch["target"], batch["loss_mask"],
-                              self.draft_lm_head.compact)
+        """Step 1: M against f_{t+1} (``target[t]``, mask ``loss_mask[t]``) and C against f_{t+2} (``target[t+1]``,
+        mask ``loss_mask[t+1]``; C at the last position has no target and is dropped), weighted as published.
+        Drafting feeds M back (then drafts the last level from M and C in parallel, arXiv:2502.06282 Sec. 3), so
+        ``unroll``/``hass_steps`` n > 1 train steps 2..n on M alone, fed the head's own M, exactly as the ``eagle``
+        objective trains its steps (:func:`methods.eagle.objective.unrolled_loss`); C keeps its step-1 loss.
+        Parts: ``vloss1``, ``ploss1`` (M), ``vloss2``, ``ploss2`` (C), with ``topk_weight`` ``topkloss1``, and for
+        each later step j ``vloss_step<j>``, ``ploss_step<j>`` (``topkloss_step<j>``; GRIFFIN's ``aligned<j>``)."""
         o = self.options
-        loss = (o.v_weight * (parts["vloss1"] + o.contrast_weight * parts["vloss2"])
-                + o.p_weight * (parts["ploss1"] + o.contrast_weight * parts["ploss2"]))
-        return loss, {name: value.item() for name, value in parts.items()}
+        lm_head = self.draft_lm_head.compact
+        target = batch["target"]
+
+        def step_loss(step, x, pos, kv, attn, valid):
+            out, kv = head.forward_outputs(x, batch["input_ids"], pos, kv=kv, attn_mask=attn, contrast=step == 1)
+            vloss, ploss, topkloss, parts = step_terms(out.mixture, target, valid, lm_head, o,
+                                                       "1" if step == 1 else f"_step{step}")
+            if step > 1:
+                return out.mixture, kv, o.v_weight * vloss + o.p_weight * ploss + o.topk_weight * topkloss, parts
+            vloss2, ploss2, _ = eagle_losses(out.contrast[:, :-1], target[:, 1:], valid[:, 1:], lm_head)
+            parts.update(vloss2=vloss2.item(), ploss2=ploss2.item())
+            c = o.contrast_weight
+            loss = o.v_weight * (vloss + c * vloss2) + o.p_weight * (ploss + c * ploss2) + o.topk_weight * topkloss
+            return out.mixture, kv, loss, parts
+
+        return unrolled_loss(step_loss, o, batch, self.draft_lm_head)
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
