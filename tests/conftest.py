@@ -43,9 +43,9 @@ def real_target():
 @pytest.fixture(scope="session")
 def vanilla_reference(real_target):
     """``reference(prompt, max_new_tokens, runtime="eager")``: vanilla's greedy tokens on the default model, computed
-    once per (prompt, max_new_tokens, runtime) in the session. Every lossless check on the default model compares with
-    it (tests/test_default_model.py, test_runtime.py, test_draftwindow.py, test_layer_skip.py) instead of running the
-    same vanilla turn again; each call returns a fresh list."""
+    once per (prompt, max_new_tokens, runtime) in the session. Every lossless check on the default model compares
+    with it (tests/test_default_model.py, test_runtime.py, test_draftwindow.py, test_speculation_stop.py,
+    test_layer_skip.py) instead of running the same vanilla turn again; each call returns a fresh list."""
     from harness.engine.sampling import SamplingParams
     from harness.registry import get_method
 
