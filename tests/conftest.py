@@ -38,3 +38,25 @@ def real_target():
     from harness.models import load_target
 
     return load_target("smollm2-135m", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def vanilla_reference(real_target):
+    """``reference(prompt, max_new_tokens, runtime="eager")``: vanilla's greedy tokens on the default model, computed
+    once per (prompt, max_new_tokens, runtime) in the session. Every lossless check on the default model compares
+    with it (tests/test_default_model.py, test_runtime.py, test_draftwindow.py, test_speculation_stop.py,
+    test_layer_skip.py) instead of running the same vanilla turn again; each call returns a fresh list."""
+    from harness.engine.sampling import SamplingParams
+    from harness.registry import get_method
+
+    tokens: dict[tuple[tuple[int, ...], int, str], list[int]] = {}
+
+    def reference(prompt: torch.Tensor, max_new_tokens: int, runtime: str = "eager") -> list[int]:
+        key = (tuple(prompt[0].tolist()), max_new_tokens, runtime)
+        if key not in tokens:
+            vanilla = get_method("vanilla").create(real_target)
+            vanilla.runtime = runtime
+            tokens[key] = vanilla.generate(prompt, max_new_tokens, SamplingParams()).token_ids
+        return list(tokens[key])
+
+    return reference

@@ -40,10 +40,9 @@ def prompts(real_target):
 
 
 @pytest.fixture(scope="module")
-def vanilla_long(real_target, prompts):
+def vanilla_long(prompts, vanilla_reference):
     """Vanilla's greedy tokens, 16 past the budget (the oracle drafts' continuation)."""
-    vanilla = get_method("vanilla").create(real_target)
-    return [vanilla.generate(p, N_NEW + 16, SamplingParams()).token_ids for p in prompts]
+    return [vanilla_reference(p, N_NEW + 16) for p in prompts]
 
 
 @pytest.fixture(scope="module")

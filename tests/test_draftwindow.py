@@ -168,12 +168,12 @@ def test_the_window_and_the_stop_options_are_sweep_knobs():
 
 
 @pytest.mark.slow
-def test_a_small_window_on_the_default_model_keeps_vanilla_output(real_target):
+def test_a_small_window_on_the_default_model_keeps_vanilla_output(real_target, vanilla_reference):
     """The shipped EAGLE-3 head of SmolLM2-135M with an 8-position window on a 37-token chat prompt: every draft
     position past the 8th sees less than it was trained on, and the greedy output is still vanilla's."""
     prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
     method = get_method("eagle3").create(real_target, {"total_tokens": 12, "depth": 4, "top_k": 4, "draft_window": 8})
     gen = method.generate(prompt, 32, GREEDY)
-    assert gen.token_ids == Vanilla(real_target).generate(prompt, 32, GREEDY).token_ids
+    assert gen.token_ids == vanilla_reference(prompt, 32)
     assert method.cache.kv_length == 8
     check_generation(gen, method, prompt.shape[1], 32)

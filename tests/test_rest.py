@@ -21,7 +21,7 @@ from harness.engine.sampling import SamplingParams
 from harness.train.datastore import build_datastore
 from harness.train.sources import Conversation
 from methods.rest import Rest
-from tests.support.helpers import char_tokenizer, tiny_target
+from tests.support.helpers import GREEDY, build_example, char_tokenizer, tiny_target
 
 
 def test_concatenate_separates_documents():
@@ -120,6 +120,21 @@ def test_method_proposes_the_trie_of_the_longest_suffix(tmp_path):
     m.accept([5, 6], None, 9)
     assert m.context == [1, 4, 5, 6]
     assert m.describe()["datastore"]["documents"] == 3
+
+
+def test_the_test_helper_builds_the_example_datastore_once_per_target():
+    # tests/support/helpers.py build_example: REST's example store (~200 forwards of the real model) is shared by the
+    # examples of one target and seed, each with its own options; another target's or seed's store would draft from
+    # text this target never wrote, a shared method would share its options
+    target = tiny_target(eos=False)
+    first, second = build_example("rest", target), build_example("rest", target, num_draft=2)
+    assert second.store is first.store and (first.options.num_draft, second.options.num_draft) == (64, 2)
+    assert build_example("rest", target, seed=1).store is not first.store
+    assert build_example("rest", tiny_target(eos=False)).store is not first.store
+    own = Rest.example(target, num_draft=2)
+    assert own.store.tokens.tolist() == second.store.tokens.tolist()
+    prompt = torch.tensor([[5, 9, 13, 20]])
+    assert second.generate(prompt, 12, GREEDY).token_ids == own.generate(prompt, 12, GREEDY).token_ids
 
 
 def test_bad_options_name_the_field():

@@ -426,10 +426,10 @@ MOON = [{"role": "user", "content": "List three facts about the moon."}]
 
 
 @pytest.fixture(scope="module")
-def moon_eager(real_target):
+def moon_eager(real_target, vanilla_reference):
     """The moon prompt on the default model and vanilla's eager greedy tokens for it (32)."""
     prompt = real_target.render_chat(MOON)
-    return prompt, build_example("vanilla", real_target).generate(prompt, 32, GREEDY).token_ids
+    return prompt, vanilla_reference(prompt, 32)
 
 
 @pytest.mark.slow

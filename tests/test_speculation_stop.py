@@ -241,14 +241,14 @@ def test_a_training_free_method_records_the_engine_option_and_the_switch(tmp_pat
 
 
 @pytest.mark.slow
-def test_max_spec_context_on_the_default_model_keeps_vanilla_output(real_target):
+def test_max_spec_context_on_the_default_model_keeps_vanilla_output(real_target, vanilla_reference):
     """The shipped EAGLE-3 head of SmolLM2-135M on a 37-token chat prompt, speculation off past 48 tokens: the
     greedy output is vanilla's and every forward after the recorded step emits one token."""
     prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
     method = get_method("eagle3").create(real_target, {"total_tokens": 12, "depth": 4, "top_k": 4,
                                                        "max_spec_context": 48})
     gen = method.generate(prompt, 32, GREEDY)
-    assert gen.token_ids == Vanilla(real_target).generate(prompt, 32, GREEDY).token_ids
+    assert gen.token_ids == vanilla_reference(prompt, 32)
     off = gen.speculation_off
     assert off["reason"] == "max_spec_context" and 48 < off["context"] <= 48 + 5
     assert set(gen.accept_lengths[off["step"]:]) == {1}

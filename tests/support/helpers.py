@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.engine.method import Generation, Method
+from harness.engine.datastore import Datastore
+from harness.engine.method import Generation, Method, build_options
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, children_lists, depths
@@ -278,11 +280,28 @@ def registered_methods() -> list[str]:
     return [name for name in method_names() if not get_method(name).__module__.startswith("tests.")]
 
 
+# REST's example datastore (methods/rest.py, Rest.example): the target's greedy continuations of 4 random prompts,
+# ~200 full-context forwards (seconds on the real model, where three test files build it). Kept per (target, seed),
+# as long as that target lives, and shared by the REST examples built on it: the store is read-only, and each method
+# still gets its own options and context.
+_REST_STORES: dict[tuple[int, int], Datastore] = {}
+
+
 def build_example(name: str, target: Target, seed: int = 0, **options) -> Method:
     """``get_method(name).example(target, seed, **options)``; a method that cannot be built that way fails the
-    test with a message that says what to do (not a skip)."""
+    test with a message that says what to do (not a skip). REST's example reuses the datastore its first example
+    on the same target and seed built."""
     cls = get_method(name)
     try:
+        if name == "rest" and target is not None:
+            key = (id(target), seed)
+            if key in _REST_STORES:
+                return cls(target, build_options(cls.Options, options, f"method {cls.name!r}"),
+                           store=_REST_STORES[key])
+            method = cls.example(target, seed=seed, **options)
+            _REST_STORES[key] = method.store
+            weakref.finalize(target, _REST_STORES.pop, key, None)  # before its id can name another target
+            return method
         return cls.example(target, seed=seed, **options)
     except Exception as e:
         raise AssertionError(

@@ -6,7 +6,8 @@
 Greedy decoding is replayed over known text, so no model runs: the prompts are MT-bench questions in SmolLM2's chat
 template (turn 2's holds turn 1's answer), the generated text GPT-4's reference answers; each step emits the
 reference's draft prefix that agrees with the text plus one token. Needs ``arctic_inference`` importable (docs/
-reference.md says how to build it) and ``$DRAFTBENCH_DATA`` with ``eagle/mt_bench``.
+reference.md says how to build it) and ``$DRAFTBENCH_DATA`` with the ``mt_bench`` suite (read by ``load_suite``,
+checksum verified) and GPT-4's reference answers beside its questions (their sha256 pinned below).
 
     python tests/support/reference_suffix.py compare [QUESTIONS] [TOKENS]   # agreement over the replay
     python tests/support/reference_suffix.py fixture                        # tests/data/suffix_arcticinference.json
@@ -25,22 +26,28 @@ from arctic_inference.suffix_decoding import SuffixDecodingCache
 from transformers import AutoTokenizer
 
 from harness.models import resolve_target_path
+from harness.run.suites import load_suite, sha256_file
 from methods.suffix import SuffixDecoding
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "suffix_arcticinference.json"
+# FastChat's GPT-4 answers to MT-bench (30 questions), in the folder of the suite's question.jsonl
+ANSWERS = "reference_answer_gpt-4.jsonl"
+ANSWERS_SHA256 = "f957a5bc977badb66885ec970e6cd08527845780313f0995764260e5777b9b3f"
 
 
 def requests(questions: int, tokens: int) -> list[dict]:
     """[{prompt, output}] for the first ``questions`` MT-bench questions with reference answers, both turns."""
-    data = Path(os.environ.get("DRAFTBENCH_DATA", "data")) / "eagle" / "mt_bench"
+    suite = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA"))
+    path = Path(suite.source).parent / ANSWERS
+    if sha256_file(path) != ANSWERS_SHA256:
+        raise SystemExit(f"{path}: sha256 {sha256_file(path)}, expected {ANSWERS_SHA256} (another version)")
     tok = AutoTokenizer.from_pretrained(resolve_target_path("smollm2-135m"))
-    questions_ = [json.loads(line) for line in (data / "question.jsonl").read_text().splitlines()]
-    answers = [json.loads(line) for line in (data / "reference_answer_gpt-4.jsonl").read_text().splitlines()]
-    turns = {q["question_id"]: q["turns"] for q in questions_}
+    answers = [json.loads(line) for line in path.read_text().splitlines()]
+    turns = {q.question_id: q.turns for q in suite.questions}
     out = []
     for answer in answers[:questions]:
         messages = []
-        for question, text in zip(turns[answer["question_id"]], answer["choices"][0]["turns"]):
+        for question, text in zip(turns[str(answer["question_id"])], answer["choices"][0]["turns"]):
             messages.append({"role": "user", "content": question})
             prompt = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
             prompt = list(prompt if isinstance(prompt, list) else prompt["input_ids"])
