@@ -28,8 +28,9 @@ demo: setup
 	$(BIN)/draftbench run --preset demo
 	@echo "the full table: $(BIN)/draftbench run --preset cpu_speedup (80 MT-bench questions; EAGLE-3 and Jakiro too)"
 
+# the whole suite (what CI runs); the 25 slowest tests are listed at its end, so each CI log says where its time goes
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # the inner loop (about a minute on 2 CPU cores): everything but the tests marked slow (real model, processes,
 # training runs, chi-square sampling); `make test` runs them all
