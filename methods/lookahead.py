@@ -17,18 +17,22 @@ One target forward per step does two things (Sec. 3.3, "decode, predict and veri
 
 The pool and the window start empty and from the prompt at every turn (the pool persists across the steps of a turn,
 as published). The window's first level is filled with tokens drawn from the prompt (``random.Random(10)`` per
-turn: the reference code's ``random.seed(10)`` and draws, so both start from the same window); during the first
-``N - 2`` steps it grows one level per step before any n-gram is collected, as the reference code's warm-up does
-(level lengths ``W + N - 2 - step`` until they reach ``W``).
+turn: the reference code's ``random.seed(10)`` and draws); during the first ``N - 2`` steps it grows one level per
+step before any n-gram is collected, as the reference code's warm-up does (level lengths ``W + N - 2 - step`` until
+they reach ``W``).
 
 Differences from the paper and its reference code (``hao-ai-lab/LookaheadDecoding``, ``lade/decoding.py``), none of
 which changes the output (verification is lossless):
 
 - the pool's n-grams that share a prefix are merged into one trie (:func:`harness.engine.tree.graft_chain`) rather
   than verified as ``G`` disjoint rows: the accepted path is the same, in fewer slots;
+- the window's first level runs in the first step's forward: the reference runs it in the prefill's (its first draw
+  at the root's position), so its window is one step ahead and one draw on. Started that way and keeping
+  end-of-sequence tokens in the window, the harness verifies the same n-grams at every step as the reference's
+  greedy path (``docs/reference.md``, "Lookahead vs lade");
 - the window always moves by one position per step, whatever the number of tokens accepted (the reference's default
-  ``ALWAYS_FWD_ONE``); end-of-sequence tokens entering the window are replaced by prompt tokens (its
-  ``filter_window``);
+  ``ALWAYS_FWD_ONE``); end-of-sequence tokens entering the window are replaced by prompt tokens at every temperature
+  (the reference's ``filter_window`` does so only when sampling, drawing from the prompt and the text so far);
 - the window is advanced with the target's argmax at every temperature (as the reference does when sampling).
 
 Defaults: ``W = 15, N = 5, G = 15``, the 7B setting of the paper's experiments (Sec. 5; the reference README suggests

@@ -5,10 +5,11 @@ transformers 4.34's Llama): the same prompts, model, W / N / G, greedy, 64 new t
     python tests/support/reference_lookahead.py lade W N G MODEL OUT.json       # lade's venv (torch, transformers 4.34)
 
 The harness side renders MT-bench's first 5 questions, both turns (turn 2's prompt holds vanilla's turn-1 answer),
-and writes the prompt ids with vanilla's and lookahead's outputs and forwards; the lade side reads that file and
-adds lade's outputs and steps (its ``DEBUG`` summary; both count the prefill as a forward). ``MODEL``: the default
-model's folder with ``rope_theta`` written at the top of ``config.json`` (transformers 4.34 does not read
-``rope_parameters`` and would run RoPE at 10,000 instead of 100,000).
+and writes the prompt ids with vanilla's and lookahead's outputs and forwards, and those of lookahead started as
+lade's greedy path starts (:class:`LadeStart`); the lade side reads that file and adds lade's outputs and steps (its
+``DEBUG`` summary; both count the prefill as a forward). ``MODEL``: the default model's folder with ``rope_theta``
+written at the top of ``config.json`` (transformers 4.34 does not read ``rope_parameters`` and would run RoPE at
+10,000 instead of 100,000).
 """
 
 from __future__ import annotations
@@ -23,6 +24,28 @@ import sys
 import torch
 
 
+def lade_start():
+    """The harness's ``lookahead`` started as ``lade``'s greedy path (``jacobi_greedy_search_multilevel``) starts:
+    its prefill forward also runs the window's first level (the same draws, the first one at the root's position), so
+    its window enters the first step one level up and one draw on; and it keeps end-of-sequence tokens in the window
+    (its ``filter_window`` runs only when sampling). The prefill's window is an extra forward here, not counted (lade
+    runs it in the prefill, which both count once)."""
+    from methods.lookahead import Lookahead
+
+    class LadeStart(Lookahead):
+        def __init__(self, target, options=None):
+            super().__init__(target, options)
+            self.eos = frozenset()
+
+        def begin(self, prompt_ids, hidden):
+            super().begin(prompt_ids, hidden)
+            draws = self.levels[0][1:]  # [W + N - 3]
+            logits = self.target.model(torch.tensor([self.prompt + draws], device=self.device)).logits[0]
+            self.levels = [[0] + draws[1:], logits[-len(draws):].argmax(-1).tolist()]
+
+    return LadeStart
+
+
 def harness_side(w: int, n: int, g: int, out: str) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
@@ -32,6 +55,7 @@ def harness_side(w: int, n: int, g: int, out: str) -> None:
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     vanilla = get_method("vanilla").create(target, {})
     look = get_method("lookahead").create(target, {"window": w, "ngram": n, "guess": g})
+    started = lade_start().create(target, {"window": w, "ngram": n, "guess": g})
     questions = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:5]
     rows = []
     for q in questions:
@@ -41,8 +65,10 @@ def harness_side(w: int, n: int, g: int, out: str) -> None:
             ids = target.render_chat(messages)
             v = vanilla.generate(ids, 64, SamplingParams())
             la = look.generate(ids, 64, SamplingParams())
+            ls = started.generate(ids, 64, SamplingParams())
             rows.append({"qid": q.question_id, "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
-                         "lookahead": la.token_ids, "forwards": len(la.accept_lengths)})
+                         "lookahead": la.token_ids, "forwards": len(la.accept_lengths),
+                         "lade_start": ls.token_ids, "lade_start_forwards": len(ls.accept_lengths)})
             messages.append({"role": "assistant", "content": target.decode(v.token_ids)})
     with open(out, "w") as f:
         json.dump(rows, f)
@@ -72,7 +98,9 @@ def lade_side(w: int, n: int, g: int, model_path: str, out: str) -> None:
           f"{sum(r['lade'] == r['vanilla'] for r in rows)}/{len(rows)}; harness: tau "
           f"{sum(len(r['lookahead']) for r in rows) / sum(r['forwards'] for r in rows):.3f}, equal to vanilla "
           f"{sum(r['lookahead'] == r['vanilla'] for r in rows)}/{len(rows)}; forwards per turn (lade, harness): "
-          f"{[(r['lade_forwards'], r['forwards']) for r in rows]}")
+          f"{[(r['lade_forwards'], r['forwards']) for r in rows]}; harness started as lade: tau "
+          f"{sum(len(r['lade_start']) for r in rows) / sum(r['lade_start_forwards'] for r in rows):.3f}, forwards "
+          f"equal to lade's in {sum(r['lade_start_forwards'] == r['lade_forwards'] for r in rows)}/{len(rows)} turns")
 
 
 if __name__ == "__main__":
