@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from harness.measure import metrics as M
+from harness.measure import records as R
 from harness.measure import referee as RF
 from harness.measure import tables as T
 from harness.measure.report import write_report
@@ -145,6 +146,31 @@ def test_referee_table_per_turn_hand_computed():
     assert s["turns"] == 2 and s["tau_engine"] == s["tau_harness"] == pytest.approx(20 / 9)
     assert s["acc_engine"] == pytest.approx([5 / 7, 5 / 7, 3 / 7]) and s["acc_harness"] == pytest.approx(
         [6 / 7, 5 / 7, 2 / 7])
+
+
+def test_steps_in_unknown_order_are_not_compared_step_by_step(tmp_path):
+    """A served engine that reports only how many steps accepted how many drafts (llama.cpp's and SGLang's counters)
+    gives its steps in an order the client rebuilt (most accepted first): comparing them step by step with the
+    harness's would report a difference at step 0 on every turn though the engine drafted exactly what the harness
+    did. Those turns get steps_ordered False, no first differing step, and the report says they were not compared;
+    τ and acceptance per position (order-free) are still compared."""
+    assert not RF.steps_ordered({"engine_notes": [f"per-step acceptance from the server's counters "
+                                                  f"({R.UNORDERED_STEPS})"]})
+    assert RF.steps_ordered({"engine_notes": []}) and RF.steps_ordered({})
+    # q1's engine steps [2, 0, 3, 0] rebuilt from counters as [3, 2, 0, 0]: the same counts, another order
+    unordered = [dict(r, accepted_drafts=[3, 2, 0, 0], engine_notes=[f"from counters ({R.UNORDERED_STEPS})"])
+                 if r["label"] == "vllm-eagle3" and r["question_id"] == "q1" else r for r in RECORDS]
+    turns = T.turns_table(unordered, MANIFEST)
+    pairs = RF.pair_entries(RF.run_entries(turns, MANIFEST["config"]))
+    q1, q2 = RF.referee_table(turns, pairs).to_dict("records")
+    assert q1["steps_ordered"] is False and pd.isna(q1["first_step"]) and pd.isna(q1["accepted_engine"])
+    assert q1["acc_engine"] == pytest.approx([0.5, 0.5, 0.25])  # per position: the order does not matter
+    assert q2["steps_ordered"] is True
+    run = write_run(tmp_path, unordered)
+    write_report(run)
+    md = (run / "tables" / "summary.md").read_text()
+    assert "drafting steps not compared in 1/2 greedy turns" in md
+    assert "drafting steps differ in 0/1 greedy turns" in md
 
 
 def test_the_report_gains_the_referee_only_when_a_run_has_engine_entries(tmp_path):

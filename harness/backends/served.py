@@ -70,6 +70,7 @@ from harness.backends.contract import (
     steps_from_counters,
 )
 from harness.backends.prometheus import COUNTERS, diff, read_counters, read_iterations, server_kind
+from harness.measure.records import UNORDERED_STEPS
 
 OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
 LAUNCHES = ("vllm", "llama.cpp", "sglang")
@@ -331,8 +332,7 @@ class ServedBackend(Backend):
         if sglang is not None:  # the request's own acceptance, which no other client can move
             for key, value in sglang.items():
                 setattr(turn, key, value)
-            turn.notes.append("acceptance from the server's per-request spec_tokens_details (the order of the steps "
-                              "is unknown)")
+            turn.notes.append(f"acceptance from the server's per-request spec_tokens_details ({UNORDERED_STEPS})")
             return turn
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
@@ -377,7 +377,7 @@ class ServedBackend(Backend):
                                f"drafts, accepted per position {per_pos}, {n} tokens): another client is using "
                                "the server; measure at concurrency 1 on a server of its own")
         turn.accepted_steps = steps
-        turn.notes.append("per-step acceptance from the server's counters (the order of the steps is unknown)")
+        turn.notes.append(f"per-step acceptance from the server's counters ({UNORDERED_STEPS})")
         # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,
         # vLLM's own convention; exact when the drafted tokens say every draft was that deep
         k = len(per_pos)

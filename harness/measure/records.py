@@ -112,6 +112,18 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # fields that identify one observation; a resumed run skips questions whose key is complete
+# the phrase an engine turn's notes carry when its per-step counts were rebuilt without their order (served.py)
+UNORDERED_STEPS = "the order of the steps is unknown"
+
+
+def steps_ordered(rec: Mapping[str, Any]) -> bool:
+    """Whether a turn's ``accepted_drafts`` are in the order the engine verified them: False when its
+    ``engine_notes`` say the order is unknown (:data:`UNORDERED_STEPS`). Example: notes ["per-step acceptance from
+    the server's counters (the order of the steps is unknown)"] -> False; [] or no notes -> True."""
+    notes = rec.get("engine_notes")
+    return not (isinstance(notes, list) and any(UNORDERED_STEPS in str(n) for n in notes))
+
+
 KEY_FIELDS = ("label", "suite", "question_id", "temperature", "seed", "repeat")
 # bad lines named one by one per file; beyond that, one warning gives the count
 WARN_LINES_PER_FILE = 5

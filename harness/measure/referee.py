@@ -11,7 +11,10 @@ Leviathan et al. 2023, arXiv 2211.17192, §2.3). Three questions per turn:
 * τ and the acceptance per draft position of the engine next to the harness entry's
   (:func:`harness.measure.metrics.tau`, :func:`harness.measure.metrics.acceptance_per_position`);
 * at T = 0, the first drafting step whose accepted count differs (:func:`step_difference`): from there on the
-  two no longer draft from the same context.
+  two no longer draft from the same context. Only where the engine gives its steps in order: a server that
+  reports how many steps accepted how many drafts but not their order (llama.cpp's and SGLang's counters; the
+  turn's ``engine_notes`` carry :data:`harness.measure.records.UNORDERED_STEPS`) is not compared step by step
+  (``steps_ordered`` False), since the order the client rebuilds is a guess.
 
 Pairing (:func:`pair_entries`): an engine entry is held against the harness entry (eager) of the same method, the
 same ``head`` option and the same deepest draft (a chain of k drafts k deep); an entry's ``referee:`` key names
@@ -34,14 +37,15 @@ import pandas as pd
 from harness.measure import metrics as M
 from harness.measure.formatting import markdown_table, missing, number
 from harness.measure.plots import plot_referee
+from harness.measure.records import steps_ordered
 from harness.measure.rundir import atomic_file
 from harness.measure.tables import lists, max_depth, measured_rows
 
 HARNESS = "harness"
 COLUMNS = ["engine_label", "harness_label", "vanilla_label", "engine", "suite", "question_id", "turn", "temperature",
            "seed", "equal_to_vanilla", "divergence_position", "divergence_kind", "tau_engine", "tau_harness",
-           "acc_engine", "acc_harness", "steps_engine", "steps_harness", "first_step", "accepted_engine",
-           "accepted_harness", "token_position"]
+           "acc_engine", "acc_harness", "steps_engine", "steps_harness", "steps_ordered", "first_step",
+           "accepted_engine", "accepted_harness", "token_position"]
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
     harness vanilla's (T = 0; None without a vanilla turn), the first differing token and its kind, τ and the
     acceptance per position (1..the deeper of the two entries' drafts) of the engine's turn and of the harness
     entry's turn of the same prompt, and at T = 0 the first drafting step that differs (:func:`step_difference`;
-    None when every step agrees)."""
+    None when every step agrees, or when the engine's steps are not in order: ``steps_ordered`` False)."""
     ok = turns[measured_rows(turns)]
     by_label = {label: {_key(r): r for r in g.to_dict("records")} for label, g in ok.groupby("label", sort=False)}
     rows = []
@@ -191,9 +195,11 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
             tau_e, acc_e = _per_turn(rec, depth)
             tau_h, acc_h = _per_turn(ref, depth)
             acc_steps_e, acc_steps_h = rec.get("accepted_drafts"), ref.get("accepted_drafts")
+            ordered = steps_ordered(rec)
             step = (step_difference(acc_steps_e, acc_steps_h, rec.get("draft_depths") or [],
                                     ref.get("draft_depths") or [])
-                    if greedy and isinstance(acc_steps_e, list) and isinstance(acc_steps_h, list) else None)
+                    if greedy and ordered and isinstance(acc_steps_e, list) and isinstance(acc_steps_h, list)
+                    else None)
             rows.append({
                 "engine_label": pair.engine_label, "harness_label": pair.harness_label,
                 "vanilla_label": pair.vanilla_label, "engine": rec.get("engine"), "suite": rec["suite"],
@@ -204,7 +210,7 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
                 "divergence_kind": div["kind"] if div else None,
                 "tau_engine": tau_e, "tau_harness": tau_h, "acc_engine": acc_e, "acc_harness": acc_h,
                 "steps_engine": len(acc_steps_e or []), "steps_harness": len(acc_steps_h or []),
-                "first_step": step["step"] if step else None,
+                "steps_ordered": ordered, "first_step": step["step"] if step else None,
                 "accepted_engine": step["accepted_engine"] if step else None,
                 "accepted_harness": step["accepted_harness"] if step else None,
                 "token_position": step["token_position"] if step else None,
@@ -267,7 +273,11 @@ def referee_markdown(turns: pd.DataFrame, pairs: Sequence[Pair], table: pd.DataF
                          f"{int(kinds.get('disagreement', 0))} disagreements, {int(kinds.get('unknown', 0))} "
                          "without margins)")
         differ = rows[rows["first_step"].notna()]
-        stepped = rows[rows["temperature"] == 0.0]
+        greedy_rows = rows[rows["temperature"] == 0.0]
+        stepped = greedy_rows[greedy_rows["steps_ordered"].astype(bool)]
+        if len(stepped) < len(greedy_rows):
+            lines.append(f"- drafting steps not compared in {len(greedy_rows) - len(stepped)}/{len(greedy_rows)} "
+                         "greedy turns: the engine reports how many steps accepted how many drafts, not their order")
         if len(stepped):
             lines.append(f"- drafting steps differ in {len(differ)}/{len(stepped)} greedy turns"
                          + (":" if len(differ) else ""))
