@@ -96,6 +96,16 @@ def test_methods_map_to_vllm_speculative_configs():
     assert V.llm_options({}, positions=2112) == {"max_model_len": 2112}
     assert V.llm_options({}, positions=576) == {}
     assert V.llm_options({"max_model_len": 4096}, positions=8192) == {"max_model_len": 4096}
+    # a speculative entry gets its drafter's room (2k - 2 past the turn's end: vLLM drafts only while the sequence + k
+    # fits max_model_len, else it verifies dummy drafts of token 0), within the target's window; without it a
+    # 4096-token prompt's last 3 drafting steps (k = 3) were dummies and its τ read low
+    k3 = {"method": "eagle3", "num_speculative_tokens": 3}
+    assert V.drafter_room(k3) == 4 and V.drafter_room(None) == 0 and V.drafter_room({"num_speculative_tokens": 1}) == 0
+    assert V.llm_options({}, positions=4160, speculative=k3, window=8192) == {"max_model_len": 4164}
+    assert V.llm_options({}, positions=4160, speculative=k3, window=4162) == {"max_model_len": 4162}
+    assert V.llm_options({}, positions=2046, speculative=k3, window=8192) == {"max_model_len": 2050}
+    assert V.llm_options({}, positions=4160, speculative=None, window=8192) == {"max_model_len": 4160}
+    assert V.llm_options({"max_model_len": 4160}, positions=4160, speculative=k3) == {"max_model_len": 4160}
 
 
 def test_what_vllm_cannot_run_is_one_clear_error():

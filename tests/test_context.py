@@ -238,7 +238,7 @@ def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tm
             pass
 
     def create(engine, *args):
-        started.append((engine, args[-1]))
+        started.append((engine, *args[-2:]))
         return Fixed() if engine == "vllm" else None
 
     monkeypatch.setattr(runner, "check_engine", lambda *args: None)
@@ -247,7 +247,8 @@ def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tm
                     methods=[MethodSpec("vanilla"), MethodSpec("vanilla", label="engine", engine="vllm")],
                     output_dir=str(tmp_path / "out"))
     recs = [r for r in read_records(run(cfg, target=tiny_target(eos=False), progress=False)) if r["label"] == "engine"]
-    assert started == [("harness", 131), ("vllm", 131)]  # 1024-position window: the longest bucket 128 + 3
+    # the longest bucket 128 + 3, and the target's 1024-position window (vLLM's drafter room is capped by it)
+    assert started == [("harness", 131, 1024), ("vllm", 131, 1024)]
     assert [(r["context_bucket"], r["prompt_tokens"], r["prefill_time_s"]) for r in recs] == \
         [(64, 64, 0.25), (64, 64, 0.25), (128, 128, 0.25), (128, 128, 0.25)]
     assert all(r["kv_cache_bytes"] is None and r["draft_kv_bytes"] is None for r in recs)

@@ -59,24 +59,28 @@ def _served_options(method: str, options: Any, given: set[str], target: str,
 
 
 def create_backend(engine: str, method: str, options: Any, given: set[str], target: str, target_path: str,
-                   dtype: str, engine_options: dict[str, Any] | None, positions: int | None = None) -> Backend | None:
+                   dtype: str, engine_options: dict[str, Any] | None, positions: int | None = None,
+                   window: int | None = None) -> Backend | None:
     """The backend of a method entry (None for ``engine: harness``); it is loaded (or connected) and ready.
-    ``positions``: the context a run of long prompts needs, for a vLLM it starts (``vllm.llm_options``)."""
+    ``positions``: the context a run of long prompts needs, for a vLLM it starts (``vllm.llm_options``, which adds
+    its drafter's room within the target's ``window``)."""
     check_engine(engine, method, options, given, target, engine_options)
     if engine == "harness":
         return None
     if engine == "openai":
-        return _served_backend(method, options, given, target, target_path, dtype, engine_options, positions)
+        return _served_backend(method, options, given, target, target_path, dtype, engine_options, positions,
+                               window)
     from harness.backends.vllm import VLLMBackend, llm_options, speculative_config
 
-    backend = VLLMBackend(target_path, dtype, speculative_config(method, options, given, target, engine_options),
-                          llm_options(engine_options, positions))
+    speculative = speculative_config(method, options, given, target, engine_options)
+    backend = VLLMBackend(target_path, dtype, speculative, llm_options(engine_options, positions, speculative, window))
     backend.engine_options = dict(engine_options or {})
     return backend
 
 
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
-                    engine_options: dict[str, Any] | None, positions: int | None) -> Backend:
+                    engine_options: dict[str, Any] | None, positions: int | None,
+                    window: int | None = None) -> Backend:
     from harness.backends.served import OPTIONS, ServedBackend
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
@@ -100,7 +104,8 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
         from harness.backends import launch
         from harness.backends.vllm import llm_options
 
-        serve_options = llm_options({k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}, positions)
+        serve_options = llm_options({k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}, positions,
+                                    spec, window)
         server = launch.launch_vllm(target, target_path, dtype, spec, serve_options,
                                     float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,

@@ -201,7 +201,22 @@ PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parall
 EXECUTORS = ("mp", "ray", "uni", "external_launcher")  # distributed_executor_backend
 
 
-def llm_options(engine_options: dict[str, Any] | None, positions: int | None = None) -> dict[str, Any]:
+def drafter_room(speculative: dict[str, Any] | None) -> int:
+    """The positions past a turn's last token that vLLM needs for its drafter to run until the turn ends:
+    2k - 2 for k speculative tokens (0 without speculation). vLLM 0.32 runs the drafter only while the longest
+    sequence + k fits its ``max_model_len`` (``GPUModelRunner._input_fits_in_drafter``,
+    ``vllm/v1/worker/gpu_model_runner.py``); otherwise it verifies draft slots filled with token id 0 (and counts
+    them as drafted), so without this room a turn that ends near ``max_model_len`` loses its last drafting steps.
+    A ``max_model_len`` of P + N + 2k - 2 lets it draft to the end of an N-token answer to a P-token prompt
+    (measured: a 4,096-token prompt, 64 new tokens, k = 3: with 4,160 vLLM's drafter stopped three steps before the
+    turn's end, with 4,164 it drafted the harness's tokens at every step).
+    Examples: {"method": "eagle3", "num_speculative_tokens": 3} -> 4; None -> 0; k = 1 -> 0."""
+    k = int((speculative or {}).get("num_speculative_tokens") or 0)
+    return max(2 * k - 2, 0)
+
+
+def llm_options(engine_options: dict[str, Any] | None, positions: int | None = None,
+                speculative: dict[str, Any] | None = None, window: int | None = None) -> dict[str, Any]:
     """The ``LLM(...)`` arguments of ``engine_options`` (every key but ``speculative_config``), among them vLLM's
     parallelism: ``tensor_parallel_size``, ``pipeline_parallel_size`` (GPUs, or nodes with the Ray executor),
     ``distributed_executor_backend`` (``mp`` on one machine, ``ray`` across a Ray cluster), ``nnodes`` /
@@ -210,14 +225,20 @@ def llm_options(engine_options: dict[str, Any] | None, positions: int | None = N
     ``positions``: what a run of long prompts needs (:func:`harness.run.context.engine_positions`); beyond the
     worker's default ``max_model_len`` (2048, :data:`~harness.backends.vllm_worker.CPU_DEFAULTS`), under which vLLM
     refuses a 2048-token prompt and stops a shorter one's answer at 2048 positions, it becomes ``max_model_len``
-    unless the engine options set one.
+    unless the engine options set one, with room for the drafter of ``speculative`` (:func:`drafter_room`), within
+    the target's ``window`` (its ``max_position_embeddings``: vLLM refuses a longer ``max_model_len``).
 
     Examples: {"speculative_config": {...}, "tensor_parallel_size": 2} -> {"tensor_parallel_size": 2};
-    ({}, positions=2112) -> {"max_model_len": 2112}; ({}, positions=576) -> {}.
+    ({}, positions=2112) -> {"max_model_len": 2112}; ({}, positions=576) -> {};
+    ({}, positions=4160, speculative with k = 3, window=8192) -> {"max_model_len": 4164}; the same with
+    window=4162 -> {"max_model_len": 4162} (the window caps it).
     """
     out = {k: v for k, v in (engine_options or {}).items() if k != "speculative_config"}
-    if positions is not None and "max_model_len" not in out and positions > CPU_DEFAULTS["max_model_len"]:
-        out["max_model_len"] = positions
+    if positions is not None and "max_model_len" not in out:
+        needed = positions + drafter_room(speculative)
+        needed = min(needed, window) if window else needed
+        if needed > CPU_DEFAULTS["max_model_len"]:
+            out["max_model_len"] = needed
     for key in PARALLEL_SIZES:
         value = out.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

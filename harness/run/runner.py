@@ -455,8 +455,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
         suites = built_suites(suites, target)
-        positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens,
-                                          getattr(target.config, "max_position_embeddings", None))
+        window = getattr(target.config, "max_position_embeddings", None)
+        positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens, window)
                          for s in suites if s.context is not None), default=None)
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
         for spec in entries:
@@ -464,7 +464,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             methods[spec.label].runtime = spec.runtime
             methods[spec.label].backend = create_backend(
                 spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
-                str(target.dtype).replace("torch.", ""), spec.engine_options, positions)
+                str(target.dtype).replace("torch.", ""), spec.engine_options, positions, window)
             if hasattr(methods[spec.label].target_runner, "on_compile"):
                 methods[spec.label].target_runner.on_compile = say.on_compile
         if manifest is None and dist.rank == 0:
