@@ -111,7 +111,6 @@ from harness.schema import Bound, NonEmpty, expected, type_error
 if TYPE_CHECKING:
     import pandas as pd
 
-# fields that identify one observation; a resumed run skips questions whose key is complete
 # the phrase an engine turn's notes carry when its per-step counts were rebuilt without their order (served.py)
 UNORDERED_STEPS = "the order of the steps is unknown"
 
@@ -124,6 +123,7 @@ def steps_ordered(rec: Mapping[str, Any]) -> bool:
     return not (isinstance(notes, list) and any(UNORDERED_STEPS in str(n) for n in notes))
 
 
+# fields that identify one observation; a resumed run skips questions whose key is complete
 KEY_FIELDS = ("label", "suite", "question_id", "temperature", "seed", "repeat")
 # bad lines named one by one per file; beyond that, one warning gives the count
 WARN_LINES_PER_FILE = 5
