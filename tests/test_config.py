@@ -43,6 +43,8 @@ def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
 @pytest.mark.parametrize("data, message", [
     ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be 0 \(greedy\) or a finite number >= 1e-05, got -1"),
     ({"limit": 0}, r"run\.limit: must be a positive integer"),
+    # stratify without a limit would silently run every question of every task
+    ({"stratify": True}, r"run\.stratify: counts `limit` per category; set a limit too"),
     ({"max_new_tokens": "many"}, r"run\.max_new_tokens: expected an integer"),
     ({"tempratures": [0]}, r"unknown field 'tempratures' \(did you mean 'temperatures'\?\)"),
     ({"methods": [{"name": "vanilla"}, "vanilla"]}, r"run\.methods: duplicate labels \['vanilla'\]"),

@@ -185,12 +185,14 @@ def test_parquet_accepts_a_column_mixing_names_and_rank_paths(tmp_path):
     # (Arrow refuses such a column; the 80-question MT-bench run lost its report to this) and keep both values
     from harness.measure.report import _write_table
 
-    df = pd.DataFrame({"label": ["eagle1", "medusa", "vanilla"],
-                       "opt.tree": ["eagle_mc_sim_7b_63", [[0], [0, 0], [1]], None],
-                       "accept_lengths": [[1, 2], [3], [1]]})
+    # (suffix's ``tree`` is a boolean in the same column: the every-method preset lost its report to that)
+    df = pd.DataFrame({"label": ["eagle1", "medusa", "suffix", "vanilla"],
+                       "opt.tree": ["eagle_mc_sim_7b_63", [[0], [0, 0], [1]], True, None],
+                       "accept_lengths": [[1, 2], [3], [2], [1]]})
     files = _write_table(df, tmp_path / "turns")
     back = pd.read_parquet(files["turns_parquet"])
-    assert back["opt.tree"].tolist()[:2] == ["eagle_mc_sim_7b_63", "[[0], [0, 0], [1]]"]
+    assert back["opt.tree"].tolist()[:3] == ["eagle_mc_sim_7b_63", "[[0], [0, 0], [1]]", "true"]
+    assert pd.isna(back["opt.tree"][3])
     assert list(back["accept_lengths"][0]) == [1, 2]
 
 

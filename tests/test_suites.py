@@ -1,5 +1,6 @@
 """suites: YAML definitions, loading with checksums and counts, selection, user files, errors and fetching."""
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -112,6 +113,16 @@ def test_select_limit_and_ids_keep_file_order():
     assert [q.question_id for q in suite.select(question_ids=["4", "2"]).questions] == ["2", "4"]
     assert [q.question_id for q in suite.select(limit=1, question_ids=[4, 3]).questions] == ["3"]
     assert len(suite) == 4 and suite.select().questions == suite.questions
+
+
+def test_select_per_category_takes_the_first_of_every_category():
+    """A stratified short run (``stratify: true``) must cover every category in file order: taking the first
+    ``limit`` overall would run only Spec-Bench's first task (its first 80 rows are all MT-bench)."""
+    qs = [Question(question_id=f"q{i}", category=c, turns=["t"]) for i, c in enumerate("aabba", start=1)]
+    suite = dataclasses.replace(load_suite("tiny"), questions=qs)
+    assert [q.question_id for q in suite.select(limit=1, per_category=True).questions] == ["q1", "q3"]
+    assert [q.question_id for q in suite.select(limit=2, per_category=True).questions] == ["q1", "q2", "q3", "q4"]
+    assert [q.question_id for q in suite.select(limit=2).questions] == ["q1", "q2"]
 
 
 def test_select_unknown_id_lists_valid_ones():

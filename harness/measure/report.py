@@ -110,16 +110,17 @@ def _json_cell(v: Any) -> Any:
 
 
 def _for_parquet(df: pd.DataFrame) -> pd.DataFrame:
-    """Cells Arrow cannot type as JSON text: dicts (e.g. an ``error`` object; Arrow cannot mix dicts and None) and
-    lists in a column that also holds scalars (e.g. ``opt.tree``: a tree name for one method, rank paths for
-    another)."""
+    """Cells Arrow cannot type as JSON text, strings kept as they are: dicts (e.g. an ``error`` object; Arrow cannot
+    mix dicts and None) and any column mixing kinds other than numbers (e.g. ``opt.tree``: a tree name for eagle1,
+    rank paths for medusa, ``true`` for suffix)."""
     out = df.copy()
     for col in out.columns:
         if out[col].dtype != object:
             continue
         kinds = {type(v) for v in out[col] if v is not None and not (isinstance(v, float) and v != v)}
-        if dict in kinds or (list in kinds and len(kinds) > 1):
-            out[col] = out[col].map(lambda v: json.dumps(v) if isinstance(v, (dict, list)) else v)
+        if dict in kinds or (len(kinds) > 1 and not kinds <= {int, float}):
+            out[col] = out[col].map(lambda v: v if v is None or isinstance(v, str) or (isinstance(v, float) and v != v)
+                                    else json.dumps(v))
     return out
 
 

@@ -136,8 +136,8 @@ def dry_run(table: Table, parts: list[Part], config_of, model_dir: dict[str, str
                    "top)")
         labels = len(cfg.methods)
         try:
-            suites = [load_suite(s, cfg.data_dir or os.environ.get("DRAFTBENCH_DATA")).select(cfg.limit)
-                      for s in cfg.suites]
+            data_dir = cfg.data_dir or os.environ.get("DRAFTBENCH_DATA")
+            suites = [load_suite(s, data_dir).select(cfg.limit, per_category=cfg.stratify) for s in cfg.suites]
         except DataError as e:
             out.append(f"  generations: unknown, suite data missing ({e})")
             total_gen = None

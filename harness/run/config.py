@@ -68,6 +68,8 @@ class RunConfig:
     methods: list[MethodSpec] = field(default_factory=lambda: [MethodSpec("vanilla")])
     suites: list[str] = field(default_factory=lambda: ["mt_bench"])
     limit: int | None = None              # first N questions of each suite
+    stratify: bool = False                # true: ``limit`` counts per category (after a suite's category_groups:
+    #                                       Spec-Bench's six tasks), so a short run covers every task
     questions: list[str] | None = None    # or these question ids
     max_new_tokens: int = 512             # unless a suite sets its own
     temperatures: list[float] = field(default_factory=lambda: [0.0])
@@ -149,6 +151,8 @@ class RunConfig:
             except ContextError as e:
                 raise ConfigError(str(e)) from None
         need(self.limit is None or self.limit > 0, "limit", f"must be a positive integer, got {self.limit}")
+        need(not self.stratify or self.limit is not None, "stratify",
+             "counts `limit` per category; set a limit too (without one every question runs)")
         need(self.max_new_tokens > 0, "max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
         from harness.engine.sampling import TEMPERATURE_RULE, check_temperature
 
@@ -225,9 +229,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``) are left out, so that
-        the digest of an unchanged configuration stays the same and comparisons with older runs do not report a
-        difference that is none."""
+        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``, ``stratify`` false)
+        are left out, so that the digest of an unchanged configuration stays the same and comparisons with older runs
+        do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
@@ -241,6 +245,8 @@ class RunConfig:
             d.pop("context_buckets")
         if d.get("load") is None:
             d.pop("load")
+        if not d.get("stratify"):
+            d.pop("stratify")
         for m in d["methods"]:
             for key in ("runtime", "engine", "engine_options", "referee"):
                 if m.get(key) is None:

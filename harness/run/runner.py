@@ -412,7 +412,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     say = Progress(enabled=progress and dist.rank == 0)
 
     data_dir = config.data_dir or os.environ.get("DRAFTBENCH_DATA")
-    suites = [load_suite(s, data_dir, config.context_buckets).select(config.limit, config.questions)
+    suites = [load_suite(s, data_dir, config.context_buckets).select(config.limit, config.questions, config.stratify)
               for s in config.suites]
     if manifest is not None:
         check_suites_unchanged(manifest, suites, run_dir)

@@ -91,13 +91,15 @@ class Suite:
     context: Recipe | None = None  # a context suite's recipe (harness.run.context); its documents follow
     documents: list[tuple[str, str]] | None = None  # (source question_id, text) of a context suite's documents
 
-    def select(self, limit: int | None = None, question_ids: list[str] | None = None) -> Suite:
+    def select(self, limit: int | None = None, question_ids: list[str] | None = None,
+               per_category: bool = False) -> Suite:
         """A copy with only ``question_ids`` (kept in file order), then only the first ``limit`` of those; in a
-        context suite, the first ``limit`` of every bucket.
+        context suite, the first ``limit`` of every bucket; with ``per_category``, the first ``limit`` of every
+        category (after the suite's ``category_groups``: Spec-Bench's six tasks), so a short run covers each task.
 
         Example: questions q1, q2, q3; select(question_ids=["q3", "q1"]) -> [q1, q3]; select(limit=2) -> [q1, q2].
         Context suite with buckets 512, 1024 and prompts 512-0, 512-1, 1024-0, 1024-1: select(limit=1) -> 512-0,
-        1024-0.
+        1024-0. Categories a, a, b, b, a (q1..q5): select(limit=1, per_category=True) -> [q1, q3].
         """
         questions = self.questions
         if question_ids is not None:
@@ -115,6 +117,14 @@ class Suite:
                 raise DataError(f"limit must be a positive integer or None, got {limit!r}")
             if self.context is not None:
                 questions = [q for q in questions if q.context["prompt"] < limit]
+            elif per_category:
+                taken: dict[str | None, int] = {}
+                kept = []
+                for q in questions:
+                    taken[q.category] = taken.get(q.category, 0) + 1
+                    if taken[q.category] <= limit:
+                        kept.append(q)
+                questions = kept
             else:
                 questions = questions[:limit]
         return dataclasses.replace(self, questions=list(questions))
