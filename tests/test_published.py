@@ -396,18 +396,23 @@ def test_categories_select_questions_for_leaderboard_columns():
 # ------------------------------------------------------------------------------------- spec_bench suite, template
 
 
-def test_spec_bench_definition_has_no_pinned_checksum_yet():
-    """The definition must say honestly that the checksum is unknown (null) and group MT-bench's categories."""
+def test_spec_bench_definition_pins_the_cited_commit():
+    """The definition pins the file of the commit the published Spec-Bench tables cite (its digest read from the
+    repository): a download from a moving branch, or a different file, must not load silently. MT-bench's categories
+    are grouped as Spec-Bench's one task."""
     info = suite_info("spec_bench")
-    assert info["sha256"] is None and info["records"] == 480
+    assert info["sha256"] == "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04"
+    assert info["records"] == 480
     assert info["category_groups"]["mt_bench"][:2] == ["writing", "roleplay"]
-    assert info["source_url"].endswith("hemingkx/Spec-Bench/main/data/spec_bench/question.jsonl")
+    assert info["source_url"].endswith(
+        "hemingkx/Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl")
 
 
 @pytest.fixture()
 def sample_suite(monkeypatch, tmp_path):
-    """The spec_bench definition over tests/data/spec_bench_sample.jsonl (8 records in Spec-Bench's format)."""
-    info = {**suite_info("spec_bench"), "records": 8}
+    """The spec_bench definition over tests/data/spec_bench_sample.jsonl (8 records in Spec-Bench's format), with
+    no checksum (trust on first fetch: the sample is not the pinned upstream file)."""
+    info = {**suite_info("spec_bench"), "records": 8, "sha256": None}
     monkeypatch.setattr(suites, "suite_info", lambda name: info)
     return tmp_path
 
