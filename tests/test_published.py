@@ -22,11 +22,15 @@ STANDIN = DATA / "standin_eagle2.yaml"
 
 # name -> (rows, runnable rows, reported numbers): what the shipped files hold
 SHIPPED = {
-    "eagle1_paper": (2, 2, 12),
-    "eagle2_paper": (3, 3, 14),
-    "eagle3_paper": (2, 2, 20),
-    "eagle3_sglang_batch": (1, 0, 2),
+    "eagle1_paper": (6, 6, 48),
+    "eagle1_paper_t1": (6, 6, 46),
+    "eagle2_paper": (23, 21, 310),
+    "eagle2_paper_t1": (10, 10, 140),
+    "eagle3_paper": (14, 10, 168),
+    "eagle3_paper_t1": (10, 7, 120),
+    "eagle3_sglang_batch": (2, 0, 18),
     "eagle3_sglang_h100": (3, 0, 3),
+    "eagle3_vllm_batch": (2, 0, 16),
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
@@ -79,6 +83,19 @@ def test_every_shipped_table_validates(name):
     ("eagle3_sglang_batch", "sglang_eagle3_chain3", "bs64", "throughput_ratio", 1.38),
     ("eagle3_sglang_h100", "sglang_eagle3", "mt_bench", "tokens_per_s", 373.25),
     ("eagle3_sglang_h100", "sglang_vanilla", "mt_bench", "tokens_per_s", 158.34),
+    ("eagle3_paper", "llama33_instruct_70b_eagle3", "humaneval", "speedup", 4.79),
+    ("eagle3_paper", "dsl_8b_eagle3", "gsm8k", "tau", 6.93),
+    ("eagle3_paper", "vicuna_13b_hydra", "mean", "tau", 3.5),
+    ("eagle3_paper_t1", "vicuna_13b_eagle3", "mt_bench", "speedup", 4.57),
+    ("eagle3_paper_t1", "dsl_8b_eagle2", "cnn_dm", "tau", 3.13),
+    ("eagle2_paper", "llama2_chat_13b_eagle2", "nq", "speedup", 3.51),
+    ("eagle2_paper", "vicuna_7b_pld", "cnn_dm", "tau", 2.72),
+    ("eagle2_paper_t1", "llama2_chat_7b_eagle2", "humaneval", "tau", 5.06),
+    ("eagle1_paper", "llama2_chat_70b_eagle1", "humaneval", "speedup", 3.52),
+    ("eagle1_paper", "vicuna_33b_eagle1", "mt_bench", "tau", 3.68),
+    ("eagle1_paper_t1", "vicuna_33b_eagle1", "gsm8k", "speedup", 2.77),
+    ("eagle3_sglang_batch", "sglang_eagle_chain3", "bs24", "throughput_ratio", 0.93),
+    ("eagle3_vllm_batch", "vllm_eagle3_chain2", "bs56", "throughput_ratio", 1.01),
 ])
 def test_shipped_cells_hold_the_published_numbers(name, row, column, metric, value):
     """Spot checks against the sources (the cell a reader would look up first); a shifted column would fail."""
@@ -94,6 +111,73 @@ def test_jakiro_mean_column_is_the_mean_of_its_six_cells(name):
         for metric in ("speedup", "tau", "tau_eagle_step"):
             six = [row.cells[c][metric] for c in ("mt_bench", "humaneval", "gsm8k", "alpaca", "cnn_dm", "nq")]
             assert sum(six) / 6 == pytest.approx(row.cells["mean"][metric], abs=0.011), (row.id, metric)
+
+
+# (table, row, metric) -> (printed mean, mean of the printed cells): the papers' own inconsistencies, kept as printed
+PAPER_MEAN_SLIPS = {
+    ("eagle3_paper", "llama33_instruct_70b_eagle3", "speedup"): (4.12, 4.162),
+    ("eagle3_paper_t1", "llama31_instruct_8b_eagle3", "speedup"): (3.45, 3.482),
+    ("eagle2_paper_t1", "vicuna_13b_sps", "speedup"): (1.55, 1.568),
+}
+
+
+@pytest.mark.parametrize("name", ["eagle2_paper", "eagle2_paper_t1", "eagle3_paper", "eagle3_paper_t1"])
+def test_printed_means_recompute_from_the_cells(name):
+    """EAGLE-2's and EAGLE-3's Table 1 print a mean column: the mean of a row's printed cells must give it back
+    within 0.01 (each cell is rounded to 0.005 and so is the mean). A misread or shifted cell moves the mean of its
+    row by 0.1 / 6 or more for any misread digit but the last, and fails here; the three rows where the paper itself
+    is off are listed with both numbers."""
+    table = load_table(name)
+    checked = 0
+    for row in table.rows:
+        if "mean" not in row.cells:
+            continue
+        suites = table.columns["mean"].mean_of
+        for metric in ("speedup", "tau"):
+            recomputed = sum(row.cells[c][metric] for c in suites) / len(suites)
+            slip = PAPER_MEAN_SLIPS.get((name, row.id, metric))
+            if slip:
+                assert (row.cells["mean"][metric], recomputed) == pytest.approx(slip, abs=1e-3)
+            else:
+                assert recomputed == pytest.approx(row.cells["mean"][metric], abs=0.01), (row.id, metric)
+            checked += 1
+    assert checked == 2 * len([r for r in table.rows if r.id != "llama3_instruct_8b_eagle2"])
+
+
+# (table, row) of one paper -> (table, row) of another printing the same measurement, and the cells they differ in
+SAME_MEASUREMENT = [
+    ("eagle3_paper", "vicuna_13b", "eagle2_paper", "vicuna_13b",
+     ["sps", "pld", "medusa", "lookahead", "hydra", "eagle1", "eagle2"]),
+    ("eagle3_paper_t1", "vicuna_13b", "eagle2_paper_t1", "vicuna_13b", ["sps", "eagle1", "eagle2"]),
+    ("eagle1_paper", "vicuna_7b", "eagle2_paper", "vicuna_7b", ["eagle1"]),
+    ("eagle1_paper", "vicuna_13b", "eagle2_paper", "vicuna_13b", ["eagle1"]),
+    ("eagle1_paper", "llama2_chat_7b", "eagle2_paper", "llama2_chat_7b", ["eagle1"]),
+    ("eagle1_paper", "llama2_chat_13b", "eagle2_paper", "llama2_chat_13b", ["eagle1"]),
+    ("eagle1_paper_t1", "vicuna_7b", "eagle2_paper_t1", "vicuna_7b", ["eagle1"]),
+    ("eagle1_paper_t1", "vicuna_13b", "eagle2_paper_t1", "vicuna_13b", ["eagle1"]),
+    ("eagle1_paper_t1", "llama2_chat_7b", "eagle2_paper_t1", "llama2_chat_7b", ["eagle1"]),
+    ("eagle1_paper_t1", "llama2_chat_13b", "eagle2_paper_t1", "llama2_chat_13b", ["eagle1"]),
+]
+
+
+@pytest.mark.parametrize("a, a_target, b, b_target, methods", SAME_MEASUREMENT)
+def test_cells_two_papers_print_for_one_measurement_agree(a, a_target, b, b_target, methods):
+    """The EAGLE papers reprint their predecessors' rows: EAGLE-3's Vicuna-13B baselines are EAGLE-2's, EAGLE-2's
+    EAGLE rows are EAGLE-1's Tables 1-2 and Figures 1-2. Both files were read from different texts, so a cell misread
+    in one of them differs here. The one cell the papers themselves print differently: Vicuna-7B Alpaca tau at T = 0
+    (EAGLE-1 3.86, EAGLE-2 3.89)."""
+    ta, tb = load_table(a), load_table(b)
+    compared = 0
+    for m in methods:
+        ra, rb = ta.row(f"{a_target}_{m}"), tb.row(f"{b_target}_{m}")
+        for col in set(ra.cells) & set(rb.cells) - {"mean"}:
+            for metric in set(ra.cells[col]) & set(rb.cells[col]):
+                if (a, ra.id, col, metric) == ("eagle1_paper", "vicuna_7b_eagle1", "alpaca", "tau"):
+                    assert (ra.cells[col][metric], rb.cells[col][metric]) == (3.86, 3.89)
+                else:
+                    assert ra.cells[col][metric] == rb.cells[col][metric], (ra.id, col, metric)
+                compared += 1
+    assert compared == {"eagle3_paper": 70, "eagle3_paper_t1": 30}.get(a, 8)
 
 
 def test_rows_of_other_targets_or_budgets_are_kept_apart():
@@ -201,7 +285,8 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     """EAGLE-3's SGLang tables (arXiv:2503.01840v3, Tables 3-4) were measured in SGLang v0.4.4 on one H100 at batch
     sizes 2..64 and 1: a table that lost its engine or batch sizes would be compared with draftbench's batch-1 loop."""
     batch = load_table("eagle3_sglang_batch")
-    assert (batch.engine["name"], batch.engine["version"], batch.batch_sizes()) == ("sglang", "v0.4.4", [2, 64])
+    assert (batch.engine["name"], batch.engine["version"], batch.batch_sizes()) == (
+        "sglang", "v0.4.4", [2, 4, 8, 16, 24, 32, 48, 56, 64])
     assert "H100" in batch.hardware and not batch.runnable_rows()
     assert batch.row("sglang_eagle3_chain3").engine_options == {
         "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
@@ -209,8 +294,32 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     h100 = load_table("eagle3_sglang_h100")
     assert h100.batch_sizes() == [1] and [r.id for r in h100.rows] == ["sglang_vanilla", "sglang_eagle2",
                                                                        "sglang_eagle3"]
-    for name in ("eagle3_paper", "spec_bench_a100_vicuna13b"):
+    vllm = load_table("eagle3_vllm_batch")
+    assert (vllm.engine["name"], vllm.engine["version"], vllm.batch_sizes()) == (
+        "vllm", "not stated", [2, 4, 8, 16, 24, 32, 48, 56])
+    assert "A100" in vllm.hardware and "RTX 3090" in vllm.hardware and not vllm.runnable_rows()
+    for name in ("eagle3_paper", "eagle3_paper_t1", "spec_bench_a100_vicuna13b"):
         assert load_table(name).engine is None and load_table(name).batch_sizes() == [1]
+
+
+def test_eagle_trees_are_the_papers_per_target_size():
+    """EAGLE-2's and EAGLE-3's Appendix A: 60 / 50 / 48 draft tokens for 7B (8B) / 13B / 70B targets, depth 6 for
+    EAGLE-2 and 8 for EAGLE-3 (draftbench depths 5 and 7); EAGLE-1 one static tree for all. A 13B row run with the
+    8B node count would compare a different tree with the paper's number."""
+    e3 = load_table("eagle3_paper")
+    assert {r.id: r.options["total_tokens"] for r in e3.rows if r.method == "eagle3"} == {
+        "vicuna_13b_eagle3": 50, "llama31_instruct_8b_eagle3": 60, "llama33_instruct_70b_eagle3": 48,
+        "dsl_8b_eagle3": 60}
+    assert {r.options["depth"] for r in e3.rows if r.method == "eagle3"} == {7}
+    e2 = load_table("eagle2_paper")
+    assert {r.id: r.options["total_tokens"] for r in e2.rows if r.method == "eagle2"} == {
+        "vicuna_13b_eagle2": 50, "llama2_chat_13b_eagle2": 50, "vicuna_7b_eagle2": 60, "llama2_chat_7b_eagle2": 60,
+        "llama3_instruct_8b_eagle2": 60}
+    e1 = load_table("eagle1_paper")
+    assert {r.options["tree"] for r in e1.rows} == {"eagle_mc_sim_7b_63"}
+    assert e1.row("llama2_chat_70b_eagle1").gpus == 4
+    for name in ("eagle1_paper_t1", "eagle2_paper_t1", "eagle3_paper_t1"):
+        assert load_table(name).temperature == 1.0
 
 
 def _engine_table() -> dict:

@@ -159,11 +159,11 @@ def test_cli_lists_the_new_tables_and_dry_runs_an_engine_table(capsys):
     out = capsys.readouterr().out
     for name in ("eagle3_paper", "spec_bench_a100_vicuna13b", "spec_bench_a100_vicuna33b", "eagle3_sglang_h100"):
         assert f"\n{name} " in out
-    assert "engine sglang v0.4.4, batch 2, 64" in out
+    assert "engine sglang v0.4.4, batch 2, 4, 8, 16, 24, 32, 48, 56, 64" in out
     assert "rows: none runnable here; reported only: sglang_eagle3_chain3" in out
     assert main(["reproduce", "eagle3_sglang_batch", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "engine: sglang v0.4.4, GPU: NVIDIA H100 (one GPU), batch size(s): 2, 64" in out
+    assert "engine: sglang v0.4.4, GPU: NVIDIA H100 (one GPU), batch size(s): 2, 4, 8, 16, 24, 32, 48, 56, 64" in out
     assert ("engine options: --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
             "--speculative-num-draft-tokens 4") in out
     assert "a load sweep of that many concurrent requests through the served engine" in out
