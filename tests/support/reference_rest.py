@@ -212,7 +212,7 @@ def compare(index: str, questions: int, tokens: int, out: str | None) -> None:
                 dr_n, dr_paths = rest_query(reader, context, root)
                 dr_tree, again = closure(dr_paths), closure(rest_query(reader, context, root)[1])
                 h_n, h_conts = retrieve(store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
-                                  o.max_candidates, o.depth)
+                                        o.max_candidates, o.depth)
                 j_n, conts = retrieve(joined_store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
                                       o.max_candidates, o.depth)
                 counts = prefix_counts(conts)
@@ -233,8 +233,8 @@ def compare(index: str, questions: int, tokens: int, out: str | None) -> None:
             json.dump({"turns": rows, "steps": steps}, f)
     count = len(steps)
 
-    def share(key, value=True):
-        return sum(s[key] == value for s in steps)
+    def share(key):
+        return sum(bool(s[key]) for s in steps)
 
     emitted = sum(len(r["vanilla"]) for r in rows)
     print(f"{len(rows)} turns, {count} steps of the harness's rest")
