@@ -87,9 +87,10 @@ def test_the_published_head_gives_the_trainers_accuracy(runs, tmp_path):
 
 
 def test_a_head_that_does_not_fit_is_refused_in_one_line(runs, tmp_path, capsys, monkeypatch):
-    """Data made by another target, a head for another vocabulary, a head that fuses other layers than the data stores, an unknown objective or a
-    missing head must stop with one line and write nothing: scoring them would report numbers of a mismatched
-    pair (or crash inside the loss). The same command on the run's head prints the table and writes both files."""
+    """Data made by another target, a head for another vocabulary, a head that fuses other layers than the data
+    stores, an unknown objective or a missing head must stop with one line and write nothing: scoring them would
+    report numbers of a mismatched pair (or crash inside the loss). The same command on the run's head prints the
+    table and writes both files."""
     target, root, _ = runs
     other = tiny_target(eos=False, hidden=48)
     with pytest.raises(ValueError, match=r"features have hidden size 32, the target 'tiny-llama' has 48"):
@@ -128,3 +129,19 @@ def test_a_checkpoint_of_another_objective_is_refused(runs):
     target, root, _ = runs
     with pytest.raises(ValueError, match="checkpoint does not fit objective 'eagle3'"):
         eval_head("eagle3", target, root / "eagle" / "checkpoints" / "step-0000008", root / "data", config())
+
+
+@pytest.mark.parametrize("objective, options", [("jakiro", {"train_vocab": 40}), ("medusa", {"num_heads": 3}),
+                                                ("hydra", {"num_heads": 2, "train_vocab": 40})])
+def test_jakiro_medusa_and_hydra_heads_give_the_trainers_accuracy(runs, tmp_path, objective, options):
+    """Each other objective's published head/ must be scored as the trainer scored it at its last step (same hits,
+    same positions): its loader, its options (read from the run's recipe) and its draft vocabulary are the ones
+    the trainer used; a head with fewer heads than draft positions counts nothing beyond them (hydra: 0 at 3)."""
+    target, root, _ = runs
+    recipe = train(objective, target, root / "data", tmp_path / objective, config(max_steps=4, options=options))
+    doc = eval_head(objective, target, tmp_path / objective / "head", root / "data", config())
+    final = recipe["final_eval"]
+    assert (doc["acc"], doc["positions"]) == (final["acc"], final["positions"])
+    assert {k: doc["options"][k] for k in options} == options
+    if objective == "hydra":
+        assert doc["positions"][2] == 0 and doc["acc"][2] is None
