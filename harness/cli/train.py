@@ -1,6 +1,7 @@
 """``draftbench train OBJECTIVE``: one draft head trained on a feature dataset (:mod:`harness.train.loop`), also
 runnable as ``python -m harness.train <objective> ...`` under ``accelerate launch`` (:func:`main`);
-``draftbench train scale OBJECTIVE --tokens 30k,100k,...``: the data-scaling curve (:mod:`harness.train.scaling`).
+``draftbench train scale OBJECTIVE --tokens 30k,100k,...``: the data-scaling curve (:mod:`harness.train.scaling`);
+``draftbench train eval OBJECTIVE --head PATH``: a saved head's held-out accuracy (:mod:`harness.train.evaluate`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ def _assignment(text: str) -> tuple[str, Any]:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """``draftbench train {objective}`` (choices from the objective registry)."""
     p = subparsers.add_parser("train", help="train a draft head on a feature dataset (see `data build`)")
-    p.add_argument("objective", choices=[*objective_names(), "scale"],
-                   help="an objective, or `scale OBJECTIVE` for the data-scaling curve")
-    p.add_argument("scale_objective", nargs="?", metavar="OBJECTIVE", help="(after `scale`) the objective to scale")
+    p.add_argument("objective", choices=[*objective_names(), "scale", "eval"],
+                   help="an objective, `scale OBJECTIVE` for the data-scaling curve, or `eval OBJECTIVE --head PATH` "
+                        "to score a saved head on the data's held-out split")
+    p.add_argument("scale_objective", nargs="?", metavar="OBJECTIVE",
+                   help="(after `scale` or `eval`) the objective to scale or to evaluate with")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--data", required=True, help="feature dataset folder (from `draftbench data build`)")
-    p.add_argument("--out", help="output folder (default: train-runs/<objective>-<target>)")
+    p.add_argument("--out", help="output folder (default: train-runs/<objective>-<target>); with eval: a .csv file")
+    p.add_argument("--head", help="(eval) a head folder in the objective's published format or a checkpoints/step-N")
     for flag, kind in (("lr", float), ("weight-decay", float), ("epochs", int), ("max-steps", int),
                        ("batch-size", int), ("grad-accum", int), ("warmup-steps", int), ("warmup-ratio", float),
                        ("eval-every", int), ("save-every", int), ("eval-positions", int), ("max-len", int),
@@ -77,6 +81,8 @@ def config_from_args(args) -> TrainConfig:
 
 
 def cmd_train(args) -> int:
+    if args.objective == "eval":
+        return _train_eval(args)
     if args.objective == "scale" or args.scale_objective is not None:
         return _train_scale(args)
     cfg = config_from_args(args)
@@ -100,6 +106,22 @@ def _train_sweep(args, target, out: str, cfg: TrainConfig) -> int:
     for row in rows:
         print(f"{Path(out) / row['folder']}: {row['steps']} steps in {row['wall_time_s']:.1f} s; "
               f"held-out {row['final_eval']}")
+    return 0
+
+
+def _train_eval(args) -> int:
+    from harness.train.evaluate import check_request, eval_head, show
+
+    if not args.scale_objective or not args.head:
+        raise ValueError("train eval needs an objective and --head PATH (and --data FEATS)")
+    check_request(args.scale_objective, args.head, args.out)  # bad input fails before the target loads
+    cfg = config_from_args(args)
+    target = load_target(args.target, dtype="float32", device="cpu" if cfg.cpu or not torch.cuda.is_available()
+                         else "cuda")
+    doc = eval_head(args.scale_objective, target, args.head, args.data, cfg, cfg.options, args.out)
+    print(show(doc))
+    if args.out:
+        print(f"{args.out}, {Path(args.out).with_suffix('.json')}")
     return 0
 
 

@@ -4,6 +4,8 @@ torch ``Dataset`` over the shards with a held-out split, and the batch collation
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -79,6 +81,11 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def index_sha256(self) -> str:
+        """sha256 of this split's conversations as ``[[shard file, first row, end row], ...]`` JSON: equal for
+        equal splits of the same shards (cut at ``max_len`` or not)."""
+        return hashlib.sha256(json.dumps(self.index).encode()).hexdigest()
 
     def raw(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Stored (input_ids [S] long, hidden [S, H] fp32, loss_mask [S] fp32) of item ``i``, cut at ``max_len``."""

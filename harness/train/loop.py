@@ -168,6 +168,12 @@ def _sha256_file(path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def held_out_split(data_dir: Path, cfg: TrainConfig) -> FeatureDataset:
+    """The conversations the trainer evaluates on: the last ``cfg.eval_fraction`` of ``data_dir``'s (first
+    ``cfg.max_shards`` shards') conversations in build order, cut at ``cfg.max_len``, without input noise."""
+    return FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
+
+
 def evaluate(objective: Objective, head: nn.Module, dataset, cfg: TrainConfig, accelerator) -> dict[str, Any]:
     """Mean loss and top-1 accuracy per draft position on this process's share of ``dataset``, summed over
     processes (each evaluates items rank, rank + world, ...; no duplicates)."""
@@ -189,6 +195,15 @@ def evaluate(objective: Objective, head: nn.Module, dataset, cfg: TrainConfig, a
     correct, total = sums[2:2 + k], sums[2 + k:]
     acc = [round(float(c / t), 6) if t > 0 else None for c, t in zip(correct, total)]
     return {"loss": float(sums[0] / max(sums[1], 1)), "acc": acc, "positions": [int(t) for t in total]}
+
+
+def check_data(objective: Objective, target: Target, manifest: dict[str, Any], data_dir: Path) -> None:
+    """Refuse, in one line, a feature dataset the objective cannot read or that another target's hidden size made."""
+    objective.check_data(manifest, str(data_dir))
+    hidden = target.model.get_output_embeddings().weight.shape[1]
+    if manifest["hidden_size"] != hidden:
+        raise ValueError(f"{data_dir}: features have hidden size {manifest['hidden_size']}, the target {target.name!r} "
+                         f"has {hidden}; build the data with this target")
 
 
 def _mixed_precision(choice: str, cpu: bool) -> str:
@@ -259,18 +274,14 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     cfg = (config or TrainConfig()).resolved(cls.defaults)
     out_dir, data_dir = Path(out_dir), Path(data_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
-    objective.check_data(manifest, str(data_dir))
-    hidden = target.model.get_output_embeddings().weight.shape[1]
-    if manifest["hidden_size"] != hidden:
-        raise ValueError(f"{data_dir}: features have hidden size {manifest['hidden_size']}, the target {target.name!r} "
-                         f"has {hidden}; build the data with this target")
+    check_data(objective, target, manifest, data_dir)
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=_mixed_precision(cfg.mixed_precision, cfg.cpu),
                               gradient_accumulation_steps=cfg.grad_accum, project_dir=str(out_dir),
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     set_seed(cfg.seed)
     train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len, cfg.max_shards,
                               cfg.train_conversations)
-    eval_ds = FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
+    eval_ds = held_out_split(data_dir, cfg)
     if len(train_ds) == 0:
         raise ValueError(f"{data_dir}: no training conversations after holding out {len(eval_ds)} for evaluation")
     vocab = objective.lm_head.weight.shape[0]

@@ -12,6 +12,7 @@ An objective lives beside its head, in the method's package, and registers itsel
         def loss(self, head, batch): ...           # -> (scalar loss, {"part": float})
         def accuracy(self, head, batch, k): ...    # -> (correct [k], total [k])
         def save(self, head, folder): ...
+        def load(self, folder): ...                # the saved head back (``draftbench train eval``)
 
 The loop (:mod:`harness.train.loop`) finds it by name through :data:`OBJECTIVES`, which loads the plugins
 (:func:`harness.registry.load_plugins`) when it is first read.
@@ -79,6 +80,19 @@ class Objective:
 
     def save(self, head: nn.Module, folder: Path) -> Path:
         raise NotImplementedError
+
+    def load(self, folder: Path) -> nn.Module:
+        """The head :meth:`save` wrote to ``folder`` (the method's published format), ready for :meth:`loss` and
+        :meth:`accuracy` (``draftbench train eval``, :mod:`harness.train.evaluate`); call :meth:`check_data` and
+        :meth:`set_token_counts` first. A head that does not fit the target or the data raises ``ValueError``."""
+        raise ValueError(f"objective {self.name!r} cannot load a saved head (no Objective.load)")
+
+    def load_checkpoint(self, state: dict[str, torch.Tensor]) -> nn.Module:
+        """The head of a training checkpoint: :meth:`build_head` with the checkpoint's weights ``state`` (the
+        training module's state dict, as ``accelerate`` saves it; strict)."""
+        head = self.build_head()
+        head.load_state_dict(state)
+        return head
 
 
 OBJECTIVES: Registry = Registry("objective")

@@ -123,8 +123,6 @@ def data_split(data_dir: str | Path, cfg: TrainConfig) -> dict[str, Any]:
     """The trainer's split of ``data_dir`` under ``cfg`` (eval_fraction, max_len, max_shards): tokens and loss tokens
     per training conversation, and the held-out set (count, tokens, and a sha256 of its conversations' positions,
     which identifies it)."""
-    import hashlib
-
     from safetensors import safe_open
 
     split = {s: FeatureDataset(data_dir, s, cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
@@ -141,7 +139,7 @@ def data_split(data_dir: str | Path, cfg: TrainConfig) -> dict[str, Any]:
     held_out = split["eval"].index
     return {"tokens": tokens, "loss_tokens": loss_tokens, "eval_conversations": len(held_out),
             "eval_tokens": sum(min(b - a, cfg.max_len) for _, a, b in held_out),
-            "eval_sha256": hashlib.sha256(json.dumps(held_out).encode()).hexdigest()}
+            "eval_sha256": split["eval"].index_sha256()}
 
 
 @dataclass

@@ -19,7 +19,7 @@ from torch import nn
 
 from harness.engine.draftvocab import DraftLMHead
 from harness.train.objectives import Objective, alignable_next, masked_mean, register_objective, topk_distill
-from methods.eagle.checkpoint import save_eagle_head
+from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
 from methods.eagle.head import EagleHead
 
 
@@ -217,3 +217,6 @@ class EagleObjective(Objective):
 
     def save(self, head, folder):
         return save_eagle_head(head, folder)
+
+    def load(self, folder):
+        return load_eagle_head(folder, self.target)

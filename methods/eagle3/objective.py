@@ -31,7 +31,7 @@ from torch import nn
 from harness.engine.draftvocab import top_tokens
 from harness.train.objectives import Objective, register_objective
 from methods.eagle.objective import eagle_unrolled_hits, unroll_mask
-from methods.eagle3.checkpoint import head_layer_ids, save_eagle3_head
+from methods.eagle3.checkpoint import check_vocab_maps, head_layer_ids, load_eagle3_head, save_eagle3_head
 from methods.eagle3.head import LEVELS, Eagle3Head
 
 
@@ -130,3 +130,19 @@ class Eagle3Objective(Objective):
     def save(self, head, folder):
         head = unwrap(head)
         return save_eagle3_head(head, folder, head_layer_ids(head, self.target))
+
+    def load(self, folder):
+        """A published EAGLE-3 head; its own draft vocabulary (``d2t``/``t2d``) becomes the objective's, and the
+        target layers it fuses must be the ones the data stores (:meth:`check_data`)."""
+        head = load_eagle3_head(folder, self.target)
+        ids = head_layer_ids(head, self.target)
+        if self.layer_ids is not None and tuple(ids) != tuple(self.layer_ids):
+            raise ValueError(f"{folder}: the head fuses target layers {list(ids)}, the data stores levels "
+                             f"{list(self.layer_ids)}; evaluate it on data built with those layers")
+        self.kept = head.to_target(torch.arange(head.draft_vocab_size, device=head.d2t.device)).cpu()
+        return head
+
+    def load_checkpoint(self, state):
+        """The checkpoint's own draft vocabulary (its ``d2t``/``t2d`` buffers), then the weights."""
+        self.kept = check_vocab_maps(state["d2t"], state["t2d"], "checkpoint")
+        return super().load_checkpoint(state)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.train.objectives import register_objective
-from methods.hydra.heads import HydraHeads, save_hydra_heads
+from methods.hydra.heads import HydraHeads, load_hydra_heads, save_hydra_heads
 from methods.medusa.objective import HeadsObjective, medusa_targets
 
 
@@ -117,3 +117,6 @@ class HydraObjective(HeadsObjective):
 
     def save(self, head, folder):
         return save_hydra_heads(head, folder, base_model=self.target.name)
+
+    def load(self, folder):
+        return self.adopt(load_hydra_heads(folder, self.target))

@@ -18,7 +18,7 @@ from methods.eagle.objective import (
     step_terms,
     unrolled_loss,
 )
-from methods.jakiro.checkpoint import save_jakiro_head
+from methods.jakiro.checkpoint import load_jakiro_head, save_jakiro_head
 from methods.jakiro.head import JakiroHead
 
 
@@ -99,3 +99,6 @@ class JakiroObjective(Objective):
 
     def save(self, head, folder):
         return save_jakiro_head(head, folder)
+
+    def load(self, folder):
+        return load_jakiro_head(folder, self.target)

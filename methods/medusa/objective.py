@@ -4,7 +4,7 @@ cross-entropy against token t+2+i on the frozen target's features.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.train.objectives import Objective, register_objective
-from methods.medusa.heads import MedusaHeads, save_medusa_heads
+from methods.medusa.heads import MedusaHeads, load_medusa_heads, save_medusa_heads
 
 
 def medusa_targets(token_ids: torch.Tensor, token_mask: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +66,13 @@ class HeadsObjective(Objective):
             raise ValueError(f"{self.name} option train_vocab needs share_lm_head (heads ending in the target's "
                              "lm_head)")
         return self.draft_lm_head.compact if self.shares_lm_head() else self.lm_head
+
+    def adopt(self, heads: nn.Module) -> nn.Module:
+        """Loaded ``heads`` with their structure (``num_heads``, ``num_layers``, ``share_lm_head``) made the options',
+        so that :meth:`loss` and :meth:`accuracy` read them as saved, whatever the options said."""
+        self.options = replace(self.options, num_heads=heads.num_heads, num_layers=heads.num_layers,
+                               share_lm_head="true" if heads.share_lm_head else "false")
+        return heads
 
 
 @register_objective("medusa")
@@ -123,3 +130,6 @@ class MedusaObjective(HeadsObjective):
 
     def save(self, head, folder):
         return save_medusa_heads(head, folder, base_model=self.target.name)
+
+    def load(self, folder):
+        return self.adopt(load_medusa_heads(folder, self.target))
