@@ -94,6 +94,9 @@ def test_load_refuses_a_missing_datastore_and_another_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="built for tokenizer 'tiny'.*not the target's") as e:
         load_datastore(folder, other)
     assert "\n" not in str(e.value)
+    # the command it prints names the run's target, so it can be pasted as it is
+    with pytest.raises(FileNotFoundError, match="--source sharegpt --target tiny --out "):
+        load_datastore(tmp_path / "nothing", other)
 
 
 def test_the_method_refuses_a_datastore_of_another_tokenizer(tmp_path):

@@ -146,7 +146,8 @@ def load_datastore(folder: str | Path, identity: dict[str, Any] | None = None) -
     equal the one it was built with. A missing folder or manifest raises ``FileNotFoundError`` and a mismatch
     ``ValueError``, each one line saying how to build the right one."""
     folder = Path(folder)
-    build = "build it with: draftbench data datastore --source sharegpt --target TARGET --out " + str(folder)
+    target = identity["name"] if identity else "TARGET"
+    build = f"build it with: draftbench data datastore --source sharegpt --target {target} --out {folder}"
     if not (folder / "manifest.json").is_file():
         raise FileNotFoundError(f"REST datastore {folder} not found (no manifest.json); {build}")
     manifest = json.loads((folder / "manifest.json").read_text())
