@@ -173,7 +173,7 @@ def eval_heads(objective_name: str, target: Target, heads: Sequence[str | Path],
                  for j, (acc, n) in enumerate(zip(result["acc"], result["positions"]))]
     doc = {
         "objective": objective_name, "target": target.name,
-        "heads": [{k: v for k, v in e.items() if not k.startswith("conversation_")} for e in scored],
+        "heads": scored,
         "data_dir": str(data_dir), "data_manifest_sha256": file_sha256(data_dir / "manifest.json"),
         "split": {"eval_fraction": cfg.eval_fraction, "max_shards": cfg.max_shards, "max_len": cfg.max_len,
                   "eval_conversations": len(split), "eval_sha256": split.index_sha256()},
