@@ -1,5 +1,5 @@
-"""``draftbench train eval OBJECTIVE --head PATH --data FEATS``: score a saved head on a feature dataset's held-out
-split, so that a shipped head and a newly trained one are compared on one set.
+"""``draftbench train eval OBJECTIVE --head PATH [--head PATH ...] --data FEATS``: score saved heads on a feature
+dataset's held-out split, so that a shipped head and a newly trained one are compared on one set.
 
 **Split.** The trainer's own held-out conversations (:func:`harness.train.loop.held_out_split`: the last
 ``eval_fraction`` of the first ``max_shards`` shards' conversations in build order, cut at ``max_len``, no noise).
@@ -20,9 +20,18 @@ given; an EAGLE-3 head drafts over its own vocabulary (``d2t``/``t2d``), a reduc
 the head's ``token_counts.json``. A head or dataset that does not fit the target or the objective is refused in one
 line before anything is written.
 
-**Output** (``--out FILE.csv``): tidy rows, one per draft position (objective, head, data, position, acc, positions,
-loss), and ``FILE.json`` beside it: the manifest (head path and the sha256 of its weight files, the data manifest's
-sha256, the split settings and the held-out set's sha256, options, git hash, command).
+**Comparison.** With several heads, each is scored on the same split and every head after the first gets its
+difference to the first per draft position, acc_B - acc_A, with a paired percentile-bootstrap 95% CI
+(:func:`harness.measure.metrics.paired_rate_difference_ci`): the held-out conversations are resampled, the same
+ones for both heads, because the positions of one conversation are correlated (resampling positions would give too
+narrow an interval). The hits and positions per conversation come from the same evaluation pass
+(``evaluate(..., per_conversation=True)``, which counts a batch's rows one at a time; the totals are their sums).
+
+**Output** (``--out FILE.csv``): tidy rows, one per head and draft position (objective, head, data, position, acc,
+positions, loss; diff, ci_low, ci_high for every head after the first), and ``FILE.json`` beside it: the manifest
+(per head: its path, the sha256 of its weight files, its options, its scores and per-conversation counts; the data
+manifest's sha256, the split settings and the held-out set's sha256, the bootstrap's resamples and seed, git hash,
+command).
 """
 
 from __future__ import annotations
