@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from harness.models import DEFAULT_TARGET, load_target
+from harness.train.evaluate import BOOTSTRAP_RESAMPLES
 from harness.train.loop import TrainConfig, train
 from harness.train.objectives import objective_names
 
@@ -41,7 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--data", required=True, help="feature dataset folder (from `draftbench data build`)")
     p.add_argument("--out", help="output folder (default: train-runs/<objective>-<target>); with eval: a .csv file")
-    p.add_argument("--head", help="(eval) a head folder in the objective's published format or a checkpoints/step-N")
+    p.add_argument("--head", action="append", default=[],
+                   help="(eval) a head folder in the objective's published format or a checkpoints/step-N; give it "
+                        "again to compare heads (each against the first, paired bootstrap CI)")
+    p.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES, metavar="N",
+                   help="(eval) resamples of the paired bootstrap over held-out conversations (default %(default)s)")
     for flag, kind in (("lr", float), ("weight-decay", float), ("epochs", int), ("max-steps", int),
                        ("batch-size", int), ("grad-accum", int), ("warmup-steps", int), ("warmup-ratio", float),
                        ("eval-every", int), ("save-every", int), ("eval-positions", int), ("max-len", int),
@@ -110,15 +115,16 @@ def _train_sweep(args, target, out: str, cfg: TrainConfig) -> int:
 
 
 def _train_eval(args) -> int:
-    from harness.train.evaluate import check_request, eval_head, show
+    from harness.train.evaluate import check_request, eval_heads, show
 
     if not args.scale_objective or not args.head:
         raise ValueError("train eval needs an objective and --head PATH (and --data FEATS)")
-    check_request(args.scale_objective, args.head, args.out)  # bad input fails before the target loads
+    check_request(args.scale_objective, args.head, args.out, args.bootstrap)  # bad input fails before the target loads
     cfg = config_from_args(args)
     target = load_target(args.target, dtype="float32", device="cpu" if cfg.cpu or not torch.cuda.is_available()
                          else "cuda")
-    doc = eval_head(args.scale_objective, target, args.head, args.data, cfg, cfg.options, args.out)
+    doc = eval_heads(args.scale_objective, target, args.head, args.data, cfg, cfg.options, args.out,
+                     n_boot=args.bootstrap)
     print(show(doc))
     if args.out:
         print(f"{args.out}, {Path(args.out).with_suffix('.json')}")

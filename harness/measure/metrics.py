@@ -831,6 +831,39 @@ def acceptance_per_position_ci(per_question_accepted: Sequence[Iterable[Sequence
     return out
 
 
+
+def paired_rate_difference_ci(hits_a: Sequence[Sequence[float]], totals_a: Sequence[Sequence[float]],
+                              hits_b: Sequence[Sequence[float]], totals_b: Sequence[Sequence[float]],
+                              n_boot: int = 10000, seed: int = 0) -> list[tuple[float, float, float]]:
+    """Difference of two pooled rates, B minus A, per column with a paired percentile-bootstrap 95% CI over rows:
+    ``[(diff, lo, hi)]``, one per column.
+
+    Input: per row (a unit such as a held-out conversation) and column (such as a draft position), the hits and
+    the totals of A and of B, all ``[R, P]``. Each rate pools its rows (Σ hits / Σ totals); diff = rate_B - rate_A.
+    The CI resamples rows with replacement ``n_boot`` times, the same rows for A and B (paired), recomputes the
+    difference and takes its 2.5th and 97.5th percentiles; rows, not the hits inside them, are resampled because
+    the hits of one row are correlated (resamples where a side counts nothing in that column are left out). NaN
+    triple for a column where a side counts nothing. Example: A hits [[1], [0]] of [[2], [2]] (rate 1/4), B hits
+    [[2], [1]] of the same totals (3/4) -> diff 0.5; a resample of row 1 twice gives 1/2, of row 2 twice 1/2, of
+    both 1/2 -> (0.5, 0.5, 0.5). The same A and B give (0.0, 0.0, 0.0).
+    """
+    ha, na, hb, nb = (np.asarray(x, dtype=float).reshape(len(x), -1)                      # [R, P] each
+                      for x in (hits_a, totals_a, hits_b, totals_b))
+    if not ha.shape == na.shape == hb.shape == nb.shape:
+        raise ValueError(f"paired_rate_difference_ci: shapes differ: {ha.shape}, {na.shape}, {hb.shape}, {nb.shape}")
+    idx = _bootstrap_rows(len(ha), n_boot, seed)                                            # [n_boot, R]
+    b_ha, b_na, b_hb, b_nb = (x[idx].sum(axis=1) for x in (ha, na, hb, nb))                 # [n_boot, P]
+    out = []
+    for j in range(ha.shape[1]):
+        if not (na[:, j].sum() and nb[:, j].sum()):
+            out.append((math.nan, math.nan, math.nan))
+            continue
+        ok = (b_na[:, j] > 0) & (b_nb[:, j] > 0)
+        boot = b_hb[ok, j] / b_nb[ok, j] - b_ha[ok, j] / b_na[ok, j]                       # [n_ok]
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        out.append((float(hb[:, j].sum() / nb[:, j].sum() - ha[:, j].sum() / na[:, j].sum()), float(lo), float(hi)))
+    return out
+
 # ---- load levels (harness.measure.load): many requests in flight on one served engine ----
 
 def per_token_latencies(token_times_s: Sequence[float] | None) -> list[float]:

@@ -1,5 +1,5 @@
-"""``draftbench train eval OBJECTIVE --head PATH --data FEATS``: score a saved head on a feature dataset's held-out
-split, so that a shipped head and a newly trained one are compared on one set.
+"""``draftbench train eval OBJECTIVE --head PATH [--head PATH ...] --data FEATS``: score saved heads on a feature
+dataset's held-out split, so that a shipped head and a newly trained one are compared on one set.
 
 **Split.** The trainer's own held-out conversations (:func:`harness.train.loop.held_out_split`: the last
 ``eval_fraction`` of the first ``max_shards`` shards' conversations in build order, cut at ``max_len``, no noise).
@@ -20,9 +20,18 @@ given; an EAGLE-3 head drafts over its own vocabulary (``d2t``/``t2d``), a reduc
 the head's ``token_counts.json``. A head or dataset that does not fit the target or the objective is refused in one
 line before anything is written.
 
-**Output** (``--out FILE.csv``): tidy rows, one per draft position (objective, head, data, position, acc, positions,
-loss), and ``FILE.json`` beside it: the manifest (head path and the sha256 of its weight files, the data manifest's
-sha256, the split settings and the held-out set's sha256, options, git hash, command).
+**Comparison.** With several heads, each is scored on the same split and every head after the first gets its
+difference to the first per draft position, acc_B - acc_A, with a paired percentile-bootstrap 95% CI
+(:func:`harness.measure.metrics.paired_rate_difference_ci`): the held-out conversations are resampled, the same
+ones for both heads, because the positions of one conversation are correlated (resampling positions would give too
+narrow an interval). The hits and positions per conversation come from the same evaluation pass
+(``evaluate(..., per_conversation=True)``, which counts a batch's rows one at a time; the totals are their sums).
+
+**Output** (``--out FILE.csv``): tidy rows, one per head and draft position (objective, head, data, position, acc,
+positions, loss; diff, ci_low, ci_high for every head after the first), and ``FILE.json`` beside it: the manifest
+(per head: its path, the sha256 of its weight files, its options, its scores and per-conversation counts; the data
+manifest's sha256, the split settings and the held-out set's sha256, the bootstrap's resamples and seed, git hash,
+command).
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +50,7 @@ from torch import nn
 
 from harness.engine.draftvocab import COUNTS_FILE, load_counts
 from harness.measure.env import git_info
+from harness.measure.metrics import paired_rate_difference_ci
 from harness.models import Target
 from harness.train.features import file_sha256, read_manifest
 from harness.train.loop import TrainConfig, check_data, evaluate, held_out_split
@@ -46,7 +58,9 @@ from harness.train.objectives import Objective, get_objective
 
 CHECKPOINT_WEIGHTS = "model.safetensors"  # accelerate's save_state: the training module's state dict
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-COLUMNS = ("objective", "head", "data", "position", "acc", "positions", "loss")
+COLUMNS = ("objective", "head", "data", "position", "acc", "positions", "loss", "diff", "ci_low", "ci_high")
+BOOTSTRAP_RESAMPLES = 10000  # paired bootstrap of the differences between heads (``--bootstrap``)
+BOOTSTRAP_SEED = 0
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -105,52 +119,78 @@ def load_for_eval(objective: Objective, head: Path) -> nn.Module:
                          f"({' '.join(line.strip() for line in first[:3])[:300]})") from None
 
 
-def check_request(objective_name: str, head: str | Path, out: str | Path | None) -> type[Objective]:
-    """The objective's class, after the checks that need no target: a known objective, an existing head folder, a
-    .csv output."""
+def check_request(objective_name: str, heads: Sequence[str | Path], out: str | Path | None,
+                  n_boot: int = BOOTSTRAP_RESAMPLES) -> type[Objective]:
+    """The objective's class, after the checks that need no target: a known objective, one or more existing head
+    folders, a .csv output, a positive resample count."""
     cls = get_objective(objective_name)
-    if not Path(head).is_dir():
-        raise ValueError(f"no head at {head} (a head folder in the {objective_name} format or a checkpoints/step-N "
-                         "folder)")
+    if not heads:
+        raise ValueError(f"give at least one head (a head folder in the {objective_name} format or a "
+                         "checkpoints/step-N folder)")
+    for head in heads:
+        if not Path(head).is_dir():
+            raise ValueError(f"no head at {head} (a head folder in the {objective_name} format or a "
+                             "checkpoints/step-N folder)")
     if out is not None and Path(out).suffix != ".csv":
         raise ValueError(f"--out {out}: give a .csv file (the manifest goes beside it as .json)")
+    if n_boot < 1:
+        raise ValueError(f"--bootstrap {n_boot}: give a number of resamples >= 1")
     return cls
 
 
-def eval_head(objective_name: str, target: Target, head: str | Path, data_dir: str | Path,
-              cfg: TrainConfig | None = None, options: dict[str, Any] | None = None,
-              out: str | Path | None = None, command: str | None = None) -> dict[str, Any]:
-    """Score ``head`` with ``objective_name`` on ``data_dir``'s held-out split under ``cfg`` (eval_fraction,
-    max_shards, max_len, batch_size, eval_positions, cpu); ``options`` override the head's training options.
-    Writes ``out`` (CSV) and its ``.json`` manifest when given; returns the manifest (with ``rows``)."""
+def eval_heads(objective_name: str, target: Target, heads: Sequence[str | Path], data_dir: str | Path,
+               cfg: TrainConfig | None = None, options: dict[str, Any] | None = None,
+               out: str | Path | None = None, command: str | None = None,
+               n_boot: int = BOOTSTRAP_RESAMPLES) -> dict[str, Any]:
+    """Score each of ``heads`` with ``objective_name`` on ``data_dir``'s held-out split under ``cfg``
+    (eval_fraction, max_shards, max_len, batch_size, eval_positions, cpu); ``options`` override each head's
+    training options. With several heads, every head after the first gets its difference to the first per draft
+    position with a paired bootstrap 95% CI over the held-out conversations (``n_boot`` resamples, seed
+    :data:`BOOTSTRAP_SEED`). Every head is loaded before any is scored. Writes ``out`` (CSV) and its ``.json``
+    manifest when given; returns the manifest (with ``rows``)."""
     from accelerate import Accelerator
 
     cfg = cfg or TrainConfig()
-    cls = check_request(objective_name, head, out)
-    head, data_dir = Path(head), Path(data_dir)
-    trained, source = training_options(objective_name, head)
-    objective = cls.create(target, {**trained, **(options or {})})
+    cls = check_request(objective_name, heads, out, n_boot)
+    heads, data_dir = [Path(h) for h in heads], Path(data_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
-    check_data(objective, target, manifest, data_dir)
-    module = load_for_eval(objective, head)
+    loaded = []
+    for head in heads:
+        trained, source = training_options(objective_name, head)
+        objective = cls.create(target, {**trained, **(options or {})})
+        check_data(objective, target, manifest, data_dir)
+        loaded.append((head, objective, load_for_eval(objective, head), source))
     split = held_out_split(data_dir, cfg)
     if len(split) == 0:
         raise ValueError(f"{data_dir}: no held-out conversations at eval_fraction={cfg.eval_fraction}")
     accelerator = Accelerator(cpu=cfg.cpu)
-    result = evaluate(objective, module, split, cfg, accelerator)
-    rows = [{"objective": objective_name, "head": str(head), "data": str(data_dir), "position": j + 1, "acc": acc,
-             "positions": n, "loss": result["loss"]}
-            for j, (acc, n) in enumerate(zip(result["acc"], result["positions"]))]
+    scored, rows = [], []
+    for head, objective, module, source in loaded:
+        result = evaluate(objective, module, split, cfg, accelerator, per_conversation=len(heads) > 1)
+        entry = {"head": str(head), "head_kind": "checkpoint" if is_checkpoint(head) else "published",
+                 "head_weights_sha256": weight_hashes(head), "options": dataclasses.asdict(objective.options),
+                 "options_from": str(source) if source else None, **result}
+        if scored:
+            first = scored[0]
+            entry["diff"] = [[None if math.isnan(x) else round(x, 6) for x in d] for d in paired_rate_difference_ci(
+                first["conversation_hits"], first["conversation_positions"], result["conversation_hits"],
+                result["conversation_positions"], n_boot, BOOTSTRAP_SEED)]  # [position][diff, low, high]
+        scored.append(entry)
+        rows += [{"objective": objective_name, "head": str(head), "data": str(data_dir), "position": j + 1,
+                  "acc": acc, "positions": n, "loss": result["loss"],
+                  **(dict(zip(("diff", "ci_low", "ci_high"), entry["diff"][j])) if "diff" in entry else {})}
+                 for j, (acc, n) in enumerate(zip(result["acc"], result["positions"]))]
     doc = {
-        "objective": objective_name, "options": dataclasses.asdict(objective.options),
-        "options_from": str(source) if source else None, "target": target.name,
-        "head": str(head), "head_kind": "checkpoint" if is_checkpoint(head) else "published",
-        "head_weights_sha256": weight_hashes(head),
+        "objective": objective_name, "target": target.name,
+        "heads": scored,
         "data_dir": str(data_dir), "data_manifest_sha256": file_sha256(data_dir / "manifest.json"),
         "split": {"eval_fraction": cfg.eval_fraction, "max_shards": cfg.max_shards, "max_len": cfg.max_len,
                   "eval_conversations": len(split), "eval_sha256": split.index_sha256()},
-        "batch_size": cfg.batch_size, "eval_positions": cfg.eval_positions, **result, **git_info(),
-        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows,
+        "batch_size": cfg.batch_size, "eval_positions": cfg.eval_positions,
+        **({"bootstrap": {"resamples": n_boot, "seed": BOOTSTRAP_SEED, "over": "held-out conversations",
+                          "diff": "acc of the head minus acc of the first head, per draft position"}}
+           if len(heads) > 1 else {}),
+        **git_info(), "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "rows": rows,
     }
     if out is not None:
         write_result(doc, Path(out))
@@ -158,7 +198,8 @@ def eval_head(objective_name: str, target: Target, head: str | Path, data_dir: s
 
 
 def write_result(doc: dict[str, Any], out: Path) -> None:
-    """``out`` (.csv): the tidy rows; ``out`` with suffix .json: the manifest without them."""
+    """``out`` (.csv): the tidy rows (diff and CI empty for the first head); ``out`` with suffix .json: the
+    manifest without them."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -167,14 +208,33 @@ def write_result(doc: dict[str, Any], out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1) + "\n")
 
 
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def show(doc: dict[str, Any]) -> str:
-    """The result as a small table: one line per draft position, then the held-out set and the loss."""
-    lines = [f"{doc['objective']} head {doc['head']} on {doc['data_dir']}",
-             "position  top-1     positions"]
-    lines += [f"{r['position']:>8}  {r['acc'] if r['acc'] is None else format(r['acc'], '.4f'):>8}  "
-              f"{r['positions']:>9,}" for r in doc["rows"]]
+    """The result as a small table: one line per draft position with each head's top-1 accuracy (and, for every
+    head after the first, its difference to the first with the 95% CI), then the heads, the held-out set and the
+    losses."""
+    heads = doc["heads"]
+    names = [chr(ord("A") + i) for i in range(len(heads))] if len(heads) > 1 else [""]
+    header = "position" + "".join(f"  {'top-1 ' + n if n else 'top-1':<8}" for n in names)
+    header += "".join(f"  {n + '-A [95% CI]':<26}" for n in names[1:]) + "  positions"
+    lines = [f"{doc['objective']} head {heads[0]['head']} on {doc['data_dir']}" if len(heads) == 1
+             else f"{doc['objective']} heads on {doc['data_dir']}: "
+                  + "; ".join(f"{n} = {h['head']}" for n, h in zip(names, heads)), header]
+    for j in range(doc["eval_positions"]):
+        line = f"{j + 1:>8}" + "".join(f"  {_fmt(h['acc'][j], '.4f'):>8}" for h in heads)
+        line += "".join(f"  {_fmt(h['diff'][j][0], '+.4f')} [{_fmt(h['diff'][j][1], '+.4f')}, "
+                        f"{_fmt(h['diff'][j][2], '+.4f')}]" for h in heads[1:])
+        lines.append(line + f"  {heads[0]['positions'][j]:>9,}")
     s = doc["split"]
+    losses = ", ".join(f"{n + ' ' if n else ''}{h['loss']:.4f}" for n, h in zip(names, heads))
     lines.append(f"held-out: {s['eval_conversations']} conversations (eval_fraction {s['eval_fraction']}, "
-                 f"max_shards {s['max_shards']}, max_len {s['max_len']}); loss {doc['loss']:.4f} "
+                 f"max_shards {s['max_shards']}, max_len {s['max_len']}); loss {losses} "
                  f"(objective {doc['objective']}, batch size {doc['batch_size']})")
+    if len(heads) > 1:
+        boot = doc["bootstrap"]
+        lines.append(f"differences: paired bootstrap over the held-out conversations, {boot['resamples']:,} "
+                     f"resamples, seed {boot['seed']}; positions are head A's")
     return "\n".join(lines)

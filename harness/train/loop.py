@@ -174,27 +174,46 @@ def held_out_split(data_dir: Path, cfg: TrainConfig) -> FeatureDataset:
     return FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
 
 
-def evaluate(objective: Objective, head: nn.Module, dataset, cfg: TrainConfig, accelerator) -> dict[str, Any]:
+def evaluate(objective: Objective, head: nn.Module, dataset, cfg: TrainConfig, accelerator,
+             per_conversation: bool = False) -> dict[str, Any]:
     """Mean loss and top-1 accuracy per draft position on this process's share of ``dataset``, summed over
-    processes (each evaluates items rank, rank + world, ...; no duplicates)."""
+    processes (each evaluates items rank, rank + world, ...; no duplicates).
+
+    ``per_conversation`` (one process only): the hits and positions are counted one conversation at a time (the
+    batch's rows, padded as in the batch) and also returned per conversation in dataset order,
+    ``conversation_hits`` / ``conversation_positions`` ``[n_conversations][eval_positions]``; the totals are their
+    sums. The loss is the batched one either way."""
+    if per_conversation and accelerator.num_processes > 1:
+        raise ValueError("per-conversation counts are collected on one process only")
     idx = list(range(accelerator.process_index, len(dataset), accelerator.num_processes))
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx), batch_size=cfg.batch_size,
                                          collate_fn=collate)
     k = cfg.eval_positions
     sums = torch.zeros(2 + 2 * k, device=accelerator.device)  # [loss_sum, n_batches, correct[k], total[k]]
+    rows: list[torch.Tensor] = []                              # per conversation: [correct[k], total[k]]
     was_training = head.training
     head.eval()
     with torch.no_grad():
         for batch in loader:
             batch = {key: v.to(accelerator.device) for key, v in batch.items()}
             loss, _ = objective.loss(head, batch)
-            correct, total = objective.accuracy(head, batch, k)
-            sums += torch.cat([torch.tensor([loss.item(), 1.0]), correct, total]).to(sums.device)
+            if per_conversation:
+                counts = [torch.cat(objective.accuracy(head, {key: v[i:i + 1] for key, v in batch.items()}, k))
+                          for i in range(batch["input_ids"].shape[0])]
+                rows += [c.cpu() for c in counts]
+                counts = torch.stack(counts).sum(dim=0)
+            else:
+                counts = torch.cat(objective.accuracy(head, batch, k))
+            sums += torch.cat([torch.tensor([loss.item(), 1.0], device=counts.device), counts]).to(sums.device)
     head.train(was_training)
     sums = accelerator.reduce(sums, reduction="sum")
     correct, total = sums[2:2 + k], sums[2 + k:]
     acc = [round(float(c / t), 6) if t > 0 else None for c, t in zip(correct, total)]
-    return {"loss": float(sums[0] / max(sums[1], 1)), "acc": acc, "positions": [int(t) for t in total]}
+    out = {"loss": float(sums[0] / max(sums[1], 1)), "acc": acc, "positions": [int(t) for t in total]}
+    if per_conversation:
+        out["conversation_hits"] = [[int(c) for c in r[:k]] for r in rows]
+        out["conversation_positions"] = [[int(t) for t in r[k:]] for r in rows]
+    return out
 
 
 def check_data(objective: Objective, target: Target, manifest: dict[str, Any], data_dir: Path) -> None:
