@@ -831,7 +831,6 @@ def acceptance_per_position_ci(per_question_accepted: Sequence[Iterable[Sequence
     return out
 
 
-
 def paired_rate_difference_ci(hits_a: Sequence[Sequence[float]], totals_a: Sequence[Sequence[float]],
                               hits_b: Sequence[Sequence[float]], totals_b: Sequence[Sequence[float]],
                               n_boot: int = 10000, seed: int = 0) -> list[tuple[float, float, float]]:
@@ -863,6 +862,7 @@ def paired_rate_difference_ci(hits_a: Sequence[Sequence[float]], totals_a: Seque
         lo, hi = np.percentile(boot, [2.5, 97.5])
         out.append((float(hb[:, j].sum() / nb[:, j].sum() - ha[:, j].sum() / na[:, j].sum()), float(lo), float(hi)))
     return out
+
 
 # ---- load levels (harness.measure.load): many requests in flight on one served engine ----
 
