@@ -13,7 +13,7 @@ import torch
 from harness.measure.records import read_records
 from harness.measure.trackers import Nvml, Tracker, model_devices, pci_bus_id
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
-from harness.run.runner import process_gpus, run
+from harness.run.runner import process_device, process_gpus, run
 from tests.support.helpers import tiny_target
 
 
@@ -105,6 +105,16 @@ def test_process_gpus_are_disjoint_and_cover_every_gpu():
     assert [process_gpus(r, 2, 2) for r in range(2)] == [[0], [1]]
     with pytest.raises(ConfigError, match="run.device_map: 4 data-parallel processes need at least 4 GPUs"):
         process_gpus(0, 4, 2)
+
+
+def test_process_device_names_a_device_the_loader_takes():
+    """Data parallel with ``device: auto``: accelerate names a CPU process's device ``cpu:0``; passed on as it was,
+    the loader refused it and both processes of `accelerate launch ... --preset long_context` (no device in the
+    preset) died before the first question. A GPU process keeps its own index."""
+    assert process_device(torch.device("cpu", 0)) == "cpu"
+    assert process_device("cpu") == "cpu"
+    assert process_device(torch.device("cuda", 3)) == "cuda:3"
+    assert process_device("mps") == "mps"
 
 
 def test_model_devices_lists_every_shard():

@@ -439,7 +439,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     methods: dict[str, Method] = {}
     try:
         if target is None:
-            device = str(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
+            device = process_device(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
             max_memory = None
             if config.device_map and dist.world > 1:  # each process spreads its target over its own GPUs only
                 gpus = process_gpus(dist.rank, dist.world, torch.cuda.device_count())
@@ -632,6 +632,14 @@ class _Compiling:
             rec["compile_s"] = round(self.compile_s, 3)
             rec["turn_compile_s"] = round(spent, 3)
         return recs
+
+
+def process_device(device: torch.device | str) -> str:
+    """The device name (:data:`harness.models.DEVICE_FORMS`) of the device accelerate gives a data-parallel process
+    whose run says ``device: auto``. accelerate names a CPU process's device ``cpu:0``, which is no device name
+    draftbench takes; a GPU keeps its index. Examples: "cpu:0" -> "cpu"; "cuda:3" -> "cuda:3"; "mps" -> "mps"."""
+    device = torch.device(device)
+    return str(device) if device.type == "cuda" else device.type
 
 
 def process_gpus(rank: int, world: int, count: int) -> list[int]:
