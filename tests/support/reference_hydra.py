@@ -21,7 +21,10 @@ tokenizer readable by tokenizers 0.15.
 The Hydra side loads that folder with ``HydraModel.from_pretrained``, checks the keys strictly, recomputes the head
 outputs (from its own model's features and from the harness's), runs plain greedy (transformers 4.36's Llama) and
 Hydra's generation loop (the loop of ``hydra_generate`` in ``hydra/model/hydra_model.py``, stopped as Spec-Bench's
-``evaluation/inference_hydra.py`` stops it, at ``max_new_tokens``) on each prompt, and prints the comparison.
+``evaluation/inference_hydra.py`` stops it, at ``max_new_tokens``) on each prompt, and prints the comparison. Two
+things in Hydra's Llama (written for Vicuna and Llama-2-7B) are adapted at run time, no file of Hydra's changed: RoPE
+runs at the model's ``rope_theta`` (``HYDRA_ROPE_THETA=0``: at 10,000, as ``_init_rope`` builds it) and the KV cache
+is sized by the key/value heads (``initialize_past_key_values`` sizes it by the query heads).
 """
 
 from __future__ import annotations
