@@ -3,7 +3,8 @@ inference_recycling.py``'s ``recycling_forward`` with ``model/recycling/``'s KV-
 written for transformers 4.37.1): the same prompts, model, tree and k (8), greedy, 64 new tokens.
 
     python tests/support/reference_recycling.py harness OUT.json                  # the harness's venv
-    python tests/support/reference_recycling.py reference REPO MODEL OUT.json     # the reference's venv
+    python tests/support/reference_recycling.py reference REPO MODEL OUT.json [warmup]   # the reference's venv
+    python tests/support/reference_recycling.py report OUT.json                   # print the comparison again
     python tests/support/reference_recycling.py fixture REPO                      # the reference's venv
 
 The harness side renders MT-bench's first 5 questions, both turns (turn 2's prompt holds vanilla's turn-1 answer), and
@@ -112,7 +113,9 @@ def forwards_to(accept_lengths: list[int], tokens: int) -> int:
     return 1 + len(accept_lengths)
 
 
-def reference_side(repo: str, model_path: str, out: str) -> None:
+def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> None:
+    """``warmup`` = "warmup": also a second pass as ``evaluation/eval.py`` runs it, the first question's turns decoded
+    3 times into the matrix before the measured ones (keys ``warm_*``)."""
     from transformers import AutoModelForCausalLM
 
     module = reference_module(repo)
@@ -121,48 +124,54 @@ def reference_side(repo: str, model_path: str, out: str) -> None:
     plain = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
     model = LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
     tokenizer = types.SimpleNamespace(eos_token_id=model.config.eos_token_id)
-    module.adj_matrix = torch.zeros(model.vocab_size, 8, dtype=torch.long)  # as its __main__ makes it, once
     with open(out) as f:
         rows = json.load(f)
+
+    def decode(ids):
+        seq, _, _, accepts = module.recycling_forward(types.SimpleNamespace(input_ids=torch.tensor([ids])), model,
+                                                      tokenizer, 64, tree_version="2.2.2")
+        return seq[0, len(ids):].tolist(), accepts
+
     for r in rows:
         ids = torch.tensor([r["prompt"]])
         with torch.inference_mode():
             seq = plain.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=model.config.eos_token_id)
         r["ref_vanilla"] = seq[0, ids.shape[1]:].tolist()
-        seq, _, _, accepts = module.recycling_forward(types.SimpleNamespace(input_ids=ids), model, tokenizer,
-                                                            64, tree_version="2.2.2")
-        r["ref"] = seq[0, ids.shape[1]:].tolist()
-        r["ref_accept_lengths"] = accepts
-        r["ref_matrix"] = written_rows(module.adj_matrix)
+    for prefix in ["ref"] + (["warm"] if warmup == "warmup" else []):
+        module.adj_matrix = torch.zeros(model.vocab_size, 8, dtype=torch.long)  # as its __main__ makes it, once
+        if prefix == "warm":
+            for _ in range(3):
+                for r in rows[:2]:
+                    decode(r["prompt"])
+        for r in rows:
+            r[prefix], r[f"{prefix}_accept_lengths"] = decode(r["prompt"])
+            r[f"{prefix}_matrix"] = written_rows(module.adj_matrix)
     with open(out, "w") as f:
         json.dump(rows, f)
     report(rows)
 
 
 def report(rows: list[dict]) -> None:
-    def equal(key):
-        return sum(r[key][:64] == r["vanilla"][:len(r[key][:64])] and len(r[key]) >= len(r["vanilla"])
-                   for r in rows)
-
-    print(f"plain greedy (4.37) equal to the harness's vanilla: "
-          f"{sum(r['ref_vanilla'] == r['vanilla'] for r in rows)}/{len(rows)}; reference's first 64 tokens equal: "
-          f"{equal('ref')}/{len(rows)}; harness: {sum(r['recycling'] == r['vanilla'] for r in rows)}/{len(rows)}")
-    harness_f = [len(r["accept_lengths"]) for r in rows]
-    ref_f = [forwards_to(r["ref_accept_lengths"], len(r["vanilla"])) for r in rows]
-    ref_own = [1 + len(r["ref_accept_lengths"]) for r in rows]
+    n = len(rows)
     tokens = sum(len(r["vanilla"]) for r in rows)
-    print(f"forwards to vanilla's tokens (prefill included), per turn (reference, harness): "
-          f"{list(zip(ref_f, harness_f))}; totals {sum(ref_f)}, {sum(harness_f)}; tau {tokens / sum(ref_f):.3f}, "
-          f"{tokens / sum(harness_f):.3f}")
-    accepts = [a for r in rows for a in r["ref_accept_lengths"]]
-    print(f"reference to its own stop: forwards {ref_own} ({sum(ref_own)}), new tokens "
-          f"{[len(r['ref']) for r in rows]}, mean accept length {sum(accepts) / len(accepts):.3f}")
-    for r in rows:
-        ref, har = r["ref_matrix"], r["matrix"]
-        both = set(ref) & set(har)
-        same = sum(ref[k] == har[k] for k in both)
-        print(f"q{r['qid']} t{r['turn']}: rows written ref {len(ref)}, harness {len(har)}, in both {len(both)}, "
-              f"equal {same}; only ref {len(set(ref) - set(har))}, only harness {len(set(har) - set(ref))}")
+    harness_f = [len(r["accept_lengths"]) for r in rows]
+    print(f"plain greedy (transformers 4.37) equal to the harness's vanilla: "
+          f"{sum(r['ref_vanilla'] == r['vanilla'] for r in rows)}/{n}; harness token_recycling equal: "
+          f"{sum(r['recycling'] == r['vanilla'] for r in rows)}/{n}, forwards {harness_f} ({sum(harness_f)}), "
+          f"tau {tokens / sum(harness_f):.3f}")
+    for prefix in [p for p in ("ref", "warm") if p in rows[0]]:
+        ref_f = [forwards_to(r[f"{prefix}_accept_lengths"], len(r["vanilla"])) for r in rows]
+        own = [1 + len(r[f"{prefix}_accept_lengths"]) for r in rows]
+        accepts = [a for r in rows for a in r[f"{prefix}_accept_lengths"]]
+        equal = sum(r[prefix][:len(r["vanilla"])] == r["vanilla"] for r in rows)
+        print(f"{prefix}: first tokens equal to vanilla {equal}/{n}; forwards to vanilla's tokens (prefill included) "
+              f"{ref_f} ({sum(ref_f)}), tau {tokens / sum(ref_f):.3f}; to its own stop {own} ({sum(own)}), new tokens "
+              f"{[len(r[prefix]) for r in rows]}, mean accept length {sum(accepts) / len(accepts):.3f}")
+        for r in rows:
+            ref, har = r[f"{prefix}_matrix"], r["matrix"]
+            both = set(ref) & set(har)
+            print(f"  q{r['qid']} t{r['turn']}: rows written: {len(ref)} ({prefix}), {len(har)} (harness), "
+                  f"{len(both)} in both, {sum(ref[k] == har[k] for k in both)} of them equal")
 
 
 class _Toy:
@@ -213,5 +222,8 @@ if __name__ == "__main__":
         harness_side(args[0])
     elif side == "reference":
         reference_side(*args)
+    elif side == "report":
+        with open(args[0]) as f:
+            report(json.load(f))
     else:
         fixture_side(args[0])
