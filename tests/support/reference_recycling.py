@@ -87,7 +87,7 @@ class _OnCpu(types.ModuleType):
 
 def reference_module(repo: str):
     """``evaluation.inference_recycling`` of the reference work tree ``repo``, running on the CPU."""
-    sys.path.insert(0, repo)
+    sys.path[:0] = [repo, str(Path(__file__).resolve().parents[2])]  # the reference, then this repository
     fastchat = types.ModuleType("fastchat")
     fastchat.utils = types.ModuleType("fastchat.utils")
     fastchat.utils.str_to_torch_dtype = None
@@ -113,6 +113,47 @@ def forwards_to(accept_lengths: list[int], tokens: int) -> int:
     return 1 + len(accept_lengths)
 
 
+class _Checked:
+    """The reference's model, seen by ``recycling_forward``, checking each tree forward against the harness's pure
+    parts (``harness.engine.adjacency``, torch only, so importable here): the 80 drafted tokens against
+    ``tree_tokens_from_adjacency`` from the matrix the reference drafted them from, and that matrix against
+    ``recycle_candidates`` applied to the previous forward's matrix with its slots and top-8 (within a turn: the
+    reference does not recycle a turn's last forward). Counts in ``checked``: forwards, trees equal, updates
+    compared, updates equal."""
+
+    def __init__(self, model, module):
+        from harness.engine.adjacency import tree_levels
+        from harness.engine.tree import TOKEN_RECYCLING_80, tree_from_choices
+
+        self.model, self.module, self.previous = model, module, None
+        self.parents, self.ranks = tree_from_choices(TOKEN_RECYCLING_80)
+        self.levels = [torch.tensor(nodes) for nodes in tree_levels(self.parents.tolist())]
+        self.checked = [0, 0, 0, 0]
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids, past_key_values, attention_mask=None, position_ids=None):
+        from harness.engine.adjacency import recycle_candidates, tree_tokens_from_adjacency
+
+        out = self.model(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                         position_ids=position_ids)
+        if attention_mask is None:  # a turn's prefill
+            self.previous = None
+            return out
+        matrix, slots = self.module.adj_matrix, input_ids[0]
+        if self.previous is not None:
+            expected, ids, top = self.previous
+            recycle_candidates(expected, ids, top)
+            self.checked[2] += 1
+            self.checked[3] += torch.equal(expected, matrix)
+        tokens = tree_tokens_from_adjacency(matrix, slots[:1], self.parents, self.ranks, self.levels)
+        self.checked[0] += 1
+        self.checked[1] += torch.equal(tokens, slots[1:])
+        self.previous = (matrix.clone(), slots.clone(), torch.topk(out.logits[0], 8, dim=-1).indices)
+        return out
+
+
 def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> None:
     """``warmup`` = "warmup": also a second pass as ``evaluation/eval.py`` runs it, the first question's turns decoded
     3 times into the matrix before the measured ones (keys ``warm_*``)."""
@@ -122,7 +163,7 @@ def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> No
     from model.recycling.modeling_llama_kv import LlamaForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
-    model = LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    model = _Checked(LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval(), module)
     tokenizer = types.SimpleNamespace(eos_token_id=model.config.eos_token_id)
     with open(out) as f:
         rows = json.load(f)
@@ -149,6 +190,9 @@ def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> No
     with open(out, "w") as f:
         json.dump(rows, f)
     report(rows)
+    print(f"the harness's BFS on the reference's matrix drafted the reference's tree at {model.checked[1]} of "
+          f"{model.checked[0]} tree forwards; its update of the previous forward's matrix gave the reference's at "
+          f"{model.checked[3]} of {model.checked[2]}")
 
 
 def report(rows: list[dict]) -> None:
