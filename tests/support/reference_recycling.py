@@ -29,7 +29,6 @@ module's ``torch`` is seen through :class:`_OnCpu` and ``Tensor.cuda`` returns t
 from __future__ import annotations
 
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -49,24 +48,16 @@ def harness_side(out: str) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
-    from harness.run.suites import load_suite
+    from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    vanilla = get_method("vanilla").create(target, {})
     recycling = get_method("token_recycling").create(target, {})  # the 80-node tree, top_k 8, persist
-    questions = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:5]
     rows = []
-    for q in questions:
-        messages = []
-        for turn, text in enumerate(q.turns):
-            messages.append({"role": "user", "content": text})
-            ids = target.render_chat(messages)
-            v = vanilla.generate(ids, 64, SamplingParams())
-            tr = recycling.generate(ids, 64, SamplingParams())
-            rows.append({"qid": q.question_id, "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
-                         "recycling": tr.token_ids, "accept_lengths": tr.accept_lengths,
-                         "matrix": written_rows(recycling.adjacency)})
-            messages.append({"role": "assistant", "content": target.decode(v.token_ids)})
+    for qid, turn, ids, answer in vanilla_turns(target, 5, 64):
+        tr = recycling.generate(ids, 64, SamplingParams())
+        rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
+                     "recycling": tr.token_ids, "accept_lengths": tr.accept_lengths,
+                     "matrix": written_rows(recycling.adjacency)})
     with open(out, "w") as f:
         json.dump(rows, f)
 
