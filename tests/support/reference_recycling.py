@@ -3,17 +3,18 @@ inference_recycling.py``'s ``recycling_forward`` with ``model/recycling/``'s KV-
 written for transformers 4.37.1): the same prompts, model, tree and k (8), greedy, 64 new tokens.
 
     python tests/support/reference_recycling.py harness OUT.json                  # the harness's venv
-    python tests/support/reference_recycling.py reference REPO MODEL OUT.json [warmup]   # the reference's venv
+    python tests/support/reference_recycling.py reference REPO MODEL OUT.json [plain] [warmup]  # the reference's venv
     python tests/support/reference_recycling.py report OUT.json                   # print the comparison again
     python tests/support/reference_recycling.py fixture REPO                      # the reference's venv
 
 The harness side renders MT-bench's first 5 questions, both turns (turn 2's prompt holds vanilla's turn-1 answer), and
 writes the prompt ids with vanilla's and ``token_recycling``'s outputs, forwards and accept lengths, and the adjacency
 matrix's written rows after each turn (one method object for all turns, so the matrix persists, as published). The
-reference side reads that file, runs plain greedy (transformers' ``generate``) and ``recycling_forward`` over the same
-turns in the same order with one matrix (the reference's global ``adj_matrix``, made once, never reset), without the
-reference's warm-up (``evaluation/eval.py`` runs the first question 3 times first, into the same matrix), and prints
-the comparison. ``REPO``: a work tree of the reference repository; ``MODEL``: the default model's folder with
+reference side reads that file (all its turns: cut it to fewer questions first for a shorter run) and runs
+``recycling_forward`` over the same turns in the same order with one matrix (the reference's global ``adj_matrix``,
+made once, never reset), without the reference's warm-up (``evaluation/eval.py`` runs the first question 3 times first,
+into the same matrix; flag ``warmup`` adds that pass; flag ``plain`` adds transformers' plain greedy ``generate``), and
+prints the comparison. ``REPO``: a work tree of the reference repository; ``MODEL``: the default model's folder with
 ``rope_theta`` written at the top of ``config.json`` (transformers 4.37 does not read ``rope_parameters``).
 
 ``fixture`` runs ``recycling_forward`` on a table instead of a model (a slot's logits: a row per token plus a row per
@@ -145,9 +146,10 @@ class _Checked:
         return out
 
 
-def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> None:
-    """``warmup`` = "warmup": also a second pass as ``evaluation/eval.py`` runs it, the first question's turns decoded
-    3 times into the matrix before the measured ones (keys ``warm_*``)."""
+def reference_side(repo: str, model_path: str, out: str, *flags: str) -> None:
+    """``flags``: ``plain``: also transformers' plain greedy ``generate`` (the RoPE check); ``warmup``: also a second
+    pass as ``evaluation/eval.py`` runs it, the first question's turns decoded 3 times into the matrix before the
+    measured ones (keys ``warm_*``)."""
     from transformers import AutoModelForCausalLM
 
     module = reference_module(repo)
@@ -164,12 +166,12 @@ def reference_side(repo: str, model_path: str, out: str, warmup: str = "") -> No
                                                       tokenizer, 64, tree_version="2.2.2")
         return seq[0, len(ids):].tolist(), accepts
 
-    for r in rows:
+    for r in rows if "plain" in flags else []:
         ids = torch.tensor([r["prompt"]])
         with torch.inference_mode():
             seq = plain.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=model.config.eos_token_id)
         r["ref_vanilla"] = seq[0, ids.shape[1]:].tolist()
-    for prefix in ["ref"] + (["warm"] if warmup == "warmup" else []):
+    for prefix in ["ref"] + (["warm"] if "warmup" in flags else []):
         module.adj_matrix = torch.zeros(model.vocab_size, 8, dtype=torch.long)  # as its __main__ makes it, once
         if prefix == "warm":
             for _ in range(3):
@@ -190,8 +192,9 @@ def report(rows: list[dict]) -> None:
     n = len(rows)
     tokens = sum(len(r["vanilla"]) for r in rows)
     harness_f = [len(r["accept_lengths"]) for r in rows]
-    print(f"plain greedy (transformers 4.37) equal to the harness's vanilla: "
-          f"{sum(r['ref_vanilla'] == r['vanilla'] for r in rows)}/{n}; harness token_recycling equal: "
+    plain = [r["ref_vanilla"] == r["vanilla"] for r in rows if "ref_vanilla" in r]
+    print(f"plain greedy (transformers 4.37) equal to the harness's vanilla: {sum(plain)}/{len(plain)}; "
+          f"harness token_recycling equal: "
           f"{sum(r['recycling'] == r['vanilla'] for r in rows)}/{n}, forwards {harness_f} ({sum(harness_f)}), "
           f"tau {tokens / sum(harness_f):.3f}")
     for prefix in [p for p in ("ref", "warm") if p in rows[0]]:
