@@ -12,6 +12,11 @@ matrix, so verification is lossless at every temperature.
 Option ``persist`` (default true, as published): the matrix persists across turns and questions, so results depend on
 the order of the questions (the manifest records ``state`` beside the options); false starts every turn from an
 empty matrix (every row token 0). Rows never written hold token 0.
+
+Against the authors' code (Luowaterbi/TokenRecycling, ``evaluation/inference_recycling.py``; docs/reference.md): the
+same tree, fill and update forward for forward; that code roots a turn's first tree at the prompt's last token (its
+prefill leaves it out), runs past ``max_new_tokens`` and never recycles a turn's last forward, where this one roots it
+at the prefill's token, stops at the budget and recycles every verification forward.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Token Recycling on literal inputs: the adjacency matrix's update and BFS fill (harness.engine.adjacency), the
-engine's top-k hand-over (harness.engine.speculative.slot_top_ids), the published tree and the method's state."""
+engine's top-k hand-over (harness.engine.speculative.slot_top_ids), the published tree and the method's state; and
+the authors' code's recorded forwards replayed (tests/data/recycling_reference.json)."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +12,8 @@ from harness.engine.adjacency import recycle_candidates, tree_levels, tree_token
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import slot_top_ids
-from harness.engine.tree import STATIC_TREES, tree_from_choices
+from harness.engine.tree import STATIC_TREES, DraftTree, tree_from_choices
+from harness.engine.verify import verify_greedy
 from methods.token_recycling import TokenRecycling, tree_choices
 from tests.support.helpers import GREEDY, tiny_target
 
@@ -101,3 +106,44 @@ def test_bad_options_name_the_field():
         TokenRecycling.create(target, {"tree": "nope"})
     with pytest.raises(OptionsError, match="persist"):
         TokenRecycling.create(target, {"persist": "sometimes"})
+
+
+def test_the_authors_forwards_replay_step_by_step():
+    # tests/data/recycling_reference.json: the authors' recycling_forward (Luowaterbi/TokenRecycling@1b4c05c,
+    # tree "2.2.2", k 8) run on a table instead of a model (the logits at a slot: table[token] + by_depth[depth in
+    # the tree]; vocabulary 12), written by tests/support/reference_recycling.py fixture: each tree forward's slots
+    # [root, 80 nodes] and the matrix it was drafted from. At every forward the harness must draft the same 80 tokens
+    # from that matrix (else its node order or BFS differs from the template's), accept as many (else its greedy walk
+    # does), take the reference's next root as its bonus, and leave the matrix the reference drafts the next forward
+    # from (else its update differs: a token sits on slots of several depths here, token 0 on most slots of the cold
+    # forwards, and the last slot of a token must win, as the reference's CPU index_put leaves it; the first slot
+    # winning would differ at some forward). The reference does not recycle its last forward (it stops before the
+    # update), the harness does: the one difference.
+    ref = json.loads((Path(__file__).parent / "data" / "recycling_reference.json").read_text())
+    assert ref["tree"] == STATIC_TREES["token_recycling_80"]
+    parents, ranks = tree_from_choices(ref["tree"])
+    levels = [torch.tensor(nodes) for nodes in tree_levels(parents.tolist())]
+    depth = torch.zeros(len(parents) + 1, dtype=torch.long)  # [81] slot depth, the root 0
+    for d, nodes in enumerate(levels, 1):
+        depth[nodes + 1] = d
+    table, by_depth = torch.tensor(ref["table"]), torch.tensor(ref["by_depth"])  # [12, 12], [7, 12]
+    steps = ref["steps"]
+    assert ref["accept_lengths"] == [1, 1, 6, 5, 6, 6, 7, 4]
+    first_wins_differs = 0
+    for s, step in enumerate(steps):
+        matrix, slots = torch.tensor(step["matrix"]), torch.tensor(step["slots"])  # [12, 8], [81]
+        logits = table[slots] + by_depth[depth]  # [81, 12]
+        tokens = tree_tokens_from_adjacency(matrix, slots[:1], parents, ranks, levels)
+        assert tokens.tolist() == step["slots"][1:], f"forward {s}: tree"
+        path, bonus = verify_greedy(DraftTree(tokens=tokens, parents=parents), logits)
+        assert 1 + len(path) == ref["accept_lengths"][s], f"forward {s}: accepted length"
+        first_wins = matrix.clone()
+        ids, top = slot_top_ids(slots[:1], tokens, logits, 8)
+        first_wins[ids.flip(0)] = top.flip(0)
+        recycle_candidates(matrix, ids, top)
+        first_wins_differs += not torch.equal(first_wins, matrix)
+        if s + 1 < len(steps):
+            assert bonus == steps[s + 1]["slots"][0], f"forward {s}: next root"
+            assert matrix.tolist() == steps[s + 1]["matrix"], f"forward {s}: update"
+    assert first_wins_differs > 0
+    assert ref["final_matrix"] == steps[-1]["matrix"]

@@ -50,26 +50,18 @@ def harness_side(w: int, n: int, g: int, out: str) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
-    from harness.run.suites import load_suite
+    from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    vanilla = get_method("vanilla").create(target, {})
     look = get_method("lookahead").create(target, {"window": w, "ngram": n, "guess": g})
     started = lade_start().create(target, {"window": w, "ngram": n, "guess": g})
-    questions = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:5]
     rows = []
-    for q in questions:
-        messages = []
-        for turn, text in enumerate(q.turns):
-            messages.append({"role": "user", "content": text})
-            ids = target.render_chat(messages)
-            v = vanilla.generate(ids, 64, SamplingParams())
-            la = look.generate(ids, 64, SamplingParams())
-            ls = started.generate(ids, 64, SamplingParams())
-            rows.append({"qid": q.question_id, "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
-                         "lookahead": la.token_ids, "forwards": len(la.accept_lengths),
-                         "lade_start": ls.token_ids, "lade_start_forwards": len(ls.accept_lengths)})
-            messages.append({"role": "assistant", "content": target.decode(v.token_ids)})
+    for qid, turn, ids, answer in vanilla_turns(target, 5, 64):
+        la = look.generate(ids, 64, SamplingParams())
+        ls = started.generate(ids, 64, SamplingParams())
+        rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
+                     "lookahead": la.token_ids, "forwards": len(la.accept_lengths),
+                     "lade_start": ls.token_ids, "lade_start_forwards": len(ls.accept_lengths)})
     with open(out, "w") as f:
         json.dump(rows, f)
 

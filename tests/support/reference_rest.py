@@ -23,7 +23,6 @@ DraftRetriever's rule of selection (:func:`selection_allows`), to trace each dif
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 
@@ -180,8 +179,7 @@ def compare(index: str, questions: int, tokens: int, out: str | None) -> None:
     from harness.engine.datastore import Datastore, retrieve, suffix_array, trie_draft
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
-    from harness.registry import get_method
-    from harness.run.suites import load_suite
+    from tests.support.mt_bench_turns import vanilla_turns
 
     reader = draftretriever.Reader(index_file_path=index)
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
@@ -190,44 +188,37 @@ def compare(index: str, questions: int, tokens: int, out: str | None) -> None:
     joined = np.r_[docs, np.int32(-1)]
     joined_store = Datastore(joined, suffix_array(joined, store.key_length), store.key_length)
     logged_cls, dr_cls = rest_classes(reader)
-    vanilla = get_method("vanilla").create(target, {})
     harness, dr = logged_cls(target, None, store=store), dr_cls(target, None, store=store)
     o = harness.options
     rows, steps = [], []
-    for q in load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:questions]:
-        messages = []
-        for turn, text in enumerate(q.turns):
-            messages.append({"role": "user", "content": text})
-            ids = target.render_chat(messages)
-            v = vanilla.generate(ids, tokens, SamplingParams()).token_ids
-            h = harness.generate(ids, tokens, SamplingParams())
-            d = dr.generate(ids, tokens, SamplingParams())
-            rows.append({"qid": q.question_id, "turn": turn, "vanilla": v, "rest": h.token_ids,
-                         "rest_forwards": len(h.accept_lengths), "draftretriever": d.token_ids,
-                         "draftretriever_forwards": len(d.accept_lengths)})
-            prompt_len = ids.shape[1]
-            for context, root, tree in harness.log:
-                n = len(context) - prompt_len + 1  # tokens emitted, the root included
-                following = v[n:]
-                dr_n, dr_paths = rest_query(reader, context, root)
-                dr_tree, again = closure(dr_paths), closure(rest_query(reader, context, root)[1])
-                h_n, h_conts = retrieve(store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
-                                        o.max_candidates, o.depth)
-                j_n, conts = retrieve(joined_store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
-                                      o.max_candidates, o.depth)
-                counts = prefix_counts(conts)
-                joined_tree = tree_paths(*trie_draft(conts, o.num_draft))  # the harness rule, DraftRetriever corpus
-                steps.append({"qid": q.question_id, "turn": turn, "emitted": n, "harness_n": h_n, "dr_n": dr_n,
-                              "joined_n": j_n, "same_tree": tree == dr_tree, "dr_repeatable": dr_tree == again,
-                              "harness_nodes": len(tree), "dr_nodes": len(dr_tree),
-                              "same_continuations": prefix_counts(h_conts) == counts,
-                              "occurrences_capped": len(conts) == o.max_candidates,
-                              "selection_allows": selection_allows(counts, dr_paths, CHOICES),
-                              "joined_same_tree": joined_tree == tree,
-                              "harness_accepts": accepted(tree, following),
-                              "joined_accepts": accepted(joined_tree, following),
-                              "dr_accepts": accepted(dr_tree or {(NO_MATCH_TOKEN,)}, following)})
-            messages.append({"role": "assistant", "content": target.decode(v)})
+    for qid, turn, ids, v in vanilla_turns(target, questions, tokens):
+        h = harness.generate(ids, tokens, SamplingParams())
+        d = dr.generate(ids, tokens, SamplingParams())
+        rows.append({"qid": qid, "turn": turn, "vanilla": v, "rest": h.token_ids,
+                     "rest_forwards": len(h.accept_lengths), "draftretriever": d.token_ids,
+                     "draftretriever_forwards": len(d.accept_lengths)})
+        prompt_len = ids.shape[1]
+        for context, root, tree in harness.log:
+            n = len(context) - prompt_len + 1  # tokens emitted, the root included
+            following = v[n:]
+            dr_n, dr_paths = rest_query(reader, context, root)
+            dr_tree, again = closure(dr_paths), closure(rest_query(reader, context, root)[1])
+            h_n, h_conts = retrieve(store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
+                                    o.max_candidates, o.depth)
+            j_n, conts = retrieve(joined_store, context[-o.max_match + 1:] + [root], o.max_match, o.min_match,
+                                  o.max_candidates, o.depth)
+            counts = prefix_counts(conts)
+            joined_tree = tree_paths(*trie_draft(conts, o.num_draft))  # the harness rule, DraftRetriever corpus
+            steps.append({"qid": qid, "turn": turn, "emitted": n, "harness_n": h_n, "dr_n": dr_n,
+                          "joined_n": j_n, "same_tree": tree == dr_tree, "dr_repeatable": dr_tree == again,
+                          "harness_nodes": len(tree), "dr_nodes": len(dr_tree),
+                          "same_continuations": prefix_counts(h_conts) == counts,
+                          "occurrences_capped": len(conts) == o.max_candidates,
+                          "selection_allows": selection_allows(counts, dr_paths, CHOICES),
+                          "joined_same_tree": joined_tree == tree,
+                          "harness_accepts": accepted(tree, following),
+                          "joined_accepts": accepted(joined_tree, following),
+                          "dr_accepts": accepted(dr_tree or {(NO_MATCH_TOKEN,)}, following)})
     if out:
         with open(out, "w") as f:
             json.dump({"turns": rows, "steps": steps}, f)
