@@ -18,6 +18,8 @@ reference (only torch, tqdm and the standard library are imported there), the fo
 
     SAM_DECODING=CHECKOUT python tests/support/reference_sam.py compare [QUESTIONS] [TOKENS]  # agreement
     SAM_DECODING=CHECKOUT python tests/support/reference_sam.py fixture    # tests/data/sam_reference.json
+    SAM_DECODING=CHECKOUT python tests/support/reference_sam.py e2e QUESTIONS TOKENS [OUT.json]  # default model
+    SAM_DECODING=CHECKOUT REFVENV/bin/python tests/support/reference_sam.py samd MODEL OUT.json  # reference's loop
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
-from methods.sam import SamDecoding
-from tests.support.reference_suffix import requests
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "sam_reference.json"
 COMMIT = "18c41f055b424fa3fa0bac41a8953d34cea1ed77"
@@ -71,6 +70,8 @@ def accepted(draft: list[int], out: list[int], n: int) -> int:
 def replay(reqs: list[dict], checkout: str) -> list[list[dict]]:
     """Per request, per step: the reference's and the harness's match lengths, drafts and accepted lengths; the text
     advances by the reference's draft."""
+    from methods.sam import SamDecoding
+
     sam = dyn_sam_class(checkout)(N_PREDICTS)
     options = SamDecoding.Options(threshold=LEN_THRESHOLD, draft_tokens=N_PREDICTS - 1, fallback="none")
     har = SamDecoding(SimpleNamespace(output_device=torch.device("cpu")), options)
@@ -96,6 +97,119 @@ def replay(reqs: list[dict], checkout: str) -> list[list[dict]]:
     return steps
 
 
+def reference_drafted(checkout: str):
+    """The harness's ``sam`` (fallback none) drafting, at every step, the chain the reference's ``DynSAM`` drafts
+    (:func:`reference_step`), the automaton fed the prompt and each step's root and accepted tokens as
+    ``DraftModel.update`` feeds it: the reference's drafting verified by the harness's engine."""
+    from harness.engine.tree import chain_tree
+    from methods.sam import SamDecoding
+
+    dyn_sam = dyn_sam_class(checkout)
+
+    class ReferenceDrafted(SamDecoding):
+        def begin(self, prompt_ids, hidden):
+            super().begin(prompt_ids, hidden)
+            self.reference = dyn_sam(N_PREDICTS)
+            self.reference.add_tokens(prompt_ids[0].tolist())
+
+        def propose(self, root, sampling, generator):
+            self.counters["sam_steps"] = self.counters.get("sam_steps", 0) + 1
+            return chain_tree(reference_step(self.reference, root)[1])
+
+        def accept(self, tokens, hidden, next_root):
+            super().accept(tokens, hidden, next_root)
+            self.reference.add_tokens(list(tokens))
+
+    return ReferenceDrafted
+
+
+def end_to_end(checkout: str, questions: int, tokens: int, out: str | None) -> None:
+    """Vanilla, the harness's ``sam`` without fallback, the reference-drafted ``sam`` (:func:`reference_drafted`) and
+    the harness's ``sam`` with its EAGLE-2 fallback at the reference's settings (62 tree nodes, depth 5, top-k 8: its
+    ``Eagle2Model`` defaults) on the default model (fp32, CPU, greedy), the first ``questions`` MT-bench questions,
+    both turns (turn 2's prompt holds vanilla's answer): outputs against vanilla's, forwards (prefill included) and
+    tau; with ``out``, the prompts and results are written there for :func:`samd_side`."""
+    from harness.engine.sampling import SamplingParams
+    from harness.models import load_target
+    from harness.registry import get_method
+    from harness.run.suites import load_suite
+    from methods.sam import SamDecoding
+
+    target = load_target("smollm2-135m", dtype="float32", device="cpu")
+    options = {"threshold": LEN_THRESHOLD, "draft_tokens": N_PREDICTS - 1}
+    entries = {"vanilla": get_method("vanilla").create(target, {}),
+               "sam": SamDecoding.create(target, {**options, "fallback": "none"}),
+               "reference": reference_drafted(checkout).create(target, {**options, "fallback": "none"}),
+               "sam-eagle2": SamDecoding.create(target, {**options, "total_tokens": 63, "depth": 5, "top_k": 8})}
+    prompts, rows = [], {name: [] for name in entries}
+    for q in load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:questions]:
+        messages = []
+        for text in q.turns:
+            messages.append({"role": "user", "content": text})
+            ids = target.render_chat(messages)
+            prompts.append(ids[0].tolist())
+            for name, method in entries.items():
+                g = method.generate(ids, tokens, SamplingParams())
+                rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
+            messages.append({"role": "assistant", "content": target.decode(rows["vanilla"][-1]["tokens"])})
+    report(rows)
+    if out:
+        Path(out).write_text(json.dumps({"tokens": tokens, "prompts": prompts, "entries": rows}))
+
+
+def report(rows: dict[str, list[dict]]) -> None:
+    for name, turns in rows.items():
+        same = sum(t["tokens"] == v["tokens"] for t, v in zip(turns, rows["vanilla"]))
+        forwards = [t["forwards"] for t in turns]
+        emitted = sum(len(t["tokens"]) for t in turns)
+        print(f"{name}: outputs equal to vanilla {same}/{len(turns)}, forwards {sum(forwards)} {forwards}, "
+              f"tau {emitted / sum(forwards):.3f}")
+
+
+def samd_side(checkout: str, model: str, out: str) -> None:
+    """The reference's own generation loop (``samd/samd_model.py``'s ``SamdModel.generate``, transformers 4.46: its
+    Llama patch needs ``_prepare_4d_causal_attention_mask_with_cache_position``) with its EAGLE-2 tree model on the
+    harness's shipped EAGLE head (the same ``fc``/``layers.0`` keys; ``embed_tokens`` from ``model``, the default
+    model's folder with ``rope_theta`` at the top of ``config.json``), ``n_predicts`` 40, ``len_threshold`` 5, no
+    static automaton, fp32 on CPU, on the prompts ``end_to_end`` wrote to ``out``; adds the entry ``samd``."""
+    import importlib.machinery
+    import tempfile
+    import types
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    # samd/sam/utils.py imports datasets.Dataset for a type only (building a static automaton); not installed here
+    stub = types.ModuleType("datasets")
+    stub.Dataset, stub.__spec__ = object, importlib.machinery.ModuleSpec("datasets", None)
+    sys.modules.setdefault("datasets", stub)
+    sys.path.insert(0, checkout)
+    from samd import DraftModel, SamdConfig, SamdGenerationConfig, SamdModel
+
+    data = json.loads(Path(out).read_text())
+    shipped = Path(__file__).resolve().parents[2] / "methods" / "heads" / "smollm2-135m" / "eagle"
+    lm = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32, attn_implementation="sdpa")
+    lm.hf_device_map = {"": "cpu"}  # what device_map="cpu" sets (read by samd/cache.py), without accelerate
+    with tempfile.TemporaryDirectory() as head:  # the head as EAGLE's pytorch_model.bin, with the embeddings
+        weights = load_file(str(shipped / "model.safetensors"))
+        weights["embed_tokens.weight"] = lm.model.embed_tokens.weight.detach().clone()
+        torch.save(weights, Path(head) / "pytorch_model.bin")
+        (Path(head) / "config.json").write_text((shipped / "config.json").read_text())
+        config = SamdConfig(n_predicts=N_PREDICTS, len_threshold=LEN_THRESHOLD, tree_method="eagle2",
+                            tree_model_path=head)
+        draft = DraftModel(config, lm=lm, dtype=torch.float32, device="cpu")
+    # eval() as evaluation/eval_vicuna.py: in training mode Eagle2Model's gradient-checkpointing path drops its KV
+    samd = SamdModel(config, lm, draft, lm.config.eos_token_id, torch.float32, "cpu").eval()
+    gen = SamdGenerationConfig(max_new_tokens=data["tokens"], greedy=True)
+    rows = []
+    for prompt in data["prompts"]:
+        result = samd.generate(torch.tensor([prompt]), generation_config=gen)
+        rows.append({"tokens": result.output_ids[0][len(prompt):], "forwards": result.decode_steps + 1})
+    data["entries"]["samd"] = rows
+    Path(out).write_text(json.dumps(data))
+    report(data["entries"])
+
+
 def checkout_folder() -> str:
     folder = os.environ.get("SAM_DECODING", "")
     if not (Path(folder) / "samd" / "sam" / "dyn_sam.py").is_file():
@@ -106,6 +220,8 @@ def checkout_folder() -> str:
 def main() -> None:
     checkout = checkout_folder()
     if sys.argv[1:2] == ["fixture"]:
+        from tests.support.reference_suffix import requests
+
         reqs = requests(6, 64)
         for req, rows in zip(reqs, replay(reqs, checkout)):
             req["lengths"] = [row["length"] for row in rows]
@@ -115,6 +231,15 @@ def main() -> None:
                                        "n_predicts": N_PREDICTS, "len_threshold": LEN_THRESHOLD, "requests": reqs},
                                       separators=(",", ":")))
         return
+    torch.set_num_threads(1)
+    if sys.argv[1:2] == ["e2e"]:
+        end_to_end(checkout, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if sys.argv[4:] else None)
+        return
+    if sys.argv[1:2] == ["samd"]:
+        samd_side(checkout, sys.argv[2], sys.argv[3])
+        return
+    from tests.support.reference_suffix import requests
+
     questions, tokens = (int(a) for a in (sys.argv[2:4] + ["10", "128"][len(sys.argv[2:4]):]))
     rows = [row for request in replay(requests(questions, tokens), checkout) for row in request]
     kinds = Counter()
