@@ -11,9 +11,14 @@ Sec. 4; options ``head``, ``total_tokens``, ``depth``, ``top_k`` as for method `
 committed token, so it catches up on the steps the chain took), ``none`` = no draft (a plain target step). Both
 proposals are deterministic, so verification is lossless at every temperature. Not built: the paper's second, static
 automaton over a text corpus. The automaton lives for one turn (prompt + its output; a chat's later turn has the
-earlier turns in its prompt), so results do not depend on the order of questions. Differences from the reference
-code: the draft follows the first occurrence of the match, as there, but the match state is recomputed from the whole
-text's state at every step rather than carried along. Counters: ``sam_steps`` (chain steps), ``fallback_steps``.
+earlier turns in its prompt), so results do not depend on the order of questions. Against the reference code
+(hyx1999/SAM-Decoding 18c41f0, ``samd/sam/dyn_sam.py``, ``samd/draft.py``; docs/reference.md): the same match
+length and the same chain at every step of a replay, the threshold held against the longest match as there, also
+when the chain climbs to a shorter suffix with an earlier first occurrence; the match state is recomputed from the
+whole text's state at every step rather than carried along; the reference's ``to_anc`` also climbs when exactly
+``draft_tokens`` tokens follow the first occurrence (it compares with ``n_predicts``, the draft plus the root), and
+pads a short chain with token 0 to its fixed length, where this chain ends with the text. Counters: ``sam_steps``
+(chain steps), ``fallback_steps``.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ FALLBACKS = ("eagle2", "none")
 
 @dataclass
 class SamOptions:
-    """``threshold``: the shortest match (root included) whose chain is verified (SAM-Decoding's reference code: 4);
-    ``draft_tokens``: the chain's length; ``fallback``: ``eagle2`` or ``none``; ``head``, ``total_tokens``, ``depth``,
-    ``top_k``: the EAGLE-2 fallback's options (ignored with ``none``)."""
+    """``threshold``: the shortest match (root included) whose chain is verified; ``draft_tokens``: the chain's
+    length (the defaults 4 and 10 are the reference code's at v0.4.1, hyx1999/SAM-Decoding 0be73fd; since then its
+    ``len_threshold`` 5 and ``n_predicts`` 40, i.e. 39 drafted tokens); ``fallback``: ``eagle2`` or ``none``;
+    ``head``, ``total_tokens``, ``depth``, ``top_k``: the EAGLE-2 fallback's options (ignored with ``none``)."""
 
     threshold: int = 4
     draft_tokens: int = 10

@@ -1,6 +1,9 @@
 """SAM-Decoding on literal inputs: the suffix automaton (harness.engine.suffix) against its definition, and the
 method's choice between the automaton's chain and its fallback."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -72,8 +75,8 @@ def test_a_late_first_occurrence_falls_back_to_a_shorter_earlier_suffix():
     # text [9, 3, 4, 6, 5, 9], root 3: [9, 3] first ends at 1 with 4 tokens after it: no shorter suffix needed
     assert SuffixAutomaton([9, 3, 4, 6, 5, 9]).draft(3, 4) == (2, [4, 6, 5, 9])
     # text [2, 6, 6, 1, 2, 6], root 6: [2, 6, 6] first ends at 2 leaving 3 tokens; the shorter [6, 6] shares it,
-    # [6] first ends at 1 leaving 4: with 4 wanted the draft is what followed [6] at 1, match length 1
-    assert SuffixAutomaton([2, 6, 6, 1, 2, 6]).draft(6, 4) == (1, [6, 1, 2, 6])
+    # [6] first ends at 1 leaving 4: with 4 wanted the draft is what followed [6] at 1; the match length stays 3
+    assert SuffixAutomaton([2, 6, 6, 1, 2, 6]).draft(6, 4) == (3, [6, 1, 2, 6])
 
 
 def test_chain_above_threshold_else_fallback_none_gives_an_empty_tree():
@@ -91,6 +94,19 @@ def test_chain_above_threshold_else_fallback_none_gives_an_empty_tree():
     method.accept([12, 40], None, 13)
     assert len(method.propose(13, SamplingParams(), None)) == 0
     assert method.counters == {"sam_steps": 2, "fallback_steps": 1}
+
+
+def test_the_threshold_holds_the_longest_match_even_when_the_draft_follows_a_shorter_suffix():
+    # prompt [2, 6, 6, 1, 2, 6], root 6: the longest match [2, 6, 6] (length 3) first ends at 2, leaving 3 tokens;
+    # with 4 wanted the chain follows [6] at 1: [6, 1, 2, 6]. SAM-Decoding's code (hyx1999/SAM-Decoding, samd/
+    # draft.py, DraftModel.lookup) holds the lookup's match length (3) against the threshold before gen_draft climbs
+    # to the shorter suffix, so threshold 2 verifies that chain; testing the climbed length (1) would fall back
+    target = tiny_target(eos=False)
+    method = SamDecoding.create(target, {"fallback": "none", "threshold": 2, "draft_tokens": 4})
+    method.counters = {}
+    method.begin(torch.tensor([[2, 6, 6, 1, 2, 6]]), None)
+    assert method.propose(6, SamplingParams(), None).tokens.tolist() == [6, 1, 2, 6]
+    assert method.counters == {"sam_steps": 1}
 
 
 def test_eagle2_fallback_drafts_when_the_match_is_short_and_follows_every_commit():
@@ -126,3 +142,33 @@ def test_the_draft_kv_is_the_fallbacks_or_none():
     target = tiny_target(vocab=64, tokenizer=False)
     assert build_example("sam", target, total_tokens=8, depth=2, top_k=3).draft_kv_bytes(1000) == 128 * 1000
     assert SamDecoding.create(target, {"fallback": "none"}).draft_kv_bytes(1000) is None
+
+
+def test_drafts_as_sam_decodings_own_automaton_on_recorded_text():
+    # tests/data/sam_reference.json: the match lengths and drafts of SAM-Decoding's dynamic automaton (hyx1999/
+    # SAM-Decoding 18c41f0, DynSAM called as its DraftModel.lookup and update call it: n_predicts 40, len_threshold
+    # 5, no static automaton) at every step of 12 requests (six MT-bench questions, both turns, SmolLM2 token ids,
+    # GPT-4's answers as the generated text, greedy decoding replayed), recorded by tests/support/reference_sam.py
+    # fixture. The harness with draft_tokens 39 and threshold 5 matches as long and drafts the same at all 412
+    # steps; a wrong construction (clone, link, first occurrence), a threshold held against the shorter suffix the
+    # draft climbs to (4 of these steps), or the draft's start would differ
+    ref = json.loads((Path(__file__).parent / "data" / "sam_reference.json").read_text())
+    method = SamDecoding.create(tiny_target(eos=False), {"fallback": "none", "threshold": ref["len_threshold"],
+                                                         "draft_tokens": ref["n_predicts"] - 1})
+    steps = 0
+    for request in ref["requests"]:
+        out = request["output"]
+        method.begin(torch.tensor([request["prompt"]]), None)
+        n = 1
+        for length, expected in zip(request["lengths"], request["drafts"], strict=True):
+            assert method.automaton.match(out[n - 1])[1] == length
+            draft = method.propose(out[n - 1], SamplingParams(), None).tokens.tolist()
+            assert draft == expected, (ref["requests"].index(request), n)
+            acc = 0
+            while acc < len(draft) and n + acc < len(out) and draft[acc] == out[n + acc]:
+                acc += 1
+            method.accept(out[n - 1:n + acc], None, out[n + acc] if n + acc < len(out) else -1)
+            n += acc + 1
+            steps += 1
+        assert n >= len(out)
+    assert steps == 412

@@ -74,11 +74,12 @@ class SuffixAutomaton:
         return self.next[p][token], self.length[p] + 1
 
     def draft(self, root: int, max_tokens: int) -> tuple[int, list[int]]:
-        """``(match length, draft)``: up to ``max_tokens`` tokens that followed the first occurrence of the longest
-        suffix of ``text + [root]`` occurring in the text (:meth:`match`). When that occurrence is too close to the
-        end of the text to give ``max_tokens``, the longest shorter suffix (along the suffix links) whose first
-        occurrence is earlier is taken instead, if one is longer than the empty string; the match length is then that
-        shorter one's.
+        """``(match length, draft)``: the length of the longest suffix of ``text + [root]`` occurring in the text
+        (:meth:`match`) and up to ``max_tokens`` tokens that followed its first occurrence. When that occurrence is
+        too close to the end of the text to give ``max_tokens``, the draft follows the first occurrence of the longest
+        shorter suffix (along the suffix links) that occurs earlier, if one is longer than the empty string; the match
+        length stays the longest suffix's, as SAM-Decoding's code holds it against its threshold before it climbs
+        (hyx1999/SAM-Decoding, ``samd/draft.py``'s ``DraftModel.lookup``, then ``samd/sam/dyn_sam.py``'s ``to_anc``).
         ``(0, [])`` without a match. Example: text [5, 6, 7, 5], root 6 -> match [5, 6] at 1 -> (2, [7, 5])."""
         state, length = self.match(root)
         if state == 0:
@@ -90,6 +91,6 @@ class SuffixAutomaton:
                 up = self.link[up]
             if up <= 0:
                 break
-            state, length = up, self.length[up]
+            state = up
         start = self.first_end[state] + 1
         return length, self.tokens[start: start + max_tokens]

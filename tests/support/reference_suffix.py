@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from arctic_inference.suffix_decoding import SuffixDecodingCache
 from transformers import AutoTokenizer
 
 from harness.models import resolve_target_path
@@ -59,6 +58,8 @@ def requests(questions: int, tokens: int) -> list[dict]:
 
 def replay(reqs: list[dict], depth: int, spec: int, factor: float, min_prob: float) -> list[list[tuple]]:
     """Per request, per step: (reference draft, harness draft); the text advances by the reference's verdict."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
     ref = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=10000)
     har = SuffixDecoding(None, SuffixDecoding.Options(max_depth=depth, max_spec_tokens=spec, tree=False,
                                                       max_spec_factor=factor, min_token_prob=min_prob))
