@@ -57,6 +57,22 @@ def test_bad_options_name_the_field():
         PromptLookup.create(None, {"max_ngram": 1, "min_ngram": 2})
     with pytest.raises(OptionsError, match="num_draft_tokens"):
         PromptLookup.create(None, {"num_draft_tokens": 0})
+    with pytest.raises(OptionsError, match="occurrence must be 'recent' or 'earliest', got 'first'"):
+        PromptLookup.create(None, {"occurrence": "first"})
+
+
+def test_earliest_occurrence_is_vllms_ngram_rule():
+    """occurrence=earliest copies after the first occurrence of the longest matching n-gram, as vLLM 0.32's ngram
+    proposer does (it keeps the earliest position among the longest matches); without it a vLLM ngram entry and its
+    harness twin draft differently wherever an n-gram recurs with another continuation."""
+    context = [1, 2, 3, 4, 9, 2, 3, 5, 2, 3]  # [2, 3] at 1 (-> 4, 9, 2) and at 5 (-> 5, 2, 3)
+    assert lookup_match(context, 3, 1, 3, earliest=True) == (2, [4, 9, 2])
+    assert lookup_match(context, 3, 1, 3) == (2, [5, 2, 3])
+    # the longest n still wins first: [7, 8, 9] at 0 only, although [9] recurs at 5
+    assert lookup_draft([7, 8, 9, 1, 0, 9, 4, 7, 8, 9], 3, 1, 2, earliest=True) == [1, 0]
+    m = PromptLookup(None, PromptLookup.Options(max_ngram=1, min_ngram=1, num_draft_tokens=2, occurrence="earliest"))
+    m.begin(torch.tensor([[5, 6, 5, 7]]), None)
+    assert m.propose(5, SamplingParams(), None).tokens.tolist() == [6, 5]  # [5] at 0 and 2: the earliest, 0
 
 
 def test_lookup_match_names_the_matched_ngram_length():
