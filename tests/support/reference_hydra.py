@@ -94,30 +94,22 @@ def harness_side(model_path: str, work: str) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
-    from harness.run.suites import load_suite
+    from tests.support.mt_bench_turns import vanilla_turns
 
     work_dir = Path(work)
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     build_layout(target, SHIPPED, model_path, work_dir / "hydra-head")
-    vanilla = get_method("vanilla").create(target, {})
     hydra = get_method("hydra").create(target, {"tree": TREE})
     hydra_4096 = get_method("hydra").create(target, {"tree": TREE, "draft_vocab": 4096})
-    questions = load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:3]
     rows = []
     with torch.inference_mode():
-        for q in questions:
-            messages = []
-            for turn, text in enumerate(q.turns):
-                messages.append({"role": "user", "content": text})
-                ids = target.render_chat(messages)
-                v = vanilla.generate(ids, MAX_NEW, SamplingParams())
-                h = hydra.generate(ids, MAX_NEW, SamplingParams())
-                h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams())
-                rows.append({"qid": q.question_id, "turn": turn, "prompt": ids[0].tolist(), "vanilla": v.token_ids,
-                             "hydra": h.token_ids, "forwards": len(h.accept_lengths),
-                             "accept_lengths": h.accept_lengths, "hydra_4096": h4.token_ids,
-                             "forwards_4096": len(h4.accept_lengths), "first_tree": first_tree(hydra, target, ids)})
-                messages.append({"role": "assistant", "content": target.decode(v.token_ids)})
+        for qid, turn, ids, answer in vanilla_turns(target, 3, MAX_NEW):
+            h = hydra.generate(ids, MAX_NEW, SamplingParams())
+            h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams())
+            rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
+                         "hydra": h.token_ids, "forwards": len(h.accept_lengths),
+                         "accept_lengths": h.accept_lengths, "hydra_4096": h4.token_ids,
+                         "forwards_4096": len(h4.accept_lengths), "first_tree": first_tree(hydra, target, ids)})
         ids = torch.tensor([rows[0]["prompt"]])
         heads = head_outputs(hydra, target, ids, POSITIONS)
         feats = target.model.model(ids).last_hidden_state[0]  # [T, H]

@@ -131,27 +131,21 @@ def end_to_end(checkout: str, questions: int, tokens: int, out: str | None) -> N
     tau; with ``out``, the prompts and results are written there for :func:`samd_side`."""
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
-    from harness.registry import get_method
-    from harness.run.suites import load_suite
     from methods.sam import SamDecoding
+    from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     options = {"threshold": LEN_THRESHOLD, "draft_tokens": N_PREDICTS - 1}
-    entries = {"vanilla": get_method("vanilla").create(target, {}),
-               "sam": SamDecoding.create(target, {**options, "fallback": "none"}),
+    entries = {"sam": SamDecoding.create(target, {**options, "fallback": "none"}),
                "reference": reference_drafted(checkout).create(target, {**options, "fallback": "none"}),
                "sam-eagle2": SamDecoding.create(target, {**options, "total_tokens": 63, "depth": 5, "top_k": 8})}
-    prompts, rows = [], {name: [] for name in entries}
-    for q in load_suite("mt_bench", os.environ.get("DRAFTBENCH_DATA")).questions[:questions]:
-        messages = []
-        for text in q.turns:
-            messages.append({"role": "user", "content": text})
-            ids = target.render_chat(messages)
-            prompts.append(ids[0].tolist())
-            for name, method in entries.items():
-                g = method.generate(ids, tokens, SamplingParams())
-                rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
-            messages.append({"role": "assistant", "content": target.decode(rows["vanilla"][-1]["tokens"])})
+    prompts, rows = [], {name: [] for name in ["vanilla", *entries]}
+    for _, _, ids, answer in vanilla_turns(target, questions, tokens):
+        prompts.append(ids[0].tolist())
+        rows["vanilla"].append({"tokens": answer, "forwards": len(answer)})  # vanilla: one token per forward
+        for name, method in entries.items():
+            g = method.generate(ids, tokens, SamplingParams())
+            rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
     report(rows)
     if out:
         Path(out).write_text(json.dumps({"tokens": tokens, "prompts": prompts, "entries": rows}))
