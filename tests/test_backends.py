@@ -116,6 +116,13 @@ def test_what_vllm_cannot_run_is_one_clear_error():
         mapped("eagle3", top_k=1)
     with pytest.raises(EngineError, match="needs the chain length"):
         mapped("eagle1", head="/heads/on-the-hub")
+    # vLLM's ngram copies after the earliest occurrence: pld's own rule (the most recent one) would run as another
+    # method in vLLM, so it is refused, and the rule vLLM has built in maps to no key (the referee's twin carries it)
+    with pytest.raises(EngineError, match=r"'pld': occurrence=recent has no vLLM equivalent; vLLM's ngram has "
+                                          r"occurrence=earliest built in"):
+        mapped("pld", occurrence="recent")
+    assert mapped("pld", num_draft_tokens=4, occurrence="earliest") == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     with pytest.raises(EngineError, match="no eagle3 head is shipped for target 'tiny-llama'"):
         mapped("eagle3", target="tiny-llama")
     with pytest.raises(EngineError, match="option draft .* is required"):

@@ -35,9 +35,8 @@ def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
     assert [(m.label, m.referee) for m in cfg.methods if m.engine == "vllm"] == [
         ("vllm-vanilla", "vanilla"), ("vllm-ngram", "pld-k4"), ("vllm-eagle3", "eagle3-k3")]
     assert by["eagle3-k3"].options == {"total_tokens": 4, "depth": 3, "top_k": 1}
-    ngram = {"num_draft_tokens": 4, "min_ngram": 2, "max_ngram": 3}
-    assert by["vllm-ngram"].options == ngram
-    assert by["pld-k4"].options == {**ngram, "occurrence": "earliest"}  # vLLM copies after the earliest match
+    ngram = {"num_draft_tokens": 4, "min_ngram": 2, "max_ngram": 3, "occurrence": "earliest"}
+    assert by["vllm-ngram"].options == by["pld-k4"].options == ngram  # vLLM copies after the earliest match
     assert (cfg.limit, cfg.max_new_tokens, cfg.temperatures, cfg.interleave) == (3, 64, [0.0], True)
 
 

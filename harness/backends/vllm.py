@@ -57,6 +57,10 @@ METHODS: dict[str, tuple[str | None, str | None, dict[str, str]]] = {
     "medusa": ("medusa", "medusa", {"head": "model"}),
     "sps": ("draft_model", None, {"draft": "model", "k": "num_speculative_tokens"}),
 }
+# (method, option) -> the one value vLLM's method has built in: given with that value the option maps to no key, given
+# with another it is refused. vLLM's ngram copies after the n-gram's earliest occurrence (pld's default is the most
+# recent one; docs/engines.md, "The referee").
+BUILT_IN: dict[tuple[str, str], Any] = {("pld", "occurrence"): "earliest"}
 
 
 def python() -> str:
@@ -90,7 +94,8 @@ def speculative_config(method: str, options: Any, given: set[str], target: str,
     ``given``: the option names the configuration set), or None for no speculation.
 
     Examples: ("vanilla", ...) -> None; ("pld", PldOptions(), ...) -> {"method": "ngram",
-    "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3}; ("eagle3", Eagle3Options(depth=3),
+    "num_speculative_tokens": 10, "prompt_lookup_min": 1, "prompt_lookup_max": 3} (also with occurrence="earliest",
+    vLLM's built-in rule; "recent" is refused); ("eagle3", Eagle3Options(depth=3),
     {"depth"}, "smollm2-135m") -> {"method": "eagle3", "model": ".../heads/smollm2-135m/eagle3",
     "num_speculative_tokens": 3}. A method vLLM cannot run, or a given option it has no equivalent for, is an
     :class:`EngineError` naming what vLLM supports.
@@ -99,12 +104,17 @@ def speculative_config(method: str, options: Any, given: set[str], target: str,
         raise EngineError(f"engine vllm cannot run method {method!r}; it runs {', '.join(METHODS)} (or any vLLM "
                           "method through engine_options: {speculative_config: {method: ...}})")
     kind, head_kind, mapped = METHODS[method]
-    unmapped = sorted(given - set(mapped))
+    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
+    built_in = {option for (name, option) in BUILT_IN if name == method and option in given}
+    for option in sorted(built_in):
+        if values.get(option) != BUILT_IN[method, option]:
+            raise EngineError(f"engine vllm, method {method!r}: {option}={values.get(option)} has no vLLM equivalent; "
+                              f"vLLM's {kind} has {option}={BUILT_IN[method, option]} built in")
+    unmapped = sorted(given - set(mapped) - built_in)
     if unmapped:
         raise EngineError(f"engine vllm, method {method!r}: option(s) {', '.join(unmapped)} have no vLLM equivalent "
                           f"(vLLM drafts a chain); it maps {', '.join(mapped) or 'no options'}; pass vLLM's own "
                           "settings through engine_options")
-    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     extra = dict((engine_options or {}).get("speculative_config") or {})
     if kind is None and not extra:
         return None
