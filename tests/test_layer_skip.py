@@ -123,6 +123,40 @@ def test_confidence_stop_ends_the_chain():
     assert set(never.generate(PROMPT, 20, GREEDY).draft_depths) == {5}
 
 
+def test_the_confidence_tree_hangs_the_drafts_top_k_beside_its_chain():
+    """tree: confidence (SWIFT's): the chain is the chain mode's, and below the chain node of each depth hang the
+    draft's top-10 there (width 10 on a random target, never above 0.5 sure), the chain token first. Greedy output
+    stays vanilla's and a sibling is accepted at times (with siblings of the wrong depth or rank it never would be);
+    the static cache is sized for the 1 + 10 k slots"""
+    target = tiny_target(eos=False, layers=3)
+    chain = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0})
+    tree = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0,
+                                                    "tree": "confidence"})
+    assert tree.max_tree_slots == 31 and chain.max_tree_slots == 128
+    with torch.inference_mode():
+        for method in (chain, tree):
+            cache = DynamicCache(config=target.model.config)
+            target.model(PROMPT, cache=cache, use_cache=True)
+            method.cache, method.committed = cache, PROMPT.shape[1]
+        line = chain.propose(17, GREEDY, None).tokens.tolist()
+        drafted = tree.propose(17, GREEDY, None)
+        assert drafted.parents.tolist() == [-1] * 10 + [0] * 10 + [10] * 10
+        assert drafted.tokens[[0, 10, 20]].tolist() == line
+        ref = DynamicCache(config=target.model.config)
+        target.model(PROMPT, cache=ref, use_cache=True)  # the prompt's K/V are the full model's
+        layers = target.model.get_decoder().layers
+        target.model.get_decoder().layers = torch.nn.ModuleList([layers[0], layers[2]])
+        try:  # [3, V] the skipping model's next tokens after 17, t0, t1
+            logits = target.model(torch.tensor([[17] + line[:2]]), cache=ref, use_cache=True).logits[0]
+        finally:
+            target.model.get_decoder().layers = layers
+        assert drafted.tokens.view(3, 10).tolist() == logits.topk(10).indices.tolist()
+    gen = tree.generate(PROMPT, 40, GREEDY)
+    assert gen.token_ids == vanilla(target, 40)
+    check_generation(gen, tree, PROMPT.shape[1], 40)
+    assert len(gen.accept_lengths) < len(chain.generate(PROMPT, 40, GREEDY).accept_lengths)  # siblings accepted
+
+
 def test_sampled_chain_carries_the_drafts_shaped_distribution():
     """At T > 0 row i of draft_probs must be the distribution token i was drawn from: the target with layer 1
     skipped, after the prompt (in the target's cache), the root and the earlier drafts, shaped by temperature and
@@ -162,6 +196,17 @@ def test_sampling_with_a_layer_skipped_matches_the_target_distribution(sampling)
     assert sampled_pvalue(method, sampling, 1500) > 1e-3
 
 
+@pytest.mark.slow
+def test_sampling_the_confidence_tree_matches_the_target_distribution():
+    """tree: confidence at T > 0 draws each depth's candidates without replacement from the draft and carries that
+    distribution on the chain node above them; a row on the wrong node, or a sibling not among the first draws,
+    would bias the engine's rejection rule and the first three tokens' joint distribution"""
+    target = tiny_target(vocab=8, hidden=16, layers=2, init=0.3, seed=0, tokenizer=False)
+    method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 2, "stop_threshold": 0.0,
+                                                      "tree": "confidence"})
+    assert sampled_pvalue(method, SamplingParams(temperature=1.0), 1500) > 1e-3
+
+
 def test_interleaved_pattern():
     """skip_ratio spreads round(ratio * L) skipped layers over 1 .. L - 2; SWIFT's initial set for a 30-layer model
     is every other layer 1, 3, ..., 27"""
@@ -188,6 +233,7 @@ def test_interleaved_pattern():
     ({"search_window": 0}, "search_window must be >= 1, got 0"),
     ({"search_bayes_every": -1}, "search_bayes_every must be >= 0, got -1"),
     ({"search_score": 0.0}, r"search_score must be in \(0, 1\], got 0.0"),
+    ({"tree": "eagle"}, "tree must be one of chain, confidence, got 'eagle'"),
 ])
 def test_bad_options_are_refused_with_one_line(options, message):
     target = tiny_target(eos=False, layers=4)
