@@ -2,10 +2,10 @@
 ``evaluation_llama/inference_swift.py``; its ``requirements.txt`` pins transformers 4.37.1): the same model, prompts
 and skipped set, no search, greedy.
 
-    python tests/support/reference_layer_skip.py harness QUESTIONS TOKENS OUT.json     # the harness's venv
+    python tests/support/reference_layer_skip.py harness QUESTIONS TOKENS OUT.json [SKIP]   # the harness's venv
     SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py swift MODEL OUT.json   # SWIFT's venv
     python tests/support/reference_layer_skip.py compare OUT.json
-    python tests/support/reference_layer_skip.py fixture OUT.json       # tests/data/layer_skip_reference.json
+    SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py fixture OUT.json   # the test's data
 
 The harness side renders MT-bench's first ``QUESTIONS`` questions, both turns (:func:`tests.support.mt_bench_turns.
 vanilla_turns`), and runs ``layer_skip`` with SWIFT's initial set as ``skip_layers`` (layers 1, 3, ..., L - 2, which
@@ -43,36 +43,51 @@ def swift_initial_set(num_layers: int) -> list[int]:
     return list(range(1, num_layers - 1, 2))
 
 
-def harness_side(questions: int, tokens: int, out: str) -> None:
+def harness_side(questions: int, tokens: int, out: str, skip: list[int] | None = None) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
     from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    skip = swift_initial_set(len(target.model.get_decoder().layers))
-    method = get_method("layer_skip").create(target, {"skip_layers": skip, "k": MAX_STEP_DRAFT,
-                                                      "stop_threshold": STOP_THRESHOLD})
+    skip = skip if skip is not None else swift_initial_set(len(target.model.get_decoder().layers))
+    options = {"skip_layers": skip, "k": MAX_STEP_DRAFT, "stop_threshold": STOP_THRESHOLD}
+    methods = {shape: get_method("layer_skip").create(target, {**options, "tree": shape})
+               for shape in ("chain", "confidence")}
     chains: list[list[int]] = []
-    propose = method.propose
-
-    def recording(root, sampling, generator):
-        tree = propose(root, sampling, generator)
-        chains.append(tree.tokens.tolist())
-        return tree
-
-    method.propose = recording
+    for method in methods.values():
+        method.propose = recording(method.propose, chains)
     rows = []
     with torch.inference_mode():
         for qid, turn, ids, answer in vanilla_turns(target, questions, tokens):
-            chains.clear()
-            gen = method.generate(ids, tokens, SamplingParams())
-            steps = len(gen.accept_lengths) - 1  # forward 0 is the prefill
-            rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
-                         "harness": gen.token_ids, "harness_forwards": len(gen.accept_lengths),
-                         "harness_chains": chains[:steps], "harness_accepted": [a - 1 for a in gen.accept_lengths[1:]]})
+            row = {"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer}
+            for shape, key in (("chain", "harness"), ("confidence", "harness_tree")):
+                chains.clear()
+                gen = methods[shape].generate(ids, tokens, SamplingParams())
+                steps = len(gen.accept_lengths) - 1  # forward 0 is the prefill
+                row.update({key: gen.token_ids, f"{key}_forwards": len(gen.accept_lengths),
+                            f"{key}_chains": chains[:steps],
+                            f"{key}_accepted": [a - 1 for a in gen.accept_lengths[1:]]})
+            rows.append(row)
     with open(out, "w") as f:
         json.dump({"skip_layers": skip, "tokens": tokens, "rows": rows}, f)
+
+
+def recording(propose, chains: list[list[int]]):
+    """``propose`` that also appends each tree's chain (its nodes whose parent is the node before them in the chain:
+    the root's first child, that node's first child, ...) to ``chains``."""
+
+    def wrapped(root, sampling, generator):
+        tree = propose(root, sampling, generator)
+        parents, chain, last = tree.parents.tolist(), [], -1
+        for i, p in enumerate(parents):
+            if p == last:
+                chain.append(i)
+                last = i
+        chains.append(tree.tokens[chain].tolist())
+        return tree
+
+    return wrapped
 
 
 def load_swift(checkout: str):
@@ -99,7 +114,6 @@ def swift_side(model_path: str, out: str) -> None:
     with open(out) as f:
         res = json.load(f)
     skip = np.array(res["skip_layers"])
-    assert skip.tolist() == swift_initial_set(model.config.num_hidden_layers)
     model.set_skip_layers(skip, skip)
     chains: list[list[int]] = []
     draft = inference.swift_draft
@@ -132,48 +146,70 @@ def swift_side(model_path: str, out: str) -> None:
 
 
 def compare(path: str) -> dict:
-    """Per turn, the steps before the budget's end (SWIFT shortens the last chains to the budget, the harness's
-    engine cuts the emitted tokens instead): equal chains and accepted counts, outputs against vanilla, tau."""
+    """Per turn and shape (the bare chain; SWIFT's tree, the harness's ``tree: confidence``), the steps before the
+    budget's end (SWIFT shortens its last chains to the budget, the harness's engine cuts the emitted tokens instead):
+    equal chains and accepted counts; outputs against vanilla, target forwards (prefill included) and tau."""
     with open(path) as f:
         res = json.load(f)
     rows, n = res["rows"], res["tokens"]
     summary = {}
-    for shape in ("chain", "tree"):
-        key = f"swift_{shape}"
-        if key not in rows[0]:
+    for shape, mine, theirs in (("chain", "harness", "swift_chain"), ("tree", "harness_tree", "swift_tree")):
+        if mine not in rows[0] or theirs not in rows[0]:
             continue
         steps = same_chain = same_accept = 0
         for r in rows:
-            mine, theirs = r["harness_chains"], r[f"{key}_chains"]
             done = 0
-            for i, (a, b) in enumerate(zip(mine, theirs)):
-                if done + len(a) + 1 >= n or done + len(b) + 1 >= n:  # a chain the budget shortens
+            for i, (a, b) in enumerate(zip(r[f"{mine}_chains"], r[f"{theirs}_chains"])):
+                if done + max(len(a), len(b)) + 1 >= n:  # a chain the budget may shorten
                     break
                 steps += 1
                 same_chain += a == b
-                same_accept += r["harness_accepted"][i] == r[f"{key}_accepted"][i]
-                done += r["harness_accepted"][i] + 1
-        summary[shape] = {
-            "turns": len(rows), "steps_compared": steps, "equal_chains": same_chain, "equal_accepts": same_accept,
-            "swift_equal_vanilla": sum(r[key] == r["vanilla"][:n] for r in rows),
-            "swift_forwards": sum(r[f"{key}_forwards"] for r in rows),
-            "swift_tau": round(sum(len(r[key]) for r in rows) / sum(r[f"{key}_forwards"] for r in rows), 3)}
-    summary["harness"] = {"equal_vanilla": sum(r["harness"] == r["vanilla"] for r in rows),
-                          "forwards": sum(r["harness_forwards"] for r in rows),
-                          "tau": round(sum(len(r["harness"]) for r in rows) /
-                                       sum(r["harness_forwards"] for r in rows), 3)}
+                same_accept += r[f"{mine}_accepted"][i] == r[f"{theirs}_accepted"][i]
+                done += r[f"{theirs}_accepted"][i] + 1
+        tau = {side: round(sum(len(r[side]) for r in rows) / sum(r[f"{side}_forwards"] for r in rows), 3)
+               for side in (mine, theirs)}
+        summary[shape] = {"turns": len(rows), "steps_compared": steps, "equal_chains": same_chain,
+                          "equal_accepted": same_accept,
+                          "equal_vanilla": {side: sum(r[side][:n] == r["vanilla"] for r in rows)
+                                            for side in (mine, theirs)},
+                          "forwards": {side: sum(r[f"{side}_forwards"] for r in rows) for side in (mine, theirs)},
+                          "tau": tau}
     print(json.dumps(summary, indent=1))
     return summary
+
+
+CONFIDENCES = [[0.99, 0.96, 0.951, 0.95, 0.9, 0.81, 0.8, 0.51, 0.5, 0.2], [0.97, 0.3], [0.1]]
+
+
+def fixture(path: str, turns: int = 2) -> None:
+    """In SWIFT's venv: ``tests/data/layer_skip_reference.json`` from a compared ``OUT.json``: the first ``turns``
+    turns' prompts, vanilla's tokens and SWIFT's chains and accepted counts (bare chain and tree), and the choices
+    SWIFT's ``get_choices_list`` makes of literal confidences (greedy and sampled)."""
+    inference = load_swift(os.environ["SWIFT"])
+    with open(path) as f:
+        res = json.load(f)
+    keys = ["qid", "turn", "prompt", "vanilla"] + [f"swift_{shape}{part}" for shape in ("chain", "tree")
+                                                   for part in ("_chains", "_accepted", "_forwards")]
+    choices = [{"confidences": c, "greedy": inference.get_choices_list(c),
+                "sampled": inference.get_choices_list(c, logits_processor=True)} for c in CONFIDENCES]
+    FIXTURE.write_text(json.dumps({
+        "source": f"hemingkx/SWIFT@{COMMIT[:7]}, tests/support/reference_layer_skip.py",
+        "skip_layers": res["skip_layers"], "tokens": res["tokens"], "k": MAX_STEP_DRAFT,
+        "stop_threshold": STOP_THRESHOLD, "choices": choices,
+        "rows": [{k: r[k] for k in keys} for r in res["rows"][:turns]]}) + "\n")
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     side, args = sys.argv[1], sys.argv[2:]
     if side == "harness":
-        harness_side(int(args[0]), int(args[1]), args[2])
+        harness_side(int(args[0]), int(args[1]), args[2],
+                     [int(i) for i in args[3].split(",")] if len(args) > 3 else None)
     elif side == "swift":
         swift_side(args[0], args[1])
     elif side == "compare":
         compare(args[0])
+    elif side == "fixture":
+        fixture(args[0])
     else:
-        raise SystemExit(f"unknown side {side!r}: harness, swift, compare")
+        raise SystemExit(f"unknown side {side!r}: harness, swift, compare, fixture")
