@@ -29,7 +29,12 @@ MLP sub-layers separately). ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
 probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
-the early stop off, and with it the one host read per draft token it costs.
+the early stop off, and with it the one host read per draft token it costs. ``tree``: ``chain`` (default) verifies the
+chain alone; ``confidence`` verifies SWIFT's tree (its released code, hemingkx/SWIFT@88caed7 ``get_choices_list``):
+beside the chain token of each depth its draft's next-ranked candidates, 3 / 5 / 8 / 10 in all greedy (1 / 3 / 5 / 10
+sampled, drawn without replacement) as the chain token's confidence is above 0.95 / 0.8 / 0.5 / not, so a wrong
+chain token can still be replaced by a sibling (up to 1 + 10 k slots). The confidence is the draft's top-1
+probability (at T > 0 the shaped distribution's; SWIFT's is the unshaped probability of the sampled token).
 
 The set searched on the fly (``search``; SWIFT, arXiv:2410.06916, Sec. 4.1 "Context-based layer set optimization",
 with its released defaults: window 32, 1000 candidates, patience 300, stop above matchness 0.95, every 25th candidate

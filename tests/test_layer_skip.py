@@ -6,6 +6,9 @@ tests/test_default_model.py and tests/test_runtime.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -13,10 +16,12 @@ from transformers import DynamicCache
 from harness.engine.layersearch import bayes_skip, gp_ucb, matchness, random_skip, skip_point, top_layers
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.tree import CONFIDENCE_WIDTHS, confidence_widths, sibling_tree, tree_from_choices
 from harness.registry import get_method
 from methods.layer_skip import LayerSkip, LayerSkipOptions, interleaved_skip
 from tests.support.anymodel import tiny_causal_lm
 from tests.support.helpers import GREEDY, check_generation, sampled_pvalue, tiny_target
+from tests.support.reference_layer_skip import comparable_steps, recording
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
@@ -364,3 +369,48 @@ def test_the_search_without_a_layer_to_move_is_refused():
     with pytest.raises(OptionsError, match=r"method 'layer_skip': option search moves the skipped layers among "
                                            r"layers 1..2 .*skip between 1 and 2 layers, got 0"):
         get_method("layer_skip").create(target, {"skip_layers": [], "search": "persist"})
+
+
+# ---- against SWIFT's own code (tests/data/layer_skip_reference.json, tests/support/reference_layer_skip.py) ---------
+
+def swift_reference() -> dict:
+    return json.loads((Path(__file__).parent / "data" / "layer_skip_reference.json").read_text())
+
+
+def test_the_confidence_tree_is_swifts_choices():
+    """SWIFT's get_choices_list (hemingkx/SWIFT@88caed7, recorded on literal confidences, greedy and sampled) and
+    the harness's confidence_widths + sibling_tree must give the same tree, node for node in the same order: a band
+    edge taken as >= instead of >, a width off by one or a sibling below the wrong node would verify another tree"""
+    for case in swift_reference()["choices"]:
+        for mode in ("greedy", "sampled"):
+            parents, ranks = tree_from_choices(case[mode])
+            widths = confidence_widths(case["confidences"], CONFIDENCE_WIDTHS[mode])
+            ranked = [[100 * d + r for r in range(10)] for d in range(len(widths))]
+            tokens, mine, _ = sibling_tree(ranked, widths)
+            assert mine == parents.tolist()
+            assert [t % 100 for t in tokens] == ranks.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_drafts_as_swifts_own_code_on_the_default_model(real_target, shape):
+    """The chain SWIFT's swift_draft drafted at each step and the draft tokens its verification accepted (the same
+    skipped layers, k 25, stop 0.8, greedy; the bare chain, and SWIFT's confidence tree, here tree: confidence) on
+    two MT-bench turns of the default model, recorded by tests/support/reference_layer_skip.py: the harness must draft
+    and accept the same at every step the budget does not shorten. A different chain means the draft pass sees other
+    K/V, positions or layers than SWIFT's; a different accepted count with the same chain, another tree or rule"""
+    ref = swift_reference()
+    method = get_method("layer_skip").create(real_target, {
+        "skip_layers": ref["skip_layers"], "k": ref["k"], "stop_threshold": ref["stop_threshold"],
+        "tree": "confidence" if shape == "tree" else "chain"})
+    chains: list[list[int]] = []
+    method.propose = recording(method.propose, chains)
+    for row in ref["rows"]:
+        chains.clear()
+        gen = method.generate(torch.tensor([row["prompt"]]), ref["tokens"], GREEDY)
+        assert gen.token_ids == row["vanilla"]
+        theirs, accepted = row[f"swift_{shape}_chains"], row[f"swift_{shape}_accepted"]
+        steps = comparable_steps(chains, theirs, accepted, ref["tokens"])
+        assert steps > 10
+        assert chains[:steps] == theirs[:steps]
+        assert [a - 1 for a in gen.accept_lengths[1:steps + 1]] == accepted[:steps]

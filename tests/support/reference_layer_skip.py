@@ -145,6 +145,18 @@ def swift_side(model_path: str, out: str) -> None:
         json.dump(res, f)
 
 
+def comparable_steps(mine: list[list[int]], theirs: list[list[int]], accepted: list[int], budget: int) -> int:
+    """How many first steps both sides draft unshortened: SWIFT ends a chain early near the budget
+    (``swift_draft``: ``new_token_num + step_draft + 2 >= max_new_tokens``), the harness's engine cuts the emitted
+    tokens instead; ``accepted``: SWIFT's accepted draft tokens per step."""
+    done = 0
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if done + max(len(a), len(b)) + 1 >= budget:
+            return i
+        done += accepted[i] + 1
+    return min(len(mine), len(theirs))
+
+
 def compare(path: str) -> dict:
     """Per turn and shape (the bare chain; SWIFT's tree, the harness's ``tree: confidence``), the steps before the
     budget's end (SWIFT shortens its last chains to the budget, the harness's engine cuts the emitted tokens instead):
@@ -158,14 +170,10 @@ def compare(path: str) -> dict:
             continue
         steps = same_chain = same_accept = 0
         for r in rows:
-            done = 0
-            for i, (a, b) in enumerate(zip(r[f"{mine}_chains"], r[f"{theirs}_chains"])):
-                if done + max(len(a), len(b)) + 1 >= n:  # a chain the budget may shorten
-                    break
-                steps += 1
-                same_chain += a == b
-                same_accept += r[f"{mine}_accepted"][i] == r[f"{theirs}_accepted"][i]
-                done += r[f"{theirs}_accepted"][i] + 1
+            m = comparable_steps(r[f"{mine}_chains"], r[f"{theirs}_chains"], r[f"{theirs}_accepted"], n)
+            steps += m
+            same_chain += sum(a == b for a, b in zip(r[f"{mine}_chains"][:m], r[f"{theirs}_chains"]))
+            same_accept += sum(a == b for a, b in zip(r[f"{mine}_accepted"][:m], r[f"{theirs}_accepted"]))
         tau = {side: round(sum(len(r[side]) for r in rows) / sum(r[f"{side}_forwards"] for r in rows), 3)
                for side in (mine, theirs)}
         summary[shape] = {"turns": len(rows), "steps_compared": steps, "equal_chains": same_chain,
