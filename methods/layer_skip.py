@@ -69,6 +69,7 @@ from torch import nn
 
 from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point
 from harness.engine.method import OptionsError
+from harness.engine.runtime import bucket_slots
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod, layer_types
 from harness.engine.tree import CONFIDENCE_WIDTHS, DraftTree, chain_tree, confidence_widths, sibling_tree
@@ -224,8 +225,8 @@ class LayerSkip(SpeculativeMethod):
                                f"{self.searchable[0] if self.searchable else 1}..{n - 2} (the first and the last are "
                                f"kept): skip between 1 and {len(self.searchable)} layers, got {len(skip)}")
         self.search = self.new_search()
-        if self.options.tree == "confidence":  # up to TREE_TOPK nodes per depth: the static cache's room
-            self.max_tree_slots = 1 + TREE_TOPK * self.options.k
+        if self.options.tree == "confidence":  # up to TREE_TOPK nodes per depth, padded as the compiled runtime pads
+            self.max_tree_slots = bucket_slots(1 + TREE_TOPK * self.options.k)  # the static cache's room
         self.window_cache = None  # the search's copy of the turn's prompt cache (None: not searching this turn)
         self.window: list[int] = []  # the turn's first search_window + 1 committed tokens, the scored context
         self.prompt_len = 0
