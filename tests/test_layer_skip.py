@@ -1,7 +1,8 @@
 """Layer-skip self-speculation (SWIFT arXiv:2410.06916, Draft & Verify arXiv:2309.08168): the draft pass shares the
 target's cache and leaves it as a vanilla forward would, the skipped layers are the option's, the draft with nothing
 skipped is the target itself, the confidence stop and the sampled rows are the draft's, and bad options are refused
-with one line. Registry-wide losslessness (greedy, oracle, chi-square, compiled) comes from tests/test_lossless.py,
+with one line; SWIFT's confidence tree; the drafts of SWIFT's own code replayed (tests/data/layer_skip_reference.json).
+Registry-wide losslessness (greedy, oracle, chi-square, compiled) comes from tests/test_lossless.py,
 tests/test_default_model.py and tests/test_runtime.py."""
 
 from __future__ import annotations
