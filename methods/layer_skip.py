@@ -29,7 +29,12 @@ MLP sub-layers separately). ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
 probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
-the early stop off, and with it the one host read per draft token it costs.
+the early stop off, and with it the one host read per draft token it costs. ``tree``: ``chain`` (default) verifies the
+chain alone; ``confidence`` verifies SWIFT's tree (its released code, hemingkx/SWIFT@88caed7 ``get_choices_list``):
+beside the chain token of each depth its draft's next-ranked candidates, 3 / 5 / 8 / 10 in all greedy (1 / 3 / 5 / 10
+sampled, drawn without replacement) as the chain token's confidence is above 0.95 / 0.8 / 0.5 / not, so a wrong
+chain token can still be replaced by a sibling (up to 1 + 10 k slots). The confidence is the draft's top-1
+probability (at T > 0 the shaped distribution's; SWIFT's is the unshaped probability of the sampled token).
 
 The set searched on the fly (``search``; SWIFT, arXiv:2410.06916, Sec. 4.1 "Context-based layer set optimization",
 with its released defaults: window 32, 1000 candidates, patience 300, stop above matchness 0.95, every 25th candidate
@@ -64,14 +69,17 @@ from torch import nn
 
 from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point
 from harness.engine.method import OptionsError
+from harness.engine.runtime import bucket_slots
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod, layer_types
-from harness.engine.tree import DraftTree, chain_tree
+from harness.engine.tree import CONFIDENCE_WIDTHS, DraftTree, chain_tree, confidence_widths, sibling_tree
 from harness.models import Target
 from harness.registry import register_method
 
 DEFAULT_SKIP_RATIO = 0.45  # SWIFT's (arXiv:2410.06916, its experimental setup)
 SEARCH_MODES = ("off", "persist", "per_turn")
+TREE_SHAPES = ("chain", "confidence")
+TREE_TOPK = 10  # the most candidates per depth of SWIFT's tree (hemingkx/SWIFT@88caed7 model/swift/utils.py TOPK)
 
 
 def interleaved_skip(num_layers: int, ratio: float) -> list[int]:
@@ -93,7 +101,9 @@ class LayerSkipOptions:
     from the initial set at every turn) with its budget: ``search_window`` tokens scored, at most ``search_iters``
     candidates, stopped after ``search_patience`` candidates in a row that did not beat the best or once one scores
     above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization (0: random search
-    only); ``search_seed`` seeds the candidates."""
+    only); ``search_seed`` seeds the candidates. ``tree``: ``chain`` drafts the chain alone; ``confidence`` adds
+    SWIFT's ranked siblings beside each chain token (3 / 5 / 8 / 10 candidates greedy, 1 / 3 / 5 / 10 sampled, by the
+    chain token's confidence above 0.95 / 0.8 / 0.5 / otherwise)."""
 
     skip_layers: list[int] | None = None
     skip_ratio: float | None = None
@@ -106,6 +116,7 @@ class LayerSkipOptions:
     search_score: float = 0.95
     search_bayes_every: int = 25
     search_seed: int = 0
+    tree: str = "chain"
 
     def __post_init__(self):
         if self.skip_layers is not None:
@@ -128,6 +139,8 @@ class LayerSkipOptions:
                           ("search_bayes_every", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.tree not in TREE_SHAPES:
+            raise ValueError(f"tree must be one of {', '.join(TREE_SHAPES)}, got {self.tree!r}")
         if not 0.0 < self.search_score <= 1.0:
             raise ValueError(f"search_score must be in (0, 1], got {self.search_score}")
 
@@ -212,6 +225,8 @@ class LayerSkip(SpeculativeMethod):
                                f"{self.searchable[0] if self.searchable else 1}..{n - 2} (the first and the last are "
                                f"kept): skip between 1 and {len(self.searchable)} layers, got {len(skip)}")
         self.search = self.new_search()
+        if self.options.tree == "confidence":  # up to TREE_TOPK nodes per depth, padded as the compiled runtime pads
+            self.max_tree_slots = bucket_slots(1 + TREE_TOPK * self.options.k)  # the static cache's room
         self.window_cache = None  # the search's copy of the turn's prompt cache (None: not searching this turn)
         self.window: list[int] = []  # the turn's first search_window + 1 committed tokens, the scored context
         self.prompt_len = 0
@@ -375,31 +390,61 @@ class LayerSkip(SpeculativeMethod):
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         """A chain of at most ``k`` draft tokens below ``root``, ended after the first token whose draft top-1
-        probability is below ``stop_threshold``; the kept layers are cropped back to the committed text after it."""
+        probability is below ``stop_threshold``; the kept layers are cropped back to the committed text after it.
+        With ``tree: confidence`` each chain token comes with its ranked siblings (:meth:`confidence_tree`)."""
         self._proposal = "deterministic" if sampling.greedy else "sampled"
         token = torch.full((1,), root, dtype=torch.long, device=self.target.device)
-        tokens, rows, run, stop = [], [], 0, self.options.stop_threshold
+        tree, stop = self.options.tree == "confidence", self.options.stop_threshold
+        tokens, rows, ranked, confidences, run = [], [], [], [], 0
         try:
             for i in range(self.options.k):
                 logits = self.draft_forward(token, self.committed + i)
                 run += 1
                 if sampling.greedy:
                     token = logits.argmax(-1).view(1)
-                    q = logits.softmax(-1) if stop else None  # [V] for the confidence only
+                    q = logits.softmax(-1) if stop or tree else None  # [V] for the confidence only
+                    if tree:
+                        ranked.append(logits.topk(TREE_TOPK).indices)  # [K] best first: the chain's token first
                 else:
                     q = logits_to_probs(logits, sampling)  # [V] the draft's shaped distribution
                     on = generator.device if generator is not None else q.device  # draw where the generator lives
-                    token = torch.multinomial(q.to(on), 1, generator=generator).to(q.device)
+                    draws = min(TREE_TOPK, int((q > 0).sum())) if tree else 1
+                    drawn = torch.multinomial(q.to(on), draws, generator=generator).to(q.device)  # [draws] no repeats
+                    token = drawn[:1]
                     rows.append(q)
+                    if tree:
+                        ranked.append(drawn)
                 tokens.append(token)
-                if stop and i < self.options.k - 1 and float(q.max()) < stop:  # SWIFT's confidence-aware stop
+                if tree:
+                    confidences.append(float(q.max()))  # the widths read every depth's
+                if stop and i < self.options.k - 1 and (confidences[-1] if tree else float(q.max())) < stop:  # SWIFT's
                     break
         finally:
             for i in self.kept:  # the drafted positions leave the kept layers: the target's cache is as it was
                 self.cache.layers[i].crop(-run)
+        if tree:
+            return self.confidence_tree(ranked, confidences, rows, sampling.greedy)
         chain = torch.cat(tokens).to(self.target.output_device)
         probs = None
         if rows:
             rows.append(torch.zeros_like(rows[0]))  # the last node has no children
             probs = torch.stack(rows).to(self.target.output_device)  # [n + 1, V]
         return chain_tree(chain, probs)
+
+    def confidence_tree(self, ranked: list[torch.Tensor], confidences: list[float], rows: list[torch.Tensor],
+                        greedy: bool) -> DraftTree:
+        """SWIFT's tree (arXiv:2410.06916 Sec. 4.2; hemingkx/SWIFT@88caed7 ``get_choices_list``): below the chain
+        node of depth d (the root for d = 0) the first :func:`harness.engine.tree.confidence_widths` of the ranked
+        candidates ``ranked[d] [<= K]`` of depth d + 1 (greedy: the draft's top-k; sampled: draws without
+        replacement from ``rows[d] [V]``, which becomes the chain node's ``draft_probs`` row)."""
+        widths = confidence_widths(confidences, CONFIDENCE_WIDTHS["greedy" if greedy else "sampled"])
+        candidates = [r.tolist() for r in ranked]
+        tokens, parents, chain = sibling_tree(candidates, [min(w, len(c)) for w, c in zip(widths, candidates)])
+        out = self.target.output_device
+        probs = None
+        if rows:
+            probs = torch.zeros(len(tokens) + 1, rows[0].shape[0], dtype=rows[0].dtype, device=out)  # [N + 1, V]
+            for slot, row in zip([0] + [node + 1 for node in chain], rows):  # the root, then each chain node
+                probs[slot] = row
+        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=out),
+                         torch.tensor(parents, dtype=torch.long, device=out), probs)

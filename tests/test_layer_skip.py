@@ -1,10 +1,14 @@
 """Layer-skip self-speculation (SWIFT arXiv:2410.06916, Draft & Verify arXiv:2309.08168): the draft pass shares the
 target's cache and leaves it as a vanilla forward would, the skipped layers are the option's, the draft with nothing
 skipped is the target itself, the confidence stop and the sampled rows are the draft's, and bad options are refused
-with one line. Registry-wide losslessness (greedy, oracle, chi-square, compiled) comes from tests/test_lossless.py,
+with one line; SWIFT's confidence tree; the drafts of SWIFT's own code replayed (tests/data/layer_skip_reference.json).
+Registry-wide losslessness (greedy, oracle, chi-square, compiled) comes from tests/test_lossless.py,
 tests/test_default_model.py and tests/test_runtime.py."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +17,12 @@ from transformers import DynamicCache
 from harness.engine.layersearch import bayes_skip, gp_ucb, matchness, random_skip, skip_point, top_layers
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.tree import CONFIDENCE_WIDTHS, confidence_widths, sibling_tree, tree_from_choices
 from harness.registry import get_method
 from methods.layer_skip import LayerSkip, LayerSkipOptions, interleaved_skip
 from tests.support.anymodel import tiny_causal_lm
 from tests.support.helpers import GREEDY, check_generation, sampled_pvalue, tiny_target
+from tests.support.reference_layer_skip import comparable_steps, recording
 
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 
@@ -123,6 +129,40 @@ def test_confidence_stop_ends_the_chain():
     assert set(never.generate(PROMPT, 20, GREEDY).draft_depths) == {5}
 
 
+def test_the_confidence_tree_hangs_the_drafts_top_k_beside_its_chain():
+    """tree: confidence (SWIFT's): the chain is the chain mode's, and below the chain node of each depth hang the
+    draft's top-10 there (width 10 on a random target, never above 0.5 sure), the chain token first. Greedy output
+    stays vanilla's and a sibling is accepted at times (with siblings of the wrong depth or rank it never would be);
+    the static cache is sized for the 1 + 10 k slots, padded to the compiled runtime's bucket (32)"""
+    target = tiny_target(eos=False, layers=3)
+    chain = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0})
+    tree = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0,
+                                                    "tree": "confidence"})
+    assert tree.max_tree_slots == 32 and chain.max_tree_slots == 128
+    with torch.inference_mode():
+        for method in (chain, tree):
+            cache = DynamicCache(config=target.model.config)
+            target.model(PROMPT, cache=cache, use_cache=True)
+            method.cache, method.committed = cache, PROMPT.shape[1]
+        line = chain.propose(17, GREEDY, None).tokens.tolist()
+        drafted = tree.propose(17, GREEDY, None)
+        assert drafted.parents.tolist() == [-1] * 10 + [0] * 10 + [10] * 10
+        assert drafted.tokens[[0, 10, 20]].tolist() == line
+        ref = DynamicCache(config=target.model.config)
+        target.model(PROMPT, cache=ref, use_cache=True)  # the prompt's K/V are the full model's
+        layers = target.model.get_decoder().layers
+        target.model.get_decoder().layers = torch.nn.ModuleList([layers[0], layers[2]])
+        try:  # [3, V] the skipping model's next tokens after 17, t0, t1
+            logits = target.model(torch.tensor([[17] + line[:2]]), cache=ref, use_cache=True).logits[0]
+        finally:
+            target.model.get_decoder().layers = layers
+        assert drafted.tokens.view(3, 10).tolist() == logits.topk(10).indices.tolist()
+    gen = tree.generate(PROMPT, 40, GREEDY)
+    assert gen.token_ids == vanilla(target, 40)
+    check_generation(gen, tree, PROMPT.shape[1], 40)
+    assert len(gen.accept_lengths) < len(chain.generate(PROMPT, 40, GREEDY).accept_lengths)  # siblings accepted
+
+
 def test_sampled_chain_carries_the_drafts_shaped_distribution():
     """At T > 0 row i of draft_probs must be the distribution token i was drawn from: the target with layer 1
     skipped, after the prompt (in the target's cache), the root and the earlier drafts, shaped by temperature and
@@ -162,6 +202,17 @@ def test_sampling_with_a_layer_skipped_matches_the_target_distribution(sampling)
     assert sampled_pvalue(method, sampling, 1500) > 1e-3
 
 
+@pytest.mark.slow
+def test_sampling_the_confidence_tree_matches_the_target_distribution():
+    """tree: confidence at T > 0 draws each depth's candidates without replacement from the draft and carries that
+    distribution on the chain node above them; a row on the wrong node, or a sibling not among the first draws,
+    would bias the engine's rejection rule and the first three tokens' joint distribution"""
+    target = tiny_target(vocab=8, hidden=16, layers=2, init=0.3, seed=0, tokenizer=False)
+    method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 2, "stop_threshold": 0.0,
+                                                      "tree": "confidence"})
+    assert sampled_pvalue(method, SamplingParams(temperature=1.0), 1500) > 1e-3
+
+
 def test_interleaved_pattern():
     """skip_ratio spreads round(ratio * L) skipped layers over 1 .. L - 2; SWIFT's initial set for a 30-layer model
     is every other layer 1, 3, ..., 27"""
@@ -188,6 +239,7 @@ def test_interleaved_pattern():
     ({"search_window": 0}, "search_window must be >= 1, got 0"),
     ({"search_bayes_every": -1}, "search_bayes_every must be >= 0, got -1"),
     ({"search_score": 0.0}, r"search_score must be in \(0, 1\], got 0.0"),
+    ({"tree": "eagle"}, "tree must be one of chain, confidence, got 'eagle'"),
 ])
 def test_bad_options_are_refused_with_one_line(options, message):
     target = tiny_target(eos=False, layers=4)
@@ -318,3 +370,48 @@ def test_the_search_without_a_layer_to_move_is_refused():
     with pytest.raises(OptionsError, match=r"method 'layer_skip': option search moves the skipped layers among "
                                            r"layers 1..2 .*skip between 1 and 2 layers, got 0"):
         get_method("layer_skip").create(target, {"skip_layers": [], "search": "persist"})
+
+
+# ---- against SWIFT's own code (tests/data/layer_skip_reference.json, tests/support/reference_layer_skip.py) ---------
+
+def swift_reference() -> dict:
+    return json.loads((Path(__file__).parent / "data" / "layer_skip_reference.json").read_text())
+
+
+def test_the_confidence_tree_is_swifts_choices():
+    """SWIFT's get_choices_list (hemingkx/SWIFT@88caed7, recorded on literal confidences, greedy and sampled) and
+    the harness's confidence_widths + sibling_tree must give the same tree, node for node in the same order: a band
+    edge taken as >= instead of >, a width off by one or a sibling below the wrong node would verify another tree"""
+    for case in swift_reference()["choices"]:
+        for mode in ("greedy", "sampled"):
+            parents, ranks = tree_from_choices(case[mode])
+            widths = confidence_widths(case["confidences"], CONFIDENCE_WIDTHS[mode])
+            ranked = [[100 * d + r for r in range(10)] for d in range(len(widths))]
+            tokens, mine, _ = sibling_tree(ranked, widths)
+            assert mine == parents.tolist()
+            assert [t % 100 for t in tokens] == ranks.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_drafts_as_swifts_own_code_on_the_default_model(real_target, shape):
+    """The chain SWIFT's swift_draft drafted at each step and the draft tokens its verification accepted (the same
+    skipped layers, k 25, stop 0.8, greedy; the bare chain, and SWIFT's confidence tree, here tree: confidence) on
+    two MT-bench turns of the default model, recorded by tests/support/reference_layer_skip.py: the harness must draft
+    and accept the same at every step the budget does not shorten. A different chain means the draft pass sees other
+    K/V, positions or layers than SWIFT's; a different accepted count with the same chain, another tree or rule"""
+    ref = swift_reference()
+    method = get_method("layer_skip").create(real_target, {
+        "skip_layers": ref["skip_layers"], "k": ref["k"], "stop_threshold": ref["stop_threshold"],
+        "tree": "confidence" if shape == "tree" else "chain"})
+    chains: list[list[int]] = []
+    method.propose = recording(method.propose, chains)
+    for row in ref["rows"]:
+        chains.clear()
+        gen = method.generate(torch.tensor([row["prompt"]]), ref["tokens"], GREEDY)
+        assert gen.token_ids == row["vanilla"]
+        theirs, accepted = row[f"swift_{shape}_chains"], row[f"swift_{shape}_accepted"]
+        steps = comparable_steps(chains, theirs, accepted, ref["tokens"])
+        assert steps > 10
+        assert chains[:steps] == theirs[:steps]
+        assert [a - 1 for a in gen.accept_lengths[1:steps + 1]] == accepted[:steps]

@@ -15,11 +15,13 @@ from harness.engine.tree import (
     DraftTree,
     check_tree,
     children_lists,
+    confidence_widths,
     depths,
     graft_chain,
     path_length,
     rank_candidates,
     select_dynamic_tree,
+    sibling_tree,
     tree_attention_mask,
     tree_from_choices,
 )
@@ -164,3 +166,16 @@ def test_path_length_counts_the_drafts_the_tree_proposed():
     assert path_length([7, 8, 9], [-1, -1, 0], [8, 9]) == 1
     assert path_length([7, 8, 9], [-1, -1, 0], [5]) == 0
     assert path_length([7, 8, 9], [-1, -1, 0], []) == 0
+
+
+def test_swifts_confidence_widths_and_sibling_tree():
+    """SWIFT's bands are strict (``> 0.95``, ``> 0.8``, ``> 0.5``; hemingkx/SWIFT@88caed7 get_choices_list): a
+    confidence of exactly 0.8 gets the third width. The siblings of depth d hang below the chain node of depth d - 1
+    in rank order, the chain node first; a sibling hung below a sibling, or the chain continued from a sibling,
+    would verify another tree than SWIFT's"""
+    assert confidence_widths([0.99, 0.95, 0.9, 0.8, 0.5, 0.1], (3, 5, 8, 10)) == [3, 5, 5, 8, 10, 10]
+    assert confidence_widths([0.96, 0.81], (1, 3, 5, 10)) == [1, 3]
+    tokens, parents, chain = sibling_tree([[10, 11, 12], [20, 21], [30, 31, 32]], [3, 1, 2])
+    assert tokens == [10, 11, 12, 20, 30, 31]
+    assert parents == [-1, -1, -1, 0, 3, 3]
+    assert chain == [0, 3, 4]

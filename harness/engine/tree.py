@@ -372,3 +372,33 @@ STATIC_TREES: dict[str, list[list[int]]] = {
     "medusa_vicuna_7b_stage2": MEDUSA_VICUNA_7B_STAGE2,
     "token_recycling_80": TOKEN_RECYCLING_80,
 }
+
+
+# SWIFT's confidence-shaped tree (Xia et al., arXiv:2410.06916, Sec. 4.2 "Confidence-aware inference acceleration";
+# hemingkx/SWIFT@88caed7, model/swift/utils.py ``get_choices_list``): the candidates below the chain node of each
+# depth, by the chain token's draft probability above 0.95 / 0.8 / 0.5 / otherwise.
+CONFIDENCE_BANDS = (0.95, 0.8, 0.5)
+CONFIDENCE_WIDTHS = {"greedy": (3, 5, 8, 10), "sampled": (1, 3, 5, 10)}
+
+
+def confidence_widths(confidences: list[float], widths: tuple[int, int, int, int]) -> list[int]:
+    """Per depth, how many ranked candidates hang below the chain node above it: ``widths[j]`` for the first band
+    ``CONFIDENCE_BANDS[j]`` the chain token's confidence is above (strictly), else ``widths[3]``.
+    Example: ([0.99, 0.9, 0.8, 0.3], (3, 5, 8, 10)) -> [3, 5, 8, 10]."""
+    return [next((w for band, w in zip(CONFIDENCE_BANDS, widths) if c > band), widths[-1]) for c in confidences]
+
+
+def sibling_tree(ranked: list[list[int]], widths: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A chain with ranked siblings: ``ranked[d]`` are the candidates of depth d + 1 best first (``ranked[d][0]``
+    the chain's token), ``widths[d]`` of them children of the chain node of depth d. ``(tokens [N], parents [N],
+    chain [n])``, the nodes in :func:`tree_from_choices` order (SWIFT's: by depth, then rank) and ``chain`` the
+    chain nodes' indices. Example: ([[5, 6], [7, 8]], [2, 1]) -> ([5, 6, 7], [-1, -1, 0], [0, 2])."""
+    choices = [[0] * d + [r] for d, w in enumerate(widths) for r in range(w)]
+    parents, ranks = tree_from_choices(choices)
+    depth, chain, tokens = 0, [], []
+    for i, r in enumerate(ranks.tolist()):
+        if r == 0:  # the chain node of the next depth (only the chain nodes have children)
+            depth += 1
+            chain.append(i)
+        tokens.append(ranked[depth - 1][r])
+    return tokens, parents.tolist(), chain
