@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.engine.datastore import SEPARATOR, read_manifest
+from harness.engine.datastore import SEPARATOR, default_datastore_dir, read_manifest
 
 STATIC_FORMAT = "draftbench-static-sam-1"
 STATIC_ARRAYS = ("tokens", "link", "length", "first_end", "edge_start", "edge_token", "edge_target")
@@ -198,6 +198,14 @@ class StaticAutomaton:
         start = int(self.first_end[state]) + 1
         chain = [int(t) for t in self.tokens[start: start + max_tokens]]
         return length, chain[: chain.index(SEPARATOR)] if SEPARATOR in chain else chain
+
+
+def default_static_dir(cache: Path, identity: dict[str, Any], source: str = "sharegpt") -> Path:
+    """Where ``draftbench data static-sam`` writes, and ``sam``'s ``static: <source>`` looks: the source's datastore
+    folder (:func:`harness.engine.datastore.default_datastore_dir`, one per tokenizer) with ``-sam`` appended.
+    Example: cache/datastores/smollm2-135m-ab12...-sharegpt -> cache/datastores/smollm2-135m-ab12...-sharegpt-sam."""
+    folder = default_datastore_dir(cache, identity, source)
+    return folder.with_name(folder.name + "-sam")
 
 
 def load_static_automaton(folder: str | Path, identity: dict[str, Any] | None = None) -> StaticAutomaton:
