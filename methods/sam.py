@@ -104,8 +104,7 @@ class SamOptions:
 
 @register_method("sam")
 class SamDecoding(SpeculativeMethod):
-    """SAM-Decoding: suffix-automaton chains (output, optionally a static corpus), EAGLE-2 below a match threshold
-    (arXiv:2411.10666 Sec. 3).
+    """SAM-Decoding (arXiv:2411.10666 Sec. 3): suffix-automaton chains (+ a static corpus), EAGLE-2 below a threshold.
 
     ``fallback`` (an :class:`methods.eagle.eagle2.Eagle2`) may be passed directly; otherwise it is built from the
     options (the shipped head by default). It shares this method's counters and runtime. ``static`` (a
