@@ -21,7 +21,7 @@ reference (only torch, tqdm and the standard library are imported there), the fo
     SAM_DECODING=CHECKOUT python tests/support/reference_sam.py e2e QUESTIONS TOKENS [OUT.json]  # default model
     SAM_DECODING=CHECKOUT REFVENV/bin/python tests/support/reference_sam.py samd MODEL OUT.json  # reference's loop
     python tests/support/reference_sam.py static-e2e STATIC_DIR QUESTIONS TOKENS  # sam with/without the static SAM
-    SAM_DECODING=CHECKOUT python tests/support/reference_sam.py static DATASTORE [QUESTIONS TOKENS CORPUS_TOKENS]
+    SAM_DECODING=CHECKOUT python tests/support/reference_sam.py static DATASTORE [QUESTIONS TOKENS CORPUS BIAS]
 """
 
 from __future__ import annotations
@@ -235,11 +235,12 @@ def static_end_to_end(static: str, questions: int, tokens: int) -> None:
         print(f"{name}: {dict(counts)}")
 
 
-def static_replay(checkout: str, datastore: str, questions: int, tokens: int, corpus_tokens: int) -> None:
+def static_replay(checkout: str, datastore: str, questions: int, tokens: int, corpus_tokens: int,
+                  len_bias: int = 5) -> None:
     """The static automaton against the reference's ``StaticSAM`` (``samd/sam/static_sam.py``) over the same corpus
     (the first whole documents, up to ``corpus_tokens``, of a REST datastore), each beside its dynamic automaton and
-    chosen between as ``DraftModel.lookup`` chooses (``len_threshold`` 5, ``len_bias`` 5, ``n_predicts`` 40, the
-    reference's defaults), replayed over GPT-4's MT-bench answers as :func:`replay` does. The reference's corpus is
+    chosen between as ``DraftModel.lookup`` chooses (``len_threshold`` 5, ``n_predicts`` 40, ``len_bias`` 5: the
+    reference's defaults; a smaller ``len_bias`` lets the static automaton draft more often), replayed over GPT-4's MT-bench answers as :func:`replay` does. The reference's corpus is
     built as ``tools/gen_sam_alpaca.py`` builds it (``StaticSAM.add_batch_tokens``: each document followed by EOS),
     without its one-token document per vocabulary id (they only make every token a match of 1). Prints, over all
     steps: the same choice, the same static match length, the same draft, and the same draft once the reference's is
@@ -260,7 +261,8 @@ def static_replay(checkout: str, datastore: str, questions: int, tokens: int, co
     reference_static = dyn_sam_class(checkout, "static_sam", "StaticSAM")(N_PREDICTS)
     reference_static.add_batch_tokens(docs, eos, verbose=False)
     dyn = dyn_sam_class(checkout)(N_PREDICTS)
-    options = SamDecoding.Options(threshold=LEN_THRESHOLD, draft_tokens=N_PREDICTS - 1, fallback="none", len_bias=5)
+    options = SamDecoding.Options(threshold=LEN_THRESHOLD, draft_tokens=N_PREDICTS - 1, fallback="none",
+                                  len_bias=len_bias)
     har = SamDecoding(SimpleNamespace(output_device=torch.device("cpu")), options,
                       static=StaticAutomaton.build(concatenate(docs)))
     kinds = Counter()
@@ -278,8 +280,8 @@ def static_replay(checkout: str, datastore: str, questions: int, tokens: int, co
             _, match_dyn = dyn.lookup(root)
             index_static, match_static = reference_static.lookup(root)
             draft, choice = [], None
-            if max(match_dyn, match_static - 5) >= LEN_THRESHOLD:  # samd/draft.py DraftModel.lookup
-                if match_dyn >= match_static - 5:
+            if max(match_dyn, match_static - len_bias) >= LEN_THRESHOLD:  # samd/draft.py DraftModel.lookup
+                if match_dyn >= match_static - len_bias:
                     choice, draft = "dynamic", reference_step(dyn, root)[1]
                 else:
                     choice = "static"
@@ -335,7 +337,7 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     if sys.argv[1:2] == ["static"]:
-        numbers = [int(a) for a in sys.argv[3:6]] + [10, 128, 200_000][len(sys.argv[3:6]):]
+        numbers = [int(a) for a in sys.argv[3:7]] + [10, 128, 200_000, 5][len(sys.argv[3:7]):]
         static_replay(checkout, sys.argv[2], *numbers)
         return
     if sys.argv[1:2] == ["e2e"]:
