@@ -241,8 +241,9 @@ def static_replay(checkout: str, datastore: str, questions: int, tokens: int, co
     (the first whole documents, up to ``corpus_tokens``, of a REST datastore), each beside its dynamic automaton and
     chosen between as ``DraftModel.lookup`` chooses (``len_threshold`` 5, ``n_predicts`` 40, ``len_bias`` 5: the
     reference's defaults; a smaller ``len_bias`` lets the static automaton draft more often), replayed over GPT-4's
-    MT-bench answers as :func:`replay` does. The reference's corpus is built as ``tools/gen_sam_alpaca.py`` builds it (``StaticSAM.add_batch_tokens``: each document followed by EOS),
-    without its one-token document per vocabulary id (they only make every token a match of 1). Prints, over all
+    MT-bench answers as :func:`replay` does. The reference's corpus is built as ``tools/gen_sam_alpaca.py`` builds
+    it (``StaticSAM.add_batch_tokens``: each document followed by EOS), without its one-token document per
+    vocabulary id (they only make every token a match of 1). Prints, over all
     steps: the same choice, the same static match length, the same draft, and the same draft once the reference's is
     cut at its first EOS (the harness's static draft stops at the document's end)."""
     import numpy as np
