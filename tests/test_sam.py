@@ -195,7 +195,7 @@ def naive_static(corpus: list[list[int]], context: list[int], root: int, max_tok
 
 
 def test_worked_examples_of_the_static_docstrings():
-    a = StaticAutomaton.build([1, 2, 1])  # states {}, {1}, {1 2}, {1 2 1}; edges 0-1->1, 0-2->2, 1-2->2, 2-1->3
+    a = StaticAutomaton.build([1, 2, 1])  # states {}, {1}, {1 2, 2}, {1 2 1, 2 1}; edges 0-1->1, 0-2->2, 1-2->2, 2-1->3
     assert (a.edge_start.tolist(), a.edge_token.tolist(), a.edge_target.tolist()) == ([0, 2, 3, 4, 4], [1, 2, 2, 1],
                                                                                     [1, 2, 2, 3])
     b = StaticAutomaton.build([1, 2, 3])

@@ -132,7 +132,7 @@ class StaticAutomaton:
     def build(cls, tokens, **manifest: Any) -> StaticAutomaton:
         """The automaton of ``tokens`` (ids, separators included), built online by :class:`SuffixAutomaton` and then
         frozen; ``manifest`` entries are recorded with the counts and the build time.
-        Example: [1, 2, 1] -> states {}, {1}, {1 2}, {1 2 1}: 4 states, edges 0-1->1, 0-2->2, 1-2->2, 2-1->3."""
+        Example: [1, 2, 1] -> states {}, {1}, {1 2, 2}, {1 2 1, 2 1}; edges 0-1->1, 0-2->2, 1-2->2, 2-1->3."""
         started = time.perf_counter()
         sam = SuffixAutomaton([int(t) for t in tokens])
         counts = np.fromiter((len(n) for n in sam.next), dtype=np.int64, count=len(sam.next))  # [S]
