@@ -70,6 +70,21 @@ class RestOptions:
             raise ValueError(f"max_match ({self.max_match}) must be >= min_match ({self.min_match})")
 
 
+def example_documents(target: Target, seed: int = 0) -> list[list[int]]:
+    """A corpus for the examples of the corpus-based methods: the target's greedy continuations (48 tokens) of 4
+    prompts of 4 random tokens drawn from ``seed`` (prompts included)."""
+    with seeded(seed):
+        prompts = torch.randint(0, target.model.config.vocab_size, (4, 4))
+    documents = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = prompt[None].to(target.device)
+            for _ in range(48):
+                ids = torch.cat([ids, target.model(ids).logits[:, -1:].argmax(-1)], dim=1)
+            documents.append(ids[0].tolist())
+    return documents
+
+
 @register_method("rest")
 class Rest(SpeculativeMethod):
     """REST (arXiv:2311.08252 Sec. 3): a trie of continuations retrieved from a datastore by the longest suffix."""
@@ -90,18 +105,8 @@ class Rest(SpeculativeMethod):
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options: Any) -> Rest:
-        """A datastore in memory: the target's greedy continuations (48 tokens) of 4 prompts of 4 random tokens
-        drawn from ``seed``, so that its text resembles what the target writes."""
-        with seeded(seed):
-            prompts = torch.randint(0, target.model.config.vocab_size, (4, 4))
-        documents = []
-        with torch.no_grad():
-            for prompt in prompts:
-                ids = prompt[None].to(target.device)
-                for _ in range(48):
-                    ids = torch.cat([ids, target.model(ids).logits[:, -1:].argmax(-1)], dim=1)
-                documents.append(ids[0].tolist())
-        store = Datastore.build(documents, source="example", tokenizer=None)
+        """A datastore in memory of :func:`example_documents`, so that its text resembles what the target writes."""
+        store = Datastore.build(example_documents(target, seed), source="example", tokenizer=None)
         return cls(target, build_options(cls.Options, options, f"method {cls.name!r}"), store=store)
 
     def describe(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from harness.engine.speculative import SpeculativeMethod
 from harness.registry import METHODS
 from tests.support.helpers import (
     GREEDY,
+    SAMPLE_PROMPT,
     SAMPLING_IDS,
     SAMPLINGS,
     build_example,
@@ -227,6 +228,19 @@ def test_sampling_matches_the_target_distribution(name, sampling):
     if not build_example(name, sampling_target(), SAMPLE_SEED, **options).lossless:
         pytest.skip(f"{name} with options {options} says it is not lossless (lossless=False)")
     assert method_pvalue(name, sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_sampling_with_sams_static_automaton_matches_the_target_distribution(sampling):
+    # sam with a static automaton over the target's own greedy text (Method.example), threshold 1 and no bias, so
+    # that its chains draft from the first step: a chain is a deterministic proposal and must keep the target's
+    # distribution; the counters show that static chains were verified
+    options = {**SMALL_VOCAB_OPTIONS["sam"], "static": "example", "len_bias": 0, "threshold": 1}
+    method = build_example("sam", sampling_target(), SAMPLE_SEED, **options)
+    gen = method.generate(SAMPLE_PROMPT, 12, sampling, torch.Generator().manual_seed(0))
+    assert gen.counters.get("static_steps", 0) > 0
+    assert method_pvalue("sam", sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3
 
 
 @pytest.mark.slow

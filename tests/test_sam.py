@@ -1,5 +1,6 @@
 """SAM-Decoding on literal inputs: the suffix automaton (harness.engine.suffix) against its definition, and the
-method's choice between the automaton's chain and its fallback."""
+method's choice between the automaton's chain and its fallback; the static corpus automaton against a brute-force
+search, its choice against the dynamic one with len_bias, its files and builder, and its bad inputs."""
 
 import json
 from pathlib import Path
@@ -7,11 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.engine.datastore import SEPARATOR, Datastore, concatenate, tokenizer_identity
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from harness.engine.suffix import SuffixAutomaton
+from harness.engine.suffix import StaticAutomaton, SuffixAutomaton, choose_automaton, load_static_automaton
+from harness.train.datastore import build_static_automaton
 from methods.sam import SamDecoding
-from tests.support.helpers import GREEDY, build_example, tiny_target
+from tests.support.helpers import GREEDY, build_example, char_tokenizer, tiny_target
 
 
 def naive_match(text: list[int], root: int) -> int:
@@ -172,3 +175,172 @@ def test_drafts_as_sam_decodings_own_automaton_on_recorded_text():
             steps += 1
         assert n >= len(out)
     assert steps == 412
+
+
+# ------------------------------------------------------------------------------------------------ static automaton
+
+CORPUS = [[1, 2, 1, 2, 3], [2, 3, 4, 2], [4, 4, 1, 2, 5, 6]]  # tokens 1 2 1 2 3 | 2 3 4 2 | 4 4 1 2 5 6 |
+
+
+def naive_static(corpus: list[list[int]], context: list[int], root: int, max_tokens: int) -> tuple[int, list[int]]:
+    """By brute force: the longest suffix of context + [root] inside one document of ``corpus``, and what followed
+    its first occurrence (the smallest end position in the documents joined) up to that document's end."""
+    full, tokens = context + [root], concatenate(corpus).tolist()
+    for n in range(len(full), 0, -1):
+        ends = [i + n - 1 for i in range(len(tokens) - n + 1) if tokens[i: i + n] == full[-n:]]
+        if ends:
+            after = tokens[ends[0] + 1: ends[0] + 1 + max_tokens]
+            return n, after[: after.index(SEPARATOR)] if SEPARATOR in after else after
+    return 0, []
+
+
+def test_worked_examples_of_the_static_docstrings():
+    a = StaticAutomaton.build([1, 2, 1])  # states {}, {1}, {1 2, 2}, {1 2 1, 2 1}; edges 0-1->1, 0-2->2, 1-2->2, 2-1->3
+    assert (a.edge_start.tolist(), a.edge_token.tolist(), a.edge_target.tolist()) == ([0, 2, 3, 4, 4], [1, 2, 2, 1],
+                                                                                    [1, 2, 2, 3])
+    b = StaticAutomaton.build([1, 2, 3])
+    assert [b.follow(0, 0, ctx)[1] for ctx in ([1], [1, 2], [1, 2, 1], [1, 2, 1, 9])] == [1, 2, 1, 0]
+    c = StaticAutomaton.build(concatenate([[5, 6, 7, 8], [6, 9]]))
+    cursor = c.follow(0, 0, [5])
+    assert c.draft(*cursor, 6, 10) == (2, [7, 8]) and c.draft(*cursor, 6, 1) == (2, [7])
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3, 8])
+def test_static_match_and_draft_equal_a_brute_force_search(max_tokens):
+    # the cursor carried along the context (matching statistics through suffix links) must give, at every prefix
+    # of the query and for every root, the longest suffix occurring in one document and what followed its first
+    # occurrence, cut at the document's end; a wrong frozen edge (sorting, offsets), a cursor not shortened along
+    # the links, or a draft crossing a separator would differ
+    static = StaticAutomaton.build(concatenate(CORPUS))
+    query = [7, 1, 2, 1, 2, 3, 4, 2, 3, 4, 4, 1, 2, 5, 9, 2, 3]
+    roots = sorted({t for doc in CORPUS for t in doc} | {9})
+    cursor, checked = (0, 0), 0
+    for i in range(len(query) + 1):
+        for root in roots:
+            assert static.draft(*cursor, root, max_tokens) == naive_static(CORPUS, query[:i], root, max_tokens), (
+                query[:i], root)
+            checked += static.draft(*cursor, root, max_tokens)[0] > 1
+        if i < len(query):
+            cursor = static.follow(*cursor, [query[i]])
+    assert checked > 20  # non-vacuous: many matches longer than the root alone
+
+
+@pytest.mark.parametrize(("dynamic", "static", "bias", "threshold", "expected"), [
+    (3, 9, 4, 4, "static"),    # 9 - 4 = 5 beats 3
+    (5, 9, 4, 4, "dynamic"),   # 5 = 9 - 4: the dynamic one on a tie
+    (6, 9, 4, 4, "dynamic"),
+    (2, 7, 4, 4, None),        # max(2, 7 - 4) < 4: the fallback
+    (0, 8, 4, 4, "static"),    # the static one alone reaches the threshold after the bias
+    (0, 7, 0, 4, "static"),    # no bias
+    (4, 0, 4, 4, "dynamic"),   # no static match at all
+    (3, 3, 0, 4, None),
+])
+def test_the_choice_with_len_bias_is_the_references(dynamic, static, bias, threshold, expected):
+    # hyx1999/SAM-Decoding@18c41f0 samd/draft.py DraftModel.lookup: match_static -= len_bias; if max(...) >=
+    # len_threshold: the dynamic one if match_dyn >= match_static else the static one; else the tree model. A bias
+    # added instead of subtracted, a tie to the static side or a threshold on the unbiased length fails a case
+    assert choose_automaton(dynamic, static, bias, threshold) == expected
+
+
+def static_sam(corpus, **options) -> SamDecoding:
+    target = tiny_target(eos=False)
+    method = SamDecoding(target, SamDecoding.Options(fallback="none", **options),
+                         static=StaticAutomaton.build(concatenate(corpus)))
+    method.counters = {}
+    return method
+
+
+def test_the_method_drafts_from_the_static_automaton_when_its_biased_match_is_longer():
+    # corpus [[30, 31, 32, 33, 34, 35, 36]]; prompt [50, 30, 31, 32, 50, 32], root 33: 50 is not in the corpus, so
+    # the static match is [32, 33] (2) -> [34, 35, 36]; 33 never occurred in the prompt: no dynamic match (0)
+    method = static_sam([[30, 31, 32, 33, 34, 35, 36]], threshold=2, len_bias=0, draft_tokens=3)
+    method.begin(torch.tensor([[50, 30, 31, 32, 50, 32]]), None)
+    assert method.propose(33, SamplingParams(), None).tokens.tolist() == [34, 35, 36]
+    # committing [33, 34]: the static cursor follows ([32, 33, 34] matches: 3); root 35 -> [32..35] (4) -> [36]
+    method.accept([33, 34], None, 35)
+    assert method.cursor[1] == 3
+    assert method.propose(35, SamplingParams(), None).tokens.tolist() == [36]
+    assert method.counters == {"static_steps": 2}
+
+
+def test_a_tie_goes_to_the_dynamic_automaton_and_the_bias_can_leave_only_the_fallback():
+    # corpus [[7, 30, 31, 32, 40, 41, 42]]. Prompt [30, 31, 32, 9, 30, 31], root 32: dynamic [30, 31, 32] (3) ->
+    # [9, 30, 31], static [30, 31, 32] (3) -> [40, 41, 42]: a tie goes to the dynamic chain. Prompt [31, 9, 30, 31],
+    # root 32: no dynamic match (32 never occurred), static 3: the static chain with bias 0, none with bias 2 (3 - 2
+    # = 1 < threshold 2: the fallback, here no draft)
+    corpus = [[7, 30, 31, 32, 40, 41, 42]]
+    prompt = torch.tensor([[30, 31, 32, 9, 30, 31]])
+    tie = static_sam(corpus, threshold=3, len_bias=0, draft_tokens=3)
+    tie.begin(prompt, None)
+    assert tie.propose(32, SamplingParams(), None).tokens.tolist() == [9, 30, 31]
+    longer = static_sam(corpus, threshold=2, len_bias=0, draft_tokens=3)
+    longer.begin(torch.tensor([[31, 9, 30, 31]]), None)
+    assert longer.propose(32, SamplingParams(), None).tokens.tolist() == [40, 41, 42]
+    biased = static_sam(corpus, threshold=2, len_bias=2, draft_tokens=3)
+    biased.begin(torch.tensor([[31, 9, 30, 31]]), None)
+    assert len(biased.propose(32, SamplingParams(), None)) == 0
+    assert (tie.counters, longer.counters, biased.counters) == ({"sam_steps": 1}, {"static_steps": 1},
+                                                               {"fallback_steps": 1})
+
+
+@pytest.mark.parametrize("fallback", ["none", "eagle2"])
+def test_the_static_variant_stays_lossless_and_drafts_from_the_corpus(fallback):
+    # Method.example with a static option builds the automaton over the tiny target's own greedy continuations
+    # (methods/rest.py example_documents), so it matches: the output must be vanilla's token for token, and the
+    # static chains must really have been verified
+    target = tiny_target(eos=False)
+    method = build_example("sam", target, static="example", len_bias=0, fallback=fallback, total_tokens=6, depth=2,
+                           top_k=2)
+    assert method.describe()["static_automaton"]["source"] == "example"
+    vanilla = build_example("vanilla", target)
+    static_steps = 0
+    for prompt in ([[5, 9, 13, 20, 31, 7, 44]], [[17]], [[40, 41, 42, 43, 40, 41]]):
+        gen = method.generate(torch.tensor(prompt), 40, GREEDY)
+        assert gen.token_ids == vanilla.generate(torch.tensor(prompt), 40, GREEDY).token_ids
+        static_steps += gen.counters.get("static_steps", 0)
+    assert static_steps > 0
+
+
+def test_static_files_round_trip_and_refuse_another_tokenizer(tmp_path):
+    tok = char_tokenizer()
+    built = StaticAutomaton.build(concatenate(CORPUS), tokenizer=tokenizer_identity(tok, "tiny"))
+    built.save(tmp_path / "sam")
+    loaded = load_static_automaton(tmp_path / "sam", tokenizer_identity(tok, "another name"))
+    cursor = loaded.follow(0, 0, [4, 1])
+    assert loaded.draft(*cursor, 2, 4) == built.draft(*built.follow(0, 0, [4, 1]), 2, 4) == (3, [5, 6])
+    other = dict(tokenizer_identity(tok, "tiny"), vocab_sha256="0" * 64)
+    with pytest.raises(ValueError, match="static SAM .* was built for tokenizer 'tiny'.*static-sam") as e:
+        load_static_automaton(tmp_path / "sam", other)
+    assert "\n" not in str(e.value)
+    with pytest.raises(FileNotFoundError, match="not found.*draftbench data static-sam --target tiny"):
+        load_static_automaton(tmp_path / "nothing", other)
+
+
+def test_the_method_refuses_a_missing_or_foreign_static_automaton_at_configuration(tmp_path):
+    target = tiny_target()
+    with pytest.raises(FileNotFoundError, match="draftbench data static-sam"):
+        SamDecoding.create(target, {"fallback": "none", "static": str(tmp_path / "nothing")})
+    StaticAutomaton.build([1, 2, 3], tokenizer=dict(tokenizer_identity(target.tokenizer, "t"), vocab_size=1)).save(
+        tmp_path / "sam")
+    with pytest.raises(ValueError, match="built for tokenizer"):
+        SamDecoding.create(target, {"fallback": "none", "static": str(tmp_path / "sam")})
+
+
+def test_bad_static_options_name_the_field():
+    target = tiny_target(eos=False)
+    for bad, field in [({"len_bias": -1}, "len_bias"), ({"len_bias": "4"}, "len_bias"),
+                       ({"len_bias": True}, "len_bias"), ({"static": ""}, "static"), ({"static": 3}, "static")]:
+        with pytest.raises(OptionsError, match=field):
+            SamDecoding.create(target, {"fallback": "none", **bad})
+
+
+def test_the_builder_keeps_whole_documents_up_to_max_tokens(tmp_path):
+    # datastore [[1, 2, 3], [4, 5], [6, 7, 8, 9]] = 1 2 3 | 4 5 | 6 7 8 9 |: 8 tokens keep the first two documents
+    # (7 tokens, separators included), never a cut document; 3 tokens keep none: one clear error
+    tok = char_tokenizer()
+    Datastore.build([[1, 2, 3], [4, 5], [6, 7, 8, 9]], tokenizer=tokenizer_identity(tok, "tiny")).save(tmp_path / "ds")
+    folder, automaton = build_static_automaton(tok, "tiny", tmp_path / "ds", tmp_path / "sam", max_tokens=8)
+    assert automaton.tokens.tolist() == [1, 2, 3, -1, 4, 5, -1]
+    assert load_static_automaton(folder).manifest["documents"] == 2
+    with pytest.raises(ValueError, match="longer than --max-tokens 3"):
+        build_static_automaton(tok, "tiny", tmp_path / "ds", tmp_path / "sam2", max_tokens=3)

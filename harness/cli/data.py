@@ -1,6 +1,6 @@
-"""``draftbench data fetch | build | merge | vocab | datastore``: evaluation suites from their public sources, the
-feature datasets that draft heads train on (:mod:`harness.train.features`), and REST's datastore
-(:mod:`harness.train.datastore`)."""
+"""``draftbench data fetch | build | merge | vocab | datastore | static-sam``: evaluation suites from their public
+sources, the feature datasets that draft heads train on (:mod:`harness.train.features`), REST's datastore and
+SAM-Decoding's static automaton over it (:mod:`harness.train.datastore`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from harness.backends.vllm import PYTHON_ENV
 from harness.models import DEFAULT_TARGET, load_target
 from harness.run import suites
 from harness.run.config import ConfigError
-from harness.train.datastore import build_datastore, load_tokenizer
+from harness.train.datastore import STATIC_MAX_TOKENS, build_datastore, build_static_automaton, load_tokenizer
 from harness.train.distill import GENERATORS
 from harness.train.features import build_dataset, dataset_token_counts, merge_datasets, read_manifest
 from harness.train.sources import SOURCES
@@ -137,6 +137,22 @@ def add_datastore_parser(subparsers) -> None:
     p.add_argument("--key-length", type=int, default=32, help="tokens each suffix is sorted by (>= max_match)")
     p.add_argument("--data-dir", help="evaluation data for the contamination check (default: $DRAFTBENCH_DATA)")
     p.set_defaults(func=cmd_datastore)
+    s = subparsers.add_parser("static-sam", help="build SAM-Decoding's static suffix automaton over a REST datastore")
+    s.add_argument("--target", default=DEFAULT_TARGET, help=f"whose tokenizer (default {DEFAULT_TARGET})")
+    s.add_argument("--datastore", help="datastore folder (default: the target's ShareGPT datastore in the user cache)")
+    s.add_argument("--out", help="output folder (default: beside the datastore, where sam's static: sharegpt looks)")
+    s.add_argument("--max-tokens", type=int, default=STATIC_MAX_TOKENS,
+                   help=f"the corpus's first whole documents up to this many tokens (default {STATIC_MAX_TOKENS})")
+    s.set_defaults(func=cmd_static_sam)
+
+
+def cmd_static_sam(args) -> int:
+    folder, automaton = build_static_automaton(load_tokenizer(args.target), args.target, args.datastore, args.out,
+                                               args.max_tokens)
+    m = automaton.manifest
+    print(f"{folder}: {m['tokens']} tokens of {m['documents']} documents, {m['states']} states, {m['edges']} edges "
+          f"in {m['build_seconds']} s")
+    return 0
 
 
 def cmd_datastore(args) -> int:

@@ -144,24 +144,32 @@ class Datastore:
 def load_datastore(folder: str | Path, identity: dict[str, Any] | None = None) -> Datastore:
     """The datastore saved in ``folder``; ``identity`` (:func:`tokenizer_identity` of the target's tokenizer) must
     equal the one it was built with. A missing folder or manifest raises ``FileNotFoundError`` and a mismatch
-    ``ValueError``, each one line saying how to build the right one."""
+    ``ValueError``, each one line saying how to build the right one (:func:`read_manifest`)."""
     folder = Path(folder)
     target = identity["name"] if identity else "TARGET"
     build = f"build it with: draftbench data datastore --source sharegpt --target {target} --out {folder}"
-    if not (folder / "manifest.json").is_file():
-        raise FileNotFoundError(f"REST datastore {folder} not found (no manifest.json); {build}")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"REST datastore {folder}: format {manifest.get('format')!r}, expected {FORMAT!r}; {build}")
-    built = manifest.get("tokenizer") or {}
-    if identity is not None and not same_tokenizer(built, identity):
-        raise ValueError(f"REST datastore {folder} was built for tokenizer {built.get('name')!r} (vocabulary "
-                         f"{built.get('vocab_size')}, hash {str(built.get('vocab_sha256'))[:12]}), not the target's "
-                         f"{identity['name']!r} (vocabulary {identity['vocab_size']}, hash "
-                         f"{identity['vocab_sha256'][:12]}); {build}")
+    manifest = read_manifest(folder, FORMAT, identity, "REST datastore", build)
     tokens = np.load(folder / "tokens.npy", mmap_mode="r")
     suffixes = np.load(folder / "suffixes.npy", mmap_mode="r")
     return Datastore(tokens, suffixes, int(manifest["key_length"]), manifest)
+
+
+def read_manifest(folder: Path, fmt: str, identity: dict[str, Any] | None, what: str, build: str) -> dict[str, Any]:
+    """``folder/manifest.json`` of a file set in format ``fmt`` built for ``identity``'s tokenizer (None: any).
+    Missing: ``FileNotFoundError``; another format or tokenizer: ``ValueError``; each one line naming ``what`` and
+    ending with ``build`` (the command that builds the right one)."""
+    if not (folder / "manifest.json").is_file():
+        raise FileNotFoundError(f"{what} {folder} not found (no manifest.json); {build}")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if manifest.get("format") != fmt:
+        raise ValueError(f"{what} {folder}: format {manifest.get('format')!r}, expected {fmt!r}; {build}")
+    built = manifest.get("tokenizer") or {}
+    if identity is not None and not same_tokenizer(built, identity):
+        raise ValueError(f"{what} {folder} was built for tokenizer {built.get('name')!r} (vocabulary "
+                         f"{built.get('vocab_size')}, hash {str(built.get('vocab_sha256'))[:12]}), not the target's "
+                         f"{identity['name']!r} (vocabulary {identity['vocab_size']}, hash "
+                         f"{identity['vocab_sha256'][:12]}); {build}")
+    return manifest
 
 
 def retrieve(store: Datastore, context: list[int], max_match: int, min_match: int, max_candidates: int,

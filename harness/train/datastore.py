@@ -6,6 +6,10 @@ when the evaluation data is available) are tokenized with the target's tokenizer
 per turn, and saved with their suffix array and the tokenizer's identity (:class:`harness.engine.datastore.Datastore`)
 in ``--out`` or the user cache (:func:`harness.engine.datastore.default_datastore_dir`), where the method ``rest``
 looks by default. Nothing is downloaded: the corpus comes from the installed package.
+
+``draftbench data static-sam``: SAM-Decoding's static automaton (arXiv:2411.10666 Sec. 3,
+:class:`harness.engine.suffix.StaticAutomaton`) over the first ``--max-tokens`` tokens of such a datastore (whole
+documents), saved beside it (:func:`default_static_dir`), where the method ``sam`` looks with ``static: sharegpt``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from harness.engine.datastore import Datastore, default_datastore_dir, tokenizer_identity
+import numpy as np
+
+from harness.engine.datastore import SEPARATOR, Datastore, default_datastore_dir, load_datastore, tokenizer_identity
+from harness.engine.suffix import StaticAutomaton, default_static_dir
 from harness.models import cache_dir, resolve_target_path
 from harness.train.sources import evaluation_questions, load_source, select
 
@@ -51,3 +58,26 @@ def build_datastore(source: str, tokenizer, name: str, out: str | Path | None = 
     store = Datastore.build(assistant_documents(kept, tokenizer), key_length=key_length, tokenizer=identity,
                             source=source, conversations=len(kept), dropped_contaminated=len(dropped))
     return store.save(folder), store
+
+
+STATIC_MAX_TOKENS = 1_000_000  # about 12 s and 0.8 GB peak to build on one CPU core (docs/reference.md)
+
+
+def build_static_automaton(tokenizer, name: str, datastore: str | Path | None = None, out: str | Path | None = None,
+                           max_tokens: int = STATIC_MAX_TOKENS) -> tuple[Path, StaticAutomaton]:
+    """Build and save the static automaton of the first whole documents, at most ``max_tokens`` tokens separators
+    included, of the datastore in ``datastore`` (default: the ShareGPT one of ``tokenizer`` in the cache, which must
+    have been built for this tokenizer); returns (folder, automaton)."""
+    if max_tokens < 2:
+        raise ValueError(f"static-sam: --max-tokens must be >= 2, got {max_tokens}")
+    identity = tokenizer_identity(tokenizer, name)
+    source = Path(datastore).expanduser() if datastore else default_datastore_dir(cache_dir(), identity)
+    store = load_datastore(source, identity)
+    ends = np.flatnonzero(np.asarray(store.tokens[:max_tokens]) == SEPARATOR)  # [D] document ends within the cap
+    if ends.size == 0:
+        raise ValueError(f"static-sam: the first document of {source} is longer than --max-tokens {max_tokens}")
+    tokens = np.asarray(store.tokens[: int(ends[-1]) + 1])
+    automaton = StaticAutomaton.build(tokens, tokenizer=identity, datastore=str(source),
+                                      source=store.manifest.get("source"), documents=int(ends.size))
+    folder = Path(out).expanduser() if out else default_static_dir(cache_dir(), identity)
+    return automaton.save(folder), automaton

@@ -20,6 +20,8 @@ reference (only torch, tqdm and the standard library are imported there), the fo
     SAM_DECODING=CHECKOUT python tests/support/reference_sam.py fixture    # tests/data/sam_reference.json
     SAM_DECODING=CHECKOUT python tests/support/reference_sam.py e2e QUESTIONS TOKENS [OUT.json]  # default model
     SAM_DECODING=CHECKOUT REFVENV/bin/python tests/support/reference_sam.py samd MODEL OUT.json  # reference's loop
+    python tests/support/reference_sam.py static-e2e STATIC_DIR QUESTIONS TOKENS  # sam with/without the static SAM
+    SAM_DECODING=CHECKOUT python tests/support/reference_sam.py static DATASTORE [QUESTIONS TOKENS CORPUS BIAS]
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ COMMIT = "18c41f055b424fa3fa0bac41a8953d34cea1ed77"
 N_PREDICTS, LEN_THRESHOLD = 40, 5  # samd/samd_config.py, scripts/inference_samd.sh
 
 
-def dyn_sam_class(checkout: str):
+def dyn_sam_class(checkout: str, module_name: str = "dyn_sam", class_name: str = "DynSAM"):
     """``DynSAM`` from ``samd/sam/dyn_sam.py`` of a checkout of hyx1999/SAM-Decoding (its package ``__init__``
-    imports ``datasets`` and the transformers patches, which the automaton does not need)."""
-    spec = importlib.util.spec_from_file_location("dyn_sam", Path(checkout) / "samd" / "sam" / "dyn_sam.py")
+    imports ``datasets`` and the transformers patches, which the automaton does not need), or another class of
+    that folder (``static_sam``, ``StaticSAM``)."""
+    spec = importlib.util.spec_from_file_location(module_name, Path(checkout) / "samd" / "sam" / f"{module_name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.DynSAM
+    return getattr(module, class_name)
 
 
 def reference_step(sam, root: int) -> tuple[int, list[int]]:
@@ -204,6 +207,110 @@ def samd_side(checkout: str, model: str, out: str) -> None:
     report(data["entries"])
 
 
+def static_end_to_end(static: str, questions: int, tokens: int) -> None:
+    """Vanilla and the harness's ``sam`` at its defaults (threshold 4, 10 tokens, ``len_bias`` 4), without a
+    fallback and with its EAGLE-2 fallback (the shipped head, 60 nodes), each without and with the static automaton
+    in ``static`` (``draftbench data static-sam``), on the default model (fp32, CPU, greedy) over the first
+    ``questions`` MT-bench questions, both turns: outputs against vanilla's, forwards, tau and the steps each
+    automaton drafted. No reference code runs."""
+    from harness.engine.sampling import SamplingParams
+    from harness.models import load_target
+    from methods.sam import SamDecoding
+    from tests.support.mt_bench_turns import vanilla_turns
+
+    target = load_target("smollm2-135m", dtype="float32", device="cpu")
+    entries = {f"sam{fb}{st}": SamDecoding.create(target, {"fallback": fallback, **options})
+               for fb, fallback in [("", "none"), ("-eagle2", "eagle2")]
+               for st, options in [("", {}), ("+static", {"static": static})]}
+    rows = {name: [] for name in ["vanilla", *entries]}
+    steps = {name: Counter() for name in entries}
+    for _, _, ids, answer in vanilla_turns(target, questions, tokens):
+        rows["vanilla"].append({"tokens": answer, "forwards": len(answer)})
+        for name, method in entries.items():
+            g = method.generate(ids, tokens, SamplingParams())
+            rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
+            steps[name].update({k: v for k, v in g.counters.items() if k.endswith("_steps")})
+    report(rows)
+    for name, counts in steps.items():
+        print(f"{name}: {dict(counts)}")
+
+
+def static_replay(checkout: str, datastore: str, questions: int, tokens: int, corpus_tokens: int,
+                  len_bias: int = 5) -> None:
+    """The static automaton against the reference's ``StaticSAM`` (``samd/sam/static_sam.py``) over the same corpus
+    (the first whole documents, up to ``corpus_tokens``, of a REST datastore), each beside its dynamic automaton and
+    chosen between as ``DraftModel.lookup`` chooses (``len_threshold`` 5, ``n_predicts`` 40, ``len_bias`` 5: the
+    reference's defaults; a smaller ``len_bias`` lets the static automaton draft more often), replayed over GPT-4's
+    MT-bench answers as :func:`replay` does. The reference's corpus is built as ``tools/gen_sam_alpaca.py`` builds
+    it (``StaticSAM.add_batch_tokens``: each document followed by EOS), without its one-token document per
+    vocabulary id (they only make every token a match of 1). Prints, over all
+    steps: the same choice, the same static match length, the same draft, and the same draft once the reference's is
+    cut at its first EOS (the harness's static draft stops at the document's end)."""
+    import numpy as np
+
+    from harness.engine.datastore import SEPARATOR, concatenate, load_datastore
+    from harness.engine.suffix import StaticAutomaton
+    from harness.train.datastore import load_tokenizer
+    from methods.sam import SamDecoding
+    from tests.support.reference_suffix import requests
+
+    eos = load_tokenizer("smollm2-135m").eos_token_id
+    stream = np.asarray(load_datastore(datastore).tokens[:corpus_tokens])
+    ends = np.flatnonzero(stream == SEPARATOR)
+    docs = [d.tolist() for d in np.split(stream[: ends[-1]], ends[:-1] + 1)]
+    docs = [d[:-1] if d[-1:] == [SEPARATOR] else d for d in docs]
+    reference_static = dyn_sam_class(checkout, "static_sam", "StaticSAM")(N_PREDICTS)
+    reference_static.add_batch_tokens(docs, eos, verbose=False)
+    dyn = dyn_sam_class(checkout)(N_PREDICTS)
+    options = SamDecoding.Options(threshold=LEN_THRESHOLD, draft_tokens=N_PREDICTS - 1, fallback="none",
+                                  len_bias=len_bias)
+    har = SamDecoding(SimpleNamespace(output_device=torch.device("cpu")), options,
+                      static=StaticAutomaton.build(concatenate(docs)))
+    kinds = Counter()
+    for req in requests(questions, tokens):
+        prompt, out = req["prompt"], req["output"]
+        dyn.reset()
+        reference_static.reset()
+        dyn.add_tokens(prompt)
+        reference_static.transfer_tokens(prompt)
+        har.counters = {}
+        har.begin(torch.tensor([prompt]), None)
+        n = 1
+        while n < len(out):
+            root = out[n - 1]
+            _, match_dyn = dyn.lookup(root)
+            index_static, match_static = reference_static.lookup(root)
+            draft, choice = [], None
+            if max(match_dyn, match_static - len_bias) >= LEN_THRESHOLD:  # samd/draft.py DraftModel.lookup
+                if match_dyn >= match_static - len_bias:
+                    choice, draft = "dynamic", reference_step(dyn, root)[1]
+                else:
+                    choice = "static"
+                    end = reference_static.states[index_static].min_endpos
+                    draft = reference_static.gen_draft(index_static, root)[1:]
+                    draft = draft[: len(reference_static.input_ids[end + 1: end + N_PREDICTS])]  # less the padding
+            before = dict(har.counters)
+            mine = har.propose(root, None, None).tokens.tolist()
+            har_choice = {"sam_steps": "dynamic", "static_steps": "static"}.get(
+                next((k for k in har.counters if har.counters[k] != before.get(k, 0)), ""))
+            kinds["steps"] += 1
+            kinds[f"reference {choice}"] += 1
+            kinds["same choice"] += choice == har_choice
+            kinds["same static length"] += match_static == har.static.step(*har.cursor, root)[1]
+            kinds["same draft"] += draft == mine
+            cut = draft[: draft.index(eos)] if choice == "static" and eos in draft else draft
+            kinds["same draft up to EOS"] += cut == mine
+            acc = accepted(draft, out, n)
+            kinds["accepted (reference)"] += acc
+            kinds["accepted (harness)"] += accepted(mine, out, n)
+            dyn.add_tokens(out[n - 1:n + acc])
+            reference_static.transfer_tokens(out[n - 1:n + acc])
+            har.accept(out[n - 1:n + acc], None, out[n + acc] if n + acc < len(out) else -1)
+            n += acc + 1
+    print(f"corpus: {len(docs)} documents, {sum(map(len, docs))} tokens; " + ", ".join(f"{k} {v}"
+                                                                                    for k, v in kinds.items()))
+
+
 def checkout_folder() -> str:
     folder = os.environ.get("SAM_DECODING", "")
     if not (Path(folder) / "samd" / "sam" / "dyn_sam.py").is_file():
@@ -212,6 +319,10 @@ def checkout_folder() -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["static-e2e"]:
+        torch.set_num_threads(1)
+        static_end_to_end(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
     checkout = checkout_folder()
     if sys.argv[1:2] == ["fixture"]:
         from tests.support.reference_suffix import requests
@@ -226,6 +337,10 @@ def main() -> None:
                                       separators=(",", ":")))
         return
     torch.set_num_threads(1)
+    if sys.argv[1:2] == ["static"]:
+        numbers = [int(a) for a in sys.argv[3:7]] + [10, 128, 200_000, 5][len(sys.argv[3:7]):]
+        static_replay(checkout, sys.argv[2], *numbers)
+        return
     if sys.argv[1:2] == ["e2e"]:
         end_to_end(checkout, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if sys.argv[4:] else None)
         return
