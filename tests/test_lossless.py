@@ -89,6 +89,13 @@ def test_greedy_equals_vanilla_with_random_drafts(name):
     assert_greedy_equals_vanilla(name)
 
 
+def test_hydra_prefix_mlp_heads_stay_lossless():
+    # Hydra++ heads (hydra's example with head_arch=prefix-mlp): a prefix layer keeps its own KV over the committed
+    # features; whatever its random weights propose, the output must be vanilla's (a KV kept over rejected tokens
+    # or a wrong feature would break an invariant or diverge)
+    assert_greedy_equals_vanilla("hydra", head_arch="prefix-mlp")
+
+
 ADAPTIVE = [n for n in METHOD_NAMES if "adaptive" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
 
 
