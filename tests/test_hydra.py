@@ -87,12 +87,10 @@ def published_hydra_folder(folder: Path, num_heads: int = 2, num_layers: int = 2
 
 
 def prefix_llama(target, seed: int = 2, **overrides):
-    """The released code's prefix layer, independently: transformers' own ``LlamaModel`` with the target's config,
-    one layer and no grouped-query attention (the released code's Llama has none); random weights, norms away
-    from 1."""
+    """The released code's prefix layer, independently: transformers' own ``LlamaModel`` with the target's config
+    and one layer (random weights, norms away from 1)."""
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = 1
-    config.num_key_value_heads = config.num_attention_heads
     for k, v in overrides.items():
         setattr(config, k, v)
     torch.manual_seed(seed)

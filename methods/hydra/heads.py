@@ -33,7 +33,7 @@ RMSNorm, self-attention with its own KV cache, post-attention RMSNorm, SwiGLU ML
 :class:`HydraPrefix`). Its checkpoint keys differ from the mlp arch's because every block sits behind a Dropout:
     prefix_embeding_layer.layers.0.{input_layernorm, post_attention_layernorm}.weight [H],
     prefix_embeding_layer.layers.0.self_attn.{q,k,v,o}_proj.weight, .mlp.{gate,up,down}_proj.weight (the target's
-    attention heads (as many key/value heads) and intermediate size), prefix_embeding_layer.norm.weight [H],
+    attention heads, key/value heads and intermediate size), prefix_embeding_layer.norm.weight [H],
     hydra_mlp.{i}.{2j+1}.* for block j (hydra_mlp.{i}.1.* is block 0), hydra_lm_head.{i}.1.{weight, bias};
 and, read and checked but never used: ``prefix_embeding_layer.embed_tokens.weight`` [V, H] (the LlamaModel's unused
 embedding), ``prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq`` (a persistent buffer in transformers
@@ -80,14 +80,10 @@ def check_head_arch(arch) -> None:
 
 
 def prefix_config(target: Target) -> LlamaConfig:
-    """The prefix layer's config: the target's attention heads, head size, MLP width, norm epsilon and RoPE base
-    (the released code deep-copies the base model's config with one hidden layer), with as many key/value heads as
-    query heads: the released code's Llama (``hydra/model/modeling_llama_kv.py``) has no grouped-query attention, so
-    its prefix layer's k/v projections are ``[heads x head_dim, H]`` whatever the target's own attention is."""
-    config = eagle_config_for(target.config, bias=False,
-                              hidden_size=target.model.get_output_embeddings().weight.shape[1])
-    config.num_key_value_heads = config.num_attention_heads
-    return config
+    """The prefix layer's config: the target's own attention and MLP shapes (the released code deep-copies the base
+    model's config with one hidden layer)."""
+    return eagle_config_for(target.config, bias=False,
+                            hidden_size=target.model.get_output_embeddings().weight.shape[1])
 
 
 class PrefixDecoderLayer(EagleDecoderLayer):
