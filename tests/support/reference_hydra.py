@@ -47,15 +47,17 @@ SHIPPED = Path(__file__).resolve().parents[2] / "methods" / "heads" / "smollm2-1
 
 
 def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
-    """Hydra's loader layout of the shipped head (see the module docstring); the shipped folder is only read."""
-    from safetensors.torch import load_file
+    """Hydra's loader layout of the head in ``shipped`` (see the module docstring; its ``hydra_head_arch``'s key
+    names); the ``shipped`` folder is only read."""
+    from harness.engine.checkpoints import read_weights
+    from methods.hydra.heads import HYDRA_WEIGHT_FILES, published_key
 
     config = json.loads((shipped / "config.json").read_text())
-    sd = load_file(str(shipped / "hydra_lm_head.safetensors"))
+    sd, _ = read_weights(shipped, HYDRA_WEIGHT_FILES, "Hydra heads")
     lm_head = target.model.get_output_embeddings().weight.detach().float()
     for i in range(config["hydra_num_heads"]):
-        sd[f"hydra_lm_head.{i}.weight"] = lm_head.clone()
-        sd[f"hydra_lm_head.{i}.bias"] = torch.zeros(lm_head.shape[0])
+        sd[published_key(f"hydra_lm_head.{i}.weight", config["hydra_head_arch"])] = lm_head.clone()
+        sd[published_key(f"hydra_lm_head.{i}.bias", config["hydra_head_arch"])] = torch.zeros(lm_head.shape[0])
     sd["input_embed_fn.weight"] = target.model.get_input_embeddings().weight.detach().float().clone()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**config, "base_model_name_or_path": model_path}, indent=2))
@@ -65,8 +67,9 @@ def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
 def head_outputs(hydra, target, ids: torch.Tensor, positions: list[int]) -> list:
     """The harness's heads on prompt ``ids [1, T]``: per position p, per head i, the top-5 ids and logits on
     ``[h_p, E(x_{p+1}), ..., E(x_{p+i+1})]`` (the target's post-norm feature at p and the next i + 1 tokens'
-    embeddings, the inputs Hydra's ``HydraMLP.forward`` gives head i at p)."""
-    feats = target.model.model(ids).last_hidden_state[0]  # [T, H]
+    embeddings, the inputs Hydra's ``HydraMLP.forward`` gives head i at p; for prefix-mlp heads the prefix layer's
+    output at p in place of h_p, as ``HydraPrefixMLP.forward`` gives it)."""
+    feats = hydra.heads.context(target.model.model(ids).last_hidden_state)[0][0]  # [T, H]
     emb = hydra.embed(ids[0])  # [T, H]
     out = []
     for p in positions:
@@ -90,7 +93,29 @@ def first_tree(hydra, target, ids: torch.Tensor) -> list[int]:
     return [root] + hydra.propose(root, SamplingParams(), None).tokens.tolist()
 
 
-def harness_side(model_path: str, work: str) -> None:
+def random_prefix_head(target, out: Path, seed: int = 0) -> Path:
+    """Random Hydra++ heads for ``target`` in draftbench's format (4 heads x 4 layers, as the published Hydra++; the
+    target's lm_head shared), seeded, with blocks 1..3 of each head equal: Hydra's ``HydraPrefixMLP`` repeats one
+    ResBlock module there, so untied weights could not load into it. Norm weights are drawn around 1 so that a
+    norm read from the wrong key would show."""
+    from harness.engine.method import seeded
+    from methods.hydra.heads import HydraHeads, prefix_config, save_hydra_heads
+
+    V, H = target.model.get_output_embeddings().weight.shape
+    with seeded(seed):
+        heads = HydraHeads(H, V, num_heads=4, num_layers=4, share_lm_head=True, prefix=prefix_config(target))
+        with torch.no_grad():
+            for name, p in heads.prefix_embeding_layer.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+            for mlp in heads.hydra_mlp:
+                for block in list(mlp)[2:]:
+                    block.load_state_dict(mlp[1].state_dict())
+    return save_hydra_heads(heads, out, base_model=target.name, dtype=torch.float32)
+
+
+def harness_side(model_path: str, work: str, arch: str = "mlp") -> None:
+    """``arch`` "prefix-mlp": a random Hydra++ head (:func:`random_prefix_head`) in place of the shipped one."""
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
@@ -98,14 +123,16 @@ def harness_side(model_path: str, work: str) -> None:
 
     work_dir = Path(work)
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    build_layout(target, SHIPPED, model_path, work_dir / "hydra-head")
-    hydra = get_method("hydra").create(target, {"tree": TREE})
-    hydra_4096 = get_method("hydra").create(target, {"tree": TREE, "draft_vocab": 4096})
+    own = SHIPPED if arch == "mlp" else random_prefix_head(target, work_dir / "hydra-own")
+    build_layout(target, own, model_path, work_dir / "hydra-head")
+    hydra = get_method("hydra").create(target, {"tree": TREE, "head": str(own)})
+    # draft_vocab needs the shipped head's vocabulary file
+    hydra_4096 = get_method("hydra").create(target, {"tree": TREE, "draft_vocab": 4096}) if arch == "mlp" else None
     rows = []
     with torch.inference_mode():
         for qid, turn, ids, answer in vanilla_turns(target, 3, MAX_NEW):
             h = hydra.generate(ids, MAX_NEW, SamplingParams())
-            h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams())
+            h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams()) if hydra_4096 else h
             rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
                          "hydra": h.token_ids, "forwards": len(h.accept_lengths),
                          "accept_lengths": h.accept_lengths, "hydra_4096": h4.token_ids,
@@ -207,7 +234,9 @@ def hydra_side(work: str) -> None:
         llama_kv.LlamaRotaryEmbedding.__init__.__defaults__ = (2048, theta, None)
     model = HydraModel.from_pretrained(str(head_dir), torch_dtype=torch.float32).eval()
     built = model.hydra_head.load_state_dict(torch.load(head_dir / "hydra_lm_head.pt"), strict=True)
-    shipped = set(load_file(str(SHIPPED / "hydra_lm_head.safetensors")))
+    own = work_dir / "hydra-own" if model.hydra_head_arch == "prefix-mlp" else SHIPPED
+    shipped = (set(load_file(str(own / "hydra_lm_head.safetensors"))) if own == SHIPPED
+               else set(torch.load(own / "hydra_lm_head.pt")))
     want = set(model.hydra_head.state_dict())
     print(f"built layout, strict load: missing {built.missing_keys}, unexpected {built.unexpected_keys}; the shipped "
           f"file alone: missing {sorted(want - shipped)}, unexpected {sorted(shipped - want)}")
