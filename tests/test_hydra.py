@@ -107,13 +107,18 @@ def test_published_heads_load_and_compute(tmp_path):
     sd = published_hydra_folder(tmp_path / "h")
     heads = load_hydra_heads(tmp_path / "h", tiny_target())
     x = torch.randn(5, 3 * H)
-    w = {k: v for k, v in sd.items() if k.startswith(("hydra_mlp.1.", "hydra_lm_head.1."))}
+    torch.testing.assert_close(heads(1, x), head1_by_hand(sd, x, "hydra_mlp.1.0", "hydra_mlp.1.1", "hydra_lm_head.1"),
+                               rtol=1e-5, atol=1e-5)
+
+
+def head1_by_hand(sd: dict, x: torch.Tensor, block0: str, block1: str, lm_head: str) -> torch.Tensor:
+    """Head 1 of a two-layer checkpoint ``sd`` on x [n, 3H]: ResBlock((3H -> H), learned skip) at ``block0`` ->
+    ResBlock(H) at ``block1`` -> Linear(H -> V, bias) at ``lm_head``, written out with F.linear and SiLU."""
     lin, silu = torch.nn.functional.linear, torch.nn.functional.silu
-    y = (lin(x, w["hydra_mlp.1.0.res_connection.weight"], w["hydra_mlp.1.0.res_connection.bias"])
-         + silu(lin(x, w["hydra_mlp.1.0.linear.weight"], w["hydra_mlp.1.0.linear.bias"])))
-    y = y + silu(lin(y, w["hydra_mlp.1.1.linear.weight"], w["hydra_mlp.1.1.linear.bias"]))
-    want = lin(y, w["hydra_lm_head.1.weight"], w["hydra_lm_head.1.bias"])
-    torch.testing.assert_close(heads(1, x), want, rtol=1e-5, atol=1e-5)
+    y = (lin(x, sd[f"{block0}.res_connection.weight"], sd[f"{block0}.res_connection.bias"])
+         + silu(lin(x, sd[f"{block0}.linear.weight"], sd[f"{block0}.linear.bias"])))
+    y = y + silu(lin(y, sd[f"{block1}.linear.weight"], sd[f"{block1}.linear.bias"]))
+    return lin(y, sd[f"{lm_head}.weight"], sd[f"{lm_head}.bias"])
 
 
 def test_save_writes_the_published_names_and_round_trips(tmp_path):
@@ -182,11 +187,7 @@ def test_published_prefix_mlp_heads_load_and_compute(tmp_path):
     torch.testing.assert_close(ctx, want_ctx, rtol=1e-5, atol=1e-5)
     assert kv.length == 6
     x = torch.cat([ctx[0, -2:], torch.randn(2, 2 * H)], dim=-1)  # [2, 3H]
-    lin, silu = torch.nn.functional.linear, torch.nn.functional.silu
-    y = (lin(x, sd["hydra_mlp.1.1.res_connection.weight"], sd["hydra_mlp.1.1.res_connection.bias"])
-         + silu(lin(x, sd["hydra_mlp.1.1.linear.weight"], sd["hydra_mlp.1.1.linear.bias"])))
-    y = y + silu(lin(y, sd["hydra_mlp.1.3.linear.weight"], sd["hydra_mlp.1.3.linear.bias"]))
-    want = lin(y, sd["hydra_lm_head.1.1.weight"], sd["hydra_lm_head.1.1.bias"])
+    want = head1_by_hand(sd, x, "hydra_mlp.1.1", "hydra_mlp.1.3", "hydra_lm_head.1.1")
     torch.testing.assert_close(heads(1, x), want, rtol=1e-5, atol=1e-5)
 
 
