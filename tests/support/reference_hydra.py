@@ -59,6 +59,14 @@ def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
         sd[published_key(f"hydra_lm_head.{i}.weight", config["hydra_head_arch"])] = lm_head.clone()
         sd[published_key(f"hydra_lm_head.{i}.bias", config["hydra_head_arch"])] = torch.zeros(lm_head.shape[0])
     sd["input_embed_fn.weight"] = target.model.get_input_embeddings().weight.detach().float().clone()
+    if config["hydra_head_arch"] == "prefix-mlp":  # the keys the released prefix layer has and draftbench never uses
+        from methods.eagle.head import rope_theta
+        from methods.hydra.heads import UNUSED_PREFIX_KEYS, prefix_config
+
+        embed_key, inv_freq_key = UNUSED_PREFIX_KEYS
+        d = prefix_config(target).head_dim
+        sd[embed_key] = sd["input_embed_fn.weight"].clone()
+        sd[inv_freq_key] = 1.0 / rope_theta(target.config) ** (torch.arange(0, d, 2).float() / d)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**config, "base_model_name_or_path": model_path}, indent=2))
     torch.save({k: v.float().contiguous() for k, v in sd.items()}, out / "hydra_lm_head.pt")
@@ -114,8 +122,33 @@ def random_prefix_head(target, out: Path, seed: int = 0) -> Path:
     return save_hydra_heads(heads, out, base_model=target.name, dtype=torch.float32)
 
 
+def shipped_prefix_head(target, out: Path, seed: int = 0) -> Path:
+    """Hydra++ heads that draft well enough for tokens to be accepted: the shipped head's ``hydra_mlp`` weights
+    behind a random prefix layer whose attention and MLP outputs are scaled by 0.05 and whose final norm's weight is
+    the features' mean RMS (so its output stays near the target's feature, yet depends on the prefix KV)."""
+    from harness.engine.method import seeded
+    from methods.hydra.heads import HydraHeads, load_hydra_heads, prefix_config, save_hydra_heads
+
+    shipped = load_hydra_heads(SHIPPED, target)
+    V, H = target.model.get_output_embeddings().weight.shape
+    with seeded(seed):
+        heads = HydraHeads(H, V, shipped.num_heads, shipped.num_layers, share_lm_head=True,
+                           prefix=prefix_config(target))
+    heads.hydra_mlp.load_state_dict(shipped.hydra_mlp.state_dict())
+    prefix = heads.prefix_embeding_layer
+    with torch.no_grad():
+        layer = prefix.layers[0]
+        layer.self_attn.o_proj.weight.mul_(0.05)
+        layer.mlp.down_proj.weight.mul_(0.05)
+        ids = torch.arange(1000, 1064)[None]
+        feats = target.model.model(ids).last_hidden_state[0]  # [64, H]
+        prefix.norm.weight.fill_(float(feats.pow(2).mean(-1).sqrt().mean()))
+    return save_hydra_heads(heads, out, base_model=target.name, dtype=torch.float32)
+
+
 def harness_side(model_path: str, work: str, arch: str = "mlp") -> None:
-    """``arch`` "prefix-mlp": a random Hydra++ head (:func:`random_prefix_head`) in place of the shipped one."""
+    """``arch`` "prefix-mlp": a random Hydra++ head (:func:`random_prefix_head`) in place of the shipped one;
+    "prefix-mlp-shipped": :func:`shipped_prefix_head`."""
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
@@ -123,7 +156,8 @@ def harness_side(model_path: str, work: str, arch: str = "mlp") -> None:
 
     work_dir = Path(work)
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    own = SHIPPED if arch == "mlp" else random_prefix_head(target, work_dir / "hydra-own")
+    own = {"mlp": lambda: SHIPPED, "prefix-mlp": lambda: random_prefix_head(target, work_dir / "hydra-own"),
+           "prefix-mlp-shipped": lambda: shipped_prefix_head(target, work_dir / "hydra-own")}[arch]()
     build_layout(target, own, model_path, work_dir / "hydra-head")
     hydra = get_method("hydra").create(target, {"tree": TREE, "head": str(own)})
     # draft_vocab needs the shipped head's vocabulary file
@@ -251,7 +285,8 @@ def hydra_side(work: str) -> None:
         same = sum(a["ids"] == b["ids"] for pa, pb in zip(res[name], res["harness_heads"]) for a, b in zip(pa, pb))
         diff = max(abs(x - y) for pa, pb in zip(res[name], res["harness_heads"]) for a, b in zip(pa, pb)
                    for x, y in zip(a["logits"], b["logits"]))
-        print(f"{name}: top-{TOP} ids equal to the harness's at {same}/{len(POSITIONS) * 3} (position, head) pairs, "
+        pairs = len(POSITIONS) * len(res[name][0])
+        print(f"{name}: top-{TOP} ids equal to the harness's at {same}/{pairs} (position, head) pairs, "
               f"largest logit difference {diff:.2e}")
     print(f"post-norm features, largest difference: {res['feature_max_abs_diff']:.2e}")
     plain = AutoModelForCausalLM.from_pretrained(str(model.base_model_name_or_path), torch_dtype=torch.float32).eval()
