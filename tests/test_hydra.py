@@ -23,7 +23,7 @@ from methods.hydra.drafting import Hydra, fill_hydra_tree, level_layout
 from methods.hydra.heads import HydraHeads, load_hydra_heads, prefix_config, save_hydra_heads
 from methods.hydra.objective import HydraObjective, hydra_inputs
 from tests.support.helpers import GREEDY, die_at_loss_call, tiny_target
-from tests.support.reference_hydra import first_tree, head_outputs
+from tests.support.reference_hydra import TREE, first_tree, head_outputs, shipped_prefix_head
 from tests.test_train import built  # noqa: F401  (the tiny feature dataset fixture)
 
 H, V = 32, 128  # tiny target: hidden, vocab
@@ -277,25 +277,41 @@ def test_hydra_inputs_literal():
     assert hydra_inputs(f, e, 1).tolist() == [[[1.0, 20.0, 30.0], [2.0, 30.0, 0.0], [3.0, 0.0, 0.0]]]
 
 
-@pytest.mark.slow
-def test_shipped_head_replays_hydras_own_code(real_target):
-    # tests/data/hydra_reference.json: what Hydra's own code (zankner/Hydra 3f39fbd: HydraModel.from_pretrained on
-    # the shipped head's weights, HydraMLP.forward and _grounded_proposal; tests/support/reference_hydra.py) computed
-    # on the default model: each head's top-5 tokens and logits at 4 positions of MT-bench's first prompt, and the
-    # first 15-node tree drafted after two prompts. A different top-5 means the harness feeds a head other inputs
-    # (feature, path embeddings) or reads the checkpoint differently; a different tree, that it fills a node from
-    # another node's path or rank than Hydra's proposal does.
-    ref = json.loads((Path(__file__).parent / "data" / "hydra_reference.json").read_text())
-    hydra = get_method("hydra").create(real_target, {"tree": ref["tree"]})
+def assert_replays(hydra, target, fixture: str) -> None:
+    """``hydra``'s heads and first trees on the default model against what Hydra's own code recorded in
+    ``tests/data/<fixture>`` (tests/support/reference_hydra.py): each head's top-5 tokens and logits at 4 positions of
+    MT-bench's first prompt, and the first 15-node tree drafted after two prompts."""
+    ref = json.loads((Path(__file__).parent / "data" / fixture).read_text())
+    assert hydra.options.tree == ref["tree"]
     with torch.inference_mode():
         ids = torch.tensor([ref["rows"][0]["prompt"]])
-        got = head_outputs(hydra, real_target, ids, ref["positions"])
+        got = head_outputs(hydra, target, ids, ref["positions"])
         for got_at, want_at in zip(got, ref["heads"], strict=True):
             for g, w in zip(got_at, want_at, strict=True):
                 assert g["ids"] == w["ids"]
                 assert g["logits"] == pytest.approx(w["logits"], abs=1e-3)
         for row in ref["rows"]:
-            assert first_tree(hydra, real_target, torch.tensor([row["prompt"]])) == row["first_tree"]
+            assert first_tree(hydra, target, torch.tensor([row["prompt"]])) == row["first_tree"]
+
+
+@pytest.mark.slow
+def test_shipped_head_replays_hydras_own_code(real_target):
+    # zankner/Hydra 3f39fbd: HydraModel.from_pretrained on the shipped head's weights, HydraMLP.forward and
+    # _grounded_proposal. A different top-5 means the harness feeds a head other inputs (feature, path embeddings)
+    # or reads the checkpoint differently; a different tree, that it fills a node from another node's path or rank
+    # than Hydra's proposal does.
+    assert_replays(get_method("hydra").create(real_target, {"tree": TREE}), real_target, "hydra_reference.json")
+
+
+@pytest.mark.slow
+def test_prefix_mlp_head_replays_hydras_own_code(real_target, tmp_path):
+    # Hydra++: HydraPrefixMLP.forward and its _grounded_proposal on shipped_prefix_head's weights. A different top-5
+    # means the prefix layer computes another output (norms, RoPE base or positions, attention over its KV); a
+    # different tree, that the proposal reads another position's prefix output
+    folder = shipped_prefix_head(real_target, tmp_path / "h")
+    hydra = get_method("hydra").create(real_target, {"tree": TREE, "head": str(folder)})
+    assert hydra.heads.head_arch == "prefix-mlp"
+    assert_replays(hydra, real_target, "hydra_prefix_reference.json")
 
 
 def test_train_hydra_learns_and_resumes(built, tmp_path, monkeypatch):  # noqa: F811

@@ -5,6 +5,10 @@
     PYTHONPATH=HYDRA python tests/support/reference_hydra.py hydra WORK     # Hydra's venv (transformers 4.36.2)
     python tests/support/reference_hydra.py fixture WORK/hydra.json tests/data/hydra_reference.json
 
+``harness MODEL WORK prefix-mlp`` (random heads, :func:`random_prefix_head`) and ``... prefix-mlp-shipped``
+(:func:`shipped_prefix_head`, written to ``tests/data/hydra_prefix_reference.json``) compare Hydra++ heads instead of
+the shipped one: the same steps, the head built by the harness side in ``WORK/hydra-own``.
+
 The harness side builds the layout Hydra's loader reads (``HydraModel.from_pretrained``: a folder with a HydraConfig
 ``config.json`` naming the base model and ``hydra_lm_head.pt``) in ``WORK/hydra-head`` from the shipped head: its
 ``hydra_mlp.*`` weights unchanged, plus what its own format leaves out because the head shares the target's lm_head
@@ -326,7 +330,7 @@ def fixture(result: str, out: str) -> None:
             for r in res["rows"][:2]]
     heads = [[{"ids": h["ids"], "logits": [round(x, 4) for x in h["logits"]]} for h in pos]
              for pos in res["hydra_heads"]]
-    Path(out).write_text(json.dumps({"source": "zankner/Hydra 3f39fbd, HydraModel.from_pretrained + HydraMLP "
+    Path(out).write_text(json.dumps({"source": "zankner/Hydra 3f39fbd, HydraModel.from_pretrained + its head "
                                                "(reference_hydra.py)", "tree": res["tree"],
                                      "positions": res["positions"], "heads": heads, "rows": rows}) + "\n")
 
