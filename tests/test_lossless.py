@@ -62,6 +62,12 @@ SMALL_VOCAB_OPTIONS = {
     "sam": {"total_tokens": 8, "depth": 2, "top_k": 3},
 }
 SAMPLE_SEED = 8  # the seed of the random draft heads in the sampled tests
+# Examples with other draft parts, built by an argument of a method's example(): covered by the greedy, EOS, oracle
+# and sampled tests as the registry's methods are. Hydra++ heads: a prefix layer keeping its own KV over the
+# committed features (a KV kept over rejected tokens or a wrong feature would diverge or break an invariant).
+EXAMPLE_VARIANTS = {"hydra-prefix-mlp": ("hydra", {"head_arch": "prefix-mlp"})}
+CASES = ([pytest.param(n, {}, id=n) for n in METHOD_NAMES]
+         + [pytest.param(n, example, id=key) for key, (n, example) in EXAMPLE_VARIANTS.items()])
 N_SAMPLES = 1500
 
 
@@ -83,11 +89,11 @@ def assert_greedy_equals_vanilla(name: str, **options) -> None:
 # ------------------------------------------------------------------------------------------------ greedy
 
 
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_greedy_equals_vanilla_with_random_drafts(name):
+@pytest.mark.parametrize("name, example", CASES)
+def test_greedy_equals_vanilla_with_random_drafts(name, example):
     # whatever a random draft proposes, verification must keep exactly the target's greedy tokens; a wrong
     # position, mask, cache compaction or draft bookkeeping makes the output diverge or an invariant break
-    assert_greedy_equals_vanilla(name)
+    assert_greedy_equals_vanilla(name, **example)
 
 
 ADAPTIVE = [n for n in METHOD_NAMES if "adaptive" in getattr(METHODS.get(n).Options, "__dataclass_fields__", {})]
@@ -174,15 +180,15 @@ def test_grafted_lookup_chains_stay_lossless(name, variant):
 
 
 @pytest.mark.parametrize("eos_at", [0, 9])
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_greedy_stops_at_eos_like_vanilla(name, eos_at):
+@pytest.mark.parametrize("name, example", CASES)
+def test_greedy_stops_at_eos_like_vanilla(name, example, eos_at):
     # vanilla's token number `eos_at` becomes the EOS: the method must emit exactly up to and including its first
     # occurrence (accepted drafts past it are cut), stop with reason "eos", and keep the cache consistent
     target = tiny_target(eos=False)
     prompt = PROMPTS[0]
     reference = vanilla_tokens(target, prompt, BUDGET)
     target.eos_ids = frozenset({reference[eos_at]})
-    method = build_example(name, target)
+    method = build_example(name, target, **example)
     gen = method.generate(prompt, BUDGET, GREEDY)
     assert gen.token_ids == reference[: reference.index(reference[eos_at]) + 1]
     assert gen.stop_reason == "eos"
@@ -192,8 +198,8 @@ def test_greedy_stops_at_eos_like_vanilla(name, eos_at):
 # ------------------------------------------------------------------------------------------------ oracle drafts
 
 
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_oracle_drafts_are_accepted_to_full_depth(name):
+@pytest.mark.parametrize("name, example", CASES)
+def test_oracle_drafts_are_accepted_to_full_depth(name, example):
     # the deepest path of every tree the method proposes is the target's own continuation: verification must
     # accept exactly that depth at every step (a verifier that stops early, a wrong mask or position would accept
     # less), the method's accept/draft-cache logic must follow the long accepts, and the output is vanilla's
@@ -202,7 +208,7 @@ def test_oracle_drafts_are_accepted_to_full_depth(name):
         pytest.skip(f"{name} is not a SpeculativeMethod: it proposes no draft tree to make an oracle of")
     steps = 0
     for prompt in PROMPTS:
-        method = build_example(name, target)
+        method = build_example(name, target, **example)
         continuation = vanilla_tokens(target, prompt, BUDGET + 64)
         path_lengths = install_oracle(method, continuation)
         gen = method.generate(prompt, BUDGET, GREEDY)
@@ -220,11 +226,11 @@ def test_oracle_drafts_are_accepted_to_full_depth(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_sampling_matches_the_target_distribution(name, sampling):
+@pytest.mark.parametrize("name, example", CASES)
+def test_sampling_matches_the_target_distribution(name, example, sampling):
     # prefill + one or two verifications make the first three tokens; a wrong draft_probs row, a sibling drawn
     # with replacement, a biased residual or bonus, or pruning at top_p shows up in their joint distribution
-    options = SMALL_VOCAB_OPTIONS.get(name, {})
+    options = {**SMALL_VOCAB_OPTIONS.get(name, {}), **example}
     if not build_example(name, sampling_target(), SAMPLE_SEED, **options).lossless:
         pytest.skip(f"{name} with options {options} says it is not lossless (lossless=False)")
     assert method_pvalue(name, sampling, N_SAMPLES, SAMPLE_SEED, **options) > 1e-3

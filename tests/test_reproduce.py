@@ -137,8 +137,8 @@ def test_cli_errors_are_one_line(capsys):
     assert main(["reproduce", "eagle2_papr"]) == 2
     assert "unknown published table 'eagle2_papr'" in capsys.readouterr().err
     assert main(["reproduce", "spec_bench_a100", "--rows", "hydra", "--dry-run"]) == 2
-    assert ("row 'hydra' of 'spec_bench_a100' is reported only: draftbench's hydra loads Hydra heads of "
-            "hydra_head_arch mlp only") in capsys.readouterr().err
+    assert ("row 'hydra' of 'spec_bench_a100' is reported only: draftbench's hydra loads Hydra++ (prefix-mlp) and "
+            "mlp heads") in capsys.readouterr().err
 
 
 def test_cli_list_and_dry_run(capsys):

@@ -18,7 +18,7 @@ from harness.engine.tree import DraftTree, depths
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.hydra.heads import HydraHeads, load_hydra_heads
+from methods.hydra.heads import HydraHeads, check_head_arch, load_hydra_heads, prefix_config
 from methods.medusa.drafting import medusa_tree
 
 
@@ -90,6 +90,13 @@ class Hydra(SpeculativeMethod):
     Head i drafts tree level i+1 from the target's feature at the last committed position and the embeddings of the
     tokens on the node's own candidate path (root included), so siblings' children differ, unlike Medusa's Cartesian
     product. One head call per tree level, counted as one draft forward each.
+
+    Hydra++ heads (``hydra_head_arch: prefix-mlp``, :class:`methods.hydra.heads.HydraPrefix`) read the prefix
+    layer's output at the last committed position instead of the feature itself. As in the released code (its
+    prefix KV is kept at the committed length after each verification), the prefix runs once over the prompt's
+    features at ``begin`` and then over each step's committed features at ``accept`` (one draft forward each), so
+    its KV (a :class:`harness.engine.draftcache.DraftKV`) only ever holds committed positions: a rejected draft never
+    enters it and there is nothing to compact.
     The proposal is deterministic given the context, so the engine's verification keeps the target distribution
     exactly."""
 
@@ -118,26 +125,42 @@ class Hydra(SpeculativeMethod):
         self.widths = [int(ranks[s:e].max()) + 1 for s, e, _ in self.layout]
         self.parents, self.ranks = parents.to(device), ranks.to(device)
         self.feature: torch.Tensor | None = None
+        self.prefix_kv = None  # prefix-mlp heads: the prefix layer's KV over the committed positions
 
     @classmethod
-    def example(cls, target: Target, seed: int = 0, **options) -> Hydra:
+    def example(cls, target: Target, seed: int = 0, head_arch: str = "mlp", **options) -> Hydra:
         """The method on randomly initialised heads (seeded, Hydra's initialisation), one per level of the tree,
-        ending in the target's lm_head; no checkpoint is read."""
+        ending in the target's lm_head; no checkpoint is read. ``head_arch`` "prefix-mlp": Hydra++ heads."""
+        try:
+            check_head_arch(head_arch)
+        except ValueError as e:
+            raise OptionsError(f"method 'hydra': {e}") from None
         opts = build_options(cls.Options, options, f"method {cls.name!r}")
         parents, _ = medusa_tree(opts.tree, "tree")
         vocab, hidden = target.model.get_output_embeddings().weight.shape
         if target.model.get_input_embeddings().weight.shape[1] != hidden:
             raise OptionsError(f"method 'hydra': the target's input embeddings are not {hidden} wide like its lm_head")
         with seeded(seed):
-            heads = HydraHeads(hidden, vocab, num_heads=int(depths(parents).max()), share_lm_head=True)
+            heads = HydraHeads(hidden, vocab, num_heads=int(depths(parents).max()), share_lm_head=True,
+                               prefix=prefix_config(target) if head_arch == "prefix-mlp" else None)
         heads = heads.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
         return cls(target, opts, heads=heads)
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        self.feature = hidden[-1]  # [H] feature of the last prompt token
+        self.prefix_kv = None
+        self.feature = self._context(hidden)  # [H] at the last prompt token
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
-        self.feature = hidden[-1]  # [H] feature of the last accepted token
+        self.feature = self._context(hidden)  # [H] at the last accepted token
+
+    def _context(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the heads read after the committed positions with features ``hidden [n, H]``: the last feature
+        (mlp), or the prefix layer's output there, its KV extended by these n positions (prefix-mlp)."""
+        if self.heads.prefix_embeding_layer is None:
+            return hidden[-1]
+        out, self.prefix_kv = self.heads.context(hidden[None], self.prefix_kv)  # [1, n, H]
+        self.counters["draft_forwards"] = self.counters.get("draft_forwards", 0) + 1
+        return out[0, -1]
 
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> DraftTree:
         device = self.parents.device

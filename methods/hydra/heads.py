@@ -23,17 +23,34 @@ Checkpoint format, a folder with (as ``HydraConfig.save_pretrained`` and the Hyd
                          embedding, registered by accident as a submodule; read and checked here, never used, not
                          written).
 The original repeats one ResBlock module for blocks 1..L-1 (weights tied when L > 2); its checkpoints list every key,
-so they load into the untied blocks used here. Other ``hydra_head_arch`` values (prefix-mlp, cross-attn,
-eagle-attn), ``grounded_heads: false`` (plain Medusa heads) and ``hidden_state_offset`` != 0 are refused in one line.
+so they load into the untied blocks used here.
+
+Hydra++ (``hydra_head_arch: prefix-mlp``, arXiv:2402.05109 Sec. 4 "Hydra++"; released code
+``hydra/model/hydra_heads/prefix_mlp_head.py``, the published ``ankner/hydra-vicuna-7b-v1.3`` with 4 heads x 4
+layers): the heads read, instead of f_t, the output at t of one extra decoder layer run causally over the target's
+features f_0..f_t: the released code builds it as a one-layer ``LlamaModel`` of the base model's config (input
+RMSNorm, self-attention with its own KV cache, post-attention RMSNorm, SwiGLU MLP, residuals, then the final RMSNorm;
+:class:`HydraPrefix`). Its checkpoint keys differ from the mlp arch's because every block sits behind a Dropout:
+    prefix_embeding_layer.layers.0.{input_layernorm, post_attention_layernorm}.weight [H],
+    prefix_embeding_layer.layers.0.self_attn.{q,k,v,o}_proj.weight, .mlp.{gate,up,down}_proj.weight (the target's
+    attention heads, key/value heads and intermediate size), prefix_embeding_layer.norm.weight [H],
+    hydra_mlp.{i}.{2j+1}.* for block j (hydra_mlp.{i}.1.* is block 0), hydra_lm_head.{i}.1.{weight, bias};
+and, read and checked but never used: ``prefix_embeding_layer.embed_tokens.weight`` [V, H] (the LlamaModel's unused
+embedding), ``prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq`` (a persistent buffer in transformers
+4.36's Llama) and ``input_embed_fn.weight``. Other ``hydra_head_arch`` values (cross-attn, eagle-attn),
+``grounded_heads: false`` (plain Medusa heads) and ``hidden_state_offset`` != 0 are refused in one line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from harness.engine.checkpoints import (
     CheckpointError,
@@ -43,21 +60,88 @@ from harness.engine.checkpoints import (
     read_config,
     read_weights,
 )
+from harness.engine.draftcache import DraftKV, default_draft_mask
 from harness.models import Target
+from methods.eagle.head import EagleDecoderLayer, eagle_config_for
 from methods.medusa.heads import ResBlock
 
 HYDRA_WEIGHT_FILES = ("hydra_lm_head.pt", "hydra_lm_head.safetensors")
+HEAD_ARCHS = ("mlp", "prefix-mlp")
+PREFIX = "prefix_embeding_layer"  # sic, the released code's attribute name
+# keys of the released prefix-mlp checkpoints that are read and checked but never used (see the module docstring)
+UNUSED_PREFIX_KEYS = (f"{PREFIX}.embed_tokens.weight", f"{PREFIX}.layers.0.self_attn.rotary_emb.inv_freq")
+
+
+def check_head_arch(arch) -> None:
+    """``hydra_head_arch`` / option ``head_arch``: one of :data:`HEAD_ARCHS`, else one line."""
+    if arch not in HEAD_ARCHS:
+        raise ValueError(f"hydra_head_arch={arch!r} is not supported (draftbench runs Hydra's "
+                         f"{' and '.join(HEAD_ARCHS)} heads)")
+
+
+def prefix_config(target: Target) -> LlamaConfig:
+    """The prefix layer's config: the target's own attention and MLP shapes (the released code deep-copies the base
+    model's config with one hidden layer)."""
+    return eagle_config_for(target.config, bias=False,
+                            hidden_size=target.model.get_output_embeddings().weight.shape[1])
+
+
+class PrefixDecoderLayer(EagleDecoderLayer):
+    """A full LLaMA decoder layer: EAGLE's layer (attention, post-attention RMSNorm, SwiGLU) plus the input RMSNorm."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class HydraPrefix(nn.Module):
+    """Hydra++'s prefix layer (names as the released ``prefix_embeding_layer``, a one-layer ``LlamaModel``):
+    ``forward(features [B, S, H], kv) -> (norm(layer(features)) [B, S, H], kv + S)``, causal, at positions
+    ``kv.length ..``; ``kv`` (a :class:`harness.engine.draftcache.DraftKV`, keys after RoPE) is not modified."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([PrefixDecoderLayer(config)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, features: torch.Tensor, kv: DraftKV | None = None) -> tuple[torch.Tensor, DraftKV]:
+        layer = self.layers[0]
+        kv_len, S = (0 if kv is None else kv.length), features.shape[1]
+        position_ids = torch.arange(kv_len, kv_len + S, device=features.device)[None]  # [1, S]
+        cos, sin = self.rotary_emb(features, position_ids)
+        attn, new_kv = layer.self_attn(layer.input_layernorm(features), cos, sin, kv,
+                                       default_draft_mask(S, kv_len, features.device))
+        h = features + attn
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h), new_kv
+
+
+def published_key(key: str, arch: str) -> str:
+    """draftbench's state-dict key -> the released checkpoint's for ``arch``: prefix-mlp puts a Dropout before every
+    block and lm_head, so block j is ``hydra_mlp.{i}.{2j+1}`` and the lm_head ``hydra_lm_head.{i}.1``.
+    Example: ("hydra_mlp.0.1.linear.weight", "prefix-mlp") -> "hydra_mlp.0.3.linear.weight"."""
+    if arch != "prefix-mlp":
+        return key
+    if m := re.fullmatch(r"hydra_mlp\.(\d+)\.(\d+)\.(.+)", key):
+        return f"hydra_mlp.{m[1]}.{2 * int(m[2]) + 1}.{m[3]}"
+    if m := re.fullmatch(r"hydra_lm_head\.(\d+)\.(.+)", key):
+        return f"hydra_lm_head.{m[1]}.1.{m[2]}"
+    return key
 
 
 class HydraHeads(nn.Module):
-    """``num_heads`` Hydra heads. ``forward(i, x [..., (i+2)H], lm_head) -> logits [..., V]`` of head ``i``.
+    """``num_heads`` Hydra heads. ``forward(i, x [..., (i+2)H], lm_head) -> logits [..., V]`` of head ``i``;
+    :meth:`context` gives the feature they read (f_t itself, or with ``prefix`` (a config, :func:`prefix_config`)
+    Hydra++'s prefix layer's output, ``hydra_head_arch: prefix-mlp``).
 
     ``lm_head`` (the target's) is used only when ``share_lm_head``; it is never registered here, so the state dict
-    holds exactly the published keys (``hydra_mlp.*``, ``hydra_lm_head.*``).
+    holds exactly the published keys up to :func:`published_key` (``hydra_mlp.*``, ``hydra_lm_head.*``,
+    ``prefix_embeding_layer.*``).
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
-                 share_lm_head: bool = False):
+                 share_lm_head: bool = False, prefix: LlamaConfig | None = None):
         super().__init__()
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"HydraHeads: need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
@@ -69,6 +153,20 @@ class HydraHeads(nn.Module):
             for i in range(num_heads)])
         if not share_lm_head:
             self.hydra_lm_head = nn.ModuleList([nn.Linear(H, vocab_size) for _ in range(num_heads)])
+        self.prefix_embeding_layer = None if prefix is None else HydraPrefix(prefix)
+
+    @property
+    def head_arch(self) -> str:
+        return "mlp" if self.prefix_embeding_layer is None else "prefix-mlp"
+
+    def context(self, features: torch.Tensor, kv: DraftKV | None = None) -> tuple[torch.Tensor, DraftKV | None]:
+        """What the heads read in place of f_t: ``features [B, S, H]`` (f for S consecutive positions after the
+        ``kv.length`` ones already run) -> (``[B, S, H]``, the prefix KV extended by S positions). The mlp arch
+        returns both unchanged."""
+        if self.prefix_embeding_layer is None:
+            return features, kv
+        weight = self.prefix_embeding_layer.norm.weight
+        return self.prefix_embeding_layer(features.to(weight.device, weight.dtype), kv)
 
     def own_lm_heads(self) -> list[nn.Module]:
         """The heads' own ``Linear(H -> V)`` layers (none when they share the target's lm_head)."""
@@ -84,25 +182,22 @@ class HydraHeads(nn.Module):
         return self.hydra_lm_head[i](hidden)
 
 
-def expected_hydra_shapes(H: int, V: int, num_heads: int, num_layers: int, share_lm_head: bool) -> dict[str, tuple]:
-    """Published key -> shape for these heads (without the unused ``input_embed_fn.weight``)."""
-    shapes: dict[str, tuple] = {}
-    for i in range(num_heads):
-        for part in ("linear", "res_connection"):
-            shapes[f"hydra_mlp.{i}.0.{part}.weight"] = (H, (i + 2) * H)
-            shapes[f"hydra_mlp.{i}.0.{part}.bias"] = (H,)
-        for j in range(1, num_layers):
-            shapes[f"hydra_mlp.{i}.{j}.linear.weight"] = (H, H)
-            shapes[f"hydra_mlp.{i}.{j}.linear.bias"] = (H,)
-        if not share_lm_head:
-            shapes[f"hydra_lm_head.{i}.weight"] = (V, H)
-            shapes[f"hydra_lm_head.{i}.bias"] = (V,)
-    return shapes
+def expected_hydra_shapes(H: int, V: int, num_heads: int, num_layers: int, share_lm_head: bool,
+                          prefix: LlamaConfig | None = None) -> dict[str, tuple]:
+    """Published key -> shape for these heads (without the unused keys), read off heads built on the meta device."""
+    with torch.device("meta"):
+        heads = HydraHeads(H, V, num_heads, num_layers, share_lm_head, prefix)
+    return {published_key(k, heads.head_arch): tuple(v.shape) for k, v in heads.state_dict().items()}
 
 
 def _check_config(raw: dict, where: str) -> None:
-    """The published fields draftbench runs only at one value: anything else is refused in one line."""
-    for key, want in (("hydra_head_arch", "mlp"), ("grounded_heads", True), ("hidden_state_offset", 0)):
+    """The published fields draftbench runs only at one value (and the two head archs it runs): anything else is
+    refused in one line."""
+    try:
+        check_head_arch(raw.get("hydra_head_arch", "mlp"))
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    for key, want in (("grounded_heads", True), ("hidden_state_offset", 0)):
         if raw.get(key, want) != want:
             raise CheckpointError(f"{where}: {key}={raw[key]!r} is not supported (draftbench runs Hydra's "
                                   f"{key}={json.dumps(want)} heads only)")
@@ -121,13 +216,18 @@ def load_hydra_heads(folder: str | Path, target: Target) -> HydraHeads:
     if not isinstance(share, bool):
         raise CheckpointError(f"{where}: hydra_share_lm_head must be true or false, got {share!r}")
     V, H = check_target_sizes(raw, target, where)
+    arch = raw.get("hydra_head_arch", "mlp")
+    prefix = prefix_config(target) if arch == "prefix-mlp" else None
     sd, path = read_weights(folder, HYDRA_WEIGHT_FILES, "Hydra heads")
-    shapes = {**expected_hydra_shapes(H, V, num_heads, num_layers, share), "input_embed_fn.weight": (V, H)}
-    check_state_dict(sd, shapes, f"Hydra heads {path} (target {target.name!r}: hidden {H}, vocab {V})",
-                     optional=frozenset({"input_embed_fn.weight"}))
-    sd.pop("input_embed_fn.weight", None)
-    heads = HydraHeads(H, V, num_heads, num_layers, share)
-    heads.load_state_dict(sd, strict=True)
+    shapes = expected_hydra_shapes(H, V, num_heads, num_layers, share, prefix)
+    unused = {"input_embed_fn.weight": (V, H)}
+    if prefix is not None:
+        unused.update(zip(UNUSED_PREFIX_KEYS, [(V, H), (prefix.head_dim // 2,)], strict=True))
+    check_state_dict(sd, {**shapes, **unused}, f"Hydra heads {path} (target {target.name!r}: hidden {H}, vocab {V})",
+                     optional=frozenset(unused))
+    heads = HydraHeads(H, V, num_heads, num_layers, share, prefix)
+    internal = {published_key(k, arch): k for k in heads.state_dict()}
+    heads.load_state_dict({internal[k]: v for k, v in sd.items() if k not in unused}, strict=True)
     return heads.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
 
 
@@ -137,11 +237,13 @@ def save_hydra_heads(heads: HydraHeads, folder: str | Path, base_model: str,
     reads)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"hydra_num_heads": heads.num_heads, "hydra_num_layers": heads.num_layers, "hydra_head_arch": "mlp",
+    config = {"hydra_num_heads": heads.num_heads, "hydra_num_layers": heads.num_layers,
+              "hydra_head_arch": heads.head_arch,
               "grounded_heads": True, "hidden_state_offset": 0, "base_model_name_or_path": base_model,
               "hydra_share_lm_head": heads.share_lm_head, "hidden_size": heads.hidden_size,
               "vocab_size": heads.vocab_size}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    sd = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
+    sd = {published_key(k, heads.head_arch): v.detach().to("cpu", dtype).contiguous()
+          for k, v in heads.state_dict().items()}
     torch.save(sd, folder / "hydra_lm_head.pt")
     return folder

@@ -3,18 +3,20 @@ embeddings of tokens x_{t+1}..x_{t+1+i} (teacher forcing on the data's own token
 x_{t+2+i}: cross-entropy against the data (base Hydra, Medusa-1's objective, Sec. 3) and/or the teacher-distillation
 loss of Hydra++ (Sec. 4: soft cross-entropy against the target's own next-token distribution at that position),
 weighted as the Hydra trainer's ``lm_loss_weight`` / ``teacher_loss_weight``; heads are summed with weight 1, as
-the Hydra trainer does.
+the Hydra trainer does. Option ``head_arch: prefix-mlp`` trains Hydra++ heads (Sec. 4): f_t is replaced by the output
+at t of the prefix layer run causally over the whole sequence's features (trained with the heads; the released
+trainer's dropout 0.2 is not applied here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from harness.train.objectives import register_objective
-from methods.hydra.heads import HydraHeads, load_hydra_heads, save_hydra_heads
+from methods.hydra.heads import HydraHeads, check_head_arch, load_hydra_heads, prefix_config, save_hydra_heads
 from methods.medusa.objective import HeadsObjective, medusa_targets
 
 
@@ -39,8 +41,10 @@ class HydraObjectiveOptions:
     teacher_loss_weight: float = 0.0  # Hydra++: 1.0 with lm_loss_weight 0.0
     share_lm_head: str = "auto"       # "auto": share the target's lm_head for targets under 1B parameters
     train_vocab: int = 0              # N > 0: losses over the N most frequent tokens (shared lm_head only)
+    head_arch: str = "mlp"            # "prefix-mlp": Hydra++ (the published Hydra++ heads: 4 heads x 4 layers)
 
     def __post_init__(self):
+        check_head_arch(self.head_arch)
         if self.share_lm_head not in ("auto", "true", "false", True, False):
             raise ValueError(f"share_lm_head must be auto, true or false, got {self.share_lm_head!r}")
         if self.num_heads < 1 or self.num_layers < 1:
@@ -60,6 +64,19 @@ class HydraObjective(HeadsObjective):
     defaults = {"lr": 5e-4, "weight_decay": 0.0, "warmup_steps": 100, "epochs": 10, "noise": "none"}
     heads_class = HydraHeads
 
+    def head_extras(self) -> dict:
+        return {"prefix": prefix_config(self.target)} if self.options.head_arch == "prefix-mlp" else {}
+
+    def adopt(self, heads: HydraHeads) -> HydraHeads:
+        heads = super().adopt(heads)
+        self.options = replace(self.options, head_arch=heads.head_arch)
+        return heads
+
+    def _features(self, head, batch) -> torch.Tensor:
+        """f_t as the heads read it, ``[B, S, H]`` (:meth:`HydraHeads.context`: through the prefix layer for
+        prefix-mlp heads; causal, and right padding keeps the real positions exact)."""
+        return head.context(batch["features"])[0]
+
     def _embeds(self, batch) -> torch.Tensor:
         with torch.no_grad():
             return self.target.model.get_input_embeddings()(batch["token_ids"]).float()  # [B, S, H]
@@ -70,8 +87,9 @@ class HydraObjective(HeadsObjective):
         one; the heads run only on those positions."""
         token_mask = batch["token_mask"] * batch["attention_mask"]
         embeds = self._embeds(batch)
+        features = self._features(head, batch)
         opts = self.options
-        total = batch["features"].new_zeros(())
+        total = features.new_zeros(())
         parts = {}
         for i in range(opts.num_heads):
             labels, mask = medusa_targets(batch["token_ids"], token_mask, i)  # [B, S-2-i]
@@ -79,7 +97,7 @@ class HydraObjective(HeadsObjective):
             on = mask > 0
             if not bool(on.any()):
                 continue
-            x = hydra_inputs(batch["features"], embeds, i)[:, :n][on]         # [m, (i+2)H]
+            x = hydra_inputs(features, embeds, i)[:, :n][on]         # [m, (i+2)H]
             logits = head(i, x, self._head_lm()).float()                      # [m, V or N]
             li = logits.new_zeros(())
             if opts.lm_loss_weight:
@@ -104,12 +122,13 @@ class HydraObjective(HeadsObjective):
         want = self.lm_head(batch["target"]).argmax(-1)  # [B, S]: greedy token t+2 at position t
         token_mask = batch["token_mask"] * batch["attention_mask"]
         embeds = self._embeds(batch)
+        features = self._features(head, batch)
         n_heads = min(k, self.options.num_heads)
         correct, total = torch.zeros(k), torch.zeros(k)
         for i in range(n_heads):
             mask = token_mask[:, 2 + i:]
             n = mask.shape[1]
-            logits = head(i, hydra_inputs(batch["features"], embeds, i)[:, :n], self._head_lm())
+            logits = head(i, hydra_inputs(features, embeds, i)[:, :n], self._head_lm())
             best = self.draft_lm_head.token_of(logits.argmax(-1))
             hit = (best == want[:, i:i + n]) & (mask > 0)
             correct[i], total[i] = hit.sum().item(), (mask > 0).sum().item()

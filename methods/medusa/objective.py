@@ -54,10 +54,15 @@ class HeadsObjective(Objective):
 
     def build_head(self) -> nn.Module:
         V, H = self.lm_head.weight.shape
-        heads = self.heads_class(H, V, self.options.num_heads, self.options.num_layers, self.shares_lm_head())
+        heads = self.heads_class(H, V, self.options.num_heads, self.options.num_layers, self.shares_lm_head(),
+                                 **self.head_extras())
         for lm in heads.own_lm_heads():  # start every head at the base lm_head, as the Medusa and Hydra trainers do
             lm.weight.data.copy_(self.lm_head.weight.data)
         return heads.to(self.lm_head.weight.device).float()
+
+    def head_extras(self) -> dict:
+        """Further keyword arguments of ``heads_class`` from the options (none here; Hydra's ``head_arch``)."""
+        return {}
 
     def _head_lm(self):
         """What the heads end in: the target's lm_head, restricted to the draft vocabulary when ``train_vocab`` is set

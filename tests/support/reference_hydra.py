@@ -5,6 +5,10 @@
     PYTHONPATH=HYDRA python tests/support/reference_hydra.py hydra WORK     # Hydra's venv (transformers 4.36.2)
     python tests/support/reference_hydra.py fixture WORK/hydra.json tests/data/hydra_reference.json
 
+``harness MODEL WORK prefix-mlp`` (random heads, :func:`random_prefix_head`) and ``... prefix-mlp-shipped``
+(:func:`shipped_prefix_head`, written to ``tests/data/hydra_prefix_reference.json``) compare Hydra++ heads instead of
+the shipped one: the same steps, the head built by the harness side in ``WORK/hydra-own``.
+
 The harness side builds the layout Hydra's loader reads (``HydraModel.from_pretrained``: a folder with a HydraConfig
 ``config.json`` naming the base model and ``hydra_lm_head.pt``) in ``WORK/hydra-head`` from the shipped head: its
 ``hydra_mlp.*`` weights unchanged, plus what its own format leaves out because the head shares the target's lm_head
@@ -47,16 +51,26 @@ SHIPPED = Path(__file__).resolve().parents[2] / "methods" / "heads" / "smollm2-1
 
 
 def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
-    """Hydra's loader layout of the shipped head (see the module docstring); the shipped folder is only read."""
-    from safetensors.torch import load_file
+    """Hydra's loader layout of the head in ``shipped`` (see the module docstring; its ``hydra_head_arch``'s key
+    names); the ``shipped`` folder is only read."""
+    from harness.engine.checkpoints import read_weights
+    from methods.hydra.heads import HYDRA_WEIGHT_FILES, published_key
 
     config = json.loads((shipped / "config.json").read_text())
-    sd = load_file(str(shipped / "hydra_lm_head.safetensors"))
+    sd, _ = read_weights(shipped, HYDRA_WEIGHT_FILES, "Hydra heads")
     lm_head = target.model.get_output_embeddings().weight.detach().float()
     for i in range(config["hydra_num_heads"]):
-        sd[f"hydra_lm_head.{i}.weight"] = lm_head.clone()
-        sd[f"hydra_lm_head.{i}.bias"] = torch.zeros(lm_head.shape[0])
+        sd[published_key(f"hydra_lm_head.{i}.weight", config["hydra_head_arch"])] = lm_head.clone()
+        sd[published_key(f"hydra_lm_head.{i}.bias", config["hydra_head_arch"])] = torch.zeros(lm_head.shape[0])
     sd["input_embed_fn.weight"] = target.model.get_input_embeddings().weight.detach().float().clone()
+    if config["hydra_head_arch"] == "prefix-mlp":  # the keys the released prefix layer has and draftbench never uses
+        from methods.eagle.head import rope_theta
+        from methods.hydra.heads import UNUSED_PREFIX_KEYS, prefix_config
+
+        embed_key, inv_freq_key = UNUSED_PREFIX_KEYS
+        d = prefix_config(target).head_dim
+        sd[embed_key] = sd["input_embed_fn.weight"].clone()
+        sd[inv_freq_key] = 1.0 / rope_theta(target.config) ** (torch.arange(0, d, 2).float() / d)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**config, "base_model_name_or_path": model_path}, indent=2))
     torch.save({k: v.float().contiguous() for k, v in sd.items()}, out / "hydra_lm_head.pt")
@@ -65,8 +79,9 @@ def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
 def head_outputs(hydra, target, ids: torch.Tensor, positions: list[int]) -> list:
     """The harness's heads on prompt ``ids [1, T]``: per position p, per head i, the top-5 ids and logits on
     ``[h_p, E(x_{p+1}), ..., E(x_{p+i+1})]`` (the target's post-norm feature at p and the next i + 1 tokens'
-    embeddings, the inputs Hydra's ``HydraMLP.forward`` gives head i at p)."""
-    feats = target.model.model(ids).last_hidden_state[0]  # [T, H]
+    embeddings, the inputs Hydra's ``HydraMLP.forward`` gives head i at p; for prefix-mlp heads the prefix layer's
+    output at p in place of h_p, as ``HydraPrefixMLP.forward`` gives it)."""
+    feats = hydra.heads.context(target.model.model(ids).last_hidden_state)[0][0]  # [T, H]
     emb = hydra.embed(ids[0])  # [T, H]
     out = []
     for p in positions:
@@ -90,7 +105,54 @@ def first_tree(hydra, target, ids: torch.Tensor) -> list[int]:
     return [root] + hydra.propose(root, SamplingParams(), None).tokens.tolist()
 
 
-def harness_side(model_path: str, work: str) -> None:
+def random_prefix_head(target, out: Path, seed: int = 0) -> Path:
+    """Random Hydra++ heads for ``target`` in draftbench's format (4 heads x 4 layers, as the published Hydra++; the
+    target's lm_head shared), seeded, with blocks 1..3 of each head equal: Hydra's ``HydraPrefixMLP`` repeats one
+    ResBlock module there, so untied weights could not load into it. Norm weights are drawn around 1 so that a
+    norm read from the wrong key would show."""
+    from harness.engine.method import seeded
+    from methods.hydra.heads import HydraHeads, prefix_config, save_hydra_heads
+
+    V, H = target.model.get_output_embeddings().weight.shape
+    with seeded(seed):
+        heads = HydraHeads(H, V, num_heads=4, num_layers=4, share_lm_head=True, prefix=prefix_config(target))
+        with torch.no_grad():
+            for name, p in heads.prefix_embeding_layer.named_parameters():
+                if "norm" in name:
+                    p.uniform_(0.5, 1.5)
+            for mlp in heads.hydra_mlp:
+                for block in list(mlp)[2:]:
+                    block.load_state_dict(mlp[1].state_dict())
+    return save_hydra_heads(heads, out, base_model=target.name, dtype=torch.float32)
+
+
+def shipped_prefix_head(target, out: Path, seed: int = 0) -> Path:
+    """Hydra++ heads that draft well enough for tokens to be accepted: the shipped head's ``hydra_mlp`` weights
+    behind a random prefix layer whose attention and MLP outputs are scaled by 0.05 and whose final norm's weight is
+    the features' mean RMS (so its output stays near the target's feature, yet depends on the prefix KV)."""
+    from harness.engine.method import seeded
+    from methods.hydra.heads import HydraHeads, load_hydra_heads, prefix_config, save_hydra_heads
+
+    shipped = load_hydra_heads(SHIPPED, target)
+    V, H = target.model.get_output_embeddings().weight.shape
+    with seeded(seed):
+        heads = HydraHeads(H, V, shipped.num_heads, shipped.num_layers, share_lm_head=True,
+                           prefix=prefix_config(target))
+    heads.hydra_mlp.load_state_dict(shipped.hydra_mlp.state_dict())
+    prefix = heads.prefix_embeding_layer
+    with torch.no_grad():
+        layer = prefix.layers[0]
+        layer.self_attn.o_proj.weight.mul_(0.05)
+        layer.mlp.down_proj.weight.mul_(0.05)
+        ids = torch.arange(1000, 1064)[None]
+        feats = target.model.model(ids).last_hidden_state[0]  # [64, H]
+        prefix.norm.weight.fill_(float(feats.pow(2).mean(-1).sqrt().mean()))
+    return save_hydra_heads(heads, out, base_model=target.name, dtype=torch.float32)
+
+
+def harness_side(model_path: str, work: str, arch: str = "mlp") -> None:
+    """``arch`` "prefix-mlp": a random Hydra++ head (:func:`random_prefix_head`) in place of the shipped one;
+    "prefix-mlp-shipped": :func:`shipped_prefix_head`."""
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
@@ -98,14 +160,17 @@ def harness_side(model_path: str, work: str) -> None:
 
     work_dir = Path(work)
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
-    build_layout(target, SHIPPED, model_path, work_dir / "hydra-head")
-    hydra = get_method("hydra").create(target, {"tree": TREE})
-    hydra_4096 = get_method("hydra").create(target, {"tree": TREE, "draft_vocab": 4096})
+    own = {"mlp": lambda: SHIPPED, "prefix-mlp": lambda: random_prefix_head(target, work_dir / "hydra-own"),
+           "prefix-mlp-shipped": lambda: shipped_prefix_head(target, work_dir / "hydra-own")}[arch]()
+    build_layout(target, own, model_path, work_dir / "hydra-head")
+    hydra = get_method("hydra").create(target, {"tree": TREE, "head": str(own)})
+    # draft_vocab needs the shipped head's vocabulary file
+    hydra_4096 = get_method("hydra").create(target, {"tree": TREE, "draft_vocab": 4096}) if arch == "mlp" else None
     rows = []
     with torch.inference_mode():
         for qid, turn, ids, answer in vanilla_turns(target, 3, MAX_NEW):
             h = hydra.generate(ids, MAX_NEW, SamplingParams())
-            h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams())
+            h4 = hydra_4096.generate(ids, MAX_NEW, SamplingParams()) if hydra_4096 else h
             rows.append({"qid": qid, "turn": turn, "prompt": ids[0].tolist(), "vanilla": answer,
                          "hydra": h.token_ids, "forwards": len(h.accept_lengths),
                          "accept_lengths": h.accept_lengths, "hydra_4096": h4.token_ids,
@@ -207,7 +272,9 @@ def hydra_side(work: str) -> None:
         llama_kv.LlamaRotaryEmbedding.__init__.__defaults__ = (2048, theta, None)
     model = HydraModel.from_pretrained(str(head_dir), torch_dtype=torch.float32).eval()
     built = model.hydra_head.load_state_dict(torch.load(head_dir / "hydra_lm_head.pt"), strict=True)
-    shipped = set(load_file(str(SHIPPED / "hydra_lm_head.safetensors")))
+    own = work_dir / "hydra-own" if model.hydra_head_arch == "prefix-mlp" else SHIPPED
+    shipped = (set(load_file(str(own / "hydra_lm_head.safetensors"))) if own == SHIPPED
+               else set(torch.load(own / "hydra_lm_head.pt")))
     want = set(model.hydra_head.state_dict())
     print(f"built layout, strict load: missing {built.missing_keys}, unexpected {built.unexpected_keys}; the shipped "
           f"file alone: missing {sorted(want - shipped)}, unexpected {sorted(shipped - want)}")
@@ -222,7 +289,8 @@ def hydra_side(work: str) -> None:
         same = sum(a["ids"] == b["ids"] for pa, pb in zip(res[name], res["harness_heads"]) for a, b in zip(pa, pb))
         diff = max(abs(x - y) for pa, pb in zip(res[name], res["harness_heads"]) for a, b in zip(pa, pb)
                    for x, y in zip(a["logits"], b["logits"]))
-        print(f"{name}: top-{TOP} ids equal to the harness's at {same}/{len(POSITIONS) * 3} (position, head) pairs, "
+        pairs = len(POSITIONS) * len(res[name][0])
+        print(f"{name}: top-{TOP} ids equal to the harness's at {same}/{pairs} (position, head) pairs, "
               f"largest logit difference {diff:.2e}")
     print(f"post-norm features, largest difference: {res['feature_max_abs_diff']:.2e}")
     plain = AutoModelForCausalLM.from_pretrained(str(model.base_model_name_or_path), torch_dtype=torch.float32).eval()
@@ -262,7 +330,7 @@ def fixture(result: str, out: str) -> None:
             for r in res["rows"][:2]]
     heads = [[{"ids": h["ids"], "logits": [round(x, 4) for x in h["logits"]]} for h in pos]
              for pos in res["hydra_heads"]]
-    Path(out).write_text(json.dumps({"source": "zankner/Hydra 3f39fbd, HydraModel.from_pretrained + HydraMLP "
+    Path(out).write_text(json.dumps({"source": "zankner/Hydra 3f39fbd, HydraModel.from_pretrained + its head "
                                                "(reference_hydra.py)", "tree": res["tree"],
                                      "positions": res["positions"], "heads": heads, "rows": rows}) + "\n")
 
