@@ -24,9 +24,9 @@ STANDIN = DATA / "standin_eagle2.yaml"
 SHIPPED = {
     "eagle1_paper": (6, 6, 48),
     "eagle1_paper_t1": (6, 6, 46),
-    "eagle2_paper": (23, 21, 310),
+    "eagle2_paper": (23, 23, 310),
     "eagle2_paper_t1": (10, 10, 140),
-    "eagle3_paper": (14, 10, 168),
+    "eagle3_paper": (14, 11, 168),
     "eagle3_paper_t1": (10, 7, 120),
     "eagle3_sglang_batch": (2, 0, 18),
     "eagle3_sglang_h100": (3, 0, 3),
@@ -34,10 +34,10 @@ SHIPPED = {
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
-    "spec_bench_a100": (7, 6, 56),
-    "spec_bench_a100_vicuna13b": (8, 7, 64),
-    "spec_bench_a100_vicuna33b": (7, 6, 56),
-    "spec_bench_rtx3090": (7, 6, 56),
+    "spec_bench_a100": (10, 10, 80),
+    "spec_bench_a100_vicuna13b": (11, 11, 88),
+    "spec_bench_a100_vicuna33b": (10, 10, 80),
+    "spec_bench_rtx3090": (10, 10, 80),
 }
 
 
@@ -78,6 +78,12 @@ def test_every_shipped_table_validates(name):
     ("spec_bench_a100_vicuna13b", "eagle2", "rag", "speedup", 2.25),
     ("spec_bench_a100_vicuna33b", "eagle2", "math_reasoning", "speedup", 3.3),
     ("spec_bench_a100_vicuna33b", "lookahead", "overall", "tau", 1.61),
+    # Spec-Bench's SAMD[EAGLE2], Recycling, REST and Hydra rows (Leaderboard.md at fd2c1cd)
+    ("spec_bench_a100", "sam_eagle2", "overall", "speedup", 2.73),
+    ("spec_bench_rtx3090", "sam_eagle2", "overall", "tau", 4.61),
+    ("spec_bench_a100", "token_recycling", "translation", "speedup", 2.02),
+    ("spec_bench_a100_vicuna33b", "rest", "overall", "tau", 1.8),
+    ("spec_bench_a100_vicuna13b", "hydra", "overall", "speedup", 2.2),
     ("eagle3_paper", "vicuna_13b_eagle3", "humaneval", "speedup", 6.47),
     ("eagle3_paper", "llama31_instruct_8b_eagle3", "cnn_dm", "tau", 5.34),
     ("eagle3_sglang_batch", "sglang_eagle3_chain3", "bs64", "throughput_ratio", 1.38),
@@ -492,7 +498,7 @@ def test_categories_select_questions_for_leaderboard_columns():
     for qid, cat, van_wall, pld_wall in ((81, "mt_bench", 1.0, 0.5), (161, "translation", 1.0, 1.0)):
         recs += [rec("vanilla", "vanilla", "spec_bench", qid, 0, [1] * 10, van_wall, {}, cat),
                  rec("pld", "pld", "spec_bench", qid, 0, [1, 5, 4], pld_wall,
-                     {"max_ngram": 3, "min_ngram": 1, "num_draft_tokens": 10}, cat)]
+                     {"max_ngram": 3, "min_ngram": 1, "num_draft_tokens": 10, "occurrence": "earliest"}, cat)]
     df = compare_turns(turns_table(recs), table, {"config": {"target": "lmsys/vicuna-7b-v1.3"}}, n_boot=50)
     cell = df.set_index(["row", "column", "metric"])["measured"]
     assert cell[("pld", "mt_conv", "speedup")] == pytest.approx(2.0)

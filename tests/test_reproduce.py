@@ -136,16 +136,15 @@ def test_cli_errors_are_one_line(capsys):
     """Bad table names and reported-only rows give `draftbench: error: ...` and exit code 2, not a traceback."""
     assert main(["reproduce", "eagle2_papr"]) == 2
     assert "unknown published table 'eagle2_papr'" in capsys.readouterr().err
-    assert main(["reproduce", "spec_bench_a100", "--rows", "hydra", "--dry-run"]) == 2
-    assert ("row 'hydra' of 'spec_bench_a100' is reported only: draftbench's hydra loads Hydra++ (prefix-mlp) and "
-            "mlp heads") in capsys.readouterr().err
+    assert main(["reproduce", "medusa1", "--rows", "medusa1_paper_v15", "--dry-run"]) == 2
+    assert "row 'medusa1_paper_v15' of 'medusa1' is reported only: " in capsys.readouterr().err
 
 
 def test_cli_list_and_dry_run(capsys):
     """`reproduce --list` shows every shipped table with its rows; --dry-run on a shipped table needs no download."""
     assert main(["reproduce", "--list"]) == 0
     out = capsys.readouterr().out
-    assert "jakiro_a40_t0" in out and "reported only: hydra\n" in out
+    assert "jakiro_a40_t0" in out and "reported only: medusa1_paper_v15\n" in out
     assert main(["reproduce", "eagle2_paper", "--rows", "vicuna_7b_eagle2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "weights: 6.740 B parameters (table), 13.48 GB in float16" in out
