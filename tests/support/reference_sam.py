@@ -132,26 +132,37 @@ def end_to_end(checkout: str, questions: int, tokens: int, out: str | None) -> N
     ``Eagle2Model`` defaults) on the default model (fp32, CPU, greedy), the first ``questions`` MT-bench questions,
     both turns (turn 2's prompt holds vanilla's answer): outputs against vanilla's, forwards (prefill included) and
     tau; with ``out``, the prompts and results are written there for :func:`samd_side`."""
-    from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from methods.sam import SamDecoding
-    from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     options = {"threshold": LEN_THRESHOLD, "draft_tokens": N_PREDICTS - 1}
     entries = {"sam": SamDecoding.create(target, {**options, "fallback": "none"}),
                "reference": reference_drafted(checkout).create(target, {**options, "fallback": "none"}),
                "sam-eagle2": SamDecoding.create(target, {**options, "total_tokens": 63, "depth": 5, "top_k": 8})}
+    prompts, rows, _ = harness_turns(target, entries, questions, tokens)
+    report(rows)
+    if out:
+        Path(out).write_text(json.dumps({"tokens": tokens, "prompts": prompts, "entries": rows}))
+
+
+def harness_turns(target, entries: dict, questions: int, tokens: int) -> tuple[list, dict, dict]:
+    """Vanilla's turns (:func:`tests.support.mt_bench_turns.vanilla_turns`) and each entry's greedy generation of
+    them: (the prompts' ids, per name incl. vanilla a row per turn {tokens, forwards (prefill included)}, per entry the
+    summed ``*_steps`` counters)."""
+    from harness.engine.sampling import SamplingParams
+    from tests.support.mt_bench_turns import vanilla_turns
+
     prompts, rows = [], {name: [] for name in ["vanilla", *entries]}
+    steps = {name: Counter() for name in entries}
     for _, _, ids, answer in vanilla_turns(target, questions, tokens):
         prompts.append(ids[0].tolist())
         rows["vanilla"].append({"tokens": answer, "forwards": len(answer)})  # vanilla: one token per forward
         for name, method in entries.items():
             g = method.generate(ids, tokens, SamplingParams())
             rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
-    report(rows)
-    if out:
-        Path(out).write_text(json.dumps({"tokens": tokens, "prompts": prompts, "entries": rows}))
+            steps[name].update({k: v for k, v in g.counters.items() if k.endswith("_steps")})
+    return prompts, rows, steps
 
 
 def report(rows: dict[str, list[dict]]) -> None:
@@ -213,23 +224,14 @@ def static_end_to_end(static: str, questions: int, tokens: int) -> None:
     in ``static`` (``draftbench data static-sam``), on the default model (fp32, CPU, greedy) over the first
     ``questions`` MT-bench questions, both turns: outputs against vanilla's, forwards, tau and the steps each
     automaton drafted. No reference code runs."""
-    from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from methods.sam import SamDecoding
-    from tests.support.mt_bench_turns import vanilla_turns
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     entries = {f"sam{fb}{st}": SamDecoding.create(target, {"fallback": fallback, **options})
                for fb, fallback in [("", "none"), ("-eagle2", "eagle2")]
                for st, options in [("", {}), ("+static", {"static": static})]}
-    rows = {name: [] for name in ["vanilla", *entries]}
-    steps = {name: Counter() for name in entries}
-    for _, _, ids, answer in vanilla_turns(target, questions, tokens):
-        rows["vanilla"].append({"tokens": answer, "forwards": len(answer)})
-        for name, method in entries.items():
-            g = method.generate(ids, tokens, SamplingParams())
-            rows[name].append({"tokens": g.token_ids, "forwards": len(g.accept_lengths)})
-            steps[name].update({k: v for k, v in g.counters.items() if k.endswith("_steps")})
+    _, rows, steps = harness_turns(target, entries, questions, tokens)
     report(rows)
     for name, counts in steps.items():
         print(f"{name}: {dict(counts)}")
