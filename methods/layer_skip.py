@@ -24,8 +24,12 @@ Options. ``skip_layers``: the skipped decoder layers (0-based, checked against t
 ``skip_ratio`` (default 0.45, SWIFT's) picks ``round(skip_ratio * L)`` of the L layers, spread evenly over the
 middle layers with the first and the last kept (:func:`interleaved_skip`): SWIFT's initial layer set (every other
 layer from 1 to L - 2, arXiv:2410.06916, "context-based layer set optimization") is what a ratio near 0.5
-gives (L = 30, 0.45: layers 1, 3, ..., 27). Whole layers are skipped (Draft & Verify and SWIFT choose attention and
-MLP sub-layers separately). ``k`` (default 25)
+gives (L = 30, 0.45: layers 1, 3, ..., 27). ``skip_attn`` and ``skip_mlp`` skip sub-layers (Draft & Verify and
+SWIFT choose attention and MLP sub-layers separately, arXiv:2309.08168 Sec. 3.1 and arXiv:2410.06916 Sec. 4.1): a
+skipped sub-layer adds nothing to the residual stream (its module is swapped for one that returns zeros for the
+draft forwards, :class:`SkippedAttention` / :class:`SkippedMLP`), so a layer named in both is skipped whole; a layer
+whose attention is skipped writes no K/V for drafted positions, as a skipped layer. Given alone they skip only what
+they name (no ``skip_ratio`` default); the search moves whole layers and is refused with them. ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
 probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
@@ -77,6 +81,7 @@ from harness.models import Target
 from harness.registry import register_method
 
 DEFAULT_SKIP_RATIO = 0.45  # SWIFT's (arXiv:2410.06916, its experimental setup)
+SET_OPTIONS = ("skip_layers", "skip_attn", "skip_mlp")  # options that name decoder layers
 SEARCH_MODES = ("off", "persist", "per_turn")
 TREE_SHAPES = ("chain", "confidence")
 TREE_TOPK = 10  # the most candidates per depth of SWIFT's tree (hemingkx/SWIFT@88caed7 model/swift/utils.py TOPK)
@@ -92,21 +97,40 @@ def interleaved_skip(num_layers: int, ratio: float) -> list[int]:
     return [candidates[i * len(candidates) // n] for i in range(n)]
 
 
+class SkippedAttention(nn.Module):
+    """Stands in for a decoder layer's ``self_attn`` while it is skipped: the attention's update of the residual stream
+    is zero (a Llama-style layer computes ``h + attn(norm(h))``; a Gemma-style post-norm of zeros is zero too), and it
+    writes nothing into the cache. Returns what transformers' attention modules return: the output and no weights."""
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return torch.zeros_like(hidden_states), None
+
+
+class SkippedMLP(nn.Module):
+    """Stands in for a decoder layer's ``mlp`` while it is skipped: its update of the residual stream is zero."""
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
+
+
 @dataclass
 class LayerSkipOptions:
     """``skip_layers``: the skipped decoder layers (0-based); ``skip_ratio``: else the share of layers skipped in the
-    interleaved pattern (default 0.45; give one of the two); ``k``: the longest draft chain; ``stop_threshold``:
-    end the chain after a draft token whose top-1 probability is below it (0: never). ``search``: SWIFT's on-the-fly
-    search of the set (``off``; ``persist``: one search over the whole run, as SWIFT; ``per_turn``: started afresh
-    from the initial set at every turn) with its budget: ``search_window`` tokens scored, at most ``search_iters``
-    candidates, stopped after ``search_patience`` candidates in a row that did not beat the best or once one scores
-    above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization (0: random search
-    only); ``search_seed`` seeds the candidates. ``tree``: ``chain`` drafts the chain alone; ``confidence`` adds
-    SWIFT's ranked siblings beside each chain token (3 / 5 / 8 / 10 candidates greedy, 1 / 3 / 5 / 10 sampled, by the
-    chain token's confidence above 0.95 / 0.8 / 0.5 / otherwise)."""
+    interleaved pattern (default 0.45; give one of the two); ``skip_attn`` / ``skip_mlp``: layers whose attention / MLP
+    sub-layer is skipped (a layer in both is skipped whole; not with ``skip_ratio`` or a search); ``k``: the longest
+    draft chain; ``stop_threshold``: end the chain after a draft token whose top-1 probability is below it (0: never).
+    ``search``: SWIFT's on-the-fly search of the set (``off``; ``persist``: one search over the whole run, as SWIFT;
+    ``per_turn``: started afresh from the initial set at every turn) with its budget: ``search_window`` tokens scored,
+    at most ``search_iters`` candidates, stopped after ``search_patience`` candidates in a row that did not beat the
+    best or once one scores above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization
+    (0: random search only); ``search_seed`` seeds the candidates. ``tree``: ``chain`` drafts the chain alone;
+    ``confidence`` adds SWIFT's ranked siblings beside each chain token (3 / 5 / 8 / 10 candidates greedy, 1 / 3 / 5 /
+    10 sampled, by the chain token's confidence above 0.95 / 0.8 / 0.5 / otherwise)."""
 
     skip_layers: list[int] | None = None
     skip_ratio: float | None = None
+    skip_attn: list[int] | None = None
+    skip_mlp: list[int] | None = None
     k: int = 25
     stop_threshold: float = 0.8
     search: str = "off"
@@ -119,14 +143,24 @@ class LayerSkipOptions:
     tree: str = "chain"
 
     def __post_init__(self):
-        if self.skip_layers is not None:
+        for name in SET_OPTIONS:
+            layers = getattr(self, name)
+            if layers is None:
+                continue
             if self.skip_ratio is not None:
-                raise ValueError("give skip_layers or skip_ratio, not both")
-            bad = [i for i in self.skip_layers if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+                raise ValueError(f"give {name} or skip_ratio, not both")
+            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or i < 0]
             if bad:
-                raise ValueError(f"skip_layers must be layer indices >= 0, got {bad[0]!r}")
-            if len(set(self.skip_layers)) != len(self.skip_layers):
-                raise ValueError(f"skip_layers names a layer twice: {self.skip_layers}")
+                raise ValueError(f"{name} must be layer indices >= 0, got {bad[0]!r}")
+            if len(set(layers)) != len(layers):
+                raise ValueError(f"{name} names a layer twice: {layers}")
+        whole = set(self.skip_layers or ())
+        for name in SET_OPTIONS[1:]:
+            both = sorted(whole & set(getattr(self, name) or ()))
+            if both:
+                raise ValueError(f"{name} names layer {both[0]}, which skip_layers skips whole")
+        if self.sub_layers and self.search != "off":
+            raise ValueError("search moves whole layers; skip_attn and skip_mlp need search: off")
         if self.skip_ratio is not None and not 0.0 <= self.skip_ratio < 1.0:
             raise ValueError(f"skip_ratio must be in [0, 1), got {self.skip_ratio}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 127:
@@ -143,6 +177,11 @@ class LayerSkipOptions:
             raise ValueError(f"tree must be one of {', '.join(TREE_SHAPES)}, got {self.tree!r}")
         if not 0.0 < self.search_score <= 1.0:
             raise ValueError(f"search_score must be in (0, 1], got {self.search_score}")
+
+    @property
+    def sub_layers(self) -> bool:
+        """Whether a sub-layer is skipped (``skip_attn`` or ``skip_mlp`` given)."""
+        return self.skip_attn is not None or self.skip_mlp is not None
 
 
 @dataclass
@@ -203,16 +242,32 @@ class LayerSkip(SpeculativeMethod):
             raise OptionsError(f"{where}: the target's decoder ({type(decoder).__name__}) has no ModuleList "
                                "`layers` to skip layers of")
         n = len(layers)
-        if self.options.skip_layers is not None:
-            skip = sorted(self.options.skip_layers)
-            if skip and skip[-1] >= n:
-                raise OptionsError(f"{where}: option skip_layers: layer {skip[-1]} does not exist, the target has {n} "
+        for name in SET_OPTIONS:
+            named = sorted(getattr(self.options, name) or ())
+            if named and named[-1] >= n:
+                raise OptionsError(f"{where}: option {name}: layer {named[-1]} does not exist, the target has {n} "
                                    f"decoder layers (0..{n - 1})")
+        attn, mlp = set(self.options.skip_attn or ()), set(self.options.skip_mlp or ())
+        if self.options.skip_layers is not None or self.options.sub_layers:
+            skip = sorted(set(self.options.skip_layers or ()) | (attn & mlp))  # both sub-layers: the whole layer
         else:
             ratio = DEFAULT_SKIP_RATIO if self.options.skip_ratio is None else self.options.skip_ratio
             skip = interleaved_skip(n, ratio)
         if len(skip) >= n:
-            raise OptionsError(f"{where}: option skip_layers skips all {n} decoder layers; keep at least one")
+            raise OptionsError(f"{where}: the draft skips all {n} decoder layers; keep at least one")
+        if set(range(n)) - set(skip) <= attn:
+            raise OptionsError(f"{where}: option skip_attn skips the attention of every layer the draft keeps; keep "
+                               "at least one")
+        missing = [(i, part) for part, named in (("self_attn", attn - set(skip)), ("mlp", mlp - set(skip)))
+                   for i in sorted(named) if not isinstance(getattr(layers[i], part, None), nn.Module)]
+        if missing:
+            i, part = missing[0]
+            raise OptionsError(f"{where}: decoder layer {i} ({type(layers[i]).__name__}) has no `{part}` module "
+                               "to skip")
+        self.attn_only = sorted(attn - mlp - set(skip))  # layers whose attention alone is skipped
+        self.mlp_only = sorted(mlp - attn - set(skip))  # layers whose MLP alone is skipped
+        self.stand_ins = ([(layers[i], "self_attn", SkippedAttention()) for i in self.attn_only]
+                          + [(layers[i], "mlp", SkippedMLP()) for i in self.mlp_only])  # swapped in to draft
         self.decoder = decoder
         self.config = decoder.config  # the config the decoder reads layer_types from
         self.types = layer_types(target.model.config) or ["full_attention"] * n
@@ -238,16 +293,19 @@ class LayerSkip(SpeculativeMethod):
         self.committed = 0  # positions in it
 
     def use_layers(self, skip: list[int]) -> None:
-        """Draft with ``skip`` skipped from now on: the kept layers, their attention types and the first kept layer
-        of each type (its cache slot sizes the draft mask of that type)."""
+        """Draft with ``skip`` skipped from now on: the kept layers, their attention types, the kept layers whose
+        attention runs (``attending``: they write the drafted positions' K/V) and per type the first of them (its
+        cache slot sizes the draft mask of that type; a type none of whose kept layers attends gets a mask it never
+        reads, sized from its first kept layer)."""
         layers = self.decoder.layers
         self.skipped = sorted(skip)
         self.kept = [i for i in range(len(layers)) if i not in set(skip)]
         self.kept_layers = nn.ModuleList([layers[i] for i in self.kept])
         self.kept_types = [self.types[i] for i in self.kept]  # what layer_types says of the kept layers, in order
+        self.attending = [i for i in self.kept if i not in set(self.attn_only)]
         self.first_kept = {}
-        for i, kind in zip(self.kept, self.kept_types):
-            self.first_kept.setdefault(kind, i)
+        for i in self.attending + self.kept:
+            self.first_kept.setdefault(self.types[i], i)
 
     def new_search(self) -> LayerSearch | None:
         """A search from scratch (None with ``search=off``)."""
@@ -268,9 +326,11 @@ class LayerSkip(SpeculativeMethod):
         return self._proposal
 
     def describe(self) -> dict[str, Any]:
-        """The options plus the layers skipped first (from ``skip_ratio`` when ``skip_layers`` is not given) and
-        ``order_dependent``: whether the searched set carries from one turn and question to the next."""
+        """The options plus the layers skipped first (from ``skip_ratio`` when no set is given), the layers of which
+        only the attention or only the MLP is skipped, and ``order_dependent``: whether the searched set carries from
+        one turn and question to the next."""
         return {**super().describe(), "skipped_layers": list(self.initial),
+                "skipped_attention_only": list(self.attn_only), "skipped_mlp_only": list(self.mlp_only),
                 "order_dependent": self.options.search == "persist"}
 
     def turn_notes(self) -> dict[str, Any] | None:
@@ -338,7 +398,7 @@ class LayerSkip(SpeculativeMethod):
                 logits = self.target.model(ids, cache=self.window_cache, use_cache=True,
                                            position_ids=pos).logits[0]  # [w + 1, V]
         finally:
-            for i in self.kept:
+            for i in self.attending:
                 self.window_cache.layers[i].crop(-ids.shape[1])
             self.use_layers(current)
         self.counters["search_forwards"] = self.counters.get("search_forwards", 0) + 1
@@ -348,15 +408,22 @@ class LayerSkip(SpeculativeMethod):
     @contextlib.contextmanager
     def skipping(self) -> Iterator[None]:
         """Within the block the target's decoder runs only the kept layers (its own modules, each writing the cache
-        slot of its own ``layer_idx``). A decoder that reads layer i's attention type as ``config.layer_types[i]``
-        (Qwen2, Gemma 2/3) sees the kept layers' types in the same order."""
+        slot of its own ``layer_idx``), with the skipped sub-layers swapped for zero updates. A decoder that reads
+        layer i's attention type as ``config.layer_types[i]`` (Qwen2, Gemma 2/3) sees the kept layers' types in the
+        same order. Everything is put back on leaving the block."""
         layers, types = self.decoder.layers, getattr(self.config, "layer_types", None)
+        swapped = self.stand_ins
+        originals = [getattr(layer, part) for layer, part, _ in swapped]
         self.decoder.layers = self.kept_layers
         if types is not None:
             self.config.layer_types = self.kept_types
+        for layer, part, stand_in in swapped:
+            setattr(layer, part, stand_in)
         try:
             yield
         finally:
+            for (layer, part, _), original in zip(swapped, originals):
+                setattr(layer, part, original)
             self.decoder.layers = layers
             if types is not None:
                 self.config.layer_types = types
@@ -420,7 +487,7 @@ class LayerSkip(SpeculativeMethod):
                 if stop and i < self.options.k - 1 and (confidences[-1] if tree else float(q.max())) < stop:  # SWIFT's
                     break
         finally:
-            for i in self.kept:  # the drafted positions leave the kept layers: the target's cache is as it was
+            for i in self.attending:  # the drafted positions leave the kept layers: the target's cache is as it was
                 self.cache.layers[i].crop(-run)
         if tree:
             return self.confidence_tree(ranked, confidences, rows, sampling.greedy)

@@ -42,16 +42,22 @@ TARGETS = {"llama": lambda: tiny_target(eos=False, layers=4), "mistral-w6": lamb
 
 
 @pytest.mark.parametrize("arch, skip", [("llama", [1, 2]), ("llama", [0, 3]), ("llama", []), ("mistral-w6", [1]),
-                                        ("gemma3-w5", [0])])
+                                        ("gemma3-w5", [0]),
+                                        ("llama", {"skip_attn": [1, 2], "skip_mlp": [2, 3]}),
+                                        ("llama", {"skip_attn": [0]}),
+                                        ("mistral-w6", {"skip_attn": [1], "skip_mlp": [0]}),
+                                        ("gemma3-w5", {"skip_attn": [0], "skip_mlp": [1]})])
 def test_the_target_cache_after_every_step_is_a_vanilla_forwards(arch, skip):
     """The draft pass writes drafted positions into the kept layers of the target's own cache. Right after propose
     every layer must be back to what it was (same length, same K/V), and after each accepted step the cache must
     equal a fresh full forward over the committed text: a crop by the wrong amount, a draft K/V left in a kept
     layer, or one written into a skipped layer's slot would make verification attend to text that was not emitted.
     Sliding-window layers (Mistral; Gemma 3 mixes them with full ones, and with layer 0 skipped its kept full layer
-    must get the full-attention mask and RoPE) hold their last window - 1 positions, as a fresh cache does"""
+    must get the full-attention mask and RoPE) hold their last window - 1 positions, as a fresh cache does. A dict
+    skips sub-layers: a layer whose attention is skipped writes no draft K/V, and cropping it would cut committed K/V"""
     target = TARGETS[arch]()
-    method = LayerSkip(target, LayerSkipOptions(skip_layers=skip, k=4, stop_threshold=0.0))
+    sets = skip if isinstance(skip, dict) else {"skip_layers": skip}
+    method = LayerSkip(target, LayerSkipOptions(**sets, k=4, stop_threshold=0.0))
     checks = {"proposals": 0, "steps": 0, "partial": 0}
     propose, accept = method.propose, method.accept
     committed: list[int] = []
@@ -117,6 +123,51 @@ def test_the_draft_runs_only_the_kept_layers():
     target_forwards = gen.counters["target_forwards"]
     assert calls == [target_forwards + gen.counters["draft_forwards"], target_forwards, target_forwards,
                      target_forwards + gen.counters["draft_forwards"]]
+
+
+def test_sub_layer_skips_run_the_other_sub_layer_and_both_are_the_whole_layer():
+    """skip_attn / skip_mlp swap the named sub-layers for zero updates during the draft forwards only: layer 1's
+    attention and layer 2's MLP never run in a draft forward but their other halves do, the verification forwards run
+    everything, and the modules are the model's own again afterwards. A layer named in both is skipped whole (its
+    decoder layer is not called by the draft), so {attn: [1, 3], mlp: [3]} drafts exactly as skip_layers [3] with
+    layer 1's attention skipped. Skipping attention must change the draft (else the stand-in never ran)"""
+    target = tiny_target(eos=False, layers=4)
+    layers = target.model.get_decoder().layers
+    originals = [(layer.self_attn, layer.mlp) for layer in layers]
+    method = get_method("layer_skip").create(target, {"skip_attn": [1, 3], "skip_mlp": [2, 3], "k": 3,
+                                                      "stop_threshold": 0.0})
+    assert method.skipped == [3] and method.kept == [0, 1, 2]
+    assert method.attn_only == [1] and method.mlp_only == [2] and method.attending == [0, 2]
+    described = method.describe()
+    assert (described["skipped_layers"], described["skipped_attention_only"], described["skipped_mlp_only"]) == \
+        ([3], [1], [2])
+    calls = {(i, part): 0 for i in range(4) for part in ("self_attn", "mlp")}
+    hooks = [getattr(layer, part).register_forward_hook(lambda *_, key=(i, part): calls.__setitem__(key,
+                                                                                                  calls[key] + 1))
+             for i, layer in enumerate(layers) for part in ("self_attn", "mlp")]
+    try:
+        gen = method.generate(PROMPT, 12, GREEDY)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert gen.token_ids == vanilla(target, 12)
+    target_forwards, drafts = gen.counters["target_forwards"], gen.counters["draft_forwards"]
+    assert drafts > 0
+    assert calls == {(0, "self_attn"): target_forwards + drafts, (0, "mlp"): target_forwards + drafts,
+                     (1, "self_attn"): target_forwards, (1, "mlp"): target_forwards + drafts,
+                     (2, "self_attn"): target_forwards + drafts, (2, "mlp"): target_forwards,
+                     (3, "self_attn"): target_forwards, (3, "mlp"): target_forwards}
+    assert [(layer.self_attn, layer.mlp) for layer in layers] == originals
+
+    whole = get_method("layer_skip").create(target, {"skip_layers": [3], "k": 3, "stop_threshold": 0.0})
+    attn_too = get_method("layer_skip").create(target, {"skip_attn": [3], "skip_mlp": [3], "k": 3,
+                                                        "stop_threshold": 0.0})
+    with_attn = get_method("layer_skip").create(target, {"skip_layers": [3], "skip_attn": [1], "k": 3,
+                                                         "stop_threshold": 0.0})
+    runs = [m.generate(PROMPT, 24, GREEDY) for m in (whole, attn_too, with_attn)]
+    assert runs[0].accepted_drafts == runs[1].accepted_drafts  # both sub-layers = the whole layer
+    assert runs[0].accepted_drafts != runs[2].accepted_drafts  # layer 1's attention changed the draft
+    assert all(run.token_ids == vanilla(target, 24) for run in runs)
 
 
 def test_confidence_stop_ends_the_chain():
@@ -193,12 +244,13 @@ def test_sampled_chain_carries_the_drafts_shaped_distribution():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)])
-def test_sampling_with_a_layer_skipped_matches_the_target_distribution(sampling):
+@pytest.mark.parametrize("skip", [{"skip_layers": [1]}, {"skip_attn": [1], "skip_mlp": [0]}], ids=["layer", "sub"])
+def test_sampling_with_a_layer_skipped_matches_the_target_distribution(sampling, skip):
     """The registry-wide chi-square test runs a 1-layer target (nothing to skip): here a 2-layer one with layer 1
-    skipped, so the draft differs from the target and rejections happen; the first three tokens must still follow
-    the target's exact joint distribution"""
+    skipped (or layer 1's attention and layer 0's MLP), so the draft differs from the target and rejections happen;
+    the first three tokens must still follow the target's exact joint distribution"""
     target = tiny_target(vocab=8, hidden=16, layers=2, init=0.3, seed=0, tokenizer=False)
-    method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 2, "stop_threshold": 0.0})
+    method = get_method("layer_skip").create(target, {**skip, "k": 2, "stop_threshold": 0.0})
     assert sampled_pvalue(method, sampling, 1500) > 1e-3
 
 
@@ -240,6 +292,12 @@ def test_interleaved_pattern():
     ({"search_bayes_every": -1}, "search_bayes_every must be >= 0, got -1"),
     ({"search_score": 0.0}, r"search_score must be in \(0, 1\], got 0.0"),
     ({"tree": "eagle"}, "tree must be one of chain, confidence, got 'eagle'"),
+    ({"skip_attn": [4]}, r"option skip_attn: layer 4 does not exist, the target has 4 decoder layers \(0..3\)"),
+    ({"skip_mlp": [0, 0]}, r"skip_mlp names a layer twice: \[0, 0\]"),
+    ({"skip_attn": [1], "skip_ratio": 0.5}, "give skip_attn or skip_ratio, not both"),
+    ({"skip_layers": [1], "skip_mlp": [1, 2]}, "skip_mlp names layer 1, which skip_layers skips whole"),
+    ({"skip_attn": [1], "search": "persist"}, "search moves whole layers; skip_attn and skip_mlp need search: off"),
+    ({"skip_layers": [0], "skip_attn": [1, 2, 3]}, "skip_attn skips the attention of every layer the draft keeps"),
 ])
 def test_bad_options_are_refused_with_one_line(options, message):
     target = tiny_target(eos=False, layers=4)

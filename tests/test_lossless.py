@@ -64,8 +64,11 @@ SMALL_VOCAB_OPTIONS = {
 SAMPLE_SEED = 8  # the seed of the random draft heads in the sampled tests
 # Examples with other draft parts, built by an argument of a method's example(): covered by the greedy, EOS, oracle
 # and sampled tests as the registry's methods are. Hydra++ heads: a prefix layer keeping its own KV over the
-# committed features (a KV kept over rejected tokens or a wrong feature would diverge or break an invariant).
-EXAMPLE_VARIANTS = {"hydra-prefix-mlp": ("hydra", {"head_arch": "prefix-mlp"})}
+# committed features (a KV kept over rejected tokens or a wrong feature would diverge or break an invariant). Layer
+# skip by sub-layers: layer 0's MLP skipped in the draft (the sampled tests' target has one layer; a stand-in left in
+# the model would diverge; tests/test_layer_skip.py skips attention sub-layers).
+EXAMPLE_VARIANTS = {"hydra-prefix-mlp": ("hydra", {"head_arch": "prefix-mlp"}),
+                    "layer_skip-sub-layers": ("layer_skip", {"skip_mlp": [0]})}
 CASES = ([pytest.param(n, {}, id=n) for n in METHOD_NAMES]
          + [pytest.param(n, example, id=key) for key, (n, example) in EXAMPLE_VARIANTS.items()])
 N_SAMPLES = 1500
