@@ -29,7 +29,7 @@ SWIFT choose attention and MLP sub-layers separately, arXiv:2309.08168 Sec. 3.1 
 skipped sub-layer adds nothing to the residual stream (its module is swapped for one that returns zeros for the
 draft forwards, :class:`SkippedAttention` / :class:`SkippedMLP`), so a layer named in both is skipped whole; a layer
 whose attention is skipped writes no K/V for drafted positions, as a skipped layer. Given alone they skip only what
-they name (no ``skip_ratio`` default); the search moves whole layers and is refused with them. ``k`` (default 25)
+they name (no ``skip_ratio`` default). ``k`` (default 25)
 is the longest chain and ``stop_threshold`` (default 0.8) ends it after the first draft token whose top-1
 probability is below it (SWIFT's "confidence-aware inference acceleration", arXiv:2410.06916, with those two
 values; Draft & Verify's "adaptive draft-exiting mechanism", arXiv:2309.08168, adapts the threshold instead); 0 turns
@@ -49,7 +49,11 @@ turn's start, as SWIFT clones its prefilled cache) and its *matchness* is the sh
 next token is the target's own (:mod:`harness.engine.layersearch`). A candidate that beats the best matchness so far
 drafts from the next step on. The target verifies every draft as before, so the output is unchanged at every
 temperature; the search costs one forward of the skipping model and one host read per step while it runs
-(``counters["search_forwards"]``), and a copy of the prompt's KV cache. ``persist`` carries the search and its set
+(``counters["search_forwards"]``), and a copy of the prompt's KV cache. ``search_space``: ``layers`` (default) moves
+as many whole layers as the initial set skips; ``sub_layers`` is SWIFT's space, the attention and MLP sub-layers of
+layers 1 .. L - 2 (``2 (L - 2)`` coordinates, :func:`harness.engine.layersearch.sub_layer_ids`), each candidate
+skipping ``int(2 (L - 2) skip_ratio)`` of them as SWIFT's ``swift_optimization`` (25 of 56 on a 30-layer model at
+0.45), or as many as the given sets name. ``persist`` carries the search and its set
 over turns and questions as SWIFT does (the manifest says ``order_dependent: true``); ``per_turn`` restarts it from
 the initial set every turn. A turn's record holds ``method_notes``: the set it started with, each change (the first
 verification step drafted with it, the set, its matchness) and the search's state.
@@ -71,7 +75,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point
+from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point, sub_layer_ids, sub_layer_sets
 from harness.engine.method import OptionsError
 from harness.engine.runtime import bucket_slots
 from harness.engine.sampling import SamplingParams, logits_to_probs
@@ -83,6 +87,7 @@ from harness.registry import register_method
 DEFAULT_SKIP_RATIO = 0.45  # SWIFT's (arXiv:2410.06916, its experimental setup)
 SET_OPTIONS = ("skip_layers", "skip_attn", "skip_mlp")  # options that name decoder layers
 SEARCH_MODES = ("off", "persist", "per_turn")
+SEARCH_SPACES = ("layers", "sub_layers")
 TREE_SHAPES = ("chain", "confidence")
 TREE_TOPK = 10  # the most candidates per depth of SWIFT's tree (hemingkx/SWIFT@88caed7 model/swift/utils.py TOPK)
 
@@ -123,7 +128,8 @@ class LayerSkipOptions:
     ``per_turn``: started afresh from the initial set at every turn) with its budget: ``search_window`` tokens scored,
     at most ``search_iters`` candidates, stopped after ``search_patience`` candidates in a row that did not beat the
     best or once one scores above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization
-    (0: random search only); ``search_seed`` seeds the candidates. ``tree``: ``chain`` drafts the chain alone;
+    (0: random search only); ``search_seed`` seeds the candidates; ``search_space``: ``layers`` (whole layers) or
+    ``sub_layers`` (SWIFT's: attention and MLP apart). ``tree``: ``chain`` drafts the chain alone;
     ``confidence`` adds SWIFT's ranked siblings beside each chain token (3 / 5 / 8 / 10 candidates greedy, 1 / 3 / 5 /
     10 sampled, by the chain token's confidence above 0.95 / 0.8 / 0.5 / otherwise)."""
 
@@ -140,6 +146,7 @@ class LayerSkipOptions:
     search_score: float = 0.95
     search_bayes_every: int = 25
     search_seed: int = 0
+    search_space: str = "layers"
     tree: str = "chain"
 
     def __post_init__(self):
@@ -159,8 +166,11 @@ class LayerSkipOptions:
             both = sorted(whole & set(getattr(self, name) or ()))
             if both:
                 raise ValueError(f"{name} names layer {both[0]}, which skip_layers skips whole")
-        if self.sub_layers and self.search != "off":
-            raise ValueError("search moves whole layers; skip_attn and skip_mlp need search: off")
+        if self.search_space not in SEARCH_SPACES:
+            raise ValueError(f"search_space must be one of {', '.join(SEARCH_SPACES)}, got {self.search_space!r}")
+        if self.sub_layers and self.search != "off" and self.search_space == "layers":
+            raise ValueError("search_space: layers moves whole layers; skip_attn and skip_mlp need search_space: "
+                             "sub_layers (or search: off)")
         if self.skip_ratio is not None and not 0.0 <= self.skip_ratio < 1.0:
             raise ValueError(f"skip_ratio must be in [0, 1), got {self.skip_ratio}")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 127:
@@ -264,41 +274,66 @@ class LayerSkip(SpeculativeMethod):
             i, part = missing[0]
             raise OptionsError(f"{where}: decoder layer {i} ({type(layers[i]).__name__}) has no `{part}` module "
                                "to skip")
-        self.attn_only = sorted(attn - mlp - set(skip))  # layers whose attention alone is skipped
-        self.mlp_only = sorted(mlp - attn - set(skip))  # layers whose MLP alone is skipped
-        self.stand_ins = ([(layers[i], "self_attn", SkippedAttention()) for i in self.attn_only]
-                          + [(layers[i], "mlp", SkippedMLP()) for i in self.mlp_only])  # swapped in to draft
         self.decoder = decoder
         self.config = decoder.config  # the config the decoder reads layer_types from
         self.types = layer_types(target.model.config) or ["full_attention"] * n
         self.per_type = len(set(self.types)) > 1  # a mixed target takes a mask per attention type
-        self.use_layers(skip)
-        self.initial = list(skip)  # the set drafting starts from
-        self.searchable = list(range(1, n - 1)) if n > 2 else list(range(1, n))  # SWIFT keeps the first and last
-        if self.options.search != "off" and not 0 < len(skip) <= len(self.searchable):
-            raise OptionsError(f"{where}: option search moves the skipped layers among layers "
-                               f"{self.searchable[0] if self.searchable else 1}..{n - 2} (the first and the last are "
-                               f"kept): skip between 1 and {len(self.searchable)} layers, got {len(skip)}")
+        self.initial = (skip, sorted(attn - mlp - set(skip)), sorted(mlp - attn - set(skip)))  # drafting starts here
+        self.use_layers(*self.initial)
+        self.sub_space = self.options.search_space == "sub_layers"
+        if self.options.search != "off":
+            self.searchable, self.candidate_size = self.search_coordinates(where, n)
         self.search = self.new_search()
         if self.options.tree == "confidence":  # up to TREE_TOPK nodes per depth, padded as the compiled runtime pads
             self.max_tree_slots = bucket_slots(1 + TREE_TOPK * self.options.k)  # the static cache's room
         self.window_cache = None  # the search's copy of the turn's prompt cache (None: not searching this turn)
         self.window: list[int] = []  # the turn's first search_window + 1 committed tokens, the scored context
         self.prompt_len = 0
-        self.turn_start: list[int] = []  # the set the turn started with
+        self.turn_start: dict[str, list[int]] = {}  # the set the turn started with (current_set)
         self.changes: list[dict[str, Any]] = []  # the turn's set changes
         self.turn_steps = 0  # verification steps of the turn so far
         self._proposal = "deterministic"
         self.cache = None   # the target's cache of the current turn (the engine's)
         self.committed = 0  # positions in it
 
-    def use_layers(self, skip: list[int]) -> None:
-        """Draft with ``skip`` skipped from now on: the kept layers, their attention types, the kept layers whose
+    def search_coordinates(self, where: str, n: int) -> tuple[list[int], int]:
+        """The search's coordinates (layers 1 .. L - 2, SWIFT keeps the first and the last; or their ``2 (L - 2)``
+        sub-layers) and how many of them each candidate skips: as many as the initial set, or with ``sub_layers`` and
+        the set from the ratio, SWIFT's ``int(2 (L - 2) skip_ratio)``. Refuses a set with nothing to move."""
+        if self.sub_space:
+            if n < 3:
+                raise OptionsError(f"{where}: option search_space: sub_layers searches layers 1..L - 2; the target has "
+                                   f"{n} decoder layers")
+            try:
+                ids = sub_layer_ids(*self.initial, n)
+            except ValueError as err:
+                raise OptionsError(f"{where}: option search_space: sub_layers: the initial set's {err}") from None
+            space = list(range(2 * (n - 2)))
+            given = self.options.skip_layers is not None or self.options.sub_layers
+            ratio = DEFAULT_SKIP_RATIO if self.options.skip_ratio is None else self.options.skip_ratio
+            size = len(ids) if given else int(len(space) * ratio)
+            if not 0 < size <= len(space):
+                raise OptionsError(f"{where}: option search moves the skipped sub-layers among the {len(space)} of "
+                                   f"layers 1..{n - 2}: skip between 1 and {len(space)}, got {size}")
+            return space, size
+        skip = self.initial[0]
+        space = list(range(1, n - 1)) if n > 2 else list(range(1, n))
+        if not 0 < len(skip) <= len(space):
+            raise OptionsError(f"{where}: option search moves the skipped layers among layers "
+                               f"{space[0] if space else 1}..{n - 2} (the first and the last are "
+                               f"kept): skip between 1 and {len(space)} layers, got {len(skip)}")
+        return space, len(skip)
+
+    def use_layers(self, skip: list[int], attn_only: list[int] = (), mlp_only: list[int] = ()) -> None:
+        """Draft with ``skip`` skipped from now on, and the attention of ``attn_only`` and the MLP of ``mlp_only``:
+        the kept layers, their attention types, the stand-ins for the skipped sub-layers, the kept layers whose
         attention runs (``attending``: they write the drafted positions' K/V) and per type the first of them (its
         cache slot sizes the draft mask of that type; a type none of whose kept layers attends gets a mask it never
         reads, sized from its first kept layer)."""
         layers = self.decoder.layers
-        self.skipped = sorted(skip)
+        self.skipped, self.attn_only, self.mlp_only = sorted(skip), sorted(attn_only), sorted(mlp_only)
+        self.stand_ins = ([(layers[i], "self_attn", SkippedAttention()) for i in self.attn_only]
+                          + [(layers[i], "mlp", SkippedMLP()) for i in self.mlp_only])  # swapped in to draft
         self.kept = [i for i in range(len(layers)) if i not in set(skip)]
         self.kept_layers = nn.ModuleList([layers[i] for i in self.kept])
         self.kept_types = [self.types[i] for i in self.kept]  # what layer_types says of the kept layers, in order
@@ -311,8 +346,23 @@ class LayerSkip(SpeculativeMethod):
         """A search from scratch (None with ``search=off``)."""
         if self.options.search == "off":
             return None
-        return LayerSearch(self.searchable, len(self.initial),
+        return LayerSearch(self.searchable, self.candidate_size,
                            torch.Generator().manual_seed(self.options.search_seed))
+
+    def use_candidate(self, candidate: list[int]) -> None:
+        """Draft with a search candidate: skipped layers, or with ``sub_layers`` SWIFT's sub-layer coordinates."""
+        if self.sub_space:
+            self.use_layers(*sub_layer_sets(candidate, len(self.decoder.layers)))
+        else:
+            self.use_layers(candidate)
+
+    def current_set(self) -> dict[str, list[int]]:
+        """The set drafting now, as the notes record it: the skipped layers, and with ``sub_layers`` the layers of
+        which only the attention or only the MLP is skipped."""
+        if not self.sub_space:
+            return {"skipped_layers": list(self.skipped)}
+        return {"skipped_layers": list(self.skipped), "skipped_attention_only": list(self.attn_only),
+                "skipped_mlp_only": list(self.mlp_only)}
 
     @classmethod
     def example(cls, target: Target, seed: int = 0, **options: Any) -> LayerSkip:
@@ -329,8 +379,9 @@ class LayerSkip(SpeculativeMethod):
         """The options plus the layers skipped first (from ``skip_ratio`` when no set is given), the layers of which
         only the attention or only the MLP is skipped, and ``order_dependent``: whether the searched set carries from
         one turn and question to the next."""
-        return {**super().describe(), "skipped_layers": list(self.initial),
-                "skipped_attention_only": list(self.attn_only), "skipped_mlp_only": list(self.mlp_only),
+        skip, attn_only, mlp_only = self.initial
+        return {**super().describe(), "skipped_layers": list(skip),
+                "skipped_attention_only": list(attn_only), "skipped_mlp_only": list(mlp_only),
                 "order_dependent": self.options.search == "persist"}
 
     def turn_notes(self) -> dict[str, Any] | None:
@@ -339,7 +390,7 @@ class LayerSkip(SpeculativeMethod):
         best matchness and whether it has stopped."""
         if self.search is None:
             return None
-        return {"skipped_layers": self.turn_start, "layer_set_changes": self.changes,
+        return {**self.turn_start, "layer_set_changes": self.changes,
                 "search_iterations": self.search.iterations, "search_best_matchness": round(self.search.best, 4),
                 "search_done": self.search.done}
 
@@ -356,8 +407,8 @@ class LayerSkip(SpeculativeMethod):
             return
         if self.options.search == "per_turn":
             self.search = self.new_search()
-            self.use_layers(self.initial)
-        self.turn_start, self.changes, self.window = list(self.skipped), [], []
+            self.use_layers(*self.initial)
+        self.turn_start, self.changes, self.window = self.current_set(), [], []
         self.window_cache = None if self.search.done else copy.deepcopy(self.cache)
 
     def accept(self, tokens: list[int], hidden: torch.Tensor | None, next_root: int) -> None:
@@ -379,17 +430,17 @@ class LayerSkip(SpeculativeMethod):
         candidate = self.search.candidate(self.options.search_bayes_every)
         score = self.score_set(candidate)
         if self.search.record(candidate, score, self.options):
-            self.use_layers(candidate)
-            self.changes.append({"step": self.turn_steps, "skipped_layers": candidate, "matchness": round(score, 4)})
+            self.use_candidate(candidate)
+            self.changes.append({"step": self.turn_steps, **self.current_set(), "matchness": round(score, 4)})
         if self.search.done:
             self.window_cache = None
 
-    def score_set(self, skip: list[int]) -> float:
-        """The matchness of drafting with ``skip`` skipped on the turn's window: one forward of the skipping model over
-        the window's tokens (after the prompt, in the copy of its cache), its greedy next tokens against the
-        target's own; the copy is cropped back to the prompt after it."""
-        current = self.skipped
-        self.use_layers(skip)
+    def score_set(self, candidate: list[int]) -> float:
+        """The matchness of drafting with a search ``candidate`` (:meth:`use_candidate`) on the turn's window: one
+        forward of the skipping model over the window's tokens (after the prompt, in the copy of its cache), its greedy
+        next tokens against the target's own; the copy is cropped back to the prompt after it."""
+        current = (self.skipped, self.attn_only, self.mlp_only)
+        self.use_candidate(candidate)
         device = self.target.device
         ids = torch.tensor([self.window], dtype=torch.long, device=device)  # [1, w + 1]
         pos = torch.arange(self.prompt_len, self.prompt_len + ids.shape[1], device=device)[None]  # [1, w + 1]
@@ -400,7 +451,7 @@ class LayerSkip(SpeculativeMethod):
         finally:
             for i in self.attending:
                 self.window_cache.layers[i].crop(-ids.shape[1])
-            self.use_layers(current)
+            self.use_layers(*current)
         self.counters["search_forwards"] = self.counters.get("search_forwards", 0) + 1
         return matchness(logits[:-1].argmax(-1), ids[0, 1:].to(logits.device))
 

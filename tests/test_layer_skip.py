@@ -14,7 +14,16 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from harness.engine.layersearch import bayes_skip, gp_ucb, matchness, random_skip, skip_point, top_layers
+from harness.engine.layersearch import (
+    bayes_skip,
+    gp_ucb,
+    matchness,
+    random_skip,
+    skip_point,
+    sub_layer_ids,
+    sub_layer_sets,
+    top_layers,
+)
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.tree import CONFIDENCE_WIDTHS, confidence_widths, sibling_tree, tree_from_choices
@@ -296,7 +305,11 @@ def test_interleaved_pattern():
     ({"skip_mlp": [0, 0]}, r"skip_mlp names a layer twice: \[0, 0\]"),
     ({"skip_attn": [1], "skip_ratio": 0.5}, "give skip_attn or skip_ratio, not both"),
     ({"skip_layers": [1], "skip_mlp": [1, 2]}, "skip_mlp names layer 1, which skip_layers skips whole"),
-    ({"skip_attn": [1], "search": "persist"}, "search moves whole layers; skip_attn and skip_mlp need search: off"),
+    ({"skip_attn": [1], "search": "persist"}, "search_space: layers moves whole layers; skip_attn and skip_mlp need "
+                                              "search_space: sub_layers"),
+    ({"search_space": "heads"}, "search_space must be one of layers, sub_layers, got 'heads'"),
+    ({"skip_attn": [0], "search": "persist", "search_space": "sub_layers"},
+     r"search_space: sub_layers: the initial set's layer 0 is not searchable: sub-layers of layers 1..2 only"),
     ({"skip_layers": [0], "skip_attn": [1, 2, 3]}, "skip_attn skips the attention of every layer the draft keeps"),
 ])
 def test_bad_options_are_refused_with_one_line(options, message):
@@ -353,13 +366,28 @@ def test_search_maths_on_literal_inputs():
     assert bayes_skip(points, torch.tensor([0.1, 0.2, 0.9]), layers, 2, torch.Generator().manual_seed(0)) == [2, 4]
 
 
-def identity_layers_target(identity: tuple[int, ...]):
+def test_sub_layer_coordinates_are_swifts():
+    """SWIFT's point of a sub-layer set (hemingkx/SWIFT@88caed7 get_next_point_to_probe): layer l's attention at
+    l - 1 and its MLP at L - 2 + l - 1 over layers 1 .. L - 2; a whole layer is both. Off by one here would search
+    or record other sub-layers than SWIFT's"""
+    assert sub_layer_ids([2], [1], [3], 5) == [0, 1, 4, 5]
+    assert sub_layer_sets([0, 1, 4, 5], 5) == ([2], [1], [3])
+    assert sub_layer_ids(list(range(1, 28, 2)), [], [], 30) == [i - 1 for i in range(1, 28, 2)] + \
+        [27 + i for i in range(1, 28, 2)]  # SWIFT's initial set on a 30-layer model: 28 of the 56
+    assert sub_layer_sets([], 5) == ([], [], [])
+    with pytest.raises(ValueError, match=r"layer 4 is not searchable: sub-layers of layers 1..3 only"):
+        sub_layer_ids([], [4], [], 5)
+
+
+def identity_layers_target(identity: tuple[int, ...], attn: tuple[int, ...] = (), mlp: tuple[int, ...] = ()):
     """A 6-layer tiny target whose layers ``identity`` add nothing to the residual stream (zero attention output
-    and MLP down projections): skipping exactly those drafts the target's own tokens."""
+    and MLP down projections), nor the attention of the layers ``attn`` nor the MLP of ``mlp``: skipping exactly
+    those drafts the target's own tokens."""
     target = tiny_target(eos=False, layers=6, init=0.3)
     layers = target.model.get_decoder().layers
-    for i in identity:
+    for i in set(identity) | set(attn):
         torch.nn.init.zeros_(layers[i].self_attn.o_proj.weight)
+    for i in set(identity) | set(mlp):
         torch.nn.init.zeros_(layers[i].mlp.down_proj.weight)
     return target
 
@@ -388,6 +416,33 @@ def test_search_finds_the_planted_identity_layers():
     assert method.describe()["skipped_layers"] == [1, 3] and method.describe()["order_dependent"] is True
 
 
+def test_the_sub_layer_search_finds_the_planted_identity_sub_layers():
+    """search_space: sub_layers is SWIFT's space: layer 2's attention and layer 3's MLP add nothing, so skipping
+    exactly those two sub-layers drafts the target itself and no other pair of the 8 sub-layers of layers 1..4 does.
+    Started from layer 1's attention and layer 4's MLP, the search (window 8, seed 0) must find them, record the set
+    as attention-only and MLP-only layers, stop, and keep vanilla's output. With no set given a candidate skips
+    SWIFT's int(2 (L - 2) x 0.45) = 3 of the 8"""
+    target = identity_layers_target((), attn=(2,), mlp=(3,))
+    method = get_method("layer_skip").create(target, {"skip_attn": [1], "skip_mlp": [4], "k": 4, "stop_threshold": 0.0,
+                                                      "search": "persist", "search_space": "sub_layers",
+                                                      "search_window": 8})
+    assert method.candidate_size == 2 and method.searchable == list(range(8))
+    gen = method.generate(PROMPT, 120, GREEDY)
+    assert gen.token_ids == vanilla(target, 120)
+    notes = gen.method_notes
+    assert (notes["skipped_layers"], notes["skipped_attention_only"], notes["skipped_mlp_only"]) == ([], [1], [4])
+    assert notes["search_done"] and notes["search_best_matchness"] == 1.0
+    assert notes["layer_set_changes"][-1] == {"step": notes["layer_set_changes"][-1]["step"], "skipped_layers": [],
+                                              "skipped_attention_only": [2], "skipped_mlp_only": [3],
+                                              "matchness": 1.0}
+    assert (method.skipped, method.attn_only, method.mlp_only) == ([], [2], [3])
+    assert gen.counters["search_forwards"] == notes["search_iterations"] > 1
+    last = notes["layer_set_changes"][-1]["step"]
+    assert set(gen.accepted_drafts[last:]) == {4}  # the found set is the target: every chain accepted
+    default = get_method("layer_skip").create(target, {"search": "persist", "search_space": "sub_layers"})
+    assert default.skipped == [1, 2, 3] and default.candidate_size == 3  # int(8 * 0.45); the initial set is 6 of 8
+
+
 def test_a_per_turn_search_starts_each_turn_from_the_initial_set():
     """search=per_turn: every turn starts from skip_layers and searches afresh, so two identical turns draft and
     record identically (the run does not depend on the order of its questions)"""
@@ -401,9 +456,12 @@ def test_a_per_turn_search_starts_each_turn_from_the_initial_set():
 
 def test_the_search_leaves_the_targets_cache_as_vanilla_would():
     """Candidates are scored in a copy of the prompt's cache: the engine's cache after every step must still be a
-    fresh forward's over the committed text (as in the fixed-set test above), on a sliding-window target too"""
-    for target in (tiny_target(eos=False, layers=4), tiny_causal_lm("mistral", 6)):
-        method = get_method("layer_skip").create(target, {"skip_layers": [1], "k": 3, "stop_threshold": 0.0,
+    fresh forward's over the committed text (as in the fixed-set test above), on a sliding-window target too, and
+    with SWIFT's sub-layer space (a candidate that skips a layer's attention writes no K/V there to crop)"""
+    for target, sets in ((tiny_target(eos=False, layers=4), {"skip_layers": [1]}),
+                         (tiny_causal_lm("mistral", 6), {"skip_layers": [1]}),
+                         (tiny_target(eos=False, layers=4), {"skip_attn": [1], "search_space": "sub_layers"})):
+        method = get_method("layer_skip").create(target, {**sets, "k": 3, "stop_threshold": 0.0,
                                                           "search": "per_turn", "search_window": 4, "search_score": 1.0,
                                                           "search_bayes_every": 3})
         accept, committed = method.accept, []

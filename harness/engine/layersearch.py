@@ -10,6 +10,10 @@ bound ``mean + kappa * std`` (SWIFT: UCB, kappa 2.5, noise 1e-2) is maximised ov
 (:func:`gp_ucb`); the best point's ``n`` largest coordinates are the set (:func:`top_layers`). SWIFT's optimiser fits
 the kernel's length scale and refines the best random point by gradient steps; here the Matérn-5/2 kernel has a
 fixed length scale and the best of the random points is taken.
+
+Sub-layers: SWIFT's search space is the attention and the MLP sub-layer of each searchable layer, ``d = 2 (L - 2)``
+coordinates (:func:`sub_layer_ids` / :func:`sub_layer_sets` map a set to them and back, in SWIFT's order); the
+functions above take those ids as their ``layers``.
 """
 
 from __future__ import annotations
@@ -83,3 +87,25 @@ def bayes_skip(points: torch.Tensor, scores: torch.Tensor, layers: list[int], n:
     candidates = torch.rand(queries, len(layers), generator=generator)  # [queries, d]
     best = int(gp_ucb(points, scores, candidates).argmax())
     return top_layers(candidates[best], layers, n)
+
+
+def sub_layer_ids(skip: list[int], attn_only: list[int], mlp_only: list[int], num_layers: int) -> list[int]:
+    """A set as SWIFT's sub-layer coordinates (hemingkx/SWIFT@88caed7 ``get_next_point_to_probe``): of the ``2 (L -
+    2)`` sub-layers of layers 1 .. L - 2, layer l's attention is ``l - 1`` and its MLP ``L - 2 + l - 1``; a layer in
+    ``skip`` is both. Sorted. Example (L = 5): skip [2], attention of 1, MLP of 3 -> attention {1, 2} at 0, 1 and MLP
+    {2, 3} at 4, 5: [0, 1, 4, 5]."""
+    middle = num_layers - 2
+    attn, mlp = set(skip) | set(attn_only), set(skip) | set(mlp_only)
+    outside = sorted(i for i in attn | mlp if not 1 <= i <= middle)
+    if outside:
+        raise ValueError(f"layer {outside[0]} is not searchable: sub-layers of layers 1..{middle} only")
+    return sorted([i - 1 for i in attn] + [middle + i - 1 for i in mlp])
+
+
+def sub_layer_sets(ids: list[int], num_layers: int) -> tuple[list[int], list[int], list[int]]:
+    """The inverse of :func:`sub_layer_ids`: the layers skipped whole (both sub-layers), those with only the
+    attention and those with only the MLP skipped. Example (L = 5): [0, 1, 4, 5] -> ([2], [1], [3])."""
+    middle = num_layers - 2
+    attn = {i + 1 for i in ids if i < middle}
+    mlp = {i - middle + 1 for i in ids if i >= middle}
+    return sorted(attn & mlp), sorted(attn - mlp), sorted(mlp - attn)

@@ -62,7 +62,8 @@ timings_synchronised        whether the timings split was measured with a device
 speculation_off             when the method stopped speculating for the rest of the turn: ``{"step", "reason",
                             "context"}`` (``harness.engine.method.Generation``); absent otherwise
 method_notes                what the method chose during the turn, in its own terms (``layer_skip`` with ``search``:
-                            the layer set it started with and each change, ``harness.engine.method.Generation``);
+                            the layer (or sub-layer) set it started with and each change,
+                            ``harness.engine.method.Generation``);
                             absent otherwise
 logit_margins, logit_tops,  greedy only (else None): per emitted token, the target's top-1 minus top-2 logit, the
 logit_runner_ups            top-1 logit and the top-2 token (``harness.measure.metrics.divergence``)

@@ -2,7 +2,7 @@
 ``evaluation_llama/inference_swift.py``; its ``requirements.txt`` pins transformers 4.37.1): the same model, prompts
 and skipped set, no search, greedy.
 
-    python tests/support/reference_layer_skip.py harness QUESTIONS TOKENS OUT.json [SKIP]   # the harness's venv
+    python tests/support/reference_layer_skip.py harness QUESTIONS TOKENS OUT.json [SKIP | ATTN:MLP]   # harness venv
     SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py swift MODEL OUT.json   # SWIFT's venv
     python tests/support/reference_layer_skip.py compare OUT.json
     SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py fixture OUT.json   # the test's data
@@ -21,6 +21,9 @@ steps and the tokens. ``MODEL``: the default model's folder with ``rope_theta`` 
 (transformers 4.37 does not read ``rope_parameters``) and ``max_position_embeddings`` 2048 (SWIFT allocates its KV
 buffer to that length and clones it for every draft; RoPE is the same at every position used). ``fastchat`` and
 SWIFT's ``evaluation_llama.eval`` (the answer-file loop) are stubbed out: ``swift_forward`` uses neither.
+
+``SKIP`` (``1,3,5``) replaces the initial set; ``ATTN:MLP`` (``1,3,5:2,3``) skips the attention of the first layers
+and the MLP of the second (the harness's ``skip_attn`` / ``skip_mlp``, SWIFT's ``set_skip_layers(attn, mlp)``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def swift_initial_set(num_layers: int) -> list[int]:
     return list(range(1, num_layers - 1, 2))
 
 
-def harness_side(questions: int, tokens: int, out: str, skip: list[int] | None = None) -> None:
+def harness_side(questions: int, tokens: int, out: str, skip: list[int] | None = None,
+                 sub_layers: tuple[list[int], list[int]] | None = None) -> None:
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
     from harness.registry import get_method
@@ -51,7 +55,9 @@ def harness_side(questions: int, tokens: int, out: str, skip: list[int] | None =
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     skip = skip if skip is not None else swift_initial_set(len(target.model.get_decoder().layers))
-    options = {"skip_layers": skip, "k": MAX_STEP_DRAFT, "stop_threshold": STOP_THRESHOLD}
+    attn, mlp = sub_layers or (skip, skip)
+    sets = {"skip_attn": attn, "skip_mlp": mlp} if sub_layers else {"skip_layers": skip}
+    options = {**sets, "k": MAX_STEP_DRAFT, "stop_threshold": STOP_THRESHOLD}
     methods = {shape: get_method("layer_skip").create(target, {**options, "tree": shape})
                for shape in ("chain", "confidence")}
     chains: list[list[int]] = []
@@ -70,7 +76,7 @@ def harness_side(questions: int, tokens: int, out: str, skip: list[int] | None =
                             f"{key}_accepted": [a - 1 for a in gen.accept_lengths[1:]]})
             rows.append(row)
     with open(out, "w") as f:
-        json.dump({"skip_layers": skip, "tokens": tokens, "rows": rows}, f)
+        json.dump({"skip_layers": skip, "skip_attn": attn, "skip_mlp": mlp, "tokens": tokens, "rows": rows}, f)
 
 
 def recording(propose, chains: list[list[int]]):
@@ -113,8 +119,8 @@ def swift_side(model_path: str, out: str) -> None:
     model = inference.LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
     with open(out) as f:
         res = json.load(f)
-    skip = np.array(res["skip_layers"])
-    model.set_skip_layers(skip, skip)
+    skip = res["skip_layers"]  # fixtures before sub-layers name one set for both
+    model.set_skip_layers(np.array(res.get("skip_attn", skip)), np.array(res.get("skip_mlp", skip)))
     chains: list[list[int]] = []
     draft = inference.swift_draft
 
@@ -211,8 +217,15 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     side, args = sys.argv[1], sys.argv[2:]
     if side == "harness":
-        harness_side(int(args[0]), int(args[1]), args[2],
-                     [int(i) for i in args[3].split(",")] if len(args) > 3 else None)
+        def layers(text: str) -> list[int]:
+            return [int(i) for i in text.split(",") if i]
+
+        chosen = args[3] if len(args) > 3 else None
+        if chosen and ":" in chosen:
+            attn, mlp = chosen.split(":")
+            harness_side(int(args[0]), int(args[1]), args[2], [], (layers(attn), layers(mlp)))
+        else:
+            harness_side(int(args[0]), int(args[1]), args[2], layers(chosen) if chosen else None)
     elif side == "swift":
         swift_side(args[0], args[1])
     elif side == "compare":
