@@ -122,16 +122,17 @@ class SkippedMLP(nn.Module):
 class LayerSkipOptions:
     """``skip_layers``: the skipped decoder layers (0-based); ``skip_ratio``: else the share of layers skipped in the
     interleaved pattern (default 0.45; give one of the two); ``skip_attn`` / ``skip_mlp``: layers whose attention / MLP
-    sub-layer is skipped (a layer in both is skipped whole; not with ``skip_ratio`` or a search); ``k``: the longest
-    draft chain; ``stop_threshold``: end the chain after a draft token whose top-1 probability is below it (0: never).
-    ``search``: SWIFT's on-the-fly search of the set (``off``; ``persist``: one search over the whole run, as SWIFT;
-    ``per_turn``: started afresh from the initial set at every turn) with its budget: ``search_window`` tokens scored,
-    at most ``search_iters`` candidates, stopped after ``search_patience`` candidates in a row that did not beat the
-    best or once one scores above ``search_score``; every ``search_bayes_every``-th candidate from Bayesian optimization
-    (0: random search only); ``search_seed`` seeds the candidates; ``search_space``: ``layers`` (whole layers) or
-    ``sub_layers`` (SWIFT's: attention and MLP apart). ``tree``: ``chain`` drafts the chain alone;
-    ``confidence`` adds SWIFT's ranked siblings beside each chain token (3 / 5 / 8 / 10 candidates greedy, 1 / 3 / 5 /
-    10 sampled, by the chain token's confidence above 0.95 / 0.8 / 0.5 / otherwise)."""
+    sub-layer is skipped (a layer in both is skipped whole; not with ``skip_ratio``; a search moves them with
+    ``search_space: sub_layers`` only); ``k``: the longest draft chain; ``stop_threshold``: end the chain after a draft
+    token whose top-1 probability is below it (0: never). ``search``: SWIFT's on-the-fly search of the set (``off``;
+    ``persist``: one search over the whole run, as SWIFT; ``per_turn``: started afresh from the initial set at every
+    turn) with its budget: ``search_window`` tokens scored, at most ``search_iters`` candidates, stopped after
+    ``search_patience`` candidates in a row that did not beat the best or once one scores above ``search_score``; every
+    ``search_bayes_every``-th candidate from Bayesian optimization (0: random search only); ``search_seed`` seeds the
+    candidates; ``search_space``: ``layers`` (whole layers) or ``sub_layers`` (SWIFT's: attention and MLP apart).
+    ``tree``: ``chain`` drafts the chain alone; ``confidence`` adds SWIFT's ranked siblings beside each chain token (3 /
+    5 / 8 / 10 candidates greedy, 1 / 3 / 5 / 10 sampled, by the chain token's confidence above 0.95 / 0.8 / 0.5 /
+    otherwise)."""
 
     skip_layers: list[int] | None = None
     skip_ratio: float | None = None
