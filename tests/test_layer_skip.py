@@ -510,19 +510,24 @@ def test_the_confidence_tree_is_swifts_choices():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_drafts_as_swifts_own_code_on_the_default_model(real_target, shape):
+@pytest.mark.parametrize("sets", ["layers", "sub_layers"])
+def test_drafts_as_swifts_own_code_on_the_default_model(real_target, shape, sets):
     """The chain SWIFT's swift_draft drafted at each step and the draft tokens its verification accepted (the same
     skipped layers, k 25, stop 0.8, greedy; the bare chain, and SWIFT's confidence tree, here tree: confidence) on
     two MT-bench turns of the default model, recorded by tests/support/reference_layer_skip.py: the harness must draft
     and accept the same at every step the budget does not shorten. A different chain means the draft pass sees other
-    K/V, positions or layers than SWIFT's; a different accepted count with the same chain, another tree or rule"""
+    K/V, positions or layers than SWIFT's; a different accepted count with the same chain, another tree or rule.
+    ``sub_layers``: one turn with different attention and MLP sets (SWIFT's set_skip_layers(attn, mlp), the harness's
+    skip_attn / skip_mlp): a sub-layer skipped otherwise than SWIFT's residual pass-through would change the chains"""
     ref = swift_reference()
+    chosen = ({"skip_layers": ref["skip_layers"]} if sets == "layers"
+              else {"skip_attn": ref["sub_layers"]["skip_attn"], "skip_mlp": ref["sub_layers"]["skip_mlp"]})
     method = get_method("layer_skip").create(real_target, {
-        "skip_layers": ref["skip_layers"], "k": ref["k"], "stop_threshold": ref["stop_threshold"],
+        **chosen, "k": ref["k"], "stop_threshold": ref["stop_threshold"],
         "tree": "confidence" if shape == "tree" else "chain"})
     chains: list[list[int]] = []
     method.propose = recording(method.propose, chains)
-    for row in ref["rows"]:
+    for row in ref["rows"] if sets == "layers" else ref["sub_layers"]["rows"]:
         chains.clear()
         gen = method.generate(torch.tensor([row["prompt"]]), ref["tokens"], GREEDY)
         assert gen.token_ids == row["vanilla"]

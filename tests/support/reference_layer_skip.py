@@ -6,6 +6,7 @@ and skipped set, no search, greedy.
     SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py swift MODEL OUT.json   # SWIFT's venv
     python tests/support/reference_layer_skip.py compare OUT.json
     SWIFT=CHECKOUT REFVENV/bin/python tests/support/reference_layer_skip.py fixture OUT.json   # the test's data
+    python tests/support/reference_layer_skip.py fixture-sub OUT.json   # adds a compared ATTN:MLP run's first turn
 
 The harness side renders MT-bench's first ``QUESTIONS`` questions, both turns (:func:`tests.support.mt_bench_turns.
 vanilla_turns`), and runs ``layer_skip`` with SWIFT's initial set as ``skip_layers`` (layers 1, 3, ..., L - 2, which
@@ -213,6 +214,19 @@ def fixture(path: str, turns: int = 2) -> None:
         "rows": [{k: r[k] for k in keys} for r in res["rows"][:turns]]}) + "\n")
 
 
+def fixture_sub_layers(path: str, turns: int = 1) -> None:
+    """Adds to the fixture, under ``sub_layers``, a compared ``OUT.json`` of an ``ATTN:MLP`` run: its sets and its
+    first ``turns`` turns' rows as :func:`fixture` keeps them (the rest of the file is left as it is)."""
+    with open(path) as f:
+        res = json.load(f)
+    keys = ["qid", "turn", "prompt", "vanilla"] + [f"swift_{shape}{part}" for shape in ("chain", "tree")
+                                                   for part in ("_chains", "_accepted", "_forwards")]
+    data = json.loads(FIXTURE.read_text())
+    data["sub_layers"] = {"skip_attn": res["skip_attn"], "skip_mlp": res["skip_mlp"], "tokens": res["tokens"],
+                          "rows": [{k: r[k] for k in keys} for r in res["rows"][:turns]]}
+    FIXTURE.write_text(json.dumps(data) + "\n")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     side, args = sys.argv[1], sys.argv[2:]
@@ -232,5 +246,7 @@ if __name__ == "__main__":
         compare(args[0])
     elif side == "fixture":
         fixture(args[0])
+    elif side == "fixture-sub":
+        fixture_sub_layers(args[0])
     else:
-        raise SystemExit(f"unknown side {side!r}: harness, swift, compare, fixture")
+        raise SystemExit(f"unknown side {side!r}: harness, swift, compare, fixture, fixture-sub")
