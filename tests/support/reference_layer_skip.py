@@ -196,6 +196,14 @@ def compare(path: str) -> dict:
 CONFIDENCES = [[0.99, 0.96, 0.951, 0.95, 0.9, 0.81, 0.8, 0.51, 0.5, 0.2], [0.97, 0.3], [0.1]]
 
 
+def fixture_rows(res: dict, turns: int) -> list[dict]:
+    """The first ``turns`` rows of a compared ``OUT.json`` as the fixture keeps them: prompt, vanilla's tokens and
+    SWIFT's chains, accepted counts and forwards (bare chain and tree)."""
+    keys = ["qid", "turn", "prompt", "vanilla"] + [f"swift_{shape}{part}" for shape in ("chain", "tree")
+                                                   for part in ("_chains", "_accepted", "_forwards")]
+    return [{k: r[k] for k in keys} for r in res["rows"][:turns]]
+
+
 def fixture(path: str, turns: int = 2) -> None:
     """In SWIFT's venv: ``tests/data/layer_skip_reference.json`` from a compared ``OUT.json``: the first ``turns``
     turns' prompts, vanilla's tokens and SWIFT's chains and accepted counts (bare chain and tree), and the choices
@@ -203,15 +211,13 @@ def fixture(path: str, turns: int = 2) -> None:
     inference = load_swift(os.environ["SWIFT"])
     with open(path) as f:
         res = json.load(f)
-    keys = ["qid", "turn", "prompt", "vanilla"] + [f"swift_{shape}{part}" for shape in ("chain", "tree")
-                                                   for part in ("_chains", "_accepted", "_forwards")]
     choices = [{"confidences": c, "greedy": inference.get_choices_list(c),
                 "sampled": inference.get_choices_list(c, logits_processor=True)} for c in CONFIDENCES]
     FIXTURE.write_text(json.dumps({
         "source": f"hemingkx/SWIFT@{COMMIT[:7]}, tests/support/reference_layer_skip.py",
         "skip_layers": res["skip_layers"], "tokens": res["tokens"], "k": MAX_STEP_DRAFT,
         "stop_threshold": STOP_THRESHOLD, "choices": choices,
-        "rows": [{k: r[k] for k in keys} for r in res["rows"][:turns]]}) + "\n")
+        "rows": fixture_rows(res, turns)}) + "\n")
 
 
 def fixture_sub_layers(path: str, turns: int = 1) -> None:
@@ -219,11 +225,9 @@ def fixture_sub_layers(path: str, turns: int = 1) -> None:
     first ``turns`` turns' rows as :func:`fixture` keeps them (the rest of the file is left as it is)."""
     with open(path) as f:
         res = json.load(f)
-    keys = ["qid", "turn", "prompt", "vanilla"] + [f"swift_{shape}{part}" for shape in ("chain", "tree")
-                                                   for part in ("_chains", "_accepted", "_forwards")]
     data = json.loads(FIXTURE.read_text())
     data["sub_layers"] = {"skip_attn": res["skip_attn"], "skip_mlp": res["skip_mlp"], "tokens": res["tokens"],
-                          "rows": [{k: r[k] for k in keys} for r in res["rows"][:turns]]}
+                          "rows": fixture_rows(res, turns)}
     FIXTURE.write_text(json.dumps(data) + "\n")
 
 
