@@ -75,7 +75,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.engine.layersearch import bayes_skip, matchness, random_skip, skip_point, sub_layer_ids, sub_layer_sets
+from harness.engine.layersearch import (
+    bayes_skip,
+    matchness,
+    random_skip,
+    skip_point,
+    split_sub_layers,
+    sub_layer_ids,
+    sub_layer_sets,
+)
 from harness.engine.method import OptionsError
 from harness.engine.runtime import bucket_slots
 from harness.engine.sampling import SamplingParams, logits_to_probs
@@ -258,19 +266,20 @@ class LayerSkip(SpeculativeMethod):
             if named and named[-1] >= n:
                 raise OptionsError(f"{where}: option {name}: layer {named[-1]} does not exist, the target has {n} "
                                    f"decoder layers (0..{n - 1})")
-        attn, mlp = set(self.options.skip_attn or ()), set(self.options.skip_mlp or ())
         if self.options.skip_layers is not None or self.options.sub_layers:
-            skip = sorted(set(self.options.skip_layers or ()) | (attn & mlp))  # both sub-layers: the whole layer
+            whole = set(self.options.skip_layers or ())  # both sub-layers of a layer named in both: the whole layer
+            skip, attn_only, mlp_only = split_sub_layers(whole | set(self.options.skip_attn or ()),
+                                                         whole | set(self.options.skip_mlp or ()))
         else:
             ratio = DEFAULT_SKIP_RATIO if self.options.skip_ratio is None else self.options.skip_ratio
-            skip = interleaved_skip(n, ratio)
+            skip, attn_only, mlp_only = interleaved_skip(n, ratio), [], []
         if len(skip) >= n:
             raise OptionsError(f"{where}: the draft skips all {n} decoder layers; keep at least one")
-        if set(range(n)) - set(skip) <= attn:
+        if set(range(n)) - set(skip) <= set(attn_only):
             raise OptionsError(f"{where}: option skip_attn skips the attention of every layer the draft keeps; keep "
                                "at least one")
-        missing = [(i, part) for part, named in (("self_attn", attn - set(skip)), ("mlp", mlp - set(skip)))
-                   for i in sorted(named) if not isinstance(getattr(layers[i], part, None), nn.Module)]
+        missing = [(i, part) for part, named in (("self_attn", attn_only), ("mlp", mlp_only))
+                   for i in named if not isinstance(getattr(layers[i], part, None), nn.Module)]
         if missing:
             i, part = missing[0]
             raise OptionsError(f"{where}: decoder layer {i} ({type(layers[i]).__name__}) has no `{part}` module "
@@ -279,7 +288,7 @@ class LayerSkip(SpeculativeMethod):
         self.config = decoder.config  # the config the decoder reads layer_types from
         self.types = layer_types(target.model.config) or ["full_attention"] * n
         self.per_type = len(set(self.types)) > 1  # a mixed target takes a mask per attention type
-        self.initial = (skip, sorted(attn - mlp - set(skip)), sorted(mlp - attn - set(skip)))  # drafting starts here
+        self.initial = (skip, attn_only, mlp_only)  # the set drafting starts from
         self.use_layers(*self.initial)
         self.sub_space = self.options.search_space == "sub_layers"
         if self.options.search != "off":

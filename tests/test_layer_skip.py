@@ -20,6 +20,7 @@ from harness.engine.layersearch import (
     matchness,
     random_skip,
     skip_point,
+    split_sub_layers,
     sub_layer_ids,
     sub_layer_sets,
     top_layers,
@@ -372,6 +373,7 @@ def test_sub_layer_coordinates_are_swifts():
     or record other sub-layers than SWIFT's"""
     assert sub_layer_ids([2], [1], [3], 5) == [0, 1, 4, 5]
     assert sub_layer_sets([0, 1, 4, 5], 5) == ([2], [1], [3])
+    assert split_sub_layers({1, 2}, {2, 3}) == ([2], [1], [3])  # the options' sets read the same way
     assert sub_layer_ids(list(range(1, 28, 2)), [], [], 30) == [i - 1 for i in range(1, 28, 2)] + \
         [27 + i for i in range(1, 28, 2)]  # SWIFT's initial set on a 30-layer model: 28 of the 56
     assert sub_layer_sets([], 5) == ([], [], [])

@@ -89,6 +89,14 @@ def bayes_skip(points: torch.Tensor, scores: torch.Tensor, layers: list[int], n:
     return top_layers(candidates[best], layers, n)
 
 
+def split_sub_layers(attn: set[int] | list[int], mlp: set[int] | list[int]) -> tuple[list[int], list[int], list[int]]:
+    """The layers whose attention (``attn``) and MLP (``mlp``) sub-layers are skipped, as the layers skipped whole
+    (both), those with only the attention and those with only the MLP skipped; sorted.
+    Example: attention of {1, 2}, MLP of {2, 3} -> ([2], [1], [3])."""
+    attn, mlp = set(attn), set(mlp)
+    return sorted(attn & mlp), sorted(attn - mlp), sorted(mlp - attn)
+
+
 def sub_layer_ids(skip: list[int], attn_only: list[int], mlp_only: list[int], num_layers: int) -> list[int]:
     """A set as SWIFT's sub-layer coordinates (hemingkx/SWIFT@88caed7 ``get_next_point_to_probe``): of the ``2 (L -
     2)`` sub-layers of layers 1 .. L - 2, layer l's attention is ``l - 1`` and its MLP ``L - 2 + l - 1``; a layer in
@@ -106,6 +114,4 @@ def sub_layer_sets(ids: list[int], num_layers: int) -> tuple[list[int], list[int
     """The inverse of :func:`sub_layer_ids`: the layers skipped whole (both sub-layers), those with only the
     attention and those with only the MLP skipped. Example (L = 5): [0, 1, 4, 5] -> ([2], [1], [3])."""
     middle = num_layers - 2
-    attn = {i + 1 for i in ids if i < middle}
-    mlp = {i - middle + 1 for i in ids if i >= middle}
-    return sorted(attn & mlp), sorted(attn - mlp), sorted(mlp - attn)
+    return split_sub_layers({i + 1 for i in ids if i < middle}, {i - middle + 1 for i in ids if i >= middle})
