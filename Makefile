@@ -37,17 +37,17 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# pytest-benchmark over the engine's parts (tests/test_bench_engine.py) and vanilla vs generate; every run is saved
-# under .benchmarks/<machine>/ and, once this checkout has a save, compared with the previous one: a part whose mean
-# time grew by more than 15% fails. Compare on the same, otherwise idle machine; on a shared CPU, CPU time and the
+# pytest-benchmark over the engine's parts (tests/test_bench_engine.py), vanilla vs generate and an EAGLE-3 training
+# step (tests/test_bench_train.py); every run is saved under .benchmarks/<machine>/ and, once this checkout has a
+# save, compared with the previous one: a part whose mean time grew by more than 15% fails. Compare on the same, otherwise idle machine; on a shared CPU, CPU time and the
 # median are steadier: make bench BENCH_FLAGS=--benchmark-timer=time.process_time BENCH_FAIL=median:15%
 BENCH_SAVED := $(wildcard .benchmarks/*/*.json)
 BENCH_FAIL ?= mean:15%
 BENCH_FLAGS ?=
 
 bench: setup
-	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py -q --benchmark-enable \
-	  --benchmark-autosave --benchmark-group-by=group $(BENCH_FLAGS) \
+	$(BIN)/python -m pytest tests/test_bench_engine.py tests/test_bench_vanilla.py tests/test_bench_train.py -q \
+	  --benchmark-enable --benchmark-autosave --benchmark-group-by=group $(BENCH_FLAGS) \
 	  $(if $(BENCH_SAVED),--benchmark-compare --benchmark-compare-fail=$(BENCH_FAIL))
 
 # on a CUDA machine: GPU-marked tests, fp32 losslessness, the bf16 divergence report, memory/NVML/energy, synchronised

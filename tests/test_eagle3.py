@@ -385,3 +385,55 @@ def test_eagle3_loss_of_one_step_is_the_restricted_soft_cross_entropy(tmp_path):
         expected = (ce * m * inside).sum() / m.sum()
     assert loss.item() == pytest.approx(float(expected), rel=1e-4) and parts["ploss1"] == pytest.approx(loss.item())
     assert 0 < int(inside[m > 0].sum()) < int((m > 0).sum())  # both cases occur: the mask is exercised
+
+
+def test_eagle3_loss_and_accuracy_with_the_cached_greedy_tokens_equal_the_computed_ones(tmp_path):
+    """With the target's greedy tokens carried by the batch (FeatureDataset.attach_greedy, what the loop does for
+    eagle3), the loss runs only the draft vocabulary's rows of lm_head: the loss, its parts and the accuracy must be
+    what the full-vocabulary computation gives, or the cache changes what a head learns; and a second read of an
+    item must not run lm_head again, or the cache saves nothing"""
+    from harness.train.dataset import FeatureDataset, collate
+    from harness.train.features import dataset_token_counts, read_manifest
+    from harness.train.objectives import get_objective
+
+    target = tiny_target(init=0.3)
+    data = build_pattern_data(tmp_path, target, "low,mid,high")
+    obj = get_objective("eagle3").create(target, {"draft_vocab": 40, "length": 3})
+    obj.check_data(read_manifest(data), str(data))
+    obj.set_token_counts(dataset_token_counts(data, V))
+    torch.manual_seed(0)
+    head = obj.build_head()
+    plain = FeatureDataset(data, noise="none")
+    cached = FeatureDataset(data, noise="none")
+    calls = []
+    cached.attach_greedy(counting_module(target.model.lm_head, calls))
+    batch = collate([plain[i] for i in range(4)])
+    with_greedy = collate([cached[i] for i in range(4)])
+    assert set(with_greedy) == set(batch) | {"greedy"}
+    assert torch.equal(with_greedy["greedy"], target.model.lm_head(batch["target"]).argmax(-1))
+    in_vocab = torch.isin(with_greedy["greedy"][batch["loss_mask"] > 0], obj.kept)
+    assert 0 < int(in_vocab.sum()) < in_vocab.numel()  # both sides of the in-vocabulary mask occur
+    loss, parts = obj.loss(head, batch)
+    loss_c, parts_c = obj.loss(head, with_greedy)
+    assert loss_c.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert parts_c == pytest.approx(parts, rel=1e-5)
+    hits = [[t.tolist() for t in obj.accuracy(head, b, 3)] for b in (with_greedy, batch)]
+    assert hits[0] == hits[1] and sum(hits[0][0]) > 0
+    assert len(calls) == 4
+    collate([cached[i] for i in range(4)])
+    assert len(calls) == 4
+
+
+def counting_module(module: torch.nn.Module, calls: list) -> torch.nn.Module:
+    """``module`` behind a wrapper that records each call (same weight and bias attributes)."""
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+            self.weight, self.bias = module.weight, module.bias
+
+        def forward(self, x):
+            calls.append(tuple(x.shape))
+            return self.inner(x)
+
+    return Counting()

@@ -50,7 +50,8 @@ class FeatureDataset(torch.utils.data.Dataset):
     noise: "eagle" (published ``U(-0.5,0.5)*0.2*512/S``), "none", or a float = fixed scale ``U(-0.5,0.5)*scale``.
     Items: features [S, H] (noised), input_ids [S], target [S, H], loss_mask [S] (float), token_ids [S] and
     token_mask [S] (unshifted); for a dataset built with ``layers`` also levels [S, k*H] (aligned with features,
-    noised the same way; :attr:`hidden_layers` lists the hidden-state indices).
+    noised the same way; :attr:`hidden_layers` lists the hidden-state indices); after :meth:`attach_greedy` also
+    greedy [S] (long).
     """
 
     def __init__(self, data_dir: str | Path, split: str | None = None, eval_fraction: float = 0.05,
@@ -78,6 +79,30 @@ class FeatureDataset(torch.utils.data.Dataset):
                 raise ValueError(f"{data_dir}: train_limit={train_limit} needs split 'train' and 1..{len(self.index)} "
                                  f"(the training conversations), got split {split!r}")
             self.index = self.index[:train_limit]
+        self._lm_head: torch.nn.Module | None = None
+        self._greedy: dict[int, torch.Tensor] = {}
+
+    def attach_greedy(self, lm_head: torch.nn.Module) -> None:
+        """Give every item ``greedy`` [S] (long): the target's greedy token at each position, ``argmax
+        lm_head(target)`` (the token greedy verification accepts; id 0 on the zero row after the last token), computed
+        on ``lm_head``'s device the first time an item is read and kept (8 bytes a position) for every later read.
+
+        Why: an objective that needs the target's full-vocabulary argmax (EAGLE-3's in-vocabulary mask, every
+        accuracy) otherwise runs the V-wide ``lm_head`` over the batch at every step and every evaluation: on the
+        default model about a fifth of an EAGLE-3 step. The target features are stored and never noised, so the
+        tokens do not change between epochs. Only for a dataset read in this process (a DataLoader with
+        ``num_workers`` 0): a worker's copy would keep its own cache.
+        """
+        self._lm_head = lm_head
+
+    def greedy(self, i: int, target: torch.Tensor) -> torch.Tensor:
+        """Item ``i``'s greedy tokens [S] (long, CPU) from its target features ``target`` [S, H] (see
+        :meth:`attach_greedy`)."""
+        if i not in self._greedy:
+            weight = self._lm_head.weight
+            with torch.no_grad():
+                self._greedy[i] = self._lm_head(target.to(weight.device, weight.dtype)).argmax(-1).cpu()
+        return self._greedy[i]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -129,6 +154,8 @@ class FeatureDataset(torch.utils.data.Dataset):
         item = shift_for_eagle(ids, hidden, mask)
         if self.hidden_layers:
             item["levels"] = self.levels(i)
+        if self._lm_head is not None:
+            item["greedy"] = self.greedy(i, item["target"])
         if self.noise != "none":
             scale = None if self.noise == "eagle" else float(self.noise)
             for key in ("features", "levels") if self.hidden_layers else ("features",):

@@ -160,7 +160,7 @@ def eval_heads(objective_name: str, target: Target, heads: Sequence[str | Path],
         objective = cls.create(target, {**trained, **(options or {})})
         check_data(objective, target, manifest, data_dir)
         loaded.append((head, objective, load_for_eval(objective, head), source))
-    split = held_out_split(data_dir, cfg)
+    split = held_out_split(data_dir, cfg, target.model.get_output_embeddings())
     if len(split) == 0:
         raise ValueError(f"{data_dir}: no held-out conversations at eval_fraction={cfg.eval_fraction}")
     accelerator = Accelerator(cpu=cfg.cpu)

@@ -168,10 +168,15 @@ def _sha256_file(path: Path) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def held_out_split(data_dir: Path, cfg: TrainConfig) -> FeatureDataset:
+def held_out_split(data_dir: Path, cfg: TrainConfig, lm_head: nn.Module | None = None) -> FeatureDataset:
     """The conversations the trainer evaluates on: the last ``cfg.eval_fraction`` of ``data_dir``'s (first
-    ``cfg.max_shards`` shards') conversations in build order, cut at ``cfg.max_len``, without input noise."""
-    return FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
+    ``cfg.max_shards`` shards') conversations in build order, cut at ``cfg.max_len``, without input noise; with the
+    target's ``lm_head``, its items carry the target's greedy tokens, computed once for every evaluation
+    (:meth:`FeatureDataset.attach_greedy`)."""
+    split = FeatureDataset(data_dir, "eval", cfg.eval_fraction, "none", cfg.max_len, cfg.max_shards)
+    if lm_head is not None:
+        split.attach_greedy(lm_head)
+    return split
 
 
 def evaluate(objective: Objective, head: nn.Module, dataset, cfg: TrainConfig, accelerator,
@@ -300,7 +305,9 @@ def train(objective_name: str, target: Target, data_dir: str | Path, out_dir: st
     set_seed(cfg.seed)
     train_ds = FeatureDataset(data_dir, "train", cfg.eval_fraction, cfg.noise, cfg.max_len, cfg.max_shards,
                               cfg.train_conversations)
-    eval_ds = held_out_split(data_dir, cfg)
+    if objective.greedy_in_loss and cfg.num_workers == 0:
+        train_ds.attach_greedy(objective.lm_head)
+    eval_ds = held_out_split(data_dir, cfg, objective.lm_head)
     if len(train_ds) == 0:
         raise ValueError(f"{data_dir}: no training conversations after holding out {len(eval_ds)} for evaluation")
     vocab = objective.lm_head.weight.shape[0]

@@ -43,6 +43,9 @@ class Objective:
 
     name: ClassVar[str] = "?"
     defaults: ClassVar[dict[str, Any]] = {}
+    # the loss reads the target's greedy tokens (batch["greedy"] when the loop attaches them to the training set,
+    # :meth:`harness.train.dataset.FeatureDataset.attach_greedy`); every accuracy reads them from the held-out set
+    greedy_in_loss: ClassVar[bool] = False
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, target: Target, options=None):

@@ -60,7 +60,7 @@ def unroll_mask(S: int, step: int, device: torch.device | None = None) -> torch.
 
 def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor,
                         target: torch.Tensor, mask: torch.Tensor, k: int,
-                        draft_argmax=None) -> tuple[torch.Tensor, torch.Tensor]:
+                        draft_argmax=None, want: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-1 hits of the EAGLE draft after 1..k unrolled steps against the target's greedy token.
 
     Step 1 reads the true (f_t, x_{t+1}); step j reads the draft's own feature from step j-1 with the true token
@@ -69,12 +69,15 @@ def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Ten
     argmax lm_head(f_{p+1}) (``target[p]``), what greedy verification accepts.
     ``draft_argmax`` (features -> token ids; default argmax of ``lm_head``) is the draft's pick, e.g. over a reduced
     draft vocabulary (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`); the target's token always uses the full
-    head. features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
+    head; ``want`` [B, S] is that token when the batch carries it (``greedy``,
+    :meth:`harness.train.dataset.FeatureDataset.attach_greedy`), computed from ``target`` otherwise.
+    features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
     """
     draft_argmax = draft_argmax or (lambda x: lm_head(x).argmax(-1))
     B, S, _ = features.shape
     pos = torch.arange(S, device=features.device).expand(B, S)  # [B, S]
-    want = lm_head(target).argmax(-1)                             # [B, S]
+    if want is None:
+        want = lm_head(target).argmax(-1)                         # [B, S]
     correct, total = torch.zeros(k), torch.zeros(k)
     kv, x = None, features
     for step in range(1, k + 1):
@@ -213,7 +216,7 @@ class EagleObjective(Objective):
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax, batch.get("greedy"))
 
     def save(self, head, folder):
         return save_eagle_head(head, folder)

@@ -62,6 +62,7 @@ class Eagle3Objective(Objective):
     the published EAGLE-3 format (:func:`methods.eagle3.checkpoint.save_eagle3_head`)."""
 
     Options = Eagle3ObjectiveOptions
+    greedy_in_loss = True  # the in-vocabulary mask: with the tokens cached, only the draft vocabulary's logits run
     defaults = {"lr": 5e-5, "weight_decay": 0.0, "warmup_steps": 12000, "epochs": 40, "noise": "none"}
 
     def __init__(self, target, options=None):
@@ -102,9 +103,8 @@ class Eagle3Objective(Objective):
         kept = self.kept.to(device) if self.kept is not None else torch.arange(self.lm_head.weight.shape[0],
                                                                                device=device)
         with torch.no_grad():
-            target_logits = self.lm_head(batch["target"][on]).float()              # [n, V]
-            in_vocab = torch.isin(target_logits.argmax(-1), kept)                   # [n]
-            target_p = torch.softmax(target_logits[:, kept], dim=-1)                # [n, Vd]
+            target_p, in_vocab = self.target_over_kept(batch["target"][on], kept,
+                                                       None if "greedy" not in batch else batch["greedy"][on])
         weight, pos_on = mask[on].float(), pos[on]                                  # [n]
         logits_of = unwrap(head).logits
         total, parts, kv, x = levels.new_zeros(()), {}, None, levels
@@ -120,12 +120,27 @@ class Eagle3Objective(Objective):
             x = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)  # chain's feature moves to p + 1
         return total, parts
 
+    def target_over_kept(self, target: torch.Tensor, kept: torch.Tensor,
+                         greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distribution over the draft vocabulary and whether its greedy token is in it.
+
+        target [n, H] (features f_{t+1}); kept [Vd] (sorted target ids); greedy [n] (the target's greedy tokens, when
+        the batch carries them) -> (softmax of the target's logits at ``kept``, renormalised [n, Vd]; in_vocab [n]).
+        With ``greedy`` only the Vd rows of ``lm_head`` run, not all V (on the default model 4,096 of 49,152)."""
+        if greedy is None:
+            logits = self.lm_head(target).float()                             # [n, V]
+            return torch.softmax(logits[:, kept], dim=-1), torch.isin(logits.argmax(-1), kept)
+        bias = self.lm_head.bias
+        logits = nn.functional.linear(target, self.lm_head.weight[kept],
+                                      None if bias is None else bias[kept]).float()  # [n, Vd]
+        return torch.softmax(logits, dim=-1), torch.isin(greedy, kept)
+
     def accuracy(self, head, batch, k):
         """Top-1 hits of the draft (over its vocabulary, mapped to target ids) after 1..k unrolled steps against the
         target's greedy token (full vocabulary): what greedy verification accepts."""
         module = unwrap(head)
         return eagle_unrolled_hits(head, self.lm_head, module.project(batch["levels"]), batch["input_ids"],
-                                   batch["target"], batch["loss_mask"], k, module.draft_argmax)
+                                   batch["target"], batch["loss_mask"], k, module.draft_argmax, batch.get("greedy"))
 
     def save(self, head, folder):
         head = unwrap(head)

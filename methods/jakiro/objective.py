@@ -95,7 +95,7 @@ class JakiroObjective(Objective):
 
     def accuracy(self, head, batch, k):
         return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax, batch.get("greedy"))
 
     def save(self, head, folder):
         return save_jakiro_head(head, folder)
