@@ -357,20 +357,25 @@ def test_train_eagle3_refuses_data_without_the_levels(tmp_path):
         train("eagle3", target, data, tmp_path / "run", small_config(max_steps=2))
 
 
+def eagle3_objective_and_head(target, data: Path, length: int):
+    """The eagle3 objective over a 40-token draft vocabulary counted on ``data``, and a fresh head (seed 0)."""
+    from harness.train.features import dataset_token_counts, read_manifest
+    from harness.train.objectives import get_objective
+
+    obj = get_objective("eagle3").create(target, {"draft_vocab": 40, "length": length})
+    obj.check_data(read_manifest(data), str(data))
+    obj.set_token_counts(dataset_token_counts(data, V))
+    torch.manual_seed(0)
+    return obj, obj.build_head()
+
+
 def test_eagle3_loss_of_one_step_is_the_restricted_soft_cross_entropy(tmp_path):
     """Length 1: the loss is -sum_v p_v log q_v averaged over loss positions whose target token is in the draft
     vocabulary, with p the target's softmax over the kept ids renormalised and q the draft's; computed by hand"""
     from harness.train.dataset import FeatureDataset, collate
-    from harness.train.features import dataset_token_counts, read_manifest
-    from harness.train.objectives import get_objective
-
     target = tiny_target()
     data = build_pattern_data(tmp_path, target, "low,mid,high")
-    obj = get_objective("eagle3").create(target, {"draft_vocab": 40, "length": 1})
-    obj.check_data(read_manifest(data), str(data))
-    obj.set_token_counts(dataset_token_counts(data, V))
-    torch.manual_seed(0)
-    head = obj.build_head()
+    obj, head = eagle3_objective_and_head(target, data, 1)
     batch = collate([FeatureDataset(data, noise="none")[i] for i in range(2)])
     loss, parts = obj.loss(head, batch)
     B, S = batch["input_ids"].shape
@@ -393,16 +398,9 @@ def test_eagle3_loss_and_accuracy_with_the_cached_greedy_tokens_equal_the_comput
     what the full-vocabulary computation gives, or the cache changes what a head learns; and a second read of an
     item must not run lm_head again, or the cache saves nothing"""
     from harness.train.dataset import FeatureDataset, collate
-    from harness.train.features import dataset_token_counts, read_manifest
-    from harness.train.objectives import get_objective
-
     target = tiny_target(init=0.3)
     data = build_pattern_data(tmp_path, target, "low,mid,high")
-    obj = get_objective("eagle3").create(target, {"draft_vocab": 40, "length": 3})
-    obj.check_data(read_manifest(data), str(data))
-    obj.set_token_counts(dataset_token_counts(data, V))
-    torch.manual_seed(0)
-    head = obj.build_head()
+    obj, head = eagle3_objective_and_head(target, data, 3)
     plain = FeatureDataset(data, noise="none")
     cached = FeatureDataset(data, noise="none")
     calls = []
