@@ -89,9 +89,9 @@ class FeatureDataset(torch.utils.data.Dataset):
 
         Why: an objective that needs the target's full-vocabulary argmax (EAGLE-3's in-vocabulary mask, every
         accuracy) otherwise runs the V-wide ``lm_head`` over the batch at every step and every evaluation: on the
-        default model about a fifth of an EAGLE-3 step. The target features are stored and never noised, so the
-        tokens do not change between epochs. Only for a dataset read in this process (a DataLoader with
-        ``num_workers`` 0): a worker's copy would keep its own cache.
+        default model about 30% of an EAGLE-3 step (tests/test_bench_train.py). The target features are stored and
+        never noised, so the tokens do not change between epochs. Only for a dataset read in this process (a
+        DataLoader with ``num_workers`` 0): a worker's copy would keep its own cache.
         """
         self._lm_head = lm_head
 
