@@ -39,8 +39,9 @@ test-fast: setup
 
 # pytest-benchmark over the engine's parts (tests/test_bench_engine.py), vanilla vs generate and an EAGLE-3 training
 # step (tests/test_bench_train.py); every run is saved under .benchmarks/<machine>/ and, once this checkout has a
-# save, compared with the previous one: a part whose mean time grew by more than 15% fails. Compare on the same, otherwise idle machine; on a shared CPU, CPU time and the
-# median are steadier: make bench BENCH_FLAGS=--benchmark-timer=time.process_time BENCH_FAIL=median:15%
+# save, compared with the previous one: a part whose mean time grew by more than 15% fails. Compare on the same,
+# otherwise idle machine; on a shared CPU, CPU time and the median are steadier:
+# make bench BENCH_FLAGS=--benchmark-timer=time.process_time BENCH_FAIL=median:15%
 BENCH_SAVED := $(wildcard .benchmarks/*/*.json)
 BENCH_FAIL ?= mean:15%
 BENCH_FLAGS ?=

@@ -373,6 +373,7 @@ def test_eagle3_loss_of_one_step_is_the_restricted_soft_cross_entropy(tmp_path):
     """Length 1: the loss is -sum_v p_v log q_v averaged over loss positions whose target token is in the draft
     vocabulary, with p the target's softmax over the kept ids renormalised and q the draft's; computed by hand"""
     from harness.train.dataset import FeatureDataset, collate
+
     target = tiny_target()
     data = build_pattern_data(tmp_path, target, "low,mid,high")
     obj, head = eagle3_objective_and_head(target, data, 1)
@@ -398,6 +399,7 @@ def test_eagle3_loss_and_accuracy_with_the_cached_greedy_tokens_equal_the_comput
     what the full-vocabulary computation gives, or the cache changes what a head learns; and a second read of an
     item must not run lm_head again, or the cache saves nothing"""
     from harness.train.dataset import FeatureDataset, collate
+
     target = tiny_target(init=0.3)
     data = build_pattern_data(tmp_path, target, "low,mid,high")
     obj, head = eagle3_objective_and_head(target, data, 3)

@@ -81,6 +81,12 @@ class Objective:
         """(correct [k], total [k]) counts of top-1 draft hits at draft positions 1..k."""
         raise NotImplementedError
 
+    def greedy_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The target's greedy token at each position, ``argmax lm_head(f_{t+1})`` [B, S] (what greedy verification
+        accepts): the batch's ``greedy`` when its dataset carries them
+        (:meth:`harness.train.dataset.FeatureDataset.attach_greedy`), else computed from ``target``."""
+        return batch["greedy"] if "greedy" in batch else self.lm_head(batch["target"]).argmax(-1)
+
     def save(self, head: nn.Module, folder: Path) -> Path:
         raise NotImplementedError
 

@@ -58,26 +58,21 @@ def unroll_mask(S: int, step: int, device: torch.device | None = None) -> torch.
     return torch.cat(blocks, dim=1)
 
 
-def eagle_unrolled_hits(head: nn.Module, lm_head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor,
-                        target: torch.Tensor, mask: torch.Tensor, k: int,
-                        draft_argmax=None, want: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def eagle_unrolled_hits(head: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, want: torch.Tensor,
+                        mask: torch.Tensor, k: int, draft_argmax) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-1 hits of the EAGLE draft after 1..k unrolled steps against the target's greedy token.
 
     Step 1 reads the true (f_t, x_{t+1}); step j reads the draft's own feature from step j-1 with the true token
     (EAGLE's "n-alpha": n estimated features, correct tokens), attending to true features up to t and to its own
     chain (:func:`unroll_mask`), i.e. exactly what drafting sees after committing t. The token to hit at query p is
-    argmax lm_head(f_{p+1}) (``target[p]``), what greedy verification accepts.
-    ``draft_argmax`` (features -> token ids; default argmax of ``lm_head``) is the draft's pick, e.g. over a reduced
-    draft vocabulary (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`); the target's token always uses the full
-    head; ``want`` [B, S] is that token when the batch carries it (``greedy``,
-    :meth:`harness.train.dataset.FeatureDataset.attach_greedy`), computed from ``target`` otherwise.
-    features, target [B, S, H]; input_ids, mask [B, S] -> (correct [k], total [k]).
+    ``want[p]``, the target's greedy token argmax lm_head(f_{p+1}) over its full vocabulary
+    (:meth:`harness.train.objectives.Objective.greedy_tokens`), what greedy verification accepts.
+    ``draft_argmax`` (features -> token ids) is the draft's pick, e.g. over a reduced draft vocabulary
+    (:meth:`harness.engine.draftvocab.DraftLMHead.argmax`).
+    features [B, S, H]; input_ids, want, mask [B, S] -> (correct [k], total [k]).
     """
-    draft_argmax = draft_argmax or (lambda x: lm_head(x).argmax(-1))
     B, S, _ = features.shape
     pos = torch.arange(S, device=features.device).expand(B, S)  # [B, S]
-    if want is None:
-        want = lm_head(target).argmax(-1)                         # [B, S]
     correct, total = torch.zeros(k), torch.zeros(k)
     kv, x = None, features
     for step in range(1, k + 1):
@@ -215,8 +210,8 @@ class EagleObjective(Objective):
         return unrolled_loss(step_loss, o, batch, self.draft_lm_head)
 
     def accuracy(self, head, batch, k):
-        return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k, self.draft_lm_head.argmax, batch.get("greedy"))
+        return eagle_unrolled_hits(head, batch["features"], batch["input_ids"], self.greedy_tokens(batch),
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
 
     def save(self, head, folder):
         return save_eagle_head(head, folder)

@@ -139,8 +139,8 @@ class Eagle3Objective(Objective):
         """Top-1 hits of the draft (over its vocabulary, mapped to target ids) after 1..k unrolled steps against the
         target's greedy token (full vocabulary): what greedy verification accepts."""
         module = unwrap(head)
-        return eagle_unrolled_hits(head, self.lm_head, module.project(batch["levels"]), batch["input_ids"],
-                                   batch["target"], batch["loss_mask"], k, module.draft_argmax, batch.get("greedy"))
+        return eagle_unrolled_hits(head, module.project(batch["levels"]), batch["input_ids"], self.greedy_tokens(batch),
+                                   batch["loss_mask"], k, module.draft_argmax)
 
     def save(self, head, folder):
         head = unwrap(head)

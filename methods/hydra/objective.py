@@ -119,7 +119,7 @@ class HydraObjective(HeadsObjective):
     def accuracy(self, head, batch, k):
         """Head i's top-1 against the target's greedy token t+2+i (= argmax lm_head(f_{t+1+i})), on the data's
         path (teacher forcing)."""
-        want = batch["greedy"] if "greedy" in batch else self.lm_head(batch["target"]).argmax(-1)  # [B, S]: t+2 at t
+        want = self.greedy_tokens(batch)  # [B, S]: greedy token t+2 at position t
         token_mask = batch["token_mask"] * batch["attention_mask"]
         embeds = self._embeds(batch)
         features = self._features(head, batch)

@@ -94,8 +94,8 @@ class JakiroObjective(Objective):
         return unrolled_loss(step_loss, o, batch, self.draft_lm_head)
 
     def accuracy(self, head, batch, k):
-        return eagle_unrolled_hits(head, self.lm_head, batch["features"], batch["input_ids"], batch["target"],
-                                   batch["loss_mask"], k, self.draft_lm_head.argmax, batch.get("greedy"))
+        return eagle_unrolled_hits(head, batch["features"], batch["input_ids"], self.greedy_tokens(batch),
+                                   batch["loss_mask"], k, self.draft_lm_head.argmax)
 
     def save(self, head, folder):
         return save_jakiro_head(head, folder)

@@ -122,7 +122,7 @@ class MedusaObjective(HeadsObjective):
     def accuracy(self, head, batch, k):
         """Head i's top-1 against the target's greedy token t+2+i (= argmax lm_head(f_{t+1+i}))."""
         logits = self.logits(head, batch)
-        want = batch["greedy"] if "greedy" in batch else self.lm_head(batch["target"]).argmax(-1)  # [B, S]: t+2 at t
+        want = self.greedy_tokens(batch)  # [B, S]: greedy token t+2 at position t
         n = min(k, logits.shape[0])
         correct, total = torch.zeros(k), torch.zeros(k)
         for i in range(n):
