@@ -190,6 +190,7 @@ def test_vllm_generator_refused_in_one_line_without_its_venv(tmp_path, convs_fil
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
 def test_vllm_generator_answers_like_hf(tmp_path):
     # vLLM's engine (its own venv) must give the target's greedy answers: the same tokens as model.generate on a
     # tiny Llama whose logits are not near-tied (initializer 0.3), each cut at its room and at EOS

@@ -641,6 +641,7 @@ CHUNKED = {"max_num_batched_tokens": 32, "max_num_seqs": 4}  # every prompt's pr
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
 @pytest.mark.skipif(not Path(V.python()).is_file(), reason=f"vLLM's venv is absent ({V.python()})")
 def test_launch_vllm_live_counts_every_turns_forwards(tmp_path, data_dir, real_target, monkeypatch):
     # real `vllm serve`s of the default model (about a minute to start on 2 CPU cores), vLLM's ngram through the
