@@ -20,7 +20,7 @@ from harness.run.runner import run
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("vllm"),  # one vLLM engine at a time under `make test`'s workers (tests/conftest.py)
+    pytest.mark.xdist_group("vllm"),  # one vLLM engine at a time under `make test`'s workers (Makefile, test)
     pytest.mark.skipif(not Path(V.python()).is_file(),
                        reason=f"vLLM's venv is absent ({V.python()}): `make vllm-setup` creates it"),
 ]
