@@ -15,13 +15,15 @@ import math
 
 import pytest
 
+from harness.backends.contract import acceptance_source
 from harness.cli import main
 from harness.measure import metrics as M
 from harness.measure.baseline import export_run, load_side
 from harness.measure.compare import compare_sides, format_text
 from harness.measure.exports import read_export
+from harness.measure.markdown import acceptance_markdown
 from harness.measure.report import write_report
-from harness.measure.tables import summary_table, turns_table
+from harness.measure.tables import HARNESS_ACCEPTANCE, summary_table, turns_table
 
 EOS = {"accept_lengths": [1, 4, 2], "accepted_drafts": [3, 3], "draft_depths": [4, 5], "stop_reason": "eos"}
 BUDGET = {"accept_lengths": [1, 3, 2], "accepted_drafts": [2, 3], "draft_depths": [3, 3],
@@ -174,6 +176,31 @@ def test_the_report_shows_the_acceptance_table(tmp_path):
     tokens (16 in 9 forwards), the rest the verdicts before the cut."""
     paths = write_report(write_run(tmp_path))
     md = paths["summary_md"].read_text()
-    assert "| tree | s1 | 0 | 1.78 | 3.75 | 0.733 | 3.75 | 2 |" in md
-    assert "| vanilla | s1 |" not in md
+    assert "| tree | harness | s1 | 0 | 1.78 | 3.75 | 0.733 | 3.75 | 2 |" in md
+    assert "| vanilla | harness | s1 |" not in md
+    assert f"- harness: {HARNESS_ACCEPTANCE}" in md  # what the harness's counts count, said once under the table
     assert paths["plot_accept_hist"].exists()
+
+
+def test_each_engine_says_what_its_acceptance_counts():
+    """The summary names each label's engine and what its acceptance counts (vLLM: drafting steps only; SGLang:
+    every verification forward), so two engines' 'mean acceptance length' are not read as one convention: were the
+    phrase lost, an SGLang row and a vLLM row would look alike; were a vLLM vanilla row given the harness's phrase,
+    a row that never drafted would claim a counting rule."""
+    vllm_src, sglang_src = acceptance_source("vllm", None), acceptance_source("openai", "sglang")
+    assert vllm_src.startswith("vLLM's spec-decode counters") and "drafting steps only" in vllm_src
+    assert "every verification forward" in sglang_src
+    assert acceptance_source("openai", None) == "the server's own counters (server kind unknown)"
+    recs = [spec("tree", "1", EOS), record("vanilla", "1", 0, 1.0, [1] * 6)]
+    for label, engine, source in (("vllm-vanilla", "vllm", None), ("vllm-eagle3", "vllm", vllm_src),
+                                  ("sgl-eagle3", "openai", sglang_src)):
+        rec = spec(label, "1", EOS) if source else record(label, "1", 0, 1.0, [1] * 6)
+        recs.append({**rec, "engine": engine, "engine_acceptance": source})
+    summary = summary_table(turns_table(recs)).set_index("label")
+    assert summary["engine"].to_dict() == {"tree": "harness", "vanilla": "harness", "vllm-vanilla": "vllm",
+                                           "vllm-eagle3": "vllm", "sgl-eagle3": "openai"}
+    assert summary["acceptance_from"].dropna().to_dict() == {"tree": HARNESS_ACCEPTANCE, "vanilla": HARNESS_ACCEPTANCE,
+                                                             "vllm-eagle3": vllm_src, "sgl-eagle3": sglang_src}
+    md = acceptance_markdown(summary.reset_index())
+    assert "| vllm-eagle3 | vllm | s1 | 0 |" in md and "| sgl-eagle3 | openai | s1 | 0 |" in md
+    assert f"- vllm: {vllm_src}" in md and f"- openai: {sglang_src}" in md and "vllm-vanilla" not in md

@@ -15,6 +15,7 @@ from harness.backends import check_engine, create_backend, launch, launched_opti
 from harness.backends import served as S
 from harness.backends import vllm as V
 from harness.backends.contract import (
+    ACCEPTANCE_SOURCES,
     BackendError,
     EngineError,
     TurnRequest,
@@ -187,6 +188,7 @@ def test_a_served_turn_with_token_ids_times_and_counters(fake):
     assert rec["engine_notes"] == ["per-step acceptance from the server's counters (the order of the steps is "
                                    "unknown)", NO_ITERATIONS]  # the fake counts no engine iterations
     assert backend.describe()["server"] == "vllm"
+    assert rec["engine_acceptance"] == ACCEPTANCE_SOURCES["openai", "vllm"]  # the tables say what vLLM counts
     state.mode = "per_request"  # vLLM's ordered per-step acceptance rides on the usage chunk: it wins
     rec = turn_fields(backend.generate(REQUEST), backend)
     assert (rec["accepted_drafts"], rec["draft_depths"], rec["accept_lengths"]) == ([1, 2], [2, 2], [1, 2, 1])

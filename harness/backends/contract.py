@@ -175,12 +175,35 @@ class Backend(abc.ABC):
 
 STOP_REASONS = {"stop": "eos", "length": "max_new_tokens"}  # an engine's finish reason -> the records' stop_reason
 
+# where an engine's acceptance figures come from and what they count (the records' ``engine_acceptance``, the
+# summary's ``acceptance_from``), keyed by (engine, server kind); the harness counts every verification step itself
+ACCEPTANCE_SOURCES = {
+    ("vllm", None): "vLLM's spec-decode counters diffed around the turn: drafting steps only, per position in order",
+    ("openai", "vllm"): "the server's vllm:spec_decode_* counters diffed around the request: drafting steps only, "
+                        "per position in order",
+    ("openai", "sglang"): "SGLang's per-request spec_tokens_details: every verification forward, accepted drafts "
+                          "as a histogram",
+    ("openai", "llama.cpp"): "llama.cpp's llamacpp:spec_decode_* counters diffed around the request: drafts and "
+                             "accepted totals, per position not in step order",
+}
+
+
+def acceptance_source(engine: str, server: str | None) -> str:
+    """What an engine's acceptance counts, in one phrase, for the tables (:data:`ACCEPTANCE_SOURCES`).
+
+    Examples: ("vllm", None) -> "vLLM's spec-decode counters diffed ..."; ("openai", "sglang") -> "SGLang's
+    per-request spec_tokens_details: ..."; ("openai", None) (a server of unknown kind) -> "the server's own
+    counters (server kind unknown)"."""
+    return ACCEPTANCE_SOURCES.get((engine, server if engine == "openai" else None),
+                                  f"the server's own counters (server kind {server or 'unknown'})")
+
 
 def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
     measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
     for what it cannot measure in another process (memory, energy, logits), and the engine's name, version and
-    counters (``engine``, ``engine_version``, ``engine_options``, ``engine_counters``), where it ran (``engine_url``,
+    counters (``engine``, ``engine_version``, ``engine_options``, ``engine_counters``; ``engine_acceptance``: what
+    those counters count, :func:`acceptance_source`, None without speculation), where it ran (``engine_url``,
     for a server) and how it was configured (``engine_config``), with the turn's ``token_times_s`` and
     ``engine_notes``."""
     n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens
@@ -188,7 +211,8 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         raise BackendError(f"engine {backend.name} returned neither token ids nor a token count")
     info = backend.describe()
     # a server launched elsewhere may speculate although the entry did not say so: its counters tell
-    lengths = accept_lengths(turn.accepted_steps, n, backend.speculative or bool(turn.accepted_steps), turn.forwards)
+    speculated = backend.speculative or bool(turn.accepted_steps)
+    lengths = accept_lengths(turn.accepted_steps, n, speculated, turn.forwards)
     if lengths is None:
         raise BackendError(f"engine {backend.name} speculated but reported no per-step acceptance; the turn's "
                            "forwards cannot be counted")
@@ -208,5 +232,6 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "logit_tops": None, "logit_runner_ups": None,
         "engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
         "engine_config": info.get("config"), "engine_options": dict(backend.engine_options),
+        "engine_acceptance": acceptance_source(backend.name, info.get("server")) if speculated else None,
         "engine_counters": turn.counters(), "token_times_s": turn.token_times_s, "engine_notes": notes,
     }

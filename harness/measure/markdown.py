@@ -41,22 +41,29 @@ def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_
 
 def acceptance_markdown(summary: pd.DataFrame) -> str:
     """Markdown table of the acceptance figures as engines report them, one row per drafting (label, suite,
-    temperature): τ, vLLM's / AIPerf's mean acceptance length, the draft acceptance rate, drafted tokens per
-    drafting step and the accepted drafts terminal steps lost to a cut (definitions and terminal-step conventions:
-    :mod:`harness.measure.metrics`). Empty text when no row drafted."""
+    temperature): the engine, τ, vLLM's / AIPerf's mean acceptance length, the draft acceptance rate, drafted tokens
+    per drafting step and the accepted drafts terminal steps lost to a cut (definitions and terminal-step conventions:
+    :mod:`harness.measure.metrics`), then what each engine's acceptance counts (the summary's ``acceptance_from``).
+    Empty text when no row drafted."""
     if "drafted_per_step" not in summary:
         return ""
     rows = summary[summary["drafted_per_step"].notna()]
     if rows.empty:
         return ""
-    table = [[str(r["label"]), str(r["suite"]), f"{float(r['temperature']):g}", number(r["tau"]),
-              number(r["mean_acceptance_length"]), number(r["draft_acceptance_rate"], ".3f"),
+    table = [[str(r["label"]), str(r.get("engine") or "harness"), str(r["suite"]), f"{float(r['temperature']):g}",
+              number(r["tau"]), number(r["mean_acceptance_length"]), number(r["draft_acceptance_rate"], ".3f"),
               number(r["drafted_per_step"]), number(r["drafts_cut"], ".0f")] for _, r in rows.iterrows()]
     lines = ["**Acceptance as engines report it** — mean acceptance length = 1 + accepted / drafting steps "
              "(vLLM, AIPerf); rate = accepted / drafted tokens (a tree: its depth); terminal steps count their "
              "verdict before a cut at EOS or the budget, τ what they emitted", "",
-             *markdown_table(["method", "suite", "T", "τ", "mean acc. length", "draft acc. rate", "drafted/step",
-                              "drafts cut"], table, left=3)]
+             *markdown_table(["method", "engine", "suite", "T", "τ", "mean acc. length", "draft acc. rate",
+                              "drafted/step", "drafts cut"], table, left=4)]
+    if "acceptance_from" in rows:
+        sources = dict.fromkeys((str(r.get("engine") or "harness"), r["acceptance_from"]) for _, r in rows.iterrows()
+                                if isinstance(r["acceptance_from"], str))
+        if sources:
+            lines += ["", "What each engine's acceptance counts:", ""]
+            lines += [f"- {engine}: {source}" for engine, source in sources]
     return "\n".join(lines) + "\n"
 
 

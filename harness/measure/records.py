@@ -78,6 +78,9 @@ engine_options              what the run passed to that engine (``engine_options
                             parallelism, ...); tables read it as ``opt.engine_options.*`` knobs
 engine_counters             that engine's acceptance counters for the turn: drafts, draft_tokens, accepted_tokens,
                             accepted_per_pos (None where the engine has no such counter; harness.backends.contract)
+engine_acceptance           what those counters count, in one phrase (``harness.backends.contract.acceptance_source``:
+                            e.g. vLLM's drafting steps only, SGLang's every verification forward); None when the
+                            engine did not speculate; absent in older runs
 token_times_s               per new token, seconds from the request to its arrival (a streaming engine; else None)
 engine_notes                how the engine turn was measured where it departs from the harness's own (token times
                             split over a chunk, text without token ids, acceptance from counters), one phrase each

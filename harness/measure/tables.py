@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.records import baseline_labels, label_runtimes
+from harness.measure.records import baseline_labels, label_engines, label_runtimes
 
 GROUP = ["label", "method", "suite", "temperature"]
 QUESTION = [*GROUP, "question_id"]
@@ -246,7 +246,9 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     draft); draft_acceptance_rate (accepted / drafted tokens), drafted_per_step (per drafting step),
     mean_acceptance_length (vLLM's and AIPerf's: 1 + accepted / drafting steps) and drafts_cut (accepted drafts
     that terminal steps lost to a cut at EOS or the budget), pooled over the measured turns (:func:`draft_totals`,
-    NaN for methods that never draft); lossless (the method's declared flag); runtime, baseline (the label the
+    NaN for methods that never draft); lossless (the method's declared flag); runtime; engine (``harness`` or the
+    engine that ran the label, :func:`harness.measure.records.label_engines`) and acceptance_from (what its
+    acceptance counts, :func:`acceptance_sources`); baseline (the label the
     speed-up, lossless share and divergence are measured against: the baseline of the row's runtime,
     :func:`baseline_labels`),
     speedup_vs_eager (ratio of means vs the eager ``baseline_label``: for a compiled row, its speed-up over eager
@@ -259,6 +261,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     score_failed = _score_failed(turns)
     depth = max_depth(turns)
     runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
+    engines, sources = label_engines(turns), acceptance_sources(turns)
     rows = []
 
     def at(frame: pd.DataFrame, label: str, suite, temp) -> pd.DataFrame:
@@ -300,6 +303,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "peak_reserved_bytes": M.peak_reserved(list(ok["cuda_peak_reserved_bytes"])),
             "lossless": _lossless_flag(g["lossless"]),
             "runtime": runtimes.get(label, "eager"),
+            "engine": engines.get(label, "harness"),
+            "acceptance_from": sources.get(label),
             "baseline": base,
             "speedup_vs_eager": M.speedup_ratio_of_means(tps, _per_question_tps(eager_q)),
             "eager_match_share": (M.lossless_share(ok.to_dict("records"), eager_ok.to_dict("records"))
@@ -318,6 +323,26 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
         if col in df.columns:
             df[col] = df[col].astype(float)
     return df
+
+
+HARNESS_ACCEPTANCE = "the harness's own verification steps: every target forward, per position in order"
+
+
+def acceptance_sources(turns: pd.DataFrame) -> dict[str, str | None]:
+    """label -> what its acceptance figures count: the records' ``engine_acceptance`` (an engine that speculated,
+    :func:`harness.backends.contract.acceptance_source`); :data:`HARNESS_ACCEPTANCE` for the harness's own labels;
+    None for another engine's label that never speculated (or records older than the field). Example: records of
+    ``vllm-ngram`` with engine_acceptance "vLLM's spec-decode counters ...", ``vllm-vanilla`` (engine vllm) and
+    ``pld`` (the harness) without it -> {"vllm-ngram": "vLLM's spec-decode counters ...", "vllm-vanilla": None,
+    "pld": HARNESS_ACCEPTANCE}."""
+    engines = label_engines(turns)
+    column = turns["engine_acceptance"] if "engine_acceptance" in turns else [None] * len(turns)
+    out: dict[str, str | None] = {label: HARNESS_ACCEPTANCE if engine == "harness" else None
+                                  for label, engine in engines.items()}
+    for label, source in zip(turns["label"], column):
+        if isinstance(source, str) and source:
+            out[label] = source
+    return out
 
 
 def _acceptance(ok: pd.DataFrame) -> dict[str, float]:

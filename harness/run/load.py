@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.contract import STOP_REASONS, TurnRequest, entry_options
+from harness.backends.contract import STOP_REASONS, TurnRequest, acceptance_source, entry_options
 from harness.backends.prometheus import diff
 from harness.backends.served import request_totals
 from harness.measure import env
@@ -189,7 +189,8 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
 def _engine_fields(backend) -> dict[str, Any]:
     info = backend.describe()
     return {"engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
-            "engine_config": info.get("config")}
+            "engine_config": info.get("config"),
+            "engine_acceptance": acceptance_source(backend.name, info.get("server")) if backend.speculative else None}
 
 
 def _row(result, suite, q, target) -> dict[str, Any]:
