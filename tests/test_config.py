@@ -40,6 +40,21 @@ def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
     assert (cfg.limit, cfg.max_new_tokens, cfg.temperatures, cfg.interleave) == (3, 64, [0.0], True)
 
 
+def test_engines_vllm_load_preset_sweeps_the_same_drafts_on_launched_servers():
+    # the README's concurrency sweep comes from this preset: were an entry not on a launched vLLM server, its level
+    # would measure the harness's loop (refused) or another server; were ngram's options not engines_vllm's, the
+    # sweep's acceptance would not be the one-at-a-time table's; 16 distinct prompts x 3 levels fit MT-bench's 80
+    cfg = config_from_dict(load_preset_dict("engines_vllm_load"))
+    one_at_a_time = {m.label: m for m in config_from_dict(load_preset_dict("engines_vllm")).methods}
+    assert cfg.engine == "openai" and [(m.label, m.engine or cfg.engine, m.engine_options) for m in cfg.methods] == [
+        (label, "openai", {"launch": "vllm", "api": "completions"})
+        for label in ("vllm-vanilla", "vllm-ngram", "vllm-eagle3")]
+    by = {m.label: m for m in cfg.methods}
+    assert by["vllm-ngram"].options == one_at_a_time["vllm-ngram"].options
+    assert by["vllm-eagle3"].options == one_at_a_time["vllm-eagle3"].options == {"depth": 3}
+    assert (cfg.load.concurrency, cfg.load.num_prompts, cfg.interleave) == ((1, 4, 16), 16, True)
+
+
 @pytest.mark.parametrize("data, message", [
     ({"temperatures": [0, -1]}, r"run\.temperatures\[1\]: must be 0 \(greedy\) or a finite number >= 1e-05, got -1"),
     ({"limit": 0}, r"run\.limit: must be a positive integer"),
