@@ -52,7 +52,7 @@ def test_engines_vllm_load_preset_sweeps_the_same_drafts_on_launched_servers():
     by = {m.label: m for m in cfg.methods}
     assert by["vllm-ngram"].options == one_at_a_time["vllm-ngram"].options
     assert by["vllm-eagle3"].options == one_at_a_time["vllm-eagle3"].options == {"depth": 3}
-    assert (cfg.load.concurrency, cfg.load.num_prompts, cfg.interleave) == ((1, 4, 16), 16, True)
+    assert (cfg.load["concurrency"], cfg.load["num_prompts"], cfg.interleave) == ([1, 4, 16], 16, True)
 
 
 @pytest.mark.parametrize("data, message", [
