@@ -28,9 +28,9 @@ SHIPPED = {
     "eagle2_paper_t1": (10, 10, 140),
     "eagle3_paper": (14, 11, 168),
     "eagle3_paper_t1": (10, 7, 120),
-    "eagle3_sglang_batch": (2, 0, 18),
-    "eagle3_sglang_h100": (3, 0, 3),
-    "eagle3_vllm_batch": (2, 0, 16),
+    "eagle3_sglang_batch": (2, 1, 18),
+    "eagle3_sglang_h100": (3, 2, 3),
+    "eagle3_vllm_batch": (2, 1, 16),
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
@@ -293,7 +293,8 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     batch = load_table("eagle3_sglang_batch")
     assert (batch.engine["name"], batch.engine["version"], batch.batch_sizes()) == (
         "sglang", "v0.4.4", [2, 4, 8, 16, 24, 32, 48, 56, 64])
-    assert "H100" in batch.hardware and not batch.runnable_rows()
+    # reproduce launches the rows whose head the paper names; the EAGLE row's head is unnamed: reported only
+    assert "H100" in batch.hardware and [r.id for r in batch.runnable_rows()] == ["sglang_eagle3_chain3"]
     assert batch.row("sglang_eagle3_chain3").engine_options == {
         "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4}
@@ -303,7 +304,9 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     vllm = load_table("eagle3_vllm_batch")
     assert (vllm.engine["name"], vllm.engine["version"], vllm.batch_sizes()) == (
         "vllm", "not stated", [2, 4, 8, 16, 24, 32, 48, 56])
-    assert "A100" in vllm.hardware and "RTX 3090" in vllm.hardware and not vllm.runnable_rows()
+    assert "A100" in vllm.hardware and "RTX 3090" in vllm.hardware
+    assert [r.id for r in vllm.runnable_rows()] == ["vllm_eagle3_chain2"]
+    assert [r.id for r in h100.runnable_rows()] == ["sglang_vanilla", "sglang_eagle3"]
     for name in ("eagle3_paper", "eagle3_paper_t1", "spec_bench_a100_vicuna13b"):
         assert load_table(name).engine is None and load_table(name).batch_sizes() == [1]
 
@@ -341,15 +344,30 @@ def _engine_table() -> dict:
     ("protocol.columns.bs64.batch_size", _DELETE,
      r"protocol\.columns\.bs64\.batch_size: an engine table states each column's batch size"),
     ("protocol.columns.bs64.batch_size", 0, r"protocol\.columns\.bs64\.batch_size: must be >= 1, got 0"),
-    ("rows.0.runnable", True, r"rows\[0\]\.runnable: a row of an engine table runs in that engine"),
+    ("engine.name", "tgi", r"rows\[0\]\.runnable: reproduce launches an engine table's rows in vllm or sglang, not "
+                           r"'tgi': set runnable: false"),
+    ("protocol.columns.bs2.category", "writing",
+     r"rows\[0\]\.runnable: .* load levels, which mix the prompts of every category: column\(s\) bs2 select"),
     ("rows.0.engine_options.speculative_num_steps", [3], r"rows\[0\]\.engine_options\.speculative_num_steps"),
     ("rows.0.cells.bs2.throughput", 1.8, r"rows\[0\]\.cells\.bs2: unknown field 'throughput'"),
 ])
 def test_an_engine_table_missing_its_engine_or_batch_size_is_refused(path, value, message):
-    """An engine table without its engine, version or a column's batch size, or with a row claiming draftbench's loop
-    can run it, would be compared with the wrong setting: loading must refuse it and name the field."""
+    """An engine table without its engine, version or a column's batch size would be compared with the wrong
+    setting, and a runnable row in an engine reproduce does not launch, or under a column a load level cannot stand
+    for (one category of the suite), could not be measured: loading must refuse it and name the field."""
     with pytest.raises(TableError, match=r"eagle3_sglang_batch\.yaml: " + message):
         table_from_dict(_set(_engine_table(), path, value), "eagle3_sglang_batch.yaml")
+
+
+def test_a_vllm_rows_speculative_config_must_be_a_json_object():
+    """vLLM's speculative_config is written as its --speculative-config JSON string; one that does not parse would
+    reach vLLM only when reproduce launches it, minutes into the run: loading refuses it and names the field."""
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "results" / "published" /
+                           "eagle3_vllm_batch.yaml").read_text())
+    for bad in ('{"method": "eagle3",', '["eagle3"]'):
+        with pytest.raises(TableError, match=r"eagle3_vllm_batch\.yaml: rows\[0\]\.engine_options\.speculative_config: "
+                                             r"expected vLLM's --speculative-config JSON object as a string"):
+            table_from_dict(_set(data, "rows.0.engine_options.speculative_config", bad), "eagle3_vllm_batch.yaml")
 
 
 def test_engine_options_belong_to_engine_tables():
