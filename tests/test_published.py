@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from harness.measure.tables import turns_table
-from harness.published.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
+from harness.published.against import (
+    AgainstError,
+    compare_load,
+    compare_run,
+    compare_turns,
+    comparison_markdown,
+    match_rows,
+    plot_against,
+)
 from harness.published.tables import TableError, load_table, table_from_dict, table_names
 from harness.run import suites
 from harness.run.chat import resolve_chat_template
@@ -468,6 +476,66 @@ def test_markdown_and_plot_show_both_numbers(standin, tmp_path):
     assert "6.00 [τ 2.86] vs 4.98 (+1.02, ×1.20)" in md
     assert "reported **not stated with the table**" in md and "measured **Test CPU**" in md
     assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
+
+
+def load_row(label: str, method: str, c: int, qid: int, finished: float, tokens: int = 4) -> dict:
+    """One request of a load level (harness/run/load.py's row): ``tokens`` tokens, sent at 0, finished at ``finished``
+    s."""
+    return {"attempt": f"{label}-{c}", "label": label, "method": method, "method_options": {}, "engine": "openai",
+            "target": "smollm2-135m", "concurrency": c, "request_rate": None, "burstiness": 1.0, "status": "ok",
+            "question_id": str(qid), "new_tokens": tokens, "wall_time_s": finished, "prefill_time_s": finished / 4,
+            "sent_s": 0.0, "finished_s": finished, "level_counters": None, "engine_notes": [],
+            "token_times_s": [finished * (i + 1) / tokens for i in range(tokens)]}
+
+
+def literal_load_rows() -> list[dict]:
+    """Two requests of 4 tokens a level. Concurrency 1: vanilla's finish at 0.4 s (8 tokens / 0.4 s = 20 tokens/s,
+    10 per request), e3's at 0.2 s (40, 20 per request): throughput ratio and speed-up 2.0. Concurrency 2: 0.5 s
+    (16, 8) and 0.4 s (20, 10): 1.25."""
+    return [load_row(label, method, c, q, finished) for c, times in ((1, (0.4, 0.2)), (2, (0.5, 0.4)))
+            for (label, method), finished in zip((("vanilla", "vanilla"), ("e3", "eagle3")), times) for q in (0, 1)]
+
+
+def test_an_engine_table_is_compared_with_the_load_levels_at_its_batch_sizes(tmp_path):
+    """Each column is the level at its batch size, its numbers the load report's: throughput ratio 2.0 vs 1.5 at
+    batch 1 and 1.25 vs 1.25 at 2, the paired speed-up beside it, tokens/s the level's output tokens/s. A column read
+    at another concurrency, or a ratio recomputed differently from tables/load.csv, would fail here."""
+    from tests.test_reproduce import _engine_table
+
+    table = _engine_table("vllm", cells={"bs1": {"throughput_ratio": 1.5, "tokens_per_s": 30.0},
+                                         "bs2": {"throughput_ratio": 1.25}})
+    manifest = {"config": {"baseline": "vanilla", "target": "smollm2-135m"}, "device": {"device_name": "Test GPU"},
+                "reproduce": {"table": "tiny_engine", "rows": {"e3": "e3"}}}
+    df = compare_load(literal_load_rows(), table, manifest)
+    cell = df.set_index(["row", "column", "metric"])
+    assert list(cell.index) == [("e3", "bs1", "throughput_ratio"), ("e3", "bs1", "speedup"),
+                                ("e3", "bs1", "tokens_per_s"), ("e3", "bs2", "throughput_ratio"),
+                                ("e3", "bs2", "speedup")]
+    tr = cell.loc[("e3", "bs1", "throughput_ratio")]
+    assert (tr["measured"], tr["reported"], tr["delta"], tr["ratio"]) == pytest.approx((2.0, 1.5, 0.5, 2.0 / 1.5))
+    assert cell.loc[("e3", "bs2", "throughput_ratio"), ["measured", "delta"]].tolist() == pytest.approx([1.25, 0.0])
+    sp = cell.loc[("e3", "bs1", "speedup")]
+    # two pairs are fewer than the load report's 8 for a CI: none, as in tables/load.csv
+    assert sp["measured"] == pytest.approx(2.0) and math.isnan(sp["reported"]) and math.isnan(sp["ci_lo"])
+    tps = cell.loc[("e3", "bs1", "tokens_per_s")]
+    assert (tps["measured"], tps["reported"], tps["n_questions"]) == (pytest.approx(40.0), 30.0, 2)
+    assert set(df["hardware_measured"]) == {"Test GPU"} and set(df["target"]) == {"org/target"}
+    md = comparison_markdown(df, table, "run1")
+    assert "**throughput ratio (×, output tokens/s over the same engine without speculation)**" in md
+    assert "| EAGLE-3 | 2.00 vs 1.50 (+0.50, ×1.33) | 1.25 vs 1.25 (+0.00, ×1.00) |" in md
+    assert "each column is the run's load level at its batch size" in md
+    assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
+    # without a reproduce record: matched by method, on another target noted; a level not measured leaves it empty
+    rows = [r for r in literal_load_rows() if r["concurrency"] == 1]
+    df = compare_load(rows, table, {"config": {"target": "smollm2-135m"}})
+    assert df.set_index(["column", "metric"]).loc[("bs1", "throughput_ratio"), "measured"] == pytest.approx(2.0)
+    assert math.isnan(df.set_index(["column", "metric"]).loc[("bs2", "throughput_ratio"), "measured"])
+    assert "not the table's 'org/target'" in df.attrs["notes"][0]
+    assert "`e3` has no level at concurrency 2: column bs 2 is empty" in df.attrs["notes"]
+    # a run of one question at a time has no levels to read a batch size from
+    with pytest.raises(AgainstError, match=r"no load levels \(load\.jsonl\); table 'tiny_engine' was measured in "
+                                           r"vllm at batch size\(s\) 1, 2 and is compared with a run of load levels"):
+        compare_run(tmp_path, table)
 
 
 def test_target_mismatch_is_noted_or_refused(standin):

@@ -180,10 +180,11 @@ def test_cli_lists_the_new_tables_and_dry_runs_an_engine_table(capsys):
 
 # A literal engine table: one suite (the bundled tiny one, 4 questions), two batch sizes, one EAGLE-3 row with its
 # engine options. `engine` and the row's engine options are filled in per test.
-def _engine_table(engine: str = "vllm", engine_options: dict | None = None, runnable: bool = True):
+def _engine_table(engine: str = "vllm", engine_options: dict | None = None, runnable: bool = True,
+                  cells: dict | None = None):
     row = {"id": "e3", "label": "EAGLE-3", "target": "t", "method": "eagle3", "head": "org/head-eagle3", "options": {},
            "engine_options": engine_options or {}, "runnable": runnable, "reason": None if runnable else "not here",
-           "cells": {"bs1": {"throughput_ratio": 1.5}, "bs2": {"throughput_ratio": 1.25}}}
+           "cells": cells or {"bs1": {"throughput_ratio": 1.5}, "bs2": {"throughput_ratio": 1.25}}}
     return table_from_dict({
         "id": "tiny_engine", "title": "literal engine table", "hardware": "test GPU", "dtype": "float32",
         "source": {"kind": "paper", "citation": "test", "arxiv": "0000.00000"}, "framework": "test",
