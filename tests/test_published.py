@@ -524,6 +524,7 @@ def test_an_engine_table_is_compared_with_the_load_levels_at_its_batch_sizes(tmp
     assert "**throughput ratio (×, output tokens/s over the same engine without speculation)**" in md
     assert "| EAGLE-3 | 2.00 vs 1.50 (+0.50, ×1.33) | 1.25 vs 1.25 (+0.00, ×1.00) |" in md
     assert "each column is the run's load level at its batch size" in md
+    assert "another version of vllm than the source's (0.0)" in md and "compare τ first" not in md
     assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
     # without a reproduce record: matched by method, on another target noted; a level not measured leaves it empty
     rows = [r for r in literal_load_rows() if r["concurrency"] == 1]

@@ -4,6 +4,7 @@ offline end-to-end reproduction of a stand-in table on the embedded default and 
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -20,6 +21,7 @@ from harness.published.reproduce import (
     run_config,
 )
 from harness.published.tables import load_table, table_from_dict
+from tests.support.fake_openai_server import Fake, serve
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "data" / "standin_eagle2.yaml"
@@ -255,6 +257,46 @@ def test_an_engine_draftbench_cannot_launch_is_one_line_naming_those_it_can(caps
     path.write_text(yaml.safe_dump(table.raw))
     assert main(["reproduce", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_engine_table_reproduced_against_running_servers(tmp_path, capsys):
+    """End to end, no engine installed: the literal table's target mapped to the embedded default, its row and the
+    baseline measured on two fake batching servers (--server-url), vanilla and one drafting 3 tokens a step with 1
+    accepted (speed-up 1.75 at concurrency 1 by the fake's model, tests/support/fake_openai_server.py). The run must
+    write one load row per request at each batch size, the manifest's reproduction, and the comparison with the
+    throughput ratios of tables/load.csv; `report RUN --against` must find the same rows again."""
+    from harness.measure.load import read_load_rows
+
+    made = [serve(Fake("step_ms=20,batch_cost=0.05")), serve(Fake("step_ms=20,batch_cost=0.05,spec=3,accept=1"))]
+    try:
+        path = tmp_path / "tiny_engine.yaml"
+        path.write_text(yaml.safe_dump(_engine_table("vllm", {"speculative_config": VLLM_SPEC}).raw))
+        assert main(["reproduce", str(path), "--model-dir", "org/target=smollm2-135m", "--server-url",
+                     f"vanilla={made[0][1]}", "--server-url", f"e3={made[1][1]}", "--output-dir",
+                     str(tmp_path / "results"), "--no-progress"]) == 0
+    finally:
+        for server, _ in made:
+            server.shutdown()
+    out = capsys.readouterr().out
+    run_dir = next((tmp_path / "results").iterdir())
+    rows = read_load_rows(run_dir)
+    # 2 entries x 2 levels (batch sizes 1 and 2) x the tiny suite's 4 questions, 6 tokens each
+    assert sorted({(r["label"], r["concurrency"]) for r in rows}) == [("e3", 1), ("e3", 2), ("vanilla", 1),
+                                                                       ("vanilla", 2)]
+    assert len(rows) == 16 and all(r["status"] == "ok" and r["new_tokens"] == 6 for r in rows)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["reproduce"]["rows"] == {"e3": "e3"} and manifest["reproduce"]["engine"] == "vllm"
+    assert manifest["config"]["load"] == {"concurrency": [1, 2], "num_prompts": 4}
+    against = pd.read_csv(run_dir / "tables" / "against_tiny_engine.csv")
+    load = pd.read_csv(run_dir / "tables" / "load.csv").set_index(["label", "concurrency"])
+    ratio = against[against["metric"] == "throughput_ratio"].set_index("column")
+    assert ratio["reported"].tolist() == [1.5, 1.25]
+    assert ratio.loc["bs1", "measured"] == pytest.approx(load.loc[("e3", 1), "throughput_ratio"])
+    assert ratio.loc["bs2", "measured"] == pytest.approx(load.loc[("e3", 2), "throughput_ratio"])
+    assert ratio.loc["bs1", "measured"] > 1.0  # 3 steps of 24 ms against 6 of 21 ms a request: speculation pays
+    assert "against `tiny_engine`" in out and "| EAGLE-3 | " in out and " vs 1.50 (" in out
+    assert main(["report", str(run_dir), "--against", str(path)]) == 0
+    assert " vs 1.25 (" in capsys.readouterr().out
 
 
 @pytest.mark.slow

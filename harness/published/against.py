@@ -396,9 +396,15 @@ def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> s
                 cells.append(text)
             lines.append(markdown_row([r["row_label"].iloc[0], *cells]))
         lines.append("")
-    lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a different "
-              "baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a protocol "
-              "difference listed above; τ depends on the head and the prompts only, so compare τ first.", ""]
+    if table.engine is not None:  # no τ: the engine's own numbers at batch sizes
+        lines += ["A large delta usually means different hardware (throughput ratios do not transfer across GPUs), "
+                  f"another version of {table.engine['name']} than the source's ({table.engine['version']}), other "
+                  "engine settings, or a protocol difference listed above.", ""]
+    else:
+        lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a "
+                  "different baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a "
+                  "protocol difference listed above; τ depends on the head and the prompts only, so compare τ first.",
+                  ""]
     return "\n".join(lines)
 
 
