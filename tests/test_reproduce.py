@@ -2,6 +2,7 @@
 offline end-to-end reproduction of a stand-in table on the embedded default and its shipped heads."""
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -297,6 +298,36 @@ def test_an_engine_table_reproduced_against_running_servers(tmp_path, capsys):
     assert "against `tiny_engine`" in out and "| EAGLE-3 | " in out and " vs 1.50 (" in out
     assert main(["report", str(run_dir), "--against", str(path)]) == 0
     assert " vs 1.25 (" in capsys.readouterr().out
+
+
+def test_an_engine_table_reproduced_in_launched_servers(tmp_path, monkeypatch, capsys):
+    """The launched path, vLLM's command replaced by the fake server as a process (as tests/test_served.py launches
+    it): the row's server gets the table's speculative_config with the head id replaced by the mapped folder, the
+    baseline's none, both the --engine-option. A head id left in, or a baseline that speculates, would measure
+    another configuration than the table's."""
+    from harness.backends import launch
+    from harness.backends import vllm as V
+    from harness.measure.load import read_load_rows
+
+    fake = str(REPO / "tests" / "support" / "fake_openai_server.py")
+    seen = []
+
+    def argv(python, target_path, served_name, dtype, port, speculative, options):
+        seen.append((speculative, options))
+        return [sys.executable, fake, str(port), "step_ms=5" + (",spec=3,accept=1" if speculative else "")]
+
+    monkeypatch.setenv(V.PYTHON_ENV, sys.executable)
+    monkeypatch.setattr(launch, "vllm_serve_argv", argv)
+    path = tmp_path / "tiny_engine.yaml"
+    path.write_text(yaml.safe_dump(_engine_table("vllm", {"speculative_config": VLLM_SPEC}).raw))
+    assert main(["reproduce", str(path), "--model-dir", "org/target=smollm2-135m", "--model-dir",
+                 f"org/head-eagle3={HEADS / 'eagle3'}", "--engine-option", "max_num_seqs=4", "--output-dir",
+                 str(tmp_path / "results"), "--no-progress"]) == 0
+    assert seen == [(None, {"max_num_seqs": 4}), ({"method": "eagle3", "model": str(HEADS / "eagle3"),
+                                                   "num_speculative_tokens": 2}, {"max_num_seqs": 4})]
+    rows = read_load_rows(next((tmp_path / "results").iterdir()))
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
+    assert " vs 1.50 (" in capsys.readouterr().out
 
 
 @pytest.mark.slow
