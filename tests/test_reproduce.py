@@ -260,6 +260,7 @@ def test_an_engine_draftbench_cannot_launch_is_one_line_naming_those_it_can(caps
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # loads the embedded default model
 def test_an_engine_table_reproduced_against_running_servers(tmp_path, capsys):
     """End to end, no engine installed: the literal table's target mapped to the embedded default, its row and the
     baseline measured on two fake batching servers (--server-url), vanilla and one drafting 3 tokens a step with 1
@@ -300,6 +301,7 @@ def test_an_engine_table_reproduced_against_running_servers(tmp_path, capsys):
     assert " vs 1.25 (" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # loads the embedded default model
 def test_an_engine_table_reproduced_in_launched_servers(tmp_path, monkeypatch, capsys):
     """The launched path, vLLM's command replaced by the fake server as a process (as tests/test_served.py launches
     it): the row's server gets the table's speculative_config with the head id replaced by the mapped folder, the
