@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from harness.measure.tables import turns_table
-from harness.published.against import AgainstError, compare_turns, comparison_markdown, match_rows, plot_against
+from harness.published.against import (
+    AgainstError,
+    compare_load,
+    compare_run,
+    compare_turns,
+    comparison_markdown,
+    match_rows,
+    plot_against,
+)
 from harness.published.tables import TableError, load_table, table_from_dict, table_names
 from harness.run import suites
 from harness.run.chat import resolve_chat_template
@@ -28,9 +36,9 @@ SHIPPED = {
     "eagle2_paper_t1": (10, 10, 140),
     "eagle3_paper": (14, 11, 168),
     "eagle3_paper_t1": (10, 7, 120),
-    "eagle3_sglang_batch": (2, 0, 18),
-    "eagle3_sglang_h100": (3, 0, 3),
-    "eagle3_vllm_batch": (2, 0, 16),
+    "eagle3_sglang_batch": (2, 1, 18),
+    "eagle3_sglang_h100": (3, 2, 3),
+    "eagle3_vllm_batch": (2, 1, 16),
     "jakiro_a40_t0": (8, 7, 184),
     "jakiro_a40_t1": (10, 9, 230),
     "medusa1": (2, 1, 2),
@@ -293,7 +301,8 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     batch = load_table("eagle3_sglang_batch")
     assert (batch.engine["name"], batch.engine["version"], batch.batch_sizes()) == (
         "sglang", "v0.4.4", [2, 4, 8, 16, 24, 32, 48, 56, 64])
-    assert "H100" in batch.hardware and not batch.runnable_rows()
+    # reproduce launches the rows whose head the paper names; the EAGLE row's head is unnamed: reported only
+    assert "H100" in batch.hardware and [r.id for r in batch.runnable_rows()] == ["sglang_eagle3_chain3"]
     assert batch.row("sglang_eagle3_chain3").engine_options == {
         "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4}
@@ -303,7 +312,9 @@ def test_engine_tables_name_engine_gpu_and_batch_sizes():
     vllm = load_table("eagle3_vllm_batch")
     assert (vllm.engine["name"], vllm.engine["version"], vllm.batch_sizes()) == (
         "vllm", "not stated", [2, 4, 8, 16, 24, 32, 48, 56])
-    assert "A100" in vllm.hardware and "RTX 3090" in vllm.hardware and not vllm.runnable_rows()
+    assert "A100" in vllm.hardware and "RTX 3090" in vllm.hardware
+    assert [r.id for r in vllm.runnable_rows()] == ["vllm_eagle3_chain2"]
+    assert [r.id for r in h100.runnable_rows()] == ["sglang_vanilla", "sglang_eagle3"]
     for name in ("eagle3_paper", "eagle3_paper_t1", "spec_bench_a100_vicuna13b"):
         assert load_table(name).engine is None and load_table(name).batch_sizes() == [1]
 
@@ -341,15 +352,30 @@ def _engine_table() -> dict:
     ("protocol.columns.bs64.batch_size", _DELETE,
      r"protocol\.columns\.bs64\.batch_size: an engine table states each column's batch size"),
     ("protocol.columns.bs64.batch_size", 0, r"protocol\.columns\.bs64\.batch_size: must be >= 1, got 0"),
-    ("rows.0.runnable", True, r"rows\[0\]\.runnable: a row of an engine table runs in that engine"),
+    ("engine.name", "tgi", r"rows\[0\]\.runnable: reproduce launches an engine table's rows in vllm or sglang, not "
+                           r"'tgi': set runnable: false"),
+    ("protocol.columns.bs2.category", "writing",
+     r"rows\[0\]\.runnable: .* load levels, which mix the prompts of every category: column\(s\) bs2 select"),
     ("rows.0.engine_options.speculative_num_steps", [3], r"rows\[0\]\.engine_options\.speculative_num_steps"),
     ("rows.0.cells.bs2.throughput", 1.8, r"rows\[0\]\.cells\.bs2: unknown field 'throughput'"),
 ])
 def test_an_engine_table_missing_its_engine_or_batch_size_is_refused(path, value, message):
-    """An engine table without its engine, version or a column's batch size, or with a row claiming draftbench's loop
-    can run it, would be compared with the wrong setting: loading must refuse it and name the field."""
+    """An engine table without its engine, version or a column's batch size would be compared with the wrong
+    setting, and a runnable row in an engine reproduce does not launch, or under a column a load level cannot stand
+    for (one category of the suite), could not be measured: loading must refuse it and name the field."""
     with pytest.raises(TableError, match=r"eagle3_sglang_batch\.yaml: " + message):
         table_from_dict(_set(_engine_table(), path, value), "eagle3_sglang_batch.yaml")
+
+
+def test_a_vllm_rows_speculative_config_must_be_a_json_object():
+    """vLLM's speculative_config is written as its --speculative-config JSON string; one that does not parse would
+    reach vLLM only when reproduce launches it, minutes into the run: loading refuses it and names the field."""
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "results" / "published" /
+                           "eagle3_vllm_batch.yaml").read_text())
+    for bad in ('{"method": "eagle3",', '["eagle3"]'):
+        with pytest.raises(TableError, match=r"eagle3_vllm_batch\.yaml: rows\[0\]\.engine_options\.speculative_config: "
+                                             r"expected vLLM's --speculative-config JSON object as a string"):
+            table_from_dict(_set(data, "rows.0.engine_options.speculative_config", bad), "eagle3_vllm_batch.yaml")
 
 
 def test_engine_options_belong_to_engine_tables():
@@ -450,6 +476,67 @@ def test_markdown_and_plot_show_both_numbers(standin, tmp_path):
     assert "6.00 [τ 2.86] vs 4.98 (+1.02, ×1.20)" in md
     assert "reported **not stated with the table**" in md and "measured **Test CPU**" in md
     assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
+
+
+def load_row(label: str, method: str, c: int, qid: int, finished: float, tokens: int = 4) -> dict:
+    """One request of a load level (harness/run/load.py's row): ``tokens`` tokens, sent at 0, finished at ``finished``
+    s."""
+    return {"attempt": f"{label}-{c}", "label": label, "method": method, "method_options": {}, "engine": "openai",
+            "target": "smollm2-135m", "concurrency": c, "request_rate": None, "burstiness": 1.0, "status": "ok",
+            "question_id": str(qid), "new_tokens": tokens, "wall_time_s": finished, "prefill_time_s": finished / 4,
+            "sent_s": 0.0, "finished_s": finished, "level_counters": None, "engine_notes": [],
+            "token_times_s": [finished * (i + 1) / tokens for i in range(tokens)]}
+
+
+def literal_load_rows() -> list[dict]:
+    """Two requests of 4 tokens a level. Concurrency 1: vanilla's finish at 0.4 s (8 tokens / 0.4 s = 20 tokens/s,
+    10 per request), e3's at 0.2 s (40, 20 per request): throughput ratio and speed-up 2.0. Concurrency 2: 0.5 s
+    (16, 8) and 0.4 s (20, 10): 1.25."""
+    return [load_row(label, method, c, q, finished) for c, times in ((1, (0.4, 0.2)), (2, (0.5, 0.4)))
+            for (label, method), finished in zip((("vanilla", "vanilla"), ("e3", "eagle3")), times) for q in (0, 1)]
+
+
+def test_an_engine_table_is_compared_with_the_load_levels_at_its_batch_sizes(tmp_path):
+    """Each column is the level at its batch size, its numbers the load report's: throughput ratio 2.0 vs 1.5 at
+    batch 1 and 1.25 vs 1.25 at 2, the paired speed-up beside it, tokens/s the level's output tokens/s. A column read
+    at another concurrency, or a ratio recomputed differently from tables/load.csv, would fail here."""
+    from tests.test_reproduce import _engine_table
+
+    table = _engine_table("vllm", cells={"bs1": {"throughput_ratio": 1.5, "tokens_per_s": 30.0},
+                                         "bs2": {"throughput_ratio": 1.25}})
+    manifest = {"config": {"baseline": "vanilla", "target": "smollm2-135m"}, "device": {"device_name": "Test GPU"},
+                "reproduce": {"table": "tiny_engine", "rows": {"e3": "e3"}}}
+    df = compare_load(literal_load_rows(), table, manifest)
+    cell = df.set_index(["row", "column", "metric"])
+    assert list(cell.index) == [("e3", "bs1", "throughput_ratio"), ("e3", "bs1", "speedup"),
+                                ("e3", "bs1", "tokens_per_s"), ("e3", "bs2", "throughput_ratio"),
+                                ("e3", "bs2", "speedup")]
+    tr = cell.loc[("e3", "bs1", "throughput_ratio")]
+    assert (tr["measured"], tr["reported"], tr["delta"], tr["ratio"]) == pytest.approx((2.0, 1.5, 0.5, 2.0 / 1.5))
+    assert cell.loc[("e3", "bs2", "throughput_ratio"), ["measured", "delta"]].tolist() == pytest.approx([1.25, 0.0])
+    sp = cell.loc[("e3", "bs1", "speedup")]
+    # two pairs are fewer than the load report's 8 for a CI: none, as in tables/load.csv
+    assert sp["measured"] == pytest.approx(2.0) and math.isnan(sp["reported"]) and math.isnan(sp["ci_lo"])
+    tps = cell.loc[("e3", "bs1", "tokens_per_s")]
+    assert (tps["measured"], tps["reported"], tps["n_questions"]) == (pytest.approx(40.0), 30.0, 2)
+    assert set(df["hardware_measured"]) == {"Test GPU"} and set(df["target"]) == {"org/target"}
+    md = comparison_markdown(df, table, "run1")
+    assert "**throughput ratio (×, output tokens/s over the same engine without speculation)**" in md
+    assert "| EAGLE-3 | 2.00 vs 1.50 (+0.50, ×1.33) | 1.25 vs 1.25 (+0.00, ×1.00) |" in md
+    assert "each column is the run's load level at its batch size" in md
+    assert "another version of vllm than the source's (0.0)" in md and "compare τ first" not in md
+    assert plot_against(df, tmp_path / "p.png").stat().st_size > 1000
+    # without a reproduce record: matched by method, on another target noted; a level not measured leaves it empty
+    rows = [r for r in literal_load_rows() if r["concurrency"] == 1]
+    df = compare_load(rows, table, {"config": {"target": "smollm2-135m"}})
+    assert df.set_index(["column", "metric"]).loc[("bs1", "throughput_ratio"), "measured"] == pytest.approx(2.0)
+    assert math.isnan(df.set_index(["column", "metric"]).loc[("bs2", "throughput_ratio"), "measured"])
+    assert "not the table's 'org/target'" in df.attrs["notes"][0]
+    assert "`e3` has no level at concurrency 2: column bs 2 is empty" in df.attrs["notes"]
+    # a run of one question at a time has no levels to read a batch size from
+    with pytest.raises(AgainstError, match=r"no load levels \(load\.jsonl\); table 'tiny_engine' was measured in "
+                                           r"vllm at batch size\(s\) 1, 2 and is compared with a run of load levels"):
+        compare_run(tmp_path, table)
 
 
 def test_target_mismatch_is_noted_or_refused(standin):

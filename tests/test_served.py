@@ -618,6 +618,35 @@ def test_launch_sglang_command_refusals_and_a_launched_turn(tmp_path, monkeypatc
     assert gone(backend.server.proc.pid)
 
 
+def test_launch_sglang_takes_the_entrys_head_as_its_draft_model(tmp_path, monkeypatch):
+    # the one method option SGLang takes: head -> --speculative-draft-model-path. Refused, an EAGLE-3 entry on a target
+    # without a shipped head could not be built at all; dropped, SGLang would start without its draft model
+    from methods.eagle3.drafting import Eagle3Options
+
+    assert S.option_flags("sglang", Eagle3Options(head="/h"), {"head"}) == {"speculative_draft_model_path": "/h"}
+    assert S.option_flags("sglang", Eagle3Options(), set()) == {} and S.option_flags("vllm", {"head": "/h"},
+                                                                                       {"head"}) == {}
+    assert check_options("eagle3", {"head"}, {"launch": "sglang"})["launch"] == "sglang"
+    with pytest.raises(EngineError, match=r"method options \(depth\) are not mapped to sglang.launch_server"):
+        check_options("eagle3", {"head", "depth"}, {"launch": "sglang"})
+    # given twice, the two could disagree: which one SGLang loaded would be a guess
+    with pytest.raises(EngineError, match=r"the method option head is the engine option speculative_draft_model_path; "
+                                          r"give one of them"):
+        check_options("eagle3", {"head"}, {"launch": "sglang", "speculative_draft_model_path": "/h"})
+    seen = {}
+
+    def argv(python, target_path, served_name, dtype, port, options):
+        seen.update(options)
+        return [sys.executable, FAKE_SERVER, str(port), "sglang"]
+
+    monkeypatch.setenv(launch.SGLANG_PYTHON_ENV, sys.executable)
+    monkeypatch.setattr(launch, "sglang_serve_argv", argv)
+    backend = create_backend("openai", "eagle3", Eagle3Options(head="/h"), {"head"}, "smollm2-135m", "/m", "float32",
+                             {"launch": "sglang", "speculative_algorithm": "EAGLE3"})
+    backend.close()
+    assert seen == backend.ran_options == {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/h"}
+
+
 @pytest.mark.skipif(not Path(launch.os.environ.get(launch.LLAMA_SERVER_ENV) or "/nonexistent").is_file(),
                     reason="no llama-server binary at $DRAFTBENCH_LLAMA_SERVER")
 def test_launch_llama_cpp_live():

@@ -81,7 +81,7 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
                     engine_options: dict[str, Any] | None, positions: int | None,
                     window: int | None = None) -> Backend:
-    from harness.backends.served import OPTIONS, ServedBackend
+    from harness.backends.served import OPTIONS, ServedBackend, option_flags
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
@@ -91,7 +91,8 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
     elif opts["launch"] in ("llama.cpp", "sglang"):
         from harness.backends import launch
 
-        flags = {k: v for k, v in (engine_options or {}).items() if k not in OPTIONS}
+        flags = {**{k: v for k, v in (engine_options or {}).items() if k not in OPTIONS},
+                 **option_flags(opts["launch"], options, given)}  # SGLang's draft model: the entry's head
         timeout = float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S))
         if opts["launch"] == "llama.cpp":
             server = launch.launch_llama_cpp(target, target_path, opts.get("gguf"), flags, timeout)

@@ -15,7 +15,8 @@ target's GGUF with ``--metrics``; the entry's other ``engine_options`` are its f
 included: ``spec_type: ngram-simple``), since draftbench's method options are not mapped to llama.cpp's.
 :func:`sglang_serve_argv` is SGLang's server (``python -m sglang.launch_server``, with the python of SGLang's own venv,
 ``$DRAFTBENCH_SGLANG_PYTHON``) on the target's folder, its flags the entry's other ``engine_options`` in the same way
-(``speculative_algorithm: NGRAM``).
+(``speculative_algorithm: NGRAM``), and the entry's method option ``head`` as ``--speculative-draft-model-path``
+(:data:`harness.backends.served.FLAG_OPTIONS`).
 """
 
 from __future__ import annotations

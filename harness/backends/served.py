@@ -7,7 +7,8 @@ or ``engine_options: {launch: vllm}``, a local ``vllm serve`` started from vLLM'
 speculative configuration the in-process vLLM backend maps for the entry's method (:mod:`harness.backends.launch`),
 or ``{launch: llama.cpp}``, the ``llama-server`` at ``$DRAFTBENCH_LLAMA_SERVER`` with the entry's other engine
 options as its flags, or ``{launch: sglang}``, SGLang's server from its venv (``$DRAFTBENCH_SGLANG_PYTHON``), its
-flags likewise, stopped at the end of the run, also on Ctrl-C and on failure.
+flags likewise (and the entry's ``head``, the one method option it takes, as ``--speculative-draft-model-path``:
+:data:`FLAG_OPTIONS`), stopped at the end of the run, also on Ctrl-C and on failure.
 
 Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
 messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
@@ -53,6 +54,7 @@ that moved by more than one request.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -77,6 +79,8 @@ LAUNCHES = ("vllm", "llama.cpp", "sglang")
 # a launched server configured by its own flags: its name in errors and one flag as an example
 FLAG_SERVERS = {"llama.cpp": ("llama-server", "spec_type: ngram-simple -> --spec-type ngram-simple"),
                 "sglang": ("sglang.launch_server", "speculative_algorithm: NGRAM -> --speculative-algorithm NGRAM")}
+# the method options a launched flag server takes as one of its own flags: SGLang's draft model is the entry's head
+FLAG_OPTIONS = {"sglang": {"head": "speculative_draft_model_path"}}
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT_S = 300.0        # no byte from the server for this long: the request failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
@@ -112,12 +116,26 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
                               "launch: vllm")
     if "gguf" in opts and launch != "llama.cpp":
         raise EngineError("engine openai: engine_options gguf is the model file of launch: llama.cpp only")
-    if launch in FLAG_SERVERS and given:
+    mapped = FLAG_OPTIONS.get(launch, {})
+    if launch in FLAG_SERVERS and given - set(mapped):
         server, example = FLAG_SERVERS[launch]
         raise EngineError(f"engine openai, method {method!r} on launch: {launch}: method options "
-                          f"({', '.join(sorted(given))}) are not mapped to {server}; pass its flags as "
+                          f"({', '.join(sorted(given - set(mapped)))}) are not mapped to {server}; pass its flags as "
                           f"engine_options ({example})")
+    for option, flag in mapped.items():
+        if option in given and flag in opts:
+            raise EngineError(f"engine openai, method {method!r} on launch: {launch}: the method option {option} "
+                              f"is the engine option {flag}; give one of them")
     return {"api": "chat", "timeout_s": TIMEOUT_S, **opts}
+
+
+def option_flags(launch: str | None, options: Any, given: set[str]) -> dict[str, Any]:
+    """The flags of a launched flag server that the entry's method options give (:data:`FLAG_OPTIONS`).
+    Example: ("sglang", Eagle3Options(head="/h"), {"head"}) -> {"speculative_draft_model_path": "/h"};
+    ("sglang", Eagle3Options(), set()) -> {}."""
+    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
+    return {flag: values[option] for option, flag in FLAG_OPTIONS.get(launch, {}).items()
+            if option in given and values.get(option) is not None}
 
 
 def _fail(what: str, exc: BaseException, timeout: float) -> BackendError:

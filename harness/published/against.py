@@ -19,6 +19,13 @@ Row matching: a run made by ``draftbench reproduce`` records ``reproduce.rows`` 
 For any other run, a row matches the label whose method is the row's method and whose recorded options include
 every option of the row (the ``head`` is not compared: a run names a folder where the table names an id); a label
 equal to the row id wins a tie.
+
+An engine table (``engine:``, measured at batch sizes) is compared with a run of load levels (``load.jsonl``,
+:mod:`harness.run.load`; ``draftbench reproduce`` makes one) by :func:`compare_load`: each column is the level at its
+``batch_size`` (the concurrency), and its numbers are the load report's own (:func:`harness.measure.load.load_table`,
+nothing recomputed here): ``throughput_ratio`` = the level's output tokens/s over the baseline entry's at the same
+concurrency, ``speedup`` = mean per-request tokens/s over the baseline's, paired by prompt, with its bootstrap CI,
+``tokens_per_s`` / ``baseline_tokens_per_s`` = the two levels' output tokens/s.
 """
 
 from __future__ import annotations
@@ -35,12 +42,17 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_row, number
 from harness.measure.html import write_tables_page
+from harness.measure.load import load_table as load_levels
+from harness.measure.load import read_load_rows
 from harness.measure.records import load_records
 from harness.measure.rundir import atomic_file, read_manifest, write_text_atomic
 from harness.measure.tables import turns_table
 from harness.published.tables import Column, Table
 
-METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s"}
+METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s",
+                 "throughput_ratio": "throughput ratio (×, output tokens/s over the same engine without speculation)"}
+# an engine table's cell metric -> the load report's column it is compared with (harness.measure.load.load_table)
+LOAD_METRICS = {"throughput_ratio": "throughput_ratio", "speedup": "speedup", "tokens_per_s": "output_tok_s"}
 COLUMNS = ["table", "row", "row_label", "label", "method", "column", "column_label", "metric", "convention",
            "reported", "measured", "delta", "ratio", "ci_lo", "ci_hi", "tau_draftbench", "n_questions",
            "target", "hardware_reported", "hardware_measured"]
@@ -105,12 +117,17 @@ def match_rows(table: Table, turns: pd.DataFrame, manifest: Mapping[str, Any],
 
     Without a ``reproduce`` record, only rows of the run's target count (:func:`target_keys`); a table with one
     target is compared even with another model, and ``notes`` gets a line saying so."""
-    labels = recorded_options(turns)
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    run_target = config.get("target") or (str(turns["target"].iloc[0]) if len(turns) else None)
+    return _match(table, recorded_options(turns), manifest, run_target, model_dir, notes)
+
+
+def _match(table: Table, labels: Mapping[str, Mapping[str, Any]], manifest: Mapping[str, Any],
+           run_target: str | None, model_dir: Mapping[str, str] | None, notes: list[str] | None) -> dict[str, str]:
+    """:func:`match_rows` on the run's labels (label -> {method, options}) and target."""
     repro = manifest.get("reproduce") if isinstance(manifest.get("reproduce"), Mapping) else None
     if repro and repro.get("table") == table.id and isinstance(repro.get("rows"), Mapping):
         return {row_id: label for label, row_id in repro["rows"].items() if label in labels}
-    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
-    run_target = config.get("target") or (str(turns["target"].iloc[0]) if len(turns) else None)
     keys = target_keys(table, run_target, model_dir)
     if not keys:
         if len(table.targets) > 1:
@@ -213,8 +230,7 @@ def compare_turns(turns: pd.DataFrame, table: Table, manifest: Mapping[str, Any]
                            f"{runnable}; the run has {have}")
     if baseline not in set(turns["label"]):
         raise AgainstError(f"the run has no baseline label {baseline!r}: speed-ups cannot be measured")
-    device = manifest.get("device") if isinstance(manifest.get("device"), Mapping) else {}
-    hw_measured = device.get("device_name") or device.get("device_type") or str(turns["device"].iloc[0])
+    hw_measured = _hardware(manifest, str(turns["device"].iloc[0]))
     questions = _question_frame(turns)
     temps = sorted({float(t) for t in questions["temperature"]})
     if not any(np.isclose(t, table.temperature) for t in temps):
@@ -253,6 +269,84 @@ def compare_turns(turns: pd.DataFrame, table: Table, manifest: Mapping[str, Any]
                     "hardware_reported": table.hardware, "hardware_measured": hw_measured,
                 })
     df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs["notes"] = notes
+    return df
+
+
+def _hardware(manifest: Mapping[str, Any], fallback: str = "?") -> str:
+    device = manifest.get("device") if isinstance(manifest.get("device"), Mapping) else {}
+    return device.get("device_name") or device.get("device_type") or fallback
+
+
+def compare_load(rows: list[dict[str, Any]], table: Table, manifest: Mapping[str, Any] | None = None,
+                 model_dir: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """An engine table against a run's load rows (``load.jsonl``): the tidy comparison (:data:`COLUMNS`), one row
+    per (matched table row, column, metric) for the metrics the table reports, and always ``throughput_ratio`` and
+    ``speedup`` for a row that speculates. A column is the level at its ``batch_size``; the measured numbers are the
+    load report's (:func:`harness.measure.load.load_table`, :data:`LOAD_METRICS`), the mean of a ``mean_of`` column
+    the equal-weight mean of its columns'. Raises :class:`AgainstError` when no row matches."""
+    manifest = manifest or {}
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    baseline = config.get("baseline") or "vanilla"
+    levels = load_levels(rows, baseline)
+    labels: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        labels.setdefault(str(r["label"]), {"method": r["method"], "options": r.get("method_options") or {}})
+    notes: list[str] = []
+    run_target = config.get("target") or (str(rows[0].get("target")) if rows else None)
+    matched = _match(table, labels, manifest, run_target, model_dir, notes)
+    if not matched:
+        runnable = ", ".join(f"{r.id} ({r.method} {r.options})" for r in table.runnable_rows())
+        have = ", ".join(f"{lab} ({i['method']})" for lab, i in labels.items())
+        raise AgainstError(f"no row of table {table.id!r} matches an entry of the load run: the table's rows are "
+                           f"{runnable}; the run has {have}")
+    base = next((b for b in levels["baseline"] if isinstance(b, str)), baseline)
+    by_level = {(r["label"], int(r["concurrency"])): r for r in levels.to_dict("records")}
+    notes.append(f"engine table: each column is the run's load level at its batch size (concurrency); throughput "
+                 f"ratio = the level's output tokens/s over the baseline `{base}`'s at that concurrency, speed-up = "
+                 "mean per-request tokens/s over the baseline's, paired by prompt (tables/load.csv)")
+    hw_measured = _hardware(manifest)
+    out = []
+    for row in table.rows:
+        if row.id not in matched:
+            continue
+        label = matched[row.id]
+        measured: dict[str, dict[str, Any]] = {}
+        for cid, col in table.columns.items():
+            if col.mean_of is not None:
+                continue
+            got, theirs = by_level.get((label, col.batch_size)), by_level.get((base, col.batch_size))
+            if got is None:
+                notes.append(f"`{label}` has no level at concurrency {col.batch_size}: column {col.label} is empty")
+            cell = {m: math.nan if got is None else got[c] for m, c in LOAD_METRICS.items()}
+            cell.update(ci_lo=math.nan if got is None else got["speedup_lo"],
+                        ci_hi=math.nan if got is None else got["speedup_hi"],
+                        baseline_tokens_per_s=math.nan if theirs is None else theirs["output_tok_s"],
+                        n_questions=0 if got is None else int(got["requests"] - got["failed"]))
+            measured[cid] = cell
+        for cid, col in table.columns.items():
+            if col.mean_of is not None:
+                parts = [measured[c] for c in col.mean_of]
+                measured[cid] = {**{m: M.suite_mean([p[m] for p in parts]) for m in
+                                    (*LOAD_METRICS, "baseline_tokens_per_s")},
+                                 "ci_lo": math.nan, "ci_hi": math.nan,
+                                 "n_questions": sum(p["n_questions"] for p in parts)}
+        always = ["throughput_ratio", "speedup"] if row.method != "vanilla" else []
+        for cid, col in table.columns.items():
+            got, rep = measured[cid], row.cells.get(cid, {})
+            for metric in dict.fromkeys([*always, *(m for m in rep if m in got)]):
+                reported = rep.get(metric, math.nan)
+                delta, ratio = M.measured_vs_reported(got[metric], reported)
+                out.append({
+                    "table": table.id, "row": row.id, "row_label": row.label, "label": label,
+                    "method": row.method, "column": cid, "column_label": col.label, "metric": metric,
+                    "convention": None, "reported": reported, "measured": got[metric], "delta": delta,
+                    "ratio": ratio, "ci_lo": got["ci_lo"] if metric == "speedup" else math.nan,
+                    "ci_hi": got["ci_hi"] if metric == "speedup" else math.nan, "tau_draftbench": math.nan,
+                    "n_questions": got["n_questions"], "target": table.targets[row.target].id,
+                    "hardware_reported": table.hardware, "hardware_measured": hw_measured,
+                })
+    df = pd.DataFrame(out, columns=COLUMNS)
     df.attrs["notes"] = notes
     return df
 
@@ -302,16 +396,23 @@ def comparison_markdown(df: pd.DataFrame, table: Table, run_name: str = "") -> s
                 cells.append(text)
             lines.append(markdown_row([r["row_label"].iloc[0], *cells]))
         lines.append("")
-    lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a different "
-              "baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a protocol "
-              "difference listed above; τ depends on the head and the prompts only, so compare τ first.", ""]
+    if table.engine is not None:  # no τ: the engine's own numbers at batch sizes
+        lines += ["A large delta usually means different hardware (throughput ratios do not transfer across GPUs), "
+                  f"another version of {table.engine['name']} than the source's ({table.engine['version']}), other "
+                  "engine settings, or a protocol difference listed above.", ""]
+    else:
+        lines += ["A large delta usually means different hardware (speed-ups do not transfer across GPUs), a "
+                  "different baseline (the source's vanilla loop vs draftbench's), a different τ convention, or a "
+                  "protocol difference listed above; τ depends on the head and the prompts only, so compare τ first.",
+                  ""]
     return "\n".join(lines)
 
 
 def plot_against(df: pd.DataFrame, path: Path, title: str = "") -> Path | None:
     """Measured (y) vs reported (x), one point per cell, speed-up and τ in two panels, the diagonal y = x drawn.
     None when no cell has both numbers."""
-    panels = [(m, lab) for m, lab in (("speedup", "speed-up (×)"), ("tau", "τ (source's convention)"))
+    panels = [(m, lab) for m, lab in (("speedup", "speed-up (×)"), ("throughput_ratio", "throughput ratio (×)"),
+                                      ("tau", "τ (source's convention)"))
               if ((df["metric"] == m) & df["reported"].notna() & df["measured"].notna()).any()]
     if not panels:
         return None
@@ -344,12 +445,21 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
     """Compare a run directory with ``table``; write the CSV/parquet/Markdown/PNG (module docstring) and return
     ``{"frame": DataFrame, "markdown": str, "paths": {name: Path}}``."""
     run_dir = Path(run_dir)
-    records = load_records(run_dir).complete_records  # a partial question never enters a mean
-    if not records:
-        raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
     manifest = read_manifest(run_dir) or {}  # no manifest: rows are matched by method and options
-    turns = turns_table(records, manifest)
-    df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
+    if table.engine is not None:  # measured at batch sizes: compared with the run's load levels
+        rows = read_load_rows(run_dir)
+        if not rows:
+            raise AgainstError(f"{run_dir}: no load levels (load.jsonl); table {table.id!r} was measured in "
+                               f"{table.engine['name']} at batch size(s) {', '.join(map(str, table.batch_sizes()))} "
+                               f"and is compared with a run of load levels: `draftbench reproduce {table.id}` makes "
+                               "one")
+        df = compare_load(rows, table, manifest, model_dir)
+    else:
+        records = load_records(run_dir).complete_records  # a partial question never enters a mean
+        if not records:
+            raise AgainstError(f"{run_dir}: no records; is it a draftbench run directory?")
+        turns = turns_table(records, manifest)
+        df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
     md = comparison_markdown(df, table, run_dir.name)
     tables, plots = run_dir / "tables", run_dir / "plots"
     tables.mkdir(exist_ok=True)

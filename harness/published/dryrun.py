@@ -1,8 +1,9 @@
 """``draftbench reproduce TABLE --dry-run``: what a reproduction would load and run, without loading anything.
 
 An engine table (``engine:``, e.g. EAGLE-3's SGLang tables, arXiv:2503.01840v3 Tables 3-4) is not run by draftbench's
-loop: its dry run (:func:`engine_dry_run`) names, per row, the engine and version, the GPU, the batch sizes, the
-model and head ids and the engine options it would need.
+loop but in the engine it names, launched (:mod:`harness.published.reproduce`): its dry run (:func:`engine_dry_run`)
+names, per row, the engine and version, the GPU, the batch sizes, the model and head ids and the engine options, the
+entry it runs as (or why it is reported only), and the load levels with their prompts.
 
 Sizes come from local copies (safetensors headers, else ``config.json``) or from the table's known sizes; the GPU
 memory estimate is weights + heads + the KV cache at the model's full context (activations and the verification
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from harness.measure.metrics import kv_cache_bytes
 from harness.models import EMBEDDED_TARGETS, kv_shape, materialize_embedded
-from harness.published.reproduce import Part
-from harness.published.tables import Table, TargetSpec
+from harness.published.reproduce import Part, ReproduceError, level_prompts
+from harness.published.tables import LAUNCHED_ENGINES, Table, TargetSpec
 from harness.run.config import RunConfig
 from harness.run.suites import DataError, load_suite
 
@@ -156,16 +157,21 @@ def dry_run(table: Table, parts: list[Part], config_of, model_dir: dict[str, str
     return "\n".join(out) + "\n"
 
 
-def engine_dry_run(table: Table, rows: list[str] | None = None) -> str:
+def engine_dry_run(table: Table, rows: list[str] | None = None, limit: int | None = None,
+                   data_dir: str | None = None) -> str:
     """What each row of an engine table would need to be measured: the engine and version, the GPU, the batch sizes
     of the columns (batch > 1: a load sweep of that many concurrent requests through the served engine), the model,
-    the head and the engine options. Nothing is loaded or launched."""
+    the head and the engine options; the entry a runnable row runs as, the reason of a reported-only one; the load
+    levels and the prompts each sends (every question once). Nothing is loaded or launched."""
     e = table.engine
     chosen = [table.row(r) for r in rows] if rows else table.rows
     batches = ", ".join(map(str, table.batch_sizes()))
+    launched = e["name"] in LAUNCHED_ENGINES
+    how = (f"reproduce launches it (engine: openai, launch: {e['name']}) with the same engine without speculation "
+           "as the baseline" if launched else
+           f"draftbench launches {' or '.join(LAUNCHED_ENGINES)}, not {e['name']}: reproduce does not run it")
     out = [f"table {table.id}: {table.title}", f"source: {table.cite()}",
-           f"engine table: measured in {e['name']} {e['version']} on {table.hardware} ({table.dtype}); "
-           "draftbench's loop does not run it", ""]
+           f"engine table: measured in {e['name']} {e['version']} on {table.hardware} ({table.dtype}); {how}", ""]
     for r in chosen:
         target = table.targets[r.target]
         opts = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in r.engine_options.items()) or "none"
@@ -176,6 +182,15 @@ def engine_dry_run(table: Table, rows: list[str] | None = None) -> str:
         if any(table.columns[c].batch_size > 1 for c in r.cells):
             out.append("  batch > 1: a load sweep of that many concurrent requests through the served engine "
                        "(engine: openai against the launched server)")
-        out.append(f"  needs: {r.reason}")
+        if launched and r.runnable:
+            out.append(f"  runs: entry {r.id}, method {r.method}, engine openai, launch {e['name']}")
+        else:
+            out.append(f"  needs: {r.reason}")
+    if launched:
+        try:
+            prompts = f"{level_prompts(table, limit, data_dir)} prompts a level (every question once)"
+        except ReproduceError as err:
+            prompts = f"cannot run: {err}"
+        out += ["", f"load levels: concurrency {batches}; {prompts}"]
     out += ["", f"columns' batch sizes: {batches}; nothing was loaded or launched"]
     return "\n".join(out) + "\n"

@@ -35,7 +35,7 @@ Fields (every one is checked; an error names the file and the field, e.g.
         mean: {label: Mean, mean_of: [mt_bench, gsm8k]}                  # equal-weight mean of other columns
         bs8: {label: "bs 8", suite: mt_bench, batch_size: 8}   # concurrent sequences (default 1; > 1 needs `engine`)
     engine:                          # optional: the serving engine the source measured in (absent: draftbench's loop)
-      name: sglang                   # sglang | vllm | ... (the engine, as the source names it)
+      name: sglang                   # sglang | vllm | ... (as the source names it; reproduce launches vllm, sglang)
       version: "v0.4.4"              # as the source states it, or "not stated" (required)
       note: ...                      # or null
     targets:                         # key -> the target model
@@ -60,10 +60,11 @@ Fields (every one is checked; an error names the file and the field, e.g.
         options: {total_tokens: 60, depth: 5, top_k: 10}   # checked against the method's options
         max_new_tokens: null         # overrides the protocol's for this row (or null)
         gpus: 1                      # GPUs the source ran this row on (default 1; e.g. 2 for a model split in two)
-        runnable: true               # false: kept as reported-only, `reason` says why
+        runnable: true               # false: kept as reported-only, `reason` says why (engine tables: see below)
         reason: null
         note: null
         engine_options: {speculative_num_steps: 3}   # engine tables only: the engine settings the row stands for
+                                     # (SGLang's flags; vLLM's speculative_config as a JSON string)
         cells:                       # column id -> reported numbers
           mt_bench: {speedup: 3.62, tau: 4.98}
 
@@ -75,8 +76,13 @@ with speculation over the same engine's without, at the column's batch size).
 Engine tables (EAGLE-3, arXiv:2503.01840v3, Tables 3-5: SGLang and vLLM at batch sizes 1..64) name the engine and
 give every column its ``batch_size``; a column with ``batch_size`` > 1 without ``engine`` is refused (draftbench's
 own loop decodes one sequence at a time), and so is an engine table whose column leaves its batch size out. Their
-rows run in that engine, not in draftbench's loop, so they are ``runnable: false``; ``reproduce --dry-run`` names
-the engine configuration each would need.
+rows run in that engine, not in draftbench's loop: ``reproduce`` launches it (:data:`LAUNCHED_ENGINES`, through the
+served engine ``engine: openai``) and measures a load sweep at the columns' batch sizes
+(:mod:`harness.published.reproduce`). So in an engine table ``runnable: true`` means "reproduce can launch this row":
+the engine is one of :data:`LAUNCHED_ENGINES` and the row has what the engine needs (a row whose head the source
+does not name stays ``runnable: false`` with its ``reason``), and, since a load level mixes the prompts of every
+suite, each column is the whole of the table's one suite (no ``category``). A vLLM row's ``speculative_config`` is
+vLLM's ``--speculative-config`` JSON object written as a string; it must parse as one.
 
 Rounding: a cell holds the number as the source prints it. A ``recomputed`` table rounds each value to two decimals
 half up on its decimal value (4.1255 -> 4.13), so a recomputed cell is within 0.005 of the exact value. The shipped
@@ -88,6 +94,7 @@ are good to 0.01. Their source output files are not in this repository, so no te
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +125,8 @@ HEAD_FIELDS = ("kind", "hub", "url", "parameters_b", "weights")
 ROW_FIELDS = ("id", "label", "target", "method", "head", "options", "max_new_tokens", "gpus", "runnable", "reason",
               "note", "engine_options", "cells")
 DTYPES = ("float16", "bfloat16", "float32")
+# the engines whose tables ``reproduce`` runs: it launches them (harness.backends.launch) as `engine: openai` entries
+LAUNCHED_ENGINES = ("vllm", "sglang")
 
 
 class TableError(InputError):
@@ -370,7 +379,7 @@ def table_from_dict(data: Any, where: str = "table", stem: str | None = None) ->
         c.fail("rows", "expected a non-empty list of rows")
     rows, seen = [], set()
     for i, r in enumerate(rows_raw):
-        rows.append(_row(c, r, f"rows[{i}]", targets, heads, columns, engine is not None))
+        rows.append(_row(c, r, f"rows[{i}]", targets, heads, columns, engine, list(suites)))
         if rows[-1].id in seen:
             c.fail(f"rows[{i}].id", f"duplicate row id {rows[-1].id!r}")
         seen.add(rows[-1].id)
@@ -437,8 +446,24 @@ def _columns(c: _Checker, raw: Any, suites: list[str], engine: bool) -> dict[str
     return columns
 
 
+def _launchable(c: _Checker, p: str, engine: dict[str, Any], suites: list[str], columns: dict[str, Column]) -> None:
+    """Refuse a runnable row of an engine table that ``reproduce`` could not measure: an engine it does not launch,
+    or columns that a load level cannot stand for (a level mixes the prompts of every suite)."""
+    if engine["name"] not in LAUNCHED_ENGINES:
+        c.fail(p, f"reproduce launches an engine table's rows in {' or '.join(LAUNCHED_ENGINES)}, not "
+                  f"{engine['name']!r}: set runnable: false and say in `reason` what it needs")
+    if len(suites) > 1:
+        c.fail(p, f"a runnable row of an engine table is measured by load levels, which mix the prompts of every "
+                  f"suite: the table has {len(suites)} suites ({', '.join(suites)}); give it one, or set runnable: "
+                  "false")
+    split = [cid for cid, col in columns.items() if col.category is not None]
+    if split:
+        c.fail(p, f"a runnable row of an engine table is measured by load levels, which mix the prompts of every "
+                  f"category: column(s) {', '.join(split)} select a category; set runnable: false")
+
+
 def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dict[str, HeadSpec],
-         columns: dict[str, Column], engine: bool) -> Row:
+         columns: dict[str, Column], engine: dict[str, Any] | None, suites: list[str]) -> Row:
     c.mapping(r, p, ROW_FIELDS, ("id", "target", "cells"))
     row_id = c.string(r["id"], f"{p}.id")
     if not row_id.replace("_", "").replace("-", "").isalnum():
@@ -446,14 +471,21 @@ def _row(c: _Checker, r: Any, p: str, targets: dict[str, TargetSpec], heads: dic
     if r["target"] not in targets:
         c.fail(f"{p}.target", f"{r['target']!r} is not a key of targets ({', '.join(targets)})")
     runnable = c.boolean(r.get("runnable", True), f"{p}.runnable")
-    if engine and runnable:
-        c.fail(f"{p}.runnable", "a row of an engine table runs in that engine, not in draftbench's loop: set "
-                                "runnable: false and say in `reason` what it needs")
+    if engine is not None and runnable:
+        _launchable(c, f"{p}.runnable", engine, suites, columns)
     engine_options = check(r.get("engine_options") or {}, dict, f"{c.where}: {p}.engine_options", TableError)
-    if engine_options and not engine:
+    if engine_options and engine is None:
         c.fail(f"{p}.engine_options", "only a table with `engine` has engine options")
     for k, v in engine_options.items():
         check(v, str | int | float | bool, f"{c.where}: {p}.engine_options.{k}", TableError)
+    if engine is not None and engine["name"] == "vllm" and "speculative_config" in engine_options:
+        try:
+            spec = json.loads(engine_options["speculative_config"])
+        except (TypeError, ValueError):
+            spec = None
+        if not isinstance(spec, dict):
+            c.fail(f"{p}.engine_options.speculative_config", "expected vLLM's --speculative-config JSON object as a "
+                                                             f"string, got {engine_options['speculative_config']!r}")
     method = r.get("method")
     options = check(r.get("options") or {}, dict, f"{c.where}: {p}.options", TableError)
     if "head" in options:
