@@ -27,7 +27,8 @@ The counters, by engine (the names the engines' own documentation and source giv
   gauges (running means), which cannot be diffed around one request, and ``sglang:spec_verify_calls_total``
   counts verification forwards with no accepted tokens beside it: n/a here; the served client reads each request's
   own ``spec_tokens_details`` instead (:func:`harness.backends.served.sglang_steps`);
-* ``trtllm-serve`` (NVIDIA/TensorRT-LLM; read in its source, not run here: it needs an NVIDIA GPU): its
+* ``trtllm-serve`` (NVIDIA/TensorRT-LLM; read in its source and tested against a fake server only
+  (tests/support/fake_openai_server.py), not run here: it needs an NVIDIA GPU): its
   ``/metrics`` is not the exposition format but a JSON array of engine iterations (:func:`read_trtllm`), those
   queued since the previous read, which the read removes (``docs/source/commands/trtllm-serve/trtllm-serve.rst``
   at commit 0434755; ``get_iteration_stats`` in ``tensorrt_llm/serve/openai_server.py`` at 0005772 drains

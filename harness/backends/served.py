@@ -9,14 +9,16 @@ or ``{launch: llama.cpp}``, the ``llama-server`` at ``$DRAFTBENCH_LLAMA_SERVER``
 options as its flags, or ``{launch: sglang}``, SGLang's server from its venv (``$DRAFTBENCH_SGLANG_PYTHON``), its
 flags likewise, stopped at the end of the run, also on Ctrl-C and on failure.
 
-Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
-messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
-harness's own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with
-the turn's temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids
-(vLLM's ``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its
-``verbose``, which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only)
-and the usage count. Measured, as the harness measures its own turns: wall time from
-sending the request to the end of the stream, time to the first token, and per new token its arrival time
+Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's messages
+(the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the harness's
+own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with the turn's
+temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids (vLLM's
+``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its ``verbose``,
+which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only; from
+``trtllm-serve``, known by its JSON ``/metrics``, which answers HTTP 400 to a field its requests do not declare, not
+``return_token_ids`` but, on /v1/completions, ``detokenize: false``, which gives each chunk its ``token_ids`` and no
+text; its chat stream has text only) and the usage count. Measured, as the harness measures its own turns: wall time
+from sending the request to the end of the stream, time to the first token, and per new token its arrival time
 (``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
 evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
 token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
@@ -26,7 +28,13 @@ character): ids that skip a token are never recorded.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed (a load level, :mod:`harness.run.load`, reads
-them around all its requests instead); a counter the server lacks is None (n/a).
+them around all its requests instead); a counter the server lacks is None (n/a). ``trtllm-serve``'s ``/metrics`` is
+no counter but its engine iterations since the previous read, which the read removes: the client keeps what it
+reads, and a turn's drafts (iterations that drafted), drafted and accepted tokens are the sums of the
+``specDecodingStats`` of the iterations read between its two reads (None where none has them: a server without
+speculation, or without ``enable_iter_perf_stats``); it has no per-position counter (n/a). Read in TensorRT-LLM's
+source (paths and commits in :mod:`harness.backends.prometheus`) and tested against a fake server only
+(tests/support/fake_openai_server.py): TensorRT-LLM needs an NVIDIA GPU, not run here.
 The per-step accepted and drafted tokens, from which τ and the per-step histogram are derived as for the harness's
 own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
 chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
@@ -34,7 +42,9 @@ detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-positi
 (:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters); from an
 SGLang server (its ``sglang:`` metrics or ``/server_info``), which has no such counters, its per-request
 ``spec_tokens_details`` (:func:`sglang_steps`: verification forwards, drafted and accepted tokens and the histogram
-of accepted drafts per forward, which no other client can move). The
+of accepted drafts per forward, which no other client can move); from trtllm-serve, one step per iteration that
+drafted, in order (:meth:`ServedBackend._steps_from_trtllm`), refused where the iterations cannot be this request's
+alone or account for fewer tokens than it has (iterations taken by another reader of ``/metrics``). The
 drafted and accepted totals: llama.cpp's per-request ``timings`` (``draft_n``, ``draft_n_accepted`` on the request's
 last chunk, :func:`request_totals`) where it sends them, which no other client can move, else the counters; the
 record's ``engine_notes`` say which. An entry
@@ -42,13 +52,13 @@ that speculates on a server with neither fails its turns with one line saying so
 The turn's target forwards, which fix how many of its forwards drafted nothing
 (:func:`harness.backends.contract.accept_lengths`): vLLM's engine iterations (``vllm:iteration_tokens_total``'s
 count, :func:`harness.backends.prometheus.read_iterations`) diffed around the request, as in-process vLLM counts
-them; from a server without that count they are derived from the steps, which overstates τ when the last drafting
-step ran past the budget, and the record's notes say so.
+them; from a server without that count (trtllm-serve's iterations are not read as forwards) they are derived from
+the steps, which overstates τ when the last drafting step ran past the budget, and the record's notes say so.
 
 Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
 in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
 sent inside the stream, a server that serves another model (checked against ``/v1/models`` before the run), counters
-that moved by more than one request.
+that moved by more than one request, a ``/metrics`` that is no longer what it was when the run started.
 """
 
 from __future__ import annotations
