@@ -190,6 +190,7 @@ def test_each_engine_says_what_its_acceptance_counts():
     vllm_src, sglang_src = acceptance_source("vllm", None), acceptance_source("openai", "sglang")
     assert vllm_src.startswith("vLLM's spec-decode counters") and "drafting steps only" in vllm_src
     assert "every verification forward" in sglang_src
+    assert acceptance_source("openai", "trtllm-serve").endswith("per position n/a")  # the server kind's own name
     assert acceptance_source("openai", None) == "the server's own counters (server kind unknown)"
     recs = [spec("tree", "1", EOS), record("vanilla", "1", 0, 1.0, [1] * 6)]
     for label, engine, source in (("vllm-vanilla", "vllm", None), ("vllm-eagle3", "vllm", vllm_src),

@@ -24,7 +24,16 @@ from harness.backends.contract import (
     steps_from_counters,
     turn_fields,
 )
-from harness.backends.prometheus import diff, parse_exposition, read_counters, read_iterations, server_kind
+from harness.backends.prometheus import (
+    TrtllmIteration,
+    diff,
+    parse_exposition,
+    read_counters,
+    read_iterations,
+    read_trtllm,
+    server_kind,
+    trtllm_counters,
+)
 from harness.backends.served import ServedBackend, check_options, request_totals, sglang_steps
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
@@ -61,7 +70,7 @@ def test_prometheus_exposition_is_parsed_and_counters_picked():
         "drafts": 5, "draft_tokens": None, "accepted_per_pos": [4, 0, 1]}
     assert server_kind(EXPOSITION) == "vllm" and server_kind("llamacpp:tokens_predicted_total 3\n") == "llama.cpp"
     with pytest.raises(ValueError, match="line 2 is not a Prometheus sample"):
-        parse_exposition('a 1\n{"iter": 3}\n')  # trtllm-serve's /metrics is JSON: no counters, not garbage
+        parse_exposition('a 1\n{"iter": 3}\n')  # not the exposition format (trtllm-serve's JSON is read apart)
 
 
 # vllm serve 0.32 on this machine (ngram, k = 4, --max-num-batched-tokens 64), trimmed to the lines read here, around
@@ -585,6 +594,143 @@ def test_sglang_acceptance_from_its_per_request_spec_tokens_details(fake):
     assert sglang_steps({**good, "spec_num_correct_drafts": 5}) is None  # the histogram accepts 4
     assert sglang_steps({**good, "spec_correct_drafts_histogram": [2, 0, 0, 0, 1]}) is None  # 4 accepted of 3
     assert sglang_steps({**good, "spec_verify_ct": 0}) is None and sglang_steps({}) is None
+
+
+# trtllm-serve's /metrics (shapes from NVIDIA/TensorRT-LLM's source, not captured live: _iteration_report in
+# tensorrt_llm/executor/iteration_stats.py at b117901, trimmed to the keys read here and acceptanceLength): each
+# read returns the iterations queued since the previous one. BEFORE: the last two iterations of an earlier request,
+# queued after that request's own reads; AFTER: this request's prefill, then 3 drafting iterations of 3 tokens
+# accepting 2, 0 and 3 (8 tokens asked: 1 + 3 + 1 + 4 = 9 made, the budget cuts the last)
+TRTLLM_BEFORE = """[
+ {"iter": 10, "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 1},
+  "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 3, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 4.0}},
+ {"iter": 11, "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 1},
+  "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 1, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 2.0}}
+]"""
+TRTLLM_AFTER = """[
+ {"iter": 12, "inflightBatchingStats": {"numContextRequests": 1, "numGenRequests": 0},
+  "specDecodingStats": {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0,
+                        "acceptanceLength": 0.0}},
+ {"iter": 13, "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 1},
+  "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 2, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 3.0}},
+ {"iter": 14, "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 1},
+  "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 1.0}},
+ {"iter": 15, "inflightBatchingStats": {"numContextRequests": 0, "numGenRequests": 1},
+  "specDecodingStats": {"numDraftTokens": 3, "numAcceptedTokens": 3, "numRequestsWithDraftTokens": 1,
+                        "acceptanceLength": 4.0}}
+]"""
+TRTLLM_STEPS = "per-step acceptance from trtllm-serve's iteration statistics (specDecodingStats), one step per " \
+    "iteration that drafted"
+TRTLLM_FORWARDS = "forwards derived from the steps: trtllm-serve's iterations are not read as forwards"
+
+
+def test_trtllm_iterations_are_read_and_summed():
+    # per iteration, specDecodingStats' numRequestsWithDraftTokens / numDraftTokens / numAcceptedTokens are the
+    # drafts, drafted and accepted tokens: were another key read (acceptanceLength) or the prefill's zeros skipped
+    # as missing, the sums would differ from 3 / 9 / 5
+    after = read_trtllm(TRTLLM_AFTER)
+    assert after[1] == TrtllmIteration(13, {"drafts": 1, "draft_tokens": 3, "accepted_tokens": 2}, 1)
+    assert trtllm_counters(after) == {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 5, "accepted_per_pos": None}
+    assert server_kind(TRTLLM_AFTER) == server_kind("[]") == "trtllm-serve"
+    # no iterations, or none with specDecodingStats (null on a server without speculation): n/a, never 0 (a 0
+    # would read as a server that drafted nothing); one lacking a key: that counter n/a, the others summed
+    assert trtllm_counters([]) == trtllm_counters(read_trtllm('[{"iter": 3, "specDecodingStats": null}]')) == {
+        "drafts": None, "draft_tokens": None, "accepted_tokens": None, "accepted_per_pos": None}
+    half = read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": 4, "numAcceptedTokens": 1}}]')
+    assert trtllm_counters(half) == {"drafts": None, "draft_tokens": 4, "accepted_tokens": 1,
+                                     "accepted_per_pos": None}
+    # what is not its JSON iterations is a ValueError naming what, never counters of 0
+    with pytest.raises(ValueError, match=r"not JSON \(Expecting .* at character 12\): '\[\{\"iter\": 3,'"):
+        read_trtllm('[{"iter": 3,')
+    with pytest.raises(ValueError, match="not a JSON array of iteration objects"):
+        read_trtllm('{"iter": 3}')
+    with pytest.raises(ValueError, match="iteration 3: specDecodingStats is 'n/a', not an object"):
+        read_trtllm('[{"iter": 3, "specDecodingStats": "n/a"}]')
+    with pytest.raises(ValueError, match="iteration 3: specDecodingStats numDraftTokens is -1, not a count"):
+        read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": -1}}]')
+
+
+def test_a_trtllm_turn_counters_and_tau_from_two_reads(fake):
+    state, url = fake
+    state.mode = "trtllm"
+    backend = backend_at(url, api="completions")
+    assert backend.describe()["server"] == "trtllm-serve"  # known by its JSON /metrics
+    turn = backend.generate(REQUEST)
+    # trtllm-serve answers HTTP 400 to a field it does not declare: no return_token_ids; its token ids come with
+    # detokenize: false (were either wrong, the fake would have refused the request or sent no ids)
+    assert "return_token_ids" not in state.requests[-1] and state.requests[-1]["detokenize"] is False
+    assert turn.token_ids == [10, 11, 12, 13]
+    # the fake's iterations: prefill, then drafts of 2 accepting 1 and 2
+    assert (turn.drafts, turn.draft_tokens, turn.accepted_tokens, turn.accepted_per_pos) == (2, 4, 3, None)
+    assert (turn.accepted_steps, turn.drafted_steps) == ([1, 2], [2, 2])
+    # two literal reads: BEFORE drains what an earlier request left (not this turn's), AFTER is this turn's; were
+    # BEFORE counted, the turn would have 5 drafts, 11 accepted; were the reads diffed as totals, negative counts
+    readings = iter([TRTLLM_BEFORE, TRTLLM_AFTER])
+    state.metrics = lambda: next(readings, "[]")  # drained: every later read is empty
+    turn = backend.generate(TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 8))
+    assert (turn.drafts, turn.draft_tokens, turn.accepted_tokens, turn.accepted_per_pos) == (3, 9, 5, None)
+    assert (turn.accepted_steps, turn.drafted_steps, turn.forwards) == ([2, 0, 3], [3, 3, 3], None)
+    rec = turn_fields(turn, backend)
+    # tau: prefill 1, then 3, 1 and the last step's 4 cut to the 3 tokens left of the budget: 8 tokens / 4 forwards
+    assert (rec["accept_lengths"], rec["new_tokens"] / rec["steps"]) == ([1, 3, 1, 3], 2.0)
+    assert rec["engine_notes"] == [TRTLLM_STEPS, TRTLLM_FORWARDS]
+    assert rec["engine_counters"]["accepted_per_pos"] is None  # trtllm-serve counts none per position: n/a
+    # a load level sums every iteration read between its two readings: here both turns' and BEFORE's, 4 + 6 + 9
+    assert backend.counters_between({"trtllm_iterations": 0}, {"trtllm_iterations": len(backend.trtllm)})[
+        "draft_tokens"] == 19
+
+
+def test_trtllm_without_speculative_statistics_is_na_not_zero(fake):
+    state, url = fake
+    # a server without speculation: specDecodingStats null in every iteration. A vanilla entry's counters are n/a
+    # (0 would claim it drafted nothing and accepted nothing), its tau the plain 1 per forward
+    state.mode = "trtllm=vanilla"
+    vanilla = backend_at(url, method="vanilla", speculative=False, api="completions")
+    turn = vanilla.generate(REQUEST)
+    assert turn.counters() == {"drafts": None, "draft_tokens": None, "accepted_tokens": None,
+                               "accepted_per_pos": None}
+    assert turn.accepted_steps is None and turn_fields(turn, vanilla)["accept_lengths"] == [1, 1, 1, 1]
+    # a server without enable_iter_perf_stats: /metrics is always []: the same n/a; a speculative entry cannot be
+    # measured there, and the one line says what to start the server with
+    state.mode = "trtllm,no_stats"
+    assert vanilla.generate(REQUEST).counters()["drafts"] is None
+    with pytest.raises(BackendError, match=r"trtllm-serve at \S+ reported no speculative decoding statistics for "
+                                           r"the turn at /metrics \(0 iterations, none with .*"
+                                           r"enable_iter_perf_stats: true"):
+        backend_at(url, api="completions").generate(REQUEST)
+
+
+@pytest.mark.parametrize("mode, readings, message", [
+    # its /metrics cut short: one line with what the JSON parser said and the start of the body, not counters of 0
+    ("trtllm,bad_json", None, r"^GET http://\S+/metrics answered what is not trtllm-serve's iteration statistics: "
+                              r"not JSON \(Expecting property name enclosed in double quotes at character 34\): "
+                              r"'\[\{\"iter\": 3, \"iterLatencyMS\": 7.0,'$"),
+    # another reader drained the request's last iteration: 1 + 2 of its 4 tokens accounted for; were this not
+    # checked, tau would be computed from the steps that are left and come out too low
+    ("trtllm,stolen", None, r"account for 3 of the turn's 4 tokens: iterations are missing"),
+    # an iteration that verified two requests' drafts: another client's request was in the batch
+    ("trtllm", ['[]', '[{"iter": 5, "inflightBatchingStats": {"numGenRequests": 2}, "specDecodingStats": '
+                '{"numDraftTokens": 4, "numAcceptedTokens": 1, "numRequestsWithDraftTokens": 2}}]'],
+     r"verified the drafts of several requests in one iteration \(\[2\] per iteration\): another client"),
+    # one row per attention-DP rank (the same iteration twice, its counts copied): summed, they would double
+    ("trtllm", ['[]', TRTLLM_AFTER[:-1] + "," + TRTLLM_AFTER[1:]],
+     r"listed an iteration more than once at /metrics \(iterations \[12, 13, 14, 15, 12, 13, 14, 15\]\)"),
+])
+def test_a_trtllm_turn_that_cannot_be_measured_is_one_line(fake, mode, readings, message):
+    state, url = fake
+    state.mode = "trtllm"
+    backend = backend_at(url, api="completions")
+    state.mode = mode
+    if readings is not None:
+        left = iter(readings)
+        state.metrics = lambda: next(left, "[]")
+    with pytest.raises(BackendError, match=message) as caught:
+        backend.generate(REQUEST)
+    assert "\n" not in str(caught.value)
 
 
 def test_launch_sglang_command_refusals_and_a_launched_turn(tmp_path, monkeypatch):

@@ -185,6 +185,8 @@ ACCEPTANCE_SOURCES = {
                           "as a histogram",
     ("openai", "llama.cpp"): "llama.cpp's llamacpp:spec_decode_* counters diffed around the request: drafts and "
                              "accepted totals, per position not in step order",
+    ("openai", "trtllm-serve"): "trtllm-serve's /metrics iterations read around the request: one step per iteration "
+                                "that drafted, per position n/a",
 }
 
 

@@ -1,4 +1,5 @@
-"""A served engine's speculative counters, read from its Prometheus ``/metrics`` (the text exposition format).
+"""A served engine's speculative counters, read from its ``/metrics``: the Prometheus text exposition format, or
+``trtllm-serve``'s JSON iteration statistics.
 
 :func:`parse_exposition` reads the format (one sample a line: ``name{label="value",...} number [timestamp]``;
 ``#`` lines are comments, ``# HELP`` / ``# TYPE``); :func:`read_counters` picks the acceptance counters out of it,
@@ -26,8 +27,24 @@ The counters, by engine (the names the engines' own documentation and source giv
   gauges (running means), which cannot be diffed around one request, and ``sglang:spec_verify_calls_total``
   counts verification forwards with no accepted tokens beside it: n/a here; the served client reads each request's
   own ``spec_tokens_details`` instead (:func:`harness.backends.served.sglang_steps`);
-* ``trtllm-serve`` (``docs/source/commands/trtllm-serve.rst`` of NVIDIA/TensorRT-LLM): its ``/metrics`` is JSON
-  iteration statistics, not the exposition format: n/a.
+* ``trtllm-serve`` (NVIDIA/TensorRT-LLM; read in its source and tested against a fake server only
+  (tests/support/fake_openai_server.py), not run here: it needs an NVIDIA GPU): its
+  ``/metrics`` is not the exposition format but a JSON array of engine iterations (:func:`read_trtllm`), those
+  queued since the previous read, which the read removes (``docs/source/commands/trtllm-serve/trtllm-serve.rst``
+  at commit 0434755; ``get_iteration_stats`` in ``tensorrt_llm/serve/openai_server.py`` at 0005772 drains
+  ``get_stats_async``), and only with ``enable_iter_perf_stats: true`` in its ``--config`` (else ``[]``). Each
+  iteration of a speculating server has a ``specDecodingStats`` object (``null`` without speculation; keys from
+  ``_iteration_report`` in ``tensorrt_llm/executor/iteration_stats.py`` at b117901, the C++ ``SpecDecodingStats``
+  of ``cpp/include/tensorrt_llm/executor/types.h``), summed over the iteration's generation requests
+  (``_update_iter_stats`` in ``tensorrt_llm/_torch/pyexecutor/py_executor.py``): ``numRequestsWithDraftTokens``
+  (requests that drafted: draftbench's drafts), ``numDraftTokens`` (their drafted tokens), ``numAcceptedTokens``
+  (their accepted ones) and ``acceptanceLength`` ((accepted + requests) / requests, not read). No per-position
+  counter: ``accepted_per_pos`` is n/a. Since every read drains, a reading is not a total to diff: the client
+  keeps the iterations it read and sums those between two readings (:func:`trtllm_counters`). Its Prometheus
+  endpoint (``/prometheus/metrics``, with ``return_perf_metrics``; ``tensorrt_llm/metrics/collector.py`` at
+  050f80d) has ``trtllm_spec_decode_num_draft_tokens_total`` and ``trtllm_spec_decode_num_accepted_tokens_total``,
+  but fed only the latest iteration of each drain of that same queue (``_iteration_stats_collector_loop``), so
+  they undercount, and that collector takes iterations from ``/metrics`` too; not read.
 
 Besides the acceptance counters, :func:`read_iterations` reads vLLM's engine iterations: the histogram
 ``vllm:iteration_tokens_total`` (vLLM 0.32's ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``, labels
@@ -40,8 +57,10 @@ its difference around a request is the request's target forwards with the prefil
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from typing import Any, NamedTuple
 
 # draftbench's counter -> the metric names that carry it, first found wins
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -53,6 +72,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 }
 ITERATIONS = "vllm:iteration_tokens_total_count"  # vLLM's engine steps that gave a token so far (a histogram's count)
 SERVERS = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llama.cpp"}  # metric prefix -> the server it names
+TRTLLM = "trtllm-serve"  # the server whose /metrics is a JSON array of iterations
+# draftbench's counter -> the key of trtllm-serve's per-iteration ``specDecodingStats`` that carries it
+TRTLLM_FIELDS = {"drafts": "numRequestsWithDraftTokens", "draft_tokens": "numDraftTokens",
+                 "accepted_tokens": "numAcceptedTokens"}
 
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$')
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -140,7 +163,13 @@ def diff(before: dict, after: dict) -> dict[str, int | list[int] | None]:
 
 def server_kind(text: str) -> str | None:
     """Which server a ``/metrics`` reading comes from, by its metric prefixes (``vllm``, ``sglang``,
-    ``llama.cpp``); None when none is known."""
+    ``llama.cpp``), or ``trtllm-serve`` for a JSON array (:data:`TRTLLM`; ``[]`` too: a server without
+    ``enable_iter_perf_stats``, or with nothing queued); None when none is known."""
+    if text.lstrip().startswith("["):
+        try:
+            return TRTLLM if isinstance(json.loads(text), list) else None
+        except ValueError:
+            return None
     for prefix, server in SERVERS.items():
         if re.search(rf"^{re.escape(prefix)}", text, re.MULTILINE):
             return server
@@ -154,3 +183,71 @@ def read_iterations(text: str) -> int | None:
     'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 97.0\n' -> 41."""
     counts = [value for name, _, value in parse_exposition(text) if name == ITERATIONS and math.isfinite(value)]
     return int(sum(counts)) if counts else None
+
+
+class TrtllmIteration(NamedTuple):
+    """What the client keeps of one of trtllm-serve's iterations: its ``iter`` id, its ``specDecodingStats`` as
+    draftbench's counters (:data:`TRTLLM_FIELDS`, None for a key it lacks; the whole None for an iteration without
+    them) and its generation requests (``inflightBatchingStats.numGenRequests``; None where absent)."""
+
+    iter: int | None
+    spec: dict[str, int | None] | None
+    gen_requests: int | None
+
+
+def _count(obj: dict[str, Any], key: str, where: str) -> int | None:
+    """A non-negative whole number at ``obj[key]``, None where the key is absent; a ValueError for anything else."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise ValueError(f"{where} {key} is {value!r}, not a count")
+    return int(value)
+
+
+def read_trtllm(text: str) -> list[TrtllmIteration]:
+    """The iterations of one of trtllm-serve's ``/metrics`` readings (a JSON array of iteration objects, those
+    queued since the previous read), in order. Anything else is a ValueError saying what: not JSON, not an array of
+    objects, a ``specDecodingStats`` that is not an object, a count that is not a whole number >= 0.
+
+    Example: '[{"iter": 7, "inflightBatchingStats": {"numGenRequests": 1}, "specDecodingStats":
+    {"numDraftTokens": 4, "numAcceptedTokens": 3, "numRequestsWithDraftTokens": 1, "acceptanceLength": 4.0}},
+    {"iter": 8, "specDecodingStats": null}]' -> [TrtllmIteration(7, {"drafts": 1, "draft_tokens": 4,
+    "accepted_tokens": 3}, 1), TrtllmIteration(8, None, None)].
+    """
+    try:
+        rows = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({getattr(e, 'msg', e)} at character {getattr(e, 'pos', '?')}): "
+                         f"{text.strip()[:80]!r}") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"not a JSON array of iteration objects: {text.strip()[:80]!r}")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"iteration {row.get('iter', f'#{i}')}:"
+        spec = row.get("specDecodingStats")
+        if spec is not None and not isinstance(spec, dict):
+            raise ValueError(f"{where} specDecodingStats is {spec!r}, not an object")
+        batching = row.get("inflightBatchingStats")
+        gen = _count(batching, "numGenRequests", where + " inflightBatchingStats") if isinstance(
+            batching, dict) else None
+        counts = None if spec is None else {
+            key: _count(spec, name, where + " specDecodingStats") for key, name in TRTLLM_FIELDS.items()}
+        out.append(TrtllmIteration(_count(row, "iter", where), counts, gen))
+    return out
+
+
+def trtllm_counters(iterations: list[TrtllmIteration]) -> dict[str, int | list[int] | None]:
+    """draftbench's acceptance counters over trtllm-serve iterations (those read between two readings): each of
+    :data:`TRTLLM_FIELDS` summed over the iterations with ``specDecodingStats``, None where none has them (an empty
+    list, a server without speculation) or one lacks the key; ``accepted_per_pos`` always None (trtllm-serve counts
+    no acceptance per position). Example: [TrtllmIteration(7, {"drafts": 1, "draft_tokens": 4,
+    "accepted_tokens": 3}, 1), TrtllmIteration(8, None, 1), TrtllmIteration(9, {"drafts": 0, "draft_tokens": 0,
+    "accepted_tokens": 0}, 0)] -> {"drafts": 1, "draft_tokens": 4, "accepted_tokens": 3, "accepted_per_pos": None};
+    [] -> all None."""
+    specs = [it.spec for it in iterations if it.spec is not None]
+    out: dict[str, int | list[int] | None] = dict.fromkeys(COUNTERS)
+    for key in TRTLLM_FIELDS:
+        values = [spec[key] for spec in specs]
+        out[key] = sum(values) if values and None not in values else None
+    return out

@@ -10,14 +10,16 @@ options as its flags, or ``{launch: sglang}``, SGLang's server from its venv (``
 flags likewise (and the entry's ``head``, the one method option it takes, as ``--speculative-draft-model-path``:
 :data:`FLAG_OPTIONS`), stopped at the end of the run, also on Ctrl-C and on failure.
 
-Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's
-messages (the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the
-harness's own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with
-the turn's temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids
-(vLLM's ``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its
-``verbose``, which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only)
-and the usage count. Measured, as the harness measures its own turns: wall time from
-sending the request to the end of the stream, time to the first token, and per new token its arrival time
+Each turn is one streamed request (server-sent events) to ``/v1/chat/completions`` with the conversation's messages
+(the server applies its own chat template), or with ``api: completions`` to ``/v1/completions`` with the harness's
+own token ids of the rendered prompt as the prompt (the same tokens the harness feeds its methods), with the turn's
+temperature, top_p, top_k (when set), seed and token budget (``max_tokens``). It asks for token ids (vLLM's
+``return_token_ids``; from a llama.cpp server, known by its ``/props`` or ``llamacpp:`` counters, its ``verbose``,
+which puts each /v1/completions chunk's token in ``__verbose.tokens``; its chat stream has text only; from
+``trtllm-serve``, known by its JSON ``/metrics``, which answers HTTP 400 to a field its requests do not declare, not
+``return_token_ids`` but, on /v1/completions, ``detokenize: false``, which gives each chunk its ``token_ids`` and no
+text; its chat stream has text only) and the usage count. Measured, as the harness measures its own turns: wall time
+from sending the request to the end of the stream, time to the first token, and per new token its arrival time
 (``token_times_s``): exact where every chunk carries one token id; a chunk of several tokens has its time split
 evenly over them since the previous chunk (the record's ``engine_notes`` says so). A server that sends text without
 token ids gives ``output_ids`` null (the losslessness check is then n/a for the turn, never a pass) and its own
@@ -27,7 +29,13 @@ character): ids that skip a token are never recorded.
 
 Acceptance: the server's Prometheus counters (:mod:`harness.backends.prometheus`) read before and after each request
 (concurrency 1: nothing else may use the server meanwhile) and diffed (a load level, :mod:`harness.run.load`, reads
-them around all its requests instead); a counter the server lacks is None (n/a).
+them around all its requests instead); a counter the server lacks is None (n/a). ``trtllm-serve``'s ``/metrics`` is
+no counter but its engine iterations since the previous read, which the read removes: the client keeps what it
+reads, and a turn's drafts (iterations that drafted), drafted and accepted tokens are the sums of the
+``specDecodingStats`` of the iterations read between its two reads (None where none has them: a server without
+speculation, or without ``enable_iter_perf_stats``); it has no per-position counter (n/a). Read in TensorRT-LLM's
+source (paths and commits in :mod:`harness.backends.prometheus`) and tested against a fake server only
+(tests/support/fake_openai_server.py): TensorRT-LLM needs an NVIDIA GPU, not run here.
 The per-step accepted and drafted tokens, from which τ and the per-step histogram are derived as for the harness's
 own turns: vLLM's per-request metrics where the server sends them (``metrics.speculative_decoding`` on the usage
 chunk, ordered ``per_step_accepted`` / ``per_step_drafted`` with ``vllm serve --per-request-spec-decode-metrics
@@ -35,7 +43,9 @@ detailed``, which ``launch: vllm`` sets); else from vLLM's drafts and per-positi
 (:func:`harness.backends.contract.steps_from_counters`; the order of the steps is not in the counters); from an
 SGLang server (its ``sglang:`` metrics or ``/server_info``), which has no such counters, its per-request
 ``spec_tokens_details`` (:func:`sglang_steps`: verification forwards, drafted and accepted tokens and the histogram
-of accepted drafts per forward, which no other client can move). The
+of accepted drafts per forward, which no other client can move); from trtllm-serve, one step per iteration that
+drafted, in order (:meth:`ServedBackend._steps_from_trtllm`), refused where the iterations cannot be this request's
+alone or account for fewer tokens than it has (iterations taken by another reader of ``/metrics``). The
 drafted and accepted totals: llama.cpp's per-request ``timings`` (``draft_n``, ``draft_n_accepted`` on the request's
 last chunk, :func:`request_totals`) where it sends them, which no other client can move, else the counters; the
 record's ``engine_notes`` say which. An entry
@@ -43,13 +53,13 @@ that speculates on a server with neither fails its turns with one line saying so
 The turn's target forwards, which fix how many of its forwards drafted nothing
 (:func:`harness.backends.contract.accept_lengths`): vLLM's engine iterations (``vllm:iteration_tokens_total``'s
 count, :func:`harness.backends.prometheus.read_iterations`) diffed around the request, as in-process vLLM counts
-them; from a server without that count they are derived from the steps, which overstates τ when the last drafting
-step ran past the budget, and the record's notes say so.
+them; from a server without that count (trtllm-serve's iterations are not read as forwards) they are derived from
+the steps, which overstates τ when the last drafting step ran past the budget, and the record's notes say so.
 
 Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
 in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
 sent inside the stream, a server that serves another model (checked against ``/v1/models`` before the run), counters
-that moved by more than one request.
+that moved by more than one request, a ``/metrics`` that is no longer what it was when the run started.
 """
 
 from __future__ import annotations
@@ -71,7 +81,18 @@ from harness.backends.contract import (
     TurnRequest,
     steps_from_counters,
 )
-from harness.backends.prometheus import COUNTERS, diff, read_counters, read_iterations, server_kind
+from harness.backends.prometheus import (
+    COUNTERS,
+    TRTLLM,
+    TRTLLM_FIELDS,
+    TrtllmIteration,
+    diff,
+    read_counters,
+    read_iterations,
+    read_trtllm,
+    server_kind,
+    trtllm_counters,
+)
 from harness.measure.records import UNORDERED_STEPS
 
 OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
@@ -90,6 +111,13 @@ SETTLE_MAX_S = 2.0
 LLAMACPP_FIELDS = {"verbose": True}
 # SGLang's: a chunk before the usage carries the request's speculative statistics (``sglext.spec_tokens_details``)
 SGLANG_FIELDS = {"return_spec_tokens_details": True}
+# trtllm-serve's: its requests forbid fields they do not declare (``OpenAIBaseModel``: ``extra="forbid"`` in
+# tensorrt_llm/serve/openai_protocol.py at 0076e93), return_token_ids among them (HTTP 400); with
+# ``detokenize: false`` its /v1/completions chunks carry ``token_ids`` and empty text
+# (``completion_stream_post_processor``, tensorrt_llm/serve/postprocess_handlers.py at 01bf192)
+TRTLLM_DROP = ("return_token_ids",)
+TRTLLM_COMPLETIONS_FIELDS = {"detokenize": False}
+TRTLLM_MARK = "trtllm_iterations"  # a trtllm-serve reading: how many iterations the client has read so far
 
 
 def check_options(method: str, given: set[str], engine_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -244,6 +272,7 @@ class ServedBackend(Backend):
                 wait_ready(self.url, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
             self.model = self._check_model(options.get("model"), target, target_path)
             self.version, kind, self.slots = self._version()
+            self.trtllm: list[TrtllmIteration] = []  # trtllm-serve's iterations read so far (its reads drain)
             status, text = http_get(self.url + "/metrics", self.timeout)
             self.has_metrics = status == 200 and self._counters_of(text) is not None
             self.server_kind = (server_kind(text) if self.has_metrics else None) or kind
@@ -290,13 +319,29 @@ class ServedBackend(Backend):
     @staticmethod
     def _counters_of(text: str) -> dict[str, Any] | None:
         try:
+            if server_kind(text) == TRTLLM:
+                read_trtllm(text)
+                return {TRTLLM_MARK: 0}
             return read_counters(text)
         except ValueError:
-            return None  # not the exposition format (trtllm-serve's /metrics is JSON): no counters
+            return None  # neither the exposition format nor trtllm-serve's iterations: no counters
 
     def _reading(self) -> tuple[dict[str, Any], int | None]:
-        """One ``/metrics`` reading: the acceptance counters and vLLM's engine iterations (None where absent)."""
+        """One ``/metrics`` reading: the acceptance counters and vLLM's engine iterations (None where absent). From
+        trtllm-serve, whose reads drain its queue of iterations, the iterations are kept (:attr:`trtllm`) and the
+        reading is how many have been read (``{TRTLLM_MARK: n}``), which :meth:`counters_between` turns into
+        counters; something other than its JSON iterations is a BackendError saying what."""
         status, text = http_get(self.url + "/metrics", self.timeout)
+        if self.server_kind == TRTLLM:
+            if status != 200:
+                raise BackendError(f"GET {self.url}/metrics answered HTTP {status}, though it had trtllm-serve's "
+                                   f"iteration statistics when the run started: {text.strip()[:120]}")
+            try:
+                self.trtllm += read_trtllm(text)
+            except ValueError as e:
+                raise BackendError(f"GET {self.url}/metrics answered what is not trtllm-serve's iteration "
+                                   f"statistics: {e}") from None
+            return {TRTLLM_MARK: len(self.trtllm)}, None
         counters = self._counters_of(text) if status == 200 else None
         if counters is None:
             raise BackendError(f"GET {self.url}/metrics answered HTTP {status} without Prometheus counters, though "
@@ -317,8 +362,16 @@ class ServedBackend(Backend):
 
     def settled_counters(self) -> dict[str, Any]:
         """The settled acceptance counters (:meth:`settled_reading`); a load level reads them before and after all
-        its requests."""
+        its requests (:meth:`counters_between`)."""
         return self.settled_reading()[0]
+
+    def counters_between(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        """The acceptance counters moved between two readings: their difference (:func:`diff`), or from
+        trtllm-serve the counters of the iterations read between them (:func:`trtllm_counters`; None where those
+        have no ``specDecodingStats``, never 0)."""
+        if TRTLLM_MARK in after:
+            return trtllm_counters(self.trtllm[before[TRTLLM_MARK]:after[TRTLLM_MARK]])
+        return diff(before, after)
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "server": self.server_kind, "version": self.version, "url": self.url,
@@ -337,6 +390,11 @@ class ServedBackend(Backend):
             body.update(LLAMACPP_FIELDS)
         elif self.server_kind == "sglang":
             body.update(SGLANG_FIELDS)
+        elif self.server_kind == TRTLLM:
+            for key in TRTLLM_DROP:
+                body.pop(key)
+            if self.options["api"] == "completions":
+                body.update(TRTLLM_COMPLETIONS_FIELDS)
         if self.options["api"] == "chat":
             body["messages"] = request.messages
         else:
@@ -352,13 +410,16 @@ class ServedBackend(Backend):
                 setattr(turn, key, value)
             turn.notes.append(f"acceptance from the server's per-request spec_tokens_details ({UNORDERED_STEPS})")
             return turn
+        trtllm = None  # trtllm-serve's iterations during the request
         if before is None:
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
             counters, iterations = dict.fromkeys(COUNTERS), None
         else:
             after = self.settled_reading()
-            counters = diff(before[0], after[0])
+            counters = self.counters_between(before[0], after[0])
             iterations = None if before[1] is None or after[1] is None else after[1] - before[1]
+            if TRTLLM_MARK in after[0]:
+                trtllm = self.trtllm[before[0][TRTLLM_MARK]:after[0][TRTLLM_MARK]]
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
         turn.accepted_tokens, turn.accepted_per_pos = counters["accepted_tokens"], counters["accepted_per_pos"]
         totals = request_totals(per_request)
@@ -370,30 +431,83 @@ class ServedBackend(Backend):
         if isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted):
             turn.accepted_steps, turn.drafted_steps = [int(a) for a in accepted], [int(d) for d in drafted]
             turn.notes.append("per-step acceptance from the server's per-request metrics")
+        elif trtllm is not None and None not in (counters["drafts"], counters["draft_tokens"],
+                                                 counters["accepted_tokens"]) and (
+                counters["drafts"] > 0 or self.speculative):
+            self._steps_from_trtllm(turn, trtllm)
         elif counters["drafts"] is not None and counters["accepted_per_pos"] is not None and (
                 counters["drafts"] > 0 or self.speculative):
             self._steps_from_counters(turn)
+        elif self.speculative and trtllm is not None:
+            some = any(it.spec is not None for it in trtllm)
+            raise BackendError(f"trtllm-serve at {self.url} reported no speculative decoding statistics for the turn "
+                               f"at /metrics ({len(trtllm)} iterations, {'not all' if some else 'none'} with "
+                               f"specDecodingStats' {', '.join(TRTLLM_FIELDS.values())}); start it with "
+                               "enable_iter_perf_stats: true and speculative_config in its --config; a speculative "
+                               "entry's forwards cannot be counted (an entry of method vanilla measures its tokens "
+                               "and times)")
         elif self.speculative:
             raise BackendError(f"the server at {self.url} exposes no per-position acceptance counters at /metrics "
                                f"({', '.join(COUNTERS['drafts'] + COUNTERS['accepted_per_pos'])}) nor per-request "
                                "acceptance; a speculative entry's forwards cannot be counted (an entry of method "
                                "vanilla measures its tokens and times)")
         if turn.accepted_steps is not None and iterations is None:
-            turn.notes.append("forwards derived from the steps: the server's /metrics counts no engine iterations "
-                              "(vLLM's vllm:iteration_tokens_total)")
+            turn.notes.append("forwards derived from the steps: trtllm-serve's iterations are not read as forwards"
+                              if trtllm is not None else "forwards derived from the steps: the server's /metrics "
+                              "counts no engine iterations (vLLM's vllm:iteration_tokens_total)")
         turn.forwards = iterations
         return turn
+
+    def _one_request(self, turn: EngineTurn, steps: list[int] | None, depth: int, moved: str) -> None:
+        """A BackendError unless ``steps`` (accepted tokens per drafting step, None where the counters fit no
+        steps) can be one request's: it yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most
+        ``depth`` (the deepest draft) past what it emitted. ``moved``: what the counters moved by, for the message."""
+        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        if steps is None or 1 + len(steps) + sum(steps) > n + depth:
+            raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({moved}, {n} "
+                               "tokens): another client is using the server; measure at concurrency 1 on a server "
+                               "of its own")
+
+    def _steps_from_trtllm(self, turn: EngineTurn, iterations: list[TrtllmIteration]) -> None:
+        """The turn's per-step accepted and drafted tokens from trtllm-serve's iterations during it, in order: one
+        step per iteration whose ``numRequestsWithDraftTokens`` is 1 (at concurrency 1, this request's). A
+        BackendError where they cannot be this request's alone: an iteration listed twice (one row per
+        attention-DP rank), one that verified several requests' drafts, more tokens than the turn has (another
+        client), or fewer (iterations missing from the reads: another reader of /metrics, such as trtllm-serve's
+        own Prometheus collector with ``return_perf_metrics``, a full queue, ``iter_perf_stats_interval`` above
+        1): each generation iteration yields 1 + its accepted tokens, the prefill 1."""
+        ids = [it.iter for it in iterations if it.iter is not None]
+        if len(set(ids)) != len(ids):
+            raise BackendError(f"trtllm-serve at {self.url} listed an iteration more than once at /metrics "
+                               f"(iterations {ids}): one row per attention-DP rank cannot be split by request; "
+                               "measure a server of one rank")
+        drafting = [it.spec for it in iterations if it.spec is not None and it.spec["drafts"]]
+        if any(spec["drafts"] != 1 for spec in drafting):
+            raise BackendError(f"trtllm-serve at {self.url} verified the drafts of several requests in one "
+                               f"iteration ({[spec['drafts'] for spec in drafting]} per iteration): another client is "
+                               "using the server; measure at concurrency 1 on a server of its own")
+        steps = [spec["accepted_tokens"] for spec in drafting]
+        depths = [spec["draft_tokens"] for spec in drafting]
+        self._one_request(turn, steps, max(depths, default=0),
+                          f"{len(steps)} drafting iterations accepting {sum(steps)} tokens")
+        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        if all(it.gen_requests is not None for it in iterations):
+            produced = 1 + sum(1 + (it.spec["accepted_tokens"] if it.spec is not None else 0)
+                               for it in iterations if it.gen_requests)
+            if produced < n:
+                raise BackendError(f"trtllm-serve's iterations read at {self.url}/metrics account for {produced} of "
+                                   f"the turn's {n} tokens: iterations are missing (another reader of /metrics, "
+                                   "such as trtllm-serve's own collector with return_perf_metrics, a full queue "
+                                   "(max_stats_len) or iter_perf_stats_interval above 1)")
+        turn.accepted_steps, turn.drafted_steps = steps, depths
+        turn.notes.append("per-step acceptance from trtllm-serve's iteration statistics (specDecodingStats), one "
+                          "step per iteration that drafted")
 
     def _steps_from_counters(self, turn: EngineTurn) -> None:
         """The turn's per-step accepted and drafted tokens from its counters (vLLM's drafts and per position)."""
         drafts, per_pos = turn.drafts, turn.accepted_per_pos
         steps = steps_from_counters(drafts, per_pos)
-        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
-        # one request yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most k past what it emitted
-        if steps is None or 1 + len(steps) + sum(steps) > n + len(per_pos):
-            raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({drafts} "
-                               f"drafts, accepted per position {per_pos}, {n} tokens): another client is using "
-                               "the server; measure at concurrency 1 on a server of its own")
+        self._one_request(turn, steps, len(per_pos), f"{drafts} drafts, accepted per position {per_pos}")
         turn.accepted_steps = steps
         turn.notes.append(f"per-step acceptance from the server's counters ({UNORDERED_STEPS})")
         # every draft as deep as the per-position counter: acceptance at position i is then per_pos[i] / drafts,

@@ -21,8 +21,9 @@ first question when the suites run out (:func:`level_questions`), so consecutive
 the suites last; every entry gets the same prompts at the same level (the speed-up is paired by prompt).
 
 Acceptance at concurrency > 1 cannot be split by request from the server's counters: the Prometheus counters are
-read before the level's first request and after its last (:meth:`ServedBackend.settled_counters`) and the
-difference is stored with every row of the level (``level_counters``); per-request steps are kept where the server
+read before the level's first request and after its last (:meth:`ServedBackend.settled_counters`) and what
+they moved by (:meth:`ServedBackend.counters_between`; from trtllm-serve, the sums of its iterations read between
+the two) is stored with every row of the level (``level_counters``); per-request steps are kept where the server
 sends them (vLLM's ``--per-request-spec-decode-metrics detailed``), and so are a request's own drafted and
 accepted totals (llama.cpp's per-request ``timings``, :func:`harness.backends.served.request_totals`) as the row's
 ``engine_counters`` (None where the server sends none).
@@ -56,7 +57,6 @@ from typing import Any
 import numpy as np
 
 from harness.backends.contract import STOP_REASONS, TurnRequest, acceptance_source, entry_options
-from harness.backends.prometheus import diff
 from harness.backends.served import request_totals
 from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
@@ -182,7 +182,7 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     window = max(r[1] for r in results) - min(r[0] for r in results)
-    counters = diff(before, backend.settled_counters()) if before is not None else None
+    counters = backend.counters_between(before, backend.settled_counters()) if before is not None else None
     return results, window, counters
 
 

@@ -24,8 +24,15 @@ the request's ``timings`` with ``draft_n`` 4 and ``draft_n_accepted`` 2, the sec
 (as SGLang 0.5.23's server answers, shapes from its source, not captured live: no ``/version`` but
 ``/server_info``' ``version``; ``sglang:`` metrics without speculative counters; with the request's
 ``return_spec_tokens_details`` a chunk without choices before the usage carrying ``sglext.spec_tokens_details``:
-3 verification forwards of 3 drafted tokens, accepting 2, 2 and 0); as a process
-also
+3 verification forwards of 3 drafted tokens, accepting 2, 2 and 0), ``trtllm`` (as ``trtllm-serve`` of
+NVIDIA/TensorRT-LLM answers, shapes from its source, not run here: requests with a field it does not declare,
+``return_token_ids`` among them, answer HTTP 400; with ``detokenize: false`` each /v1/completions chunk carries
+``token_ids`` and empty text, chat chunks text only; ``/metrics`` is the JSON array of the engine iterations since
+the previous read, which the read removes (:func:`trtllm_iteration`): per request a prefill iteration, then
+generation iterations each drafting 2 tokens, accepting 1, then 2, 2, ... until the request's ``max_tokens``;
+``trtllm=vanilla``: ``specDecodingStats`` null, one token per iteration; with ``no_stats`` ``/metrics`` is always
+``[]`` (a server without ``enable_iter_perf_stats``), with ``bad_json`` it is cut short mid-array, with ``stolen``
+each request's last iteration is missing, as when another reader drained it first); as a process also
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
 
@@ -44,6 +51,52 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# The fields /v1/completions of trtllm-serve declares (CompletionRequest in tensorrt_llm/serve/openai_protocol.py at
+# 0076e93; its OpenAIBaseModel has extra="forbid"), and "messages" for /v1/chat/completions: any other is HTTP 400
+TRTLLM_REQUEST_FIELDS = {
+    "model", "prompt", "messages", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
+    "lora_request", "prompt_ignore_length", "use_beam_search", "top_k", "top_p_min", "min_p", "repetition_penalty",
+    "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "return_context_logits",
+    "detokenize", "thinking_token_budget", "add_special_tokens", "response_format", "disaggregated_params", "priority",
+    "conversation_params"}
+
+
+def trtllm_iteration(it: int, context: int, generation: int, drafted: int | None, accepted: int) -> dict:
+    """One engine iteration as trtllm-serve's ``/metrics`` lists it, at concurrency 1: keys, nesting and order as
+    ``_iteration_report`` and ``_materialize_frame`` build them (tensorrt_llm/executor/iteration_stats.py at
+    b117901), the speculative counts summed over the iteration's generation requests as ``_update_iter_stats``
+    does (tensorrt_llm/_torch/pyexecutor/py_executor.py). ``context`` / ``generation``: requests in either phase
+    this iteration; ``drafted``: tokens the generation request drafted, or None for a server without speculation
+    (``specDecodingStats`` null). The other values are plausible, not captured (the timestamp's format is not
+    settled by the source; draftbench reads none of them)."""
+    spec = None
+    if drafted is not None:
+        requests = int(drafted > 0)
+        spec = {"numDraftTokens": drafted, "numAcceptedTokens": accepted, "numRequestsWithDraftTokens": requests,
+                "acceptanceLength": (accepted + requests) / requests if requests else 0.0, "iterLatencyMS": 0.0,
+                "draftOverhead": 0.0}
+    return {
+        "timestamp": "05-14-2026 10:00:00", "iter": it, "iterLatencyMS": 7.0, "newActiveRequestsQueueLatencyMS": 0.0,
+        "numNewActiveRequests": context, "numActiveRequests": 1, "numQueuedRequests": 0, "numCompletedRequests": 0,
+        "maxNumActiveRequests": 2048, "maxBatchSizeStatic": 0, "maxBatchSizeTunerRecommended": 0,
+        "maxBatchSizeRuntime": 0, "maxNumTokensStatic": 0, "maxNumTokensTunerRecommended": 0,
+        "maxNumTokensRuntime": 0, "gpuMemUsage": 76665782272, "cpuMemUsage": 0, "pinnedMemUsage": 0,
+        "kvCacheStats": {"maxNumBlocks": 101256, "freeNumBlocks": 101253, "usedNumBlocks": 3, "tokensPerBlock": 32,
+                         "allocTotalBlocks": 3, "allocNewBlocks": 3, "reusedBlocks": 0, "missedBlocks": 1,
+                         "cacheHitRate": 0.0},
+        "staticBatchingStats": {"numScheduledRequests": 0, "numContextRequests": 0, "numCtxTokens": 0,
+                                "numGenTokens": 0, "emptyGenSlots": 0},
+        "inflightBatchingStats": {"numScheduledRequests": context + generation, "numContextRequests": context,
+                                  "numGenRequests": generation, "numPausedRequests": 0,
+                                  "numCtxTokens": 3 * context, "microBatchId": 0, "avgNumDecodedTokensPerIter": 0.0,
+                                  "numCtxKvTokens": 0, "numGenKvTokens": 0, "numQueuedContextRequests": 0,
+                                  "numQueuedCtxTokens": 0, "numQueuedGenRequests": 0, "numQueuedGenKvTokens": 0,
+                                  "numPausedKvTokens": 0},
+        "specDecodingStats": spec, "schedulerMode": "overlap", "statsSequence": it, "statsDroppedFrames": 0,
+        "attentionDpRank": 0}
 
 
 def step_seconds(step_s: float, batch_cost: float, in_flight: int, verified: int) -> float:
@@ -64,6 +117,8 @@ class Fake:
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0, 0]
         self.in_flight = 0
+        self.iterations: list[dict] = []  # trtllm: the iterations queued since /metrics was last read
+        self.iter = 0
         self.lock = threading.Lock()
 
     def flag(self, name: str) -> str | None:
@@ -73,7 +128,28 @@ class Fake:
                 return value or "1"
         return None
 
+    def queue_trtllm(self, n: int) -> None:
+        """trtllm: queue one request's iterations, ``n`` tokens: the prefill's (its first token), then generation
+        iterations drafting 2 tokens and accepting 1, then 2, 2, ... (or, with ``trtllm=vanilla``, one token each)
+        until the request has its tokens; with ``stolen`` the last is not queued."""
+        spec = self.flag("trtllm") != "vanilla"
+        rows, made = [(1, 0, 0 if spec else None, 0)], 1
+        while made < n:
+            accepted = (1 if len(rows) == 1 else 2) if spec else 0
+            rows.append((0, 1, 2 if spec else None, accepted))
+            made += 1 + accepted
+        with self.lock:
+            for context, generation, drafted, accepted in rows[:-1] if self.flag("stolen") else rows:
+                self.iter += 1
+                self.iterations.append(trtllm_iteration(self.iter, context, generation, drafted, accepted))
+
     def metrics(self) -> str:
+        if self.flag("trtllm"):
+            if self.flag("bad_json"):
+                return '[{"iter": 3, "iterLatencyMS": 7.0,'
+            with self.lock:  # every read takes what is queued
+                taken, self.iterations = self.iterations, []
+            return json.dumps([] if self.flag("no_stats") else taken)
         if self.flag("sglang"):
             return ("# TYPE sglang:generation_tokens_total counter\n"
                     'sglang:generation_tokens_total{model_name="smollm2-135m",is_streaming="true"} 14.0\n'
@@ -128,13 +204,20 @@ def handler(fake: Fake):
                 self.reply(200, json.dumps({"object": "list", "data": [
                     {"id": fake.flag("model") or "smollm2-135m", "object": "model"}]}))
             elif self.path == "/metrics":
-                self.reply(200, fake.metrics(), "text/plain; version=0.0.4")
+                self.reply(200, fake.metrics(), "application/json" if fake.flag("trtllm") else
+                           "text/plain; version=0.0.4")
             else:
                 self.reply(404, json.dumps({"detail": "Not Found"}))
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             fake.requests.append(body)
+            extra = sorted(set(body) - TRTLLM_REQUEST_FIELDS) if fake.flag("trtllm") else []
+            if extra:  # FastAPI's RequestValidationError, as trtllm-serve's handler answers it
+                self.reply(400, json.dumps({"error": str([
+                    {"type": "extra_forbidden", "loc": ("body", key), "msg": "Extra inputs are not permitted",
+                     "input": body[key]} for key in extra])}))
+                return
             status = fake.flag("status")
             if status:
                 self.reply(int(status), json.dumps({"error": {"message": f"fake error {status}"}}))
@@ -173,6 +256,11 @@ def handler(fake: Fake):
                 ids = list(range(10 + i, 10 + min(i + step, n)))
                 text = "".join(f"t{t} " for t in ids)
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                if fake.flag("trtllm"):  # ids only for /v1/completions with detokenize: false, then no text
+                    if not chat and body.get("detokenize") is False:
+                        choice.update(text="", token_ids=ids)
+                    self.event({"choices": [choice]})
+                    continue
                 if fake.flag("llamacpp"):
                     if str(i) != fake.flag("lost_at"):
                         self.event({"choices": [choice], "object": "text_completion", **(
@@ -196,6 +284,8 @@ def handler(fake: Fake):
                 if not step_ms:
                     time.sleep(0.001)
             else:
+                if fake.flag("trtllm"):
+                    fake.queue_trtllm(n)
                 if not step_ms:
                     with fake.lock:
                         fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
