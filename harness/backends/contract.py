@@ -80,6 +80,10 @@ class EngineTurn:
     token_times_s: list[float] | None = None
     notes: list[str] = field(default_factory=list)
 
+    def emitted(self) -> int | None:
+        """The turn's new tokens: its token ids, else the engine's own count (None when it gave neither)."""
+        return len(self.token_ids) if self.token_ids is not None else self.completion_tokens
+
     def counters(self) -> dict[str, Any]:
         """The acceptance counters as a record stores them (``engine_counters``)."""
         return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
@@ -200,6 +204,16 @@ def acceptance_source(engine: str, server: str | None) -> str:
                                   f"the server's own counters (server kind {server or 'unknown'})")
 
 
+def engine_fields(backend: Backend, speculated: bool) -> dict[str, Any]:
+    """Which engine ran a turn or a load level (a record's and a load row's ``engine``, ``engine_version``,
+    ``engine_url``, ``engine_config``) and what its acceptance counts (``engine_acceptance``,
+    :func:`acceptance_source`; None when it did not speculate)."""
+    info = backend.describe()
+    return {"engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
+            "engine_config": info.get("config"),
+            "engine_acceptance": acceptance_source(backend.name, info.get("server")) if speculated else None}
+
+
 def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     """The fields of a measured record (:mod:`harness.measure.records`) for a turn a backend ran: what the harness
     measures of its own turns where the engine gives it (the time to the first token is ``prefill_time_s``), None
@@ -208,10 +222,9 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
     those counters count, :func:`acceptance_source`, None without speculation), where it ran (``engine_url``,
     for a server) and how it was configured (``engine_config``), with the turn's ``token_times_s`` and
     ``engine_notes``."""
-    n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens
+    n = turn.emitted()
     if n is None:
         raise BackendError(f"engine {backend.name} returned neither token ids nor a token count")
-    info = backend.describe()
     # a server launched elsewhere may speculate although the entry did not say so: its counters tell
     speculated = backend.speculative or bool(turn.accepted_steps)
     lengths = accept_lengths(turn.accepted_steps, n, speculated, turn.forwards)
@@ -232,8 +245,6 @@ def turn_fields(turn: EngineTurn, backend: Backend) -> dict[str, Any]:
         "cuda_peak_reserved_bytes": None, "nvml_used_bytes": None, "energy_j": None, "mean_power_w": None,
         "timings": {}, "counters": {}, "timings_synchronised": None, "nvml_devices": None, "logit_margins": None,
         "logit_tops": None, "logit_runner_ups": None,
-        "engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
-        "engine_config": info.get("config"), "engine_options": dict(backend.engine_options),
-        "engine_acceptance": acceptance_source(backend.name, info.get("server")) if speculated else None,
+        **engine_fields(backend, speculated), "engine_options": dict(backend.engine_options),
         "engine_counters": turn.counters(), "token_times_s": turn.token_times_s, "engine_notes": notes,
     }

@@ -462,7 +462,7 @@ class ServedBackend(Backend):
         """A BackendError unless ``steps`` (accepted tokens per drafting step, None where the counters fit no
         steps) can be one request's: it yields 1 + Σ (accepted + 1) tokens over its drafting steps, at most
         ``depth`` (the deepest draft) past what it emitted. ``moved``: what the counters moved by, for the message."""
-        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        n = turn.emitted() or 0
         if steps is None or 1 + len(steps) + sum(steps) > n + depth:
             raise BackendError(f"the counters at {self.url}/metrics moved by more than this request ({moved}, {n} "
                                "tokens): another client is using the server; measure at concurrency 1 on a server "
@@ -490,7 +490,7 @@ class ServedBackend(Backend):
         depths = [spec["draft_tokens"] for spec in drafting]
         self._one_request(turn, steps, max(depths, default=0),
                           f"{len(steps)} drafting iterations accepting {sum(steps)} tokens")
-        n = len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens or 0
+        n = turn.emitted() or 0
         if all(it.gen_requests is not None for it in iterations):
             produced = 1 + sum(1 + (it.spec["accepted_tokens"] if it.spec is not None else 0)
                                for it in iterations if it.gen_requests)

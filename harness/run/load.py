@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.contract import STOP_REASONS, TurnRequest, acceptance_source, entry_options
+from harness.backends.contract import STOP_REASONS, TurnRequest, engine_fields, entry_options
 from harness.backends.served import request_totals
 from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
@@ -134,7 +134,8 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
             "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
             "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
             "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
-            "level_wall_s": window, "level_counters": counters, **_engine_fields(method.backend),
+            "level_wall_s": window, "level_counters": counters,
+            **engine_fields(method.backend, method.backend.speculative),
         }
         store.append([{**common, **_row(result, suite, q, target)}
                       for result, (suite, q) in zip(results, picked, strict=True)])
@@ -186,13 +187,6 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
     return results, window, counters
 
 
-def _engine_fields(backend) -> dict[str, Any]:
-    info = backend.describe()
-    return {"engine": backend.name, "engine_version": info.get("version"), "engine_url": info.get("url"),
-            "engine_config": info.get("config"),
-            "engine_acceptance": acceptance_source(backend.name, info.get("server")) if backend.speculative else None}
-
-
 def _row(result, suite, q, target) -> dict[str, Any]:
     """The fields of one request's row that are its own."""
     sent, finished, turn, per_request, error = result
@@ -204,7 +198,7 @@ def _row(result, suite, q, target) -> dict[str, Any]:
     accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
     steps = isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted)
     totals = request_totals(per_request)
-    return {**row, "new_tokens": len(turn.token_ids) if turn.token_ids is not None else turn.completion_tokens,
+    return {**row, "new_tokens": turn.emitted(),
             "wall_time_s": turn.wall_time_s, "prefill_time_s": turn.ttft_s,
             "stop_reason": STOP_REASONS.get(turn.stop_reason or "", turn.stop_reason),
             "output_ids": turn.token_ids, "output_text": turn.text if turn.token_ids is None
