@@ -139,16 +139,21 @@ def eagle_head_folder(folder, **config):
 
 def test_eagle_heads_with_an_fc_bias_are_refused(tmp_path):
     # vLLM's EAGLE-1 draft has no fc bias and reads `bias` as attention biases: such a head loads there and accepts
-    # nothing (the shipped EAGLE-1 head did: 0 of 378 drafted tokens); if this failed, a run would measure garbage
+    # nothing (the EAGLE-1 head shipped until 2026-12 did: 0 of 378 drafted tokens); if this failed, a run would
+    # measure garbage
     spec = {"speculative_config": {"num_speculative_tokens": 3}}
-    with pytest.raises(EngineError, match=r"cannot run the EAGLE head .*/heads/smollm2-135m/eagle: it has an fc "
+    biased = eagle_head_folder(tmp_path / "biased", bias=True)
+    with pytest.raises(EngineError, match=r"cannot run the EAGLE head .*/biased: it has an fc "
                                           r"bias \(config.json bias: true\).*--option bias=false"):
-        mapped("eagle1", engine_options=spec)
+        mapped("eagle1", head=biased, engine_options=spec)
     absent = eagle_head_folder(tmp_path / "absent")  # EAGLE's loader reads an absent `bias` as true
     with pytest.raises(EngineError, match="bias: true"):
         mapped("eagle2", head=absent, engine_options=spec)
     plain = eagle_head_folder(tmp_path / "plain", bias=False)
     assert mapped("eagle2", head=plain, depth=3) == {"method": "eagle", "model": plain, "num_speculative_tokens": 3}
+    # the shipped EAGLE-1 head is bias-free (trained with --option bias=false): vLLM gets it as it is
+    got = mapped("eagle1", engine_options=spec)
+    assert got["method"] == "eagle" and got["model"].endswith("heads/smollm2-135m/eagle"), got
 
 
 def write_safetensors(path, tensors):

@@ -1,19 +1,15 @@
 """The shipped heads in vLLM, for real (harness/backends/vllm.py): each head shipped for the default model loads in
 the vLLM engine and its drafts are accepted on an MT-bench question, with outputs equal to the harness's vanilla
-(greedy, lossless); the shipped EAGLE-1 head, which has an fc bias vLLM's EAGLE-1 draft lacks, is refused in one
-line, and the same head without that bias runs there. Needs vLLM's venv (`make vllm-setup`); skipped without it.
-One vLLM entry per run (each holds about 4 GB on CPU), loading takes about a minute on 2 CPU cores. The shipped
-EAGLE-3 head's run in vLLM is tests/test_vllm_engine.py's (not repeated here: a minute of CI)."""
+(greedy, lossless). The shipped EAGLE-1 head is bias-free (vLLM's EAGLE-1 draft has no fc bias; a head with one is
+refused in one line: tests/test_backends.py) and runs there as shipped. Needs vLLM's venv (`make vllm-setup`);
+skipped without it. One vLLM entry per run (each holds about 4 GB on CPU), loading takes about a minute on 2 CPU
+cores. The shipped EAGLE-3 head's run in vLLM is tests/test_vllm_engine.py's (not repeated here: a minute of CI)."""
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from harness.backends import vllm as V
-from harness.backends.contract import EngineError
 from harness.measure.records import read_records
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
@@ -24,7 +20,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(V.python()).is_file(),
                        reason=f"vLLM's venv is absent ({V.python()}): `make vllm-setup` creates it"),
 ]
-HEADS = Path(__file__).resolve().parents[1] / "methods" / "heads" / "smollm2-135m"
 
 
 def vllm_run(tmp_path, data_dir, target, entry: MethodSpec) -> list[dict]:
@@ -39,30 +34,16 @@ def vllm_run(tmp_path, data_dir, target, entry: MethodSpec) -> list[dict]:
     return engine
 
 
-@pytest.mark.parametrize("method, options", [("medusa", {})])  # eagle3's shipped head: tests/test_vllm_engine.py
-def test_shipped_head_drafts_are_accepted_in_vllm(tmp_path, data_dir, real_target, monkeypatch, method, options):
+@pytest.mark.parametrize("method, engine_options", [
+    ("medusa", None),  # eagle3's shipped head: tests/test_vllm_engine.py
+    ("eagle1", {"speculative_config": {"num_speculative_tokens": 3}}),
+])
+def test_shipped_head_drafts_are_accepted_in_vllm(tmp_path, data_dir, real_target, monkeypatch, method,
+                                                  engine_options):
     # before the Medusa head was written for vLLM (medusa_fc_bias, the target's lm_head), vLLM loaded it and
-    # accepted 0 drafted tokens: its ResBlock biases were dropped and its lm_heads never loaded
+    # accepted 0 drafted tokens: its ResBlock biases were dropped and its lm_heads never loaded; the EAGLE-1 head
+    # shipped until 2026-12 had an fc bias vLLM drops, and accepted 0 of 378 drafted tokens there
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    recs = vllm_run(tmp_path, data_dir, real_target, MethodSpec(method, f"vllm-{method}", options, engine="vllm"))
+    entry = MethodSpec(method, f"vllm-{method}", {}, engine="vllm", engine_options=engine_options)
+    recs = vllm_run(tmp_path, data_dir, real_target, entry)
     assert sum(r["engine_counters"]["accepted_tokens"] for r in recs) > 0
-
-
-def test_shipped_eagle1_head_is_refused_and_runs_without_its_fc_bias(tmp_path, data_dir, real_target, monkeypatch):
-    spec = {"speculative_config": {"num_speculative_tokens": 3}}
-    with pytest.raises(EngineError, match=r"has an fc bias \(config.json bias: true\)"):
-        V.speculative_config("eagle1", None, set(), "smollm2-135m", spec)
-    # the same head with fc.bias removed and `bias: false` (another, slightly worse network): vLLM's EAGLE-1 path
-    # itself works, so the fc bias is the whole reason the shipped head accepted nothing there
-    head = tmp_path / "eagle-no-fc-bias"
-    head.mkdir()
-    config = json.loads((HEADS / "eagle" / "config.json").read_text())
-    (head / "config.json").write_text(json.dumps({**config, "bias": False}))
-    weights = load_file(str(HEADS / "eagle" / "model.safetensors"))
-    weights.pop("fc.bias")
-    save_file(weights, str(head / "model.safetensors"))
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    recs = vllm_run(tmp_path / "run", data_dir, real_target,
-                    MethodSpec("eagle1", "vllm-eagle1", {"head": str(head)}, engine="vllm", engine_options=spec))
-    assert sum(r["engine_counters"]["accepted_tokens"] for r in recs) > 0
-    shutil.rmtree(head)
