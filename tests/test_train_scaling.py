@@ -138,3 +138,15 @@ def test_bad_input_is_one_line(data, tmp_path, capsys):
     assert code == 2 and err == [f"draftbench: error: train scale: unknown objective 'eagel'; known: "
                                  f"{', '.join(objective_names())}"]
     assert not (tmp_path / "o" / "eagle").exists()
+
+
+def test_tau_data_is_checked_before_training(data, tmp_path, monkeypatch, capsys):
+    """--tau on a suite whose data cannot be read (no DRAFTBENCH_DATA) must fail in one line before the first
+    training step: found only after training, it cost a finished hour-long run its τ."""
+    _, feats = data
+    monkeypatch.delenv("DRAFTBENCH_DATA", raising=False)
+    code = main(["train", "scale", "eagle", "--data", str(feats), "--tokens", "100", "--out", str(tmp_path / "o"),
+                 "--cpu", "--tau", "--tau-method", "eagle2", "--max-steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "DRAFTBENCH_DATA is not set" in err[0], err
+    assert not (tmp_path / "o" / "eagle").exists()

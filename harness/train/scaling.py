@@ -235,6 +235,10 @@ def plan(objective_name: str, data_dir: str | Path, out_dir: str | Path, config:
     if tau is not None and (tau.method or objective_name) not in method_names():
         raise ValueError(f"train scale --tau: no method {tau.method or objective_name!r} runs the head; name one with "
                          f"--tau-method (known: {', '.join(method_names())})")
+    if tau is not None:  # its questions must load now (data dir set, file present), not after an hour of training
+        from harness.run.suites import load_suite
+
+        load_suite(tau.suite)
     cfg = config.resolved(cls.defaults)
     data_dir, out = Path(data_dir), Path(out_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
