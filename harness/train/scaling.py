@@ -226,19 +226,20 @@ def write_outputs(out: Path, objective_name: str, info: dict[str, Any]) -> list[
 def plan(objective_name: str, data_dir: str | Path, out_dir: str | Path, config: TrainConfig, sizes: Sequence[int],
          argv: Sequence[str] = (), tau: TauSpec | None = None) -> dict[str, Any]:
     """The index entry of a scaling run (data, held-out set, budget rule, one pending point per size), without the
-    target: bad input (unknown objective or option, a size the data cannot fill, two sizes with the same prefix)
-    fails here, before anything is loaded or trained."""
+    target: bad input (unknown objective or option, a size the data cannot fill, two sizes with the same prefix,
+    with ``tau`` a method that cannot run the head or a suite whose questions do not load) fails here, before
+    anything is loaded or trained."""
     if objective_name not in objective_names():
         raise ValueError(f"train scale: unknown objective {objective_name!r}; known: {', '.join(objective_names())}")
     cls = get_objective(objective_name)
     build_options(cls.Options, config.options, f"train scale {objective_name}")
-    if tau is not None and (tau.method or objective_name) not in method_names():
-        raise ValueError(f"train scale --tau: no method {tau.method or objective_name!r} runs the head; name one with "
-                         f"--tau-method (known: {', '.join(method_names())})")
-    if tau is not None:  # its questions must load now (data dir set, file present), not after an hour of training
+    if tau is not None:
+        if (tau.method or objective_name) not in method_names():
+            raise ValueError(f"train scale --tau: no method {tau.method or objective_name!r} runs the head; name one "
+                             f"with --tau-method (known: {', '.join(method_names())})")
         from harness.run.suites import load_suite
 
-        load_suite(tau.suite)
+        load_suite(tau.suite)  # its questions load now (data dir set, file present), not after the training
     cfg = config.resolved(cls.defaults)
     data_dir, out = Path(data_dir), Path(out_dir)
     manifest = read_manifest(data_dir, cfg.max_shards)
