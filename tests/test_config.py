@@ -27,7 +27,7 @@ def test_demo_preset_content():
 
 
 def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
-    # the README's harness-vs-vLLM table comes from this preset (docs/results.md); it validates without vLLM. A
+    # docs/results.md's harness-vs-vLLM table comes from this preset (docs/results.md); it validates without vLLM. A
     # referee key naming another entry would hold vLLM's ngram against the wrong draft (or against nothing), and a
     # harness eagle3 chain of other than 3 drafts (total_tokens counts the root) would not be vLLM's k = 3
     cfg = config_from_dict(load_preset_dict("engines_vllm"))
@@ -41,7 +41,7 @@ def test_engines_vllm_preset_pairs_each_vllm_entry_with_its_harness_twin():
 
 
 def test_engines_vllm_load_preset_sweeps_the_same_drafts_on_launched_servers():
-    # the README's concurrency sweep comes from this preset: were an entry not on a launched vLLM server, its level
+    # docs/results.md's concurrency sweep comes from this preset: were an entry not on a launched vLLM server, its level
     # would measure the harness's loop (refused) or another server; were ngram's options not engines_vllm's, the
     # sweep's acceptance would not be the one-at-a-time table's; 16 distinct prompts x 3 levels fit MT-bench's 80
     cfg = config_from_dict(load_preset_dict("engines_vllm_load"))

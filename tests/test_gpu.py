@@ -77,3 +77,29 @@ def test_timings_are_synchronised_when_profiling_on_cuda():
     assert sum(gen.timings.values()) == pytest.approx(m.wall_time_s - gen.prefill_time_s, rel=0.1)
     method.profile = False
     assert method.generate(prompt, 8, GREEDY).timings_synchronised is False
+
+
+def test_compiled_runtime_across_turns_methods_and_inference_mode_on_cuda():
+    """The compiled runtime as a run drives it on CUDA (static cache, tree buckets, CUDA graphs): vanilla, then a
+    tree method, sharing one runner and its one StaticCache, two prompts each, called outside and inside
+    ``torch.inference_mode``, every turn equal to eager vanilla. On 78ed5b3 the second turn raised "Inplace update
+    to inference tensor outside InferenceMode" (the cache's reset), so every compiled turn after the first failed."""
+    from harness.engine.runtime import CompiledRunner
+
+    target = tiny_causal_lm("llama", device="cuda")
+    runner = CompiledRunner(target)
+    assert runner.static and runner.cudagraphs
+    target.runners["compiled"] = runner
+    prompts = [torch.tensor(PROMPT, device="cuda"), torch.tensor([PROMPT[0][:9]], device="cuda")]
+    want = [Vanilla(target).generate(p, 20, GREEDY).token_ids for p in prompts]
+    for method in (Vanilla(target), tree_method("eagle2", target)):
+        method.runtime = "compiled"
+        for inside in (False, True):
+            for prompt, expected in zip(prompts, want):
+                if inside:
+                    with torch.inference_mode():
+                        got = method.generate(prompt, 20, GREEDY).token_ids
+                else:
+                    got = method.generate(prompt, 20, GREEDY).token_ids
+                assert got == expected, (type(method).__name__, inside)
+    assert runner.graphs >= 2 and runner._static_cache is not None

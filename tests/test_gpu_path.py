@@ -167,3 +167,21 @@ def test_profile_option_is_validated_and_yaml_on_off_work():
     assert config_from_dict({"profile": False}).profile == "off"
     with pytest.raises(ConfigError, match="run.profile: must be auto, on or off"):
         RunConfig(profile="sometimes")
+
+
+def test_versions_older_than_the_checked_ones_are_refused_in_one_line():
+    """A torch or transformers older than any draftbench was checked with (torch 2.11 on CUDA, transformers 5.24)
+    is refused before a model loads, with one line naming the package and both versions; the checked ones and newer
+    (local builds like +cu130 and .dev suffixes included) pass. Letting 5.17 through would fail later, inside
+    transformers, with a traceback about caches."""
+    from harness.measure.env import check_versions, release
+
+    assert release("2.11.0+cu130") == (2, 11, 0) and release("5.24.0.dev0") == (5, 24, 0)
+    assert release("2.13.0a1") == (2, 13, 0)
+    check_versions({"torch": "2.11.0+cu130", "transformers": "5.24.0"})
+    check_versions({"torch": "2.15.1", "transformers": "5.30.0.dev0"})
+    with pytest.raises(ValueError, match=r"^transformers 5\.17\.0 is older than 5\.24, the oldest draftbench was "
+                                         r"checked with .*; install a newer one$"):
+        check_versions({"torch": "2.11.0+cu130", "transformers": "5.17.0"})
+    with pytest.raises(ValueError, match=r"^torch 2\.9\.1 is older than 2\.11"):
+        check_versions({"torch": "2.9.1", "transformers": "5.24.0"})

@@ -179,6 +179,29 @@ def test_padded_verification_forward_changes_nothing_real():
             torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("first", ["inside", "outside"])
+def test_static_cache_is_reused_across_turns_in_and_out_of_inference_mode(first):
+    """The static flavour's one StaticCache serves turn after turn, whether a caller asks for it inside
+    ``torch.inference_mode`` or not (a run, autotune and the tests do both). Its buffers are made in inference mode
+    (on CUDA by transformers' lazy initialisation, whose ``cumulative_length.to(device)`` is a new tensor; here by
+    a first call inside the mode), so a reset outside the mode raised "Inplace update to inference tensor outside
+    InferenceMode" (the H200 run's `compiled-fp32` failure, every compiled turn after the first). Each turn must start
+    empty and hold just its prompt after the (eager) prefill."""
+    import contextlib
+
+    runner = CompiledRunner(tiny_target(eos=False), static=True)
+    prompt = torch.tensor([[5, 9, 13, 20]])
+    modes = [True, False, True, False] if first == "inside" else [False, True, False, True]
+    for inside in modes:
+        with torch.inference_mode() if inside else contextlib.nullcontext():
+            cache = runner.new_cache(16)
+        assert cache.get_seq_length() == 0
+        with torch.inference_mode() if inside else contextlib.nullcontext():
+            runner.forward(prompt, cache, prefill=True, logits_to_keep=1)
+        assert cache.get_seq_length() == 4
+    assert runner._static_cache is cache  # one cache, reused (CUDA graphs read it by address)
+
+
 @pytest.mark.parametrize("keep, accepted", KEEPS)
 def test_static_cache_compaction_equals_running_the_accepted_tokens(keep, accepted):
     """A StaticCache (fixed buffers, the compiled runtime's static flavour) after a tree forward over its committed

@@ -6,6 +6,11 @@ its turns in another engine, returning the same per-turn data (:mod:`harness.bac
 ``engine: vllm`` (vLLM in-process, :mod:`harness.backends.vllm`) or ``engine: openai`` (any OpenAI-compatible
 server, :mod:`harness.backends.served`) in a run configuration (per run or per method entry), or ``--engine``,
 selects one (:func:`create_backend`); ``engine: harness``, the default, runs the method itself, as before.
+
+Modules: ``contract`` (the per-turn data every backend returns, the engines and their acceptance conventions),
+``vllm`` (vLLM in process, through ``worker``, a JSON-lines worker process, running ``vllm_worker`` in vLLM's own
+venv), ``served`` (any OpenAI-compatible server), ``prometheus`` (a server's ``/metrics`` counters) and ``launch``
+(a server started for a run and stopped at its end).
 """
 
 from __future__ import annotations

@@ -328,17 +328,22 @@ class CompiledRunner(TargetRunner):
             return DynamicCache(config=self.model.config)
         length = static_cache_length(tokens, STATIC_MIN_CACHE)
         cache = self._static_cache
-        if cache is None or cache.layers[0].max_cache_len < length:  # a longer cache: new shapes, new graphs
-            cache = StaticCache(config=self.model.config, max_cache_len=length)
-            self._static_cache = cache
-        for layer in cache.layers:  # reuse the buffers (CUDA graphs read them by address); stale K/V are masked
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.zero_()
+        # The cache's tensors are inference tensors (made and updated in inference mode: on CUDA transformers' lazy
+        # initialisation moves ``cumulative_length`` to the device, a new tensor, inside the prefill), so they are
+        # made and reset in inference mode too, whatever the caller's mode: an in-place reset outside it raises.
+        with torch.inference_mode():
+            if cache is None or cache.layers[0].max_cache_len < length:  # a longer cache: new shapes, new graphs
+                cache = StaticCache(config=self.model.config, max_cache_len=length)
+                self._static_cache = cache
+            for layer in cache.layers:  # reuse the buffers (CUDA graphs read them by address); stale K/V are masked
+                if getattr(layer, "is_initialized", False):
+                    layer.cumulative_length.zero_()
         return cache
 
     def forward(self, ids: torch.Tensor, cache, prefill: bool = False, **kwargs):
         if prefill and self.static:  # transformers' static generation keeps the prefill eager (one shape per prompt)
-            return self.model(ids, cache=cache, use_cache=True, **kwargs)
+            with torch.inference_mode():  # it writes the cache's inference tensors in place (see new_cache)
+                return self.model(ids, cache=cache, use_cache=True, **kwargs)
         return self._call(self._compiled, ids, cache, kwargs)
 
     def verify_inputs(self, ids: torch.Tensor, ancestors: torch.Tensor, depth: torch.Tensor, committed: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -40,6 +41,32 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[p] = None
     return out
+
+
+# The oldest versions a run was checked with (2026-12-04): torch 2.13.0 (CPU) and 2.11.0+cu130 (one H200, with
+# transformers 5.24.0: `make gpu-check`, `pytest -m gpu`); transformers 5.24 is the first whose cache and GGUF APIs
+# the harness uses as it does (the H200 image's 5.17 was replaced for that run). Older versions are refused.
+CHECKED_MINIMUM = {"torch": (2, 11), "transformers": (5, 24)}
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string. Example: "2.11.0+cu130" -> (2, 11, 0); "5.24.0.dev0" ->
+    (5, 24, 0); "2.13.0a1" -> (2, 13, 0)."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+def check_versions(found: dict[str, str | None] | None = None) -> None:
+    """Refuse, with one line, a torch or transformers older than :data:`CHECKED_MINIMUM` (``found``: package ->
+    version, default the installed ones). Example: {"torch": "2.9.1"} -> "torch 2.9.1 is older than 2.11, the oldest
+    draftbench was checked with (torch 2.13 on CPU, 2.11 on CUDA; transformers 5.24); install a newer one"."""
+    found = found if found is not None else {p: versions().get(p) for p in CHECKED_MINIMUM}
+    for package, minimum in CHECKED_MINIMUM.items():
+        version = found.get(package)
+        if version and release(version)[:2] < minimum:
+            raise ValueError(f"{package} {version} is older than {'.'.join(map(str, minimum))}, the oldest "
+                               f"draftbench was checked with (torch 2.13 on CPU, 2.11 on CUDA; transformers 5.24); "
+                               f"install a newer one")
 
 
 def cpu_name() -> str:
