@@ -88,10 +88,10 @@ NEEDS_MORE = {"jakiro_star": "no jakiro_star head is shipped for target 'smollm2
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_default_options_build_with_the_shipped_heads(real_target, name):
-    # what gpucheck's method list does (harness/gpucheck.py _methods): every registered method with no options on the
-    # default model, the shipped heads in methods/heads/smollm2-135m. A method whose defaults do not fit its shipped
-    # head (hydra's 4-level default tree on the 3-head checkpoint did) would drop out of every GPU check as "not
-    # built"; one that needs a file the repository does not hold must say so in one line
+    """What gpucheck's method list does (harness/gpucheck.py _methods): every registered method with no options on
+    the default model, the shipped heads in methods/heads/smollm2-135m. A failure: a method whose defaults do not fit
+    its shipped head (hydra's 4-level default tree on the 3-head checkpoint did), which drops out of every GPU check
+    as "not built", or one that needs a file the repository does not hold without saying so in one line."""
     try:
         get_method(name).create(real_target, {})
     except Exception as e:

@@ -328,9 +328,10 @@ def test_shipped_head_replays_hydras_own_code(real_target):
 
 @pytest.mark.slow
 def test_shipped_head_with_default_options_is_lossless(real_target, vanilla_reference):
-    # hydra with no options on the default model, as gpucheck builds every method: the shipped 3-head checkpoint with
-    # Medusa's tree cut to 3 levels (61 nodes). Before, building it failed ("option tree has depth 4 but the checkpoint
-    # has only 3 heads"); a tree filled or verified wrongly would change the tokens or accept nothing
+    """hydra with no options on the default model, as gpucheck builds every method: the shipped 3-head checkpoint
+    with Medusa's tree cut to 3 levels (61 nodes). Failing to build is the old "option tree has depth 4 but the
+    checkpoint has only 3 heads"; other tokens than vanilla's, or no accepted drafts, a cut tree filled or verified
+    wrongly."""
     method = get_method("hydra").create(real_target, {})
     assert len(method.options.tree) == 61 and method.heads.num_heads == 3
     prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
