@@ -139,15 +139,24 @@ def check_lossless(target, methods: dict, prompts: list[str], budget: int) -> Re
     return Result("lossless-fp32", "FAIL" if bad else "PASS", "; ".join(bad) or detail, rows)
 
 
+def divergence_text(d: dict) -> str:
+    """One divergence of :func:`harness.measure.metrics.divergences` as a check's detail shows it: where, the kind,
+    both margins and the tolerance, and for anything but a tie the reason. Example: "q0@12 disagreement (margins 3.0
+    / 0.5, tol 0.625): method's margin 3 exceeds the tolerance 0.625"."""
+    tol = "n/a" if d["tolerance"] is None else f"{d['tolerance']:.3g}"
+    text = (f"q{d['question_id']}@{d['position']} {d['kind']} (margins {d['method_margin']} / {d['baseline_margin']}, "
+            f"tol {tol})")
+    return text if d["kind"] == "tie" else f"{text}: {d['reason']}"
+
+
 def check_divergence(target, methods: dict, prompts: list[str], budget: int) -> Result:
     recs = _records(target, methods, prompts, budget)
     found = {name: M.divergences(r, recs["vanilla"]) for name, r in recs.items() if name != "vanilla"}
     shares = {name: M.lossless_share(r, recs["vanilla"]) for name, r in recs.items() if name != "vanilla"}
     disagreements = [(n, d) for n, ds in found.items() for d in ds
                      if d["kind"] != "tie" and getattr(methods[n], "lossless", True)]
-    lines = [f"{n}: share {shares[n]:.2f}, " + ", ".join(
-        f"q{d['question_id']}@{d['position']} {d['kind']} (margins {d['method_margin']} / {d['baseline_margin']}, "
-        f"tol {d['tolerance']:.3g})" for d in ds) if ds else f"{n}: share {shares[n]:.2f}" for n, ds in found.items()]
+    lines = [f"{n}: share {shares[n]:.2f}, " + ", ".join(divergence_text(d) for d in ds) if ds
+             else f"{n}: share {shares[n]:.2f}" for n, ds in found.items()]
     status = "FAIL" if disagreements else "PASS"
     return Result("divergence-bf16", status, "; ".join(lines), {"divergences": found, "lossless_share": shares})
 
@@ -252,8 +261,7 @@ def check_compiled(target, prompts: list[str], budget: int) -> Result:
         compile_s[name] = round(method.target_runner.compile_s, 1)
     found = {n: M.divergences(compiled[n], eager[n]) for n in compiled}
     shares = {n: M.lossless_share(compiled[n], eager[n]) for n in compiled}
-    bad = [f"{n} q{d['question_id']}@{d['position']} {d['kind']}" for n, ds in found.items() for d in ds
-           if d["kind"] != "tie"]
+    bad = [f"{n} {divergence_text(d)}" for n, ds in found.items() for d in ds if d["kind"] != "tie"]
     fast = ", ".join(f"{k} {v:.1f}" for k, v in speed.items() if isinstance(v, float))
     detail = (f"eager-token share {', '.join(f'{n} {v:.2f}' for n, v in shares.items())}; tok/s {fast}; "
               f"compile s {compile_s}")

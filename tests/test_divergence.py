@@ -42,14 +42,40 @@ def test_divergence_kinds():
     base = record([5, 6, 7], [1.0, 0.5, 1.0], [20, 20, 20], [0, 9, 0])
     tie = record([5, 9, 7], [1.0, 0.25, 1.0], [20, 20, 20], [0, 6, 0])
     assert M.divergence(tie, base) == {"position": 1, "token": 9, "baseline_token": 6, "method_margin": 0.25,
-                                       "baseline_margin": 0.5, "tolerance": 0.625, "kind": "tie"}
+                                       "baseline_margin": 0.5, "tolerance": 0.625, "kind": "tie",
+                                       "reason": "margins within the tolerance 0.625"}
     confident = record([5, 9, 7], [1.0, 3.0, 1.0], [20, 20, 20], [0, 6, 0])
     assert M.divergence(confident, base)["kind"] == "disagreement"
+    assert M.divergence(confident, base)["reason"] == "method's margin 3 exceeds the tolerance 0.625"
     elsewhere = record([5, 9, 7], [1.0, 0.25, 1.0], [20, 20, 20], [0, 8, 0])
     assert M.divergence(elsewhere, base)["kind"] == "disagreement"
+    assert M.divergence(elsewhere, base)["reason"] == "baseline's token 6 is not the method's runner-up 8"
     bare = {**tie, "logit_margins": None}
     assert M.divergence(bare, base)["kind"] == "unknown"
+    assert M.divergence(bare, base)["reason"] == "no logit margins in the method record"
     assert M.divergence(base, base) is None
+
+
+def test_an_exact_bf16_tie_in_the_baseline_is_a_tie():
+    """The H200 bf16 case (issue #45): vanilla's top logit 23.875 is shared by several tokens (margin exactly 0; in
+    bf16 logits near 24 are multiples of 0.125) and its recorded runner-up is one of them, 4, not the method's 6; the
+    method chose 6 by one bf16 step (0.125) over vanilla's 9. Both margins are within the tolerance 4 * 2^-7 * 23.875
+    = 0.746 and 6 can be a third token at vanilla's top, as valid a choice as 9: a tie. Were it called a
+    disagreement, every bf16 run with a three-way tie would fail gpucheck's divergence check without a bug. With a
+    vanilla margin above 0 the runner-up 4 says 6 was not second, a disagreement that must say why."""
+    base = record([5, 9, 7], [1.0, 0.0, 1.0], [20, 23.875, 20], [0, 4, 0])
+    method = record([5, 6, 7], [1.0, 0.125, 1.0], [20, 23.875, 20], [0, 9, 0])
+    assert M.divergence(method, base) == {
+        "position": 1, "token": 6, "baseline_token": 9, "method_margin": 0.125, "baseline_margin": 0.0,
+        "tolerance": 0.74609375, "kind": "tie",
+        "reason": "margins within the tolerance 0.746; baseline margin 0: several tokens share the top logit"}
+    assert M.divergence(method, base, one_sided=True)["kind"] == "tie"
+    not_second = {**base, "logit_margins": [1.0, 0.5, 1.0]}
+    assert (M.divergence(method, not_second)["kind"], M.divergence(method, not_second)["reason"]) == (
+        "disagreement", "method's token 6 is not the baseline's runner-up 4")
+    method_elsewhere = {**method, "logit_runner_ups": [0, 8, 0]}
+    assert (M.divergence(method_elsewhere, base)["kind"], M.divergence(method_elsewhere, base)["reason"]) == (
+        "disagreement", "baseline's token 9 is not the method's runner-up 8")
 
 
 def test_margins_are_recorded_per_emitted_token_and_agree_with_vanilla():
@@ -133,3 +159,4 @@ def test_a_forced_tie_is_reported_as_a_tie_and_a_real_flip_as_a_disagreement(dty
             assert "1 tie(s) within noise, 0 disagreement(s)" in divergence_note(table)
         else:
             assert min(row["baseline_margin"], row["method_margin"]) > row["tolerance"]
+            assert row["reason"].startswith(f"method's margin {row['method_margin']:g} exceeds the tolerance")

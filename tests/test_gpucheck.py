@@ -102,3 +102,26 @@ def test_reference_speed_holds_vanilla_against_generate_on_the_same_tokens():
     slow = [k for k in ("vanilla/generate", "vanilla/generate@compiled") if ratios[k] * REFERENCE_SLACK < 1]
     assert result.status == ("FAIL" if slow else "PASS"), result.detail
     assert target.eos_ids == frozenset({4})  # EOS is restored after the check turned it off
+
+
+def test_a_divergence_says_why_it_is_a_disagreement():
+    """The detail of the divergence checks: a disagreement carries its reason (a FAIL line with only the kind left
+    the reader of the H200 run guessing which condition failed), a tie stays short, and a turn without margins or
+    tolerance is printed rather than crashing the check on the tolerance's format."""
+    from harness.gpucheck import divergence_text
+    from harness.measure.metrics import divergences
+
+    def rec(ids, margins, runner_ups):
+        return {"suite": "gpu-check", "question_id": "0", "turn": 0, "temperature": 0.0, "seed": 0,
+                "dtype": "bfloat16", "output_ids": ids, "logit_margins": margins, "logit_tops": [20, 23.875],
+                "logit_runner_ups": runner_ups}
+
+    base = rec([5, 9], [1.0, 0.5], [0, 4])
+    (d,) = divergences([rec([5, 6], [1.0, 0.125], [0, 9])], [base])
+    assert divergence_text(d) == ("q0@1 disagreement (margins 0.125 / 0.5, tol 0.746): method's token 6 is not the "
+                                  "baseline's runner-up 4")
+    (d,) = divergences([rec([5, 6], [1.0, 0.125], [0, 9])], [rec([5, 9], [1.0, 0.0], [0, 4])])
+    assert divergence_text(d) == "q0@1 tie (margins 0.125 / 0.0, tol 0.746)"
+    (d,) = divergences([{**rec([5, 6], None, None), "logit_tops": None}], [{**base, "logit_tops": None}])
+    assert divergence_text(d) == ("q0@1 unknown (margins None / 0.5, tol n/a): no logit margins in the method "
+                                  "record")

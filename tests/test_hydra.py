@@ -13,7 +13,7 @@ from transformers import LlamaModel
 
 from harness.engine.checkpoints import CheckpointError
 from harness.engine.method import OptionsError
-from harness.engine.tree import tree_from_choices
+from harness.engine.tree import STATIC_TREES, tree_from_choices
 from harness.registry import get_method
 from harness.train.dataset import FeatureDataset, collate
 from harness.train.loop import LOG_FILE, TrainConfig, latest_checkpoint, train
@@ -270,6 +270,29 @@ def test_options_are_checked():
         Hydra(target, Hydra.Options(tree=[[0]], draft_vocab=8), heads=HydraHeads(H, V, 1))
 
 
+def test_default_tree_fits_the_checkpoints_heads():
+    """Without a tree option hydra runs Medusa's 63-node tree cut to the checkpoint's heads, and its recorded
+    options name what it ran: on 3 heads (the shipped SmolLM2-135M head) the 61 paths of length <= 3, that is
+    without [0, 0, 0, 0] and [0, 0, 0, 1]; on 1 head the 10 root children; on 4 heads the tree by name. A tree the
+    user named that is too deep still fails in one line. Failing this, hydra with its defaults could not be built
+    on the shipped head (gpucheck's method list reported it as "not built")."""
+    target = tiny_target()
+    three = Hydra(target, Hydra.Options(), heads=HydraHeads(H, V, 3, share_lm_head=True))
+    full = STATIC_TREES["medusa_mc_sim_7b_63"]
+    assert three.options.tree == [p for p in full if p not in ([0, 0, 0, 0], [0, 0, 0, 1])]
+    assert len(three.options.tree) == 61 and three.describe()["options"]["tree"] == three.options.tree
+    assert [e - s for s, e, _ in three.layout] == [10, 28, 23]
+    one = Hydra(target, Hydra.Options(), heads=HydraHeads(H, V, 1, share_lm_head=True))
+    assert one.options.tree == [[0], [1], [2], [3], [4], [5], [6], [7], [8], [9]]
+    four = Hydra(target, Hydra.Options(), heads=HydraHeads(H, V, 4, share_lm_head=True))
+    assert four.options.tree == "medusa_mc_sim_7b_63"
+    with pytest.raises(OptionsError, match=r"^method 'hydra': option tree has depth 4 but the checkpoint has only 3 "
+                                           r"heads \(one head per tree level\)$"):
+        Hydra(target, Hydra.Options(tree="medusa_mc_sim_7b_63"), heads=HydraHeads(H, V, 3, share_lm_head=True))
+    rebuilt = Hydra(target, Hydra.Options(tree=three.options.tree), heads=HydraHeads(H, V, 3, share_lm_head=True))
+    assert torch.equal(rebuilt.parents, three.parents) and torch.equal(rebuilt.ranks, three.ranks)
+
+
 def test_hydra_inputs_literal():
     # position t reads [f_t, E(x_{t+1}), E(x_{t+2})] for head 1; positions past the end read zeros
     f = torch.tensor([[[1.0], [2.0], [3.0]]])
@@ -301,6 +324,20 @@ def test_shipped_head_replays_hydras_own_code(real_target):
     # or reads the checkpoint differently; a different tree, that it fills a node from another node's path or rank
     # than Hydra's proposal does.
     assert_replays(get_method("hydra").create(real_target, {"tree": TREE}), real_target, "hydra_reference.json")
+
+
+@pytest.mark.slow
+def test_shipped_head_with_default_options_is_lossless(real_target, vanilla_reference):
+    """hydra with no options on the default model, as gpucheck builds every method: the shipped 3-head checkpoint
+    with Medusa's tree cut to 3 levels (61 nodes). Failing to build is the old "option tree has depth 4 but the
+    checkpoint has only 3 heads"; other tokens than vanilla's, or no accepted drafts, a cut tree filled or verified
+    wrongly."""
+    method = get_method("hydra").create(real_target, {})
+    assert len(method.options.tree) == 61 and method.heads.num_heads == 3
+    prompt = real_target.render_chat([{"role": "user", "content": "List three facts about the moon."}])
+    gen = method.generate(prompt, 32, GREEDY)
+    assert gen.token_ids == vanilla_reference(prompt, 32)
+    assert sum(gen.accepted_drafts) >= 8
 
 
 @pytest.mark.slow

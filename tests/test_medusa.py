@@ -226,14 +226,18 @@ def test_lossless_flag_follows_the_acceptance_rule():
 
 
 def test_options_are_validated():
-    """Bad options fail naming the field; a tree deeper than the number of heads is refused."""
+    """Bad options fail naming the field; a tree the user named deeper than the number of heads is refused, while
+    the default tree is cut to the heads (as hydra's: methods.medusa.drafting.head_tree) and recorded so."""
     target = tiny_target()
     with pytest.raises(OptionsError, match="acceptance must be one of rejection, typical, got 'greedy'"):
         Medusa.create(target, {"acceptance": "greedy"})
     with pytest.raises(OptionsError, match="unknown tree 'nope'"):
         Medusa.create(target, {"tree": "nope"})
     with pytest.raises(OptionsError, match="tree has depth 4 but the checkpoint has only 3 heads"):
-        medusa(target, random_heads(H, V, num_heads=3))
+        medusa(target, random_heads(H, V, num_heads=3), tree="medusa_mc_sim_7b_63")
+    cut = medusa(target, random_heads(H, V, num_heads=3))
+    assert len(cut.options.tree) == 61 and [0, 0, 0, 0] not in cut.options.tree and int(cut.levels.max()) == 3
+    assert medusa(target, random_heads(H, V, num_heads=4)).options.tree == "medusa_mc_sim_7b_63"
 
 
 def test_missing_shipped_head_says_how_to_train_one():

@@ -662,26 +662,32 @@ def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any],
     """How a greedy turn of a method departs from the baseline's turn (same question, turn, seed): None when the
     ``output_ids`` are equal, else
 
-    ``{"position": k, "token", "baseline_token", "method_margin", "baseline_margin", "tolerance", "kind"}``
+    ``{"position": k, "token", "baseline_token", "method_margin", "baseline_margin", "tolerance", "kind", "reason"}``
 
     with k = :func:`first_difference`, each run's top-1 minus top-2 logit margin at k (``logit_margins`` of the
     records: how close that run's target was to choosing another token), the tie tolerance of the record's dtype
-    (:func:`tie_tolerance` at the larger top logit, ``logit_tops``) and ``kind``:
+    (:func:`tie_tolerance` at the larger top logit, ``logit_tops``), ``kind`` and ``reason`` (one line saying why):
 
-    - "tie": both margins are within the tolerance and the two tokens swapped places (each run's runner-up,
-      ``logit_runner_ups``, is the other run's choice): the runs' logits differ by rounding and a near tie
-      flipped. Expected now and then in bf16/fp16 (a tree forward and one-token decoding sum in other orders);
-      not a bug.
-    - "disagreement": a margin exceeds the tolerance, or the other run's token was not even the runner-up: the
-      target was confident in one run. A bug, or a method that is not lossless.
+    - "tie": both margins are within the tolerance and each run's runner-up (``logit_runner_ups``) is the other
+      run's token: the runs' logits differ by rounding and a near tie flipped. Expected now and then in bf16/fp16
+      (a tree forward and one-token decoding sum in other orders); not a bug. A run whose margin is exactly 0 had
+      several tokens at its top logit (common in bf16, whose logits near 24 are multiples of 0.125): its choice and
+      its recorded runner-up are each one of them (argmax and topk order equal values differently), so the other
+      run's token may be a third one, as valid as both; that run's runner-up is not checked.
+    - "disagreement": a margin exceeds the tolerance (that run's target was confident), or a run's runner-up, at
+      a margin above 0, is not the other run's token (the other run chose a token this one did not rank second).
+      A bug, or a method that is not lossless.
     - "unknown": no margins recorded (sampling, or records written before margins were).
 
     ``one_sided``: the method's run exposes no logits (another engine, :mod:`harness.backends`), so the baseline's
-    side decides alone: "disagreement" when its margin exceeds the tolerance or its runner-up is not the method's
-    token, else "tie"; "unknown" only without the baseline's margins.
+    side decides alone: "disagreement" when its margin exceeds the tolerance or, above 0, its runner-up is not the
+    method's token, else "tie"; "unknown" only without the baseline's margins.
 
-    Example: ids [5, 6, 7] vs [5, 9, 7], margins [.., 0.25, ..] and [.., 0.5, ..], tops 20, runner-ups 9 and 6,
-    bfloat16 -> position 1, tolerance 0.625, kind "tie".
+    Examples (bfloat16): ids [5, 6, 7] vs [5, 9, 7], margins [.., 0.25, ..] and [.., 0.5, ..], tops 20, runner-ups 9
+    and 6 -> position 1, tolerance 0.625, kind "tie". A three-way tie in the baseline: ids [5, 6] vs [5, 9], method
+    margin 0.125 with runner-up 9, baseline margin 0.0 with runner-up 4 (the third token at its top), tops 23.875 ->
+    tolerance 4 * 2^-7 * 23.875 = 0.746, kind "tie"; the same with a baseline margin of 0.5: "disagreement",
+    reason "method's token 6 is not the baseline's runner-up 4".
     """
     ids, ref = method.get("output_ids") or [], baseline.get("output_ids") or []
     k = first_difference(ids, ref)
@@ -700,17 +706,27 @@ def divergence(method: Mapping[str, Any], baseline: Mapping[str, Any],
     tops = [t for t in (at(method, "logit_tops"), at(baseline, "logit_tops")) if t is not None]
     dtype = str(method.get("dtype") or baseline.get("dtype") or "")
     tol = tie_tolerance(dtype, max(abs(t) for t in tops)) if tops and dtype in DTYPE_EPS else None
-    m_second, b_second = at(method, "logit_runner_ups"), at(baseline, "logit_runner_ups")
-    swapped = (m_second is None or b_second is None
-               or (int(m_second) == baseline_token and int(b_second) == token))
-    if one_sided and bm is not None and tol is not None:
-        kind = "tie" if bm <= tol and (b_second is None or int(b_second) == token) else "disagreement"
-    elif mm is None or bm is None or tol is None:
-        kind = "unknown"
+    sides = [("baseline", bm, at(baseline, "logit_runner_ups"), "method", token)]
+    if not one_sided:
+        sides.insert(0, ("method", mm, at(method, "logit_runner_ups"), "baseline", baseline_token))
+    if tol is None or any(margin is None for _, margin, *_ in sides):
+        missing = [side for side, margin, *_ in sides if margin is None]
+        why = (f"no logit margins in the {' and '.join(missing)} record" if missing
+               else f"no tie tolerance (logit_tops missing or dtype {dtype!r} not in {', '.join(DTYPE_EPS)})")
+        kind, reasons = "unknown", [why]
     else:
-        kind = "tie" if mm <= tol and bm <= tol and swapped else "disagreement"
-    return {"position": k, "token": token, "baseline_token": baseline_token,
-            "method_margin": mm, "baseline_margin": bm, "tolerance": tol, "kind": kind}
+        reasons = [f"{side}'s margin {margin:g} exceeds the tolerance {tol:.3g}"
+                   for side, margin, _, _, _ in sides if margin > tol]
+        reasons += [f"{other}'s token {other_token} is not the {side}'s runner-up {int(second)}"
+                    for side, margin, second, other, other_token in sides
+                    if margin > 0 and second is not None and int(second) != other_token]
+        kind = "disagreement" if reasons else "tie"
+        if not reasons:
+            exact = [side for side, margin, *_ in sides if margin == 0]
+            reasons = [f"margins within the tolerance {tol:.3g}"
+                       + (f"; {' and '.join(exact)} margin 0: several tokens share the top logit" if exact else "")]
+    return {"position": k, "token": token, "baseline_token": baseline_token, "method_margin": mm,
+            "baseline_margin": bm, "tolerance": tol, "kind": kind, "reason": "; ".join(reasons)}
 
 
 def divergences(method_turns: Iterable[Mapping[str, Any]],

@@ -413,10 +413,11 @@ def divergence_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd
     """One row per measured temperature-0 turn whose output differs from its baseline's (the baseline label of its
     runtime, :func:`baseline_labels`): label, method,
     suite, question_id, turn, seed, the first differing position, both tokens, both runs' logit margins there,
-    the dtype's tie tolerance and the kind ("tie" within rounding noise / "disagreement" / "unknown"), from
+    the dtype's tie tolerance, the kind ("tie" within rounding noise / "disagreement" / "unknown") and the reason
+    for it (e.g. "method's token 6 is not the baseline's runner-up 4"), from
     :func:`harness.measure.metrics.divergences`."""
     columns = ["label", "method", "suite", "question_id", "turn", "seed", "position", "token", "baseline_token",
-               "method_margin", "baseline_margin", "tolerance", "kind"]
+               "method_margin", "baseline_margin", "tolerance", "kind", "reason"]
     ok = turns[measured_rows(turns) & (turns["temperature"].astype(float) == 0.0)]
     bases = baseline_labels(turns, baseline_label)
     rows = []

@@ -5,7 +5,7 @@ next head on that node's own path (arXiv:2402.05109 Sec. 3), verified losslessly
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,18 +19,20 @@ from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
 from methods.hydra.heads import HydraHeads, check_head_arch, load_hydra_heads, prefix_config
-from methods.medusa.drafting import medusa_tree
+from methods.medusa.drafting import head_tree, medusa_tree
 
 
 @dataclass
 class HydraOptions:
     """``head``: a checkpoint folder (default: the head shipped for the target). ``tree``: a name in
     ``harness.engine.tree.STATIC_TREES`` or explicit rank paths (Medusa's trees); its depth must not exceed the
-    number of heads. ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only the N most frequent tokens
-    of the training data (:mod:`harness.engine.draftvocab`; heads that share the target's lm_head only)."""
+    number of heads; unset, Medusa's default tree cut to the checkpoint's heads
+    (:func:`methods.medusa.drafting.head_tree`). ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only
+    the N most frequent tokens of the training data (:mod:`harness.engine.draftvocab`; heads that share the
+    target's lm_head only)."""
 
     head: str | None = None
-    tree: str | list = "medusa_mc_sim_7b_63"
+    tree: str | list | None = None
     draft_vocab: int = 0
 
     def __post_init__(self):
@@ -110,11 +112,8 @@ class Hydra(SpeculativeMethod):
             folder = resolve_head_folder(self.options.head, target, "hydra", SHIPPED_HEADS)
             heads = load_hydra_heads(folder, target)
         self.heads = heads
-        parents, ranks = medusa_tree(self.options.tree, "tree")
-        depth = int(depths(parents).max())
-        if depth > heads.num_heads:
-            raise OptionsError(f"method 'hydra': option tree has depth {depth} but the checkpoint has only "
-                               f"{heads.num_heads} heads (one head per tree level)")
+        tree, parents, ranks = head_tree(self.options.tree, heads.num_heads, "hydra")
+        self.options = replace(self.options, tree=tree)
         if self.options.draft_vocab and not heads.share_lm_head:
             raise OptionsError("method 'hydra': option draft_vocab needs heads that share the target's lm_head "
                                "(these have their own lm_heads)")

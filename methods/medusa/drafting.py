@@ -4,7 +4,7 @@ tree attention), verified losslessly by the engine or by Medusa's typical accept
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -21,18 +21,20 @@ from methods import SHIPPED_HEADS
 from methods.medusa.heads import MedusaHeads, load_medusa_heads
 
 ACCEPTANCE_RULES = ("rejection", "typical")
+DEFAULT_TREE = "medusa_mc_sim_7b_63"  # the tree option medusa and hydra run when none is given (4 levels: 4 heads)
 
 
 @dataclass
 class MedusaOptions:
     """``tree``: a name in ``harness.engine.tree.STATIC_TREES`` or explicit rank paths; its depth must not exceed the
-    number of heads. ``acceptance``: "rejection" = the engine's lossless verification; "typical" = Medusa-1's typical
-    acceptance with ``posterior_threshold`` (epsilon) and ``posterior_alpha`` (delta), NOT lossless at T>0.
+    number of heads; unset, ``DEFAULT_TREE`` cut to the checkpoint's heads (:func:`head_tree`). ``acceptance``:
+    "rejection" = the engine's lossless verification; "typical" = Medusa-1's typical acceptance with
+    ``posterior_threshold`` (epsilon) and ``posterior_alpha`` (delta), NOT lossless at T>0.
     ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only the N most frequent tokens of the training
     data (:mod:`harness.engine.draftvocab`; heads that share the target's lm_head only)."""
 
     head: str | None = None
-    tree: str | list = "medusa_mc_sim_7b_63"
+    tree: str | list | None = None
     acceptance: str = "rejection"
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
@@ -50,8 +52,11 @@ class MedusaOptions:
         medusa_tree(self.tree, "tree")
 
 
-def medusa_tree(tree: str | list, field: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(parents [N], ranks [N])`` of option ``tree`` (a ``STATIC_TREES`` name or explicit rank paths)."""
+def medusa_tree(tree: str | list | None, field: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(parents [N], ranks [N])`` of option ``tree`` (a ``STATIC_TREES`` name or explicit rank paths; None:
+    ``DEFAULT_TREE`` whole)."""
+    if tree is None:
+        tree = DEFAULT_TREE
     if isinstance(tree, str):
         if tree not in STATIC_TREES:
             raise ValueError(f"{field}: unknown tree {tree!r}; known: {', '.join(sorted(STATIC_TREES))}")
@@ -59,6 +64,27 @@ def medusa_tree(tree: str | list, field: str) -> tuple[torch.Tensor, torch.Tenso
     if not isinstance(tree, list) or not tree or not all(isinstance(c, list) for c in tree):
         raise ValueError(f"{field}: expected a tree name or a non-empty list of rank paths, got {tree!r}")
     return tree_from_choices(tree)
+
+
+def head_tree(tree: str | list | None, num_heads: int, method: str) -> tuple[str | list, torch.Tensor, torch.Tensor]:
+    """The tree a method with one head per tree level (medusa, hydra) runs on a checkpoint of ``num_heads`` heads:
+    ``(tree option, parents [N], ranks [N])``, the option being what its recorded options show and rebuild.
+
+    ``tree`` None (not given): ``DEFAULT_TREE``, or, when the checkpoint has fewer heads than it has levels, its
+    paths at most ``num_heads`` long (the option is then that list). A tree that was given and is deeper than
+    ``num_heads``: :class:`OptionsError` in one line. Examples: (None, 4) -> "medusa_mc_sim_7b_63" (63 nodes, depth
+    4); (None, 3) -> its 61 paths of length <= 3 (the SmolLM2-135M Hydra head has 3 heads); (None, 1) -> [[0], [1],
+    ..., [9]]; ("medusa_mc_sim_7b_63", 3) -> OptionsError.
+    """
+    if tree is None:
+        paths = STATIC_TREES[DEFAULT_TREE]
+        tree = DEFAULT_TREE if max(map(len, paths)) <= num_heads else [p for p in paths if len(p) <= num_heads]
+    parents, ranks = medusa_tree(tree, "tree")
+    depth = int(depths(parents).max())
+    if depth > num_heads:
+        raise OptionsError(f"method {method!r}: option tree has depth {depth} but the checkpoint has only "
+                           f"{num_heads} heads (one head per tree level)")
+    return tree, parents, ranks
 
 
 def fill_medusa_tree(head_logits: torch.Tensor, levels: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
@@ -97,12 +123,9 @@ class Medusa(SpeculativeMethod):
             folder = resolve_head_folder(self.options.head, target, "medusa", SHIPPED_HEADS)
             heads = load_medusa_heads(folder, target)
         self.heads = heads
-        self.parents, self.ranks = medusa_tree(self.options.tree, "tree")
+        tree, self.parents, self.ranks = head_tree(self.options.tree, heads.num_heads, "medusa")
+        self.options = replace(self.options, tree=tree)
         self.levels = depths(self.parents)  # [N]
-        depth = int(self.levels.max())
-        if depth > self.heads.num_heads:
-            raise OptionsError(f"method 'medusa': option tree has depth {depth} but the checkpoint has only "
-                               f"{self.heads.num_heads} heads (one head per tree level)")
         if self.options.draft_vocab and not self.heads.share_lm_head:
             raise OptionsError("method 'medusa': option draft_vocab needs heads that share the target's lm_head "
                                "(these have their own lm_heads)")
