@@ -324,7 +324,7 @@ def test_hook_decisions(tmp_path):
         assert hook("open", (str(work / "sub" / "x"), None, wr)) is None
         assert hook("open", (os.devnull, "w", wr)) is None
         assert hook("open", (1, "w", os.O_WRONLY)) is None  # an existing descriptor
-        assert hook("open", (os.__file__, "r", os.O_RDONLY)) is None  # reading outside is allowed
+        assert hook("open", (os.__file__, "r", os.O_RDONLY)) is None  # reading the standard library is allowed
         assert _refused(hook, "open", (str(outside / "x"), "w", wr))
         assert _refused(hook, "open", ("../outside/x", None, wr))
         assert _refused(hook, "open", (str(outside).encode() + b"/x", None, wr))
@@ -505,20 +505,26 @@ def test_landlock_rights_follow_the_abi():
     assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
 
 
-def test_landlock_grants_everything_but_the_hidden_directories(tmp_path):
-    """Landlock only allows, so hiding site-packages means granting every sibling along the way: here / of the
-    tree holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt readable, never the symlink
-    (it leads back into a/, whose hidden child a grant through it would expose) and never a/ as a whole."""
+def test_landlock_grants_the_roots_but_not_the_hidden_directories(tmp_path):
+    """Landlock only allows, so hiding site-packages beneath the standard library means granting every sibling
+    along the way: here the granted root holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt
+    readable, never the symlink (it leads back into a/, whose hidden child a grant through it would expose) and
+    never a/ as a whole; a root with nothing hidden beneath it is granted whole, and nothing outside the roots is
+    granted at all (default deny: the tree's sibling outside/ appears nowhere)."""
     from harness.sandbox import readable_ancestors, readable_subtrees
 
-    (tmp_path / "a" / "hidden").mkdir(parents=True)
-    (tmp_path / "a" / "other").mkdir()
-    (tmp_path / "keep.txt").write_text("x")
-    (tmp_path / "link").symlink_to(tmp_path / "a")
-    hidden = (str(tmp_path / "a" / "hidden"),)
-    root = str(tmp_path)
-    assert [p for p in readable_ancestors(hidden) if p.startswith(root)] == [root, root + "/a"]
-    assert [p for p in readable_subtrees(hidden) if p.startswith(root)] == [root + "/keep.txt", root + "/a/other"]
+    root, plain = tmp_path / "root", tmp_path / "plain"
+    (root / "a" / "hidden").mkdir(parents=True)
+    (root / "a" / "other").mkdir()
+    (root / "keep.txt").write_text("x")
+    (root / "link").symlink_to(root / "a")
+    plain.mkdir()
+    (tmp_path / "outside").mkdir()
+    hidden = (str(root / "a" / "hidden"),)
+    assert readable_ancestors(hidden, str(root)) == [str(root), str(root / "a")]
+    assert readable_ancestors(hidden, str(plain)) == []
+    assert readable_subtrees(hidden, (str(root), str(plain))) == [str(root / "keep.txt"), str(root / "a" / "other"),
+                                                                  str(plain)]
 
 
 def _in_forked_child(fn):
@@ -542,16 +548,19 @@ def _in_forked_child(fn):
 
 @slow
 @linux_only
-@pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
-def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):
-    """Two paths CI would otherwise never take: an unprivileged user's (the mounts are made inside a new user
-    namespace, whose uid map must be written with the ids read before unsharing) and a kernel without
-    mount_setattr (each mount remounted read-only in turn). Either way: the working directory stays writable,
-    everything else is read-only, and with the capabilities dropped nothing can be remounted or chmod-ed."""
+def test_mount_view_in_a_user_namespace(tmp_path):
+    """An unprivileged user's path, which CI would otherwise never take: the mounts are made inside a new user
+    namespace (its uid map written with the ids read before unsharing; each bind keeps the flags the kernel locks
+    there). The fresh root must hold the working directory (writable), the granted directory (read-only, its hidden
+    child empty), the three devices and nothing else; with the capabilities dropped nothing can be remounted."""
     import harness.sandbox as sandbox
 
-    work = tmp_path / "work"
-    work.mkdir()
+    work, granted, root = tmp_path / "work", tmp_path / "granted", tmp_path / "root"
+    for directory in (work, granted / "hidden", root):
+        directory.mkdir(parents=True)
+    (granted / "lib.py").write_text("x = 1")
+    (granted / "hidden" / "answers.txt").write_text("canonical")
+    (tmp_path / "reference.txt").write_text("canonical")
     real = sandbox._libc()
 
     class UserNamespaceOnly:  # refuses unshare without CLONE_NEWUSER, as for a user without CAP_SYS_ADMIN
@@ -561,29 +570,32 @@ def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monke
         def unshare(self, flags):
             return -1 if not flags & sandbox.CLONE_NEWUSER else real.unshare(flags)
 
-    if path == "remount_each_mount":
-        monkeypatch.setattr(sandbox, "_mount_setattr", lambda *a: False)
-    libc = UserNamespaceOnly() if path == "user_namespace" else real
-
     available = _in_forked_child(lambda: real.unshare(sandbox.CLONE_NEWUSER | sandbox.CLONE_NEWNS) == 0)
     if available != "True":
         pytest.skip("no user namespaces on this machine")
 
     def build():
-        sandbox._enter_namespaces(libc, net=True, mount=True)
-        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"})
-        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real)}
-        for name, target in (("inside", work / "x"), ("outside", tmp_path / "escape")):
+        sandbox._enter_namespaces(UserNamespaceOnly(), net=True, mount=True)
+        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"}, (str(granted / "hidden"),),
+                                         (str(granted),), str(root))
+        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real), "root": sorted(os.listdir("/")),
+                   "dev": sorted(os.listdir("/dev")), "lib": (granted / "lib.py").read_text(),
+                   "hidden": os.listdir(granted / "hidden")}
+        attempts = (("inside", work / "x", "w"), ("outside", tmp_path / "escape", "w"),
+                    ("granted", granted / "lib.py", "a"), ("reference", tmp_path / "reference.txt", "r"))
+        for name, target, mode in attempts:
             try:
-                open(target, "w").close()
-                outcome[name] = "written"
+                open(target, mode).close()
+                outcome[name] = "opened"
             except OSError as e:
                 outcome[name] = e.errno
         outcome["remount"] = real.mount(None, b"/", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: read-write
-        outcome["chmod"] = real.chmod(str(tmp_path).encode(), 0o777)
         return outcome
 
     out = _in_forked_child(build)
-    assert out == repr({"made": ["workdir_tmpfs", "mountns_readonly", "proc_hidden"], "no_capabilities": True,
-                        "inside": "written", "outside": 30, "remount": -1, "chmod": -1})  # 30: EROFS
+    assert out == repr({"made": ["mountns_root", "mountns_readonly", "workdir_tmpfs", "dev_minimal", "proc_hidden",
+                                 "packages_hidden"], "no_capabilities": True, "root": ["dev", "tmp"],
+                        "dev": ["null", "urandom", "zero"], "lib": "x = 1", "hidden": [], "inside": "opened",
+                        "outside": 30, "granted": 30, "reference": 2, "remount": -1})  # 30: EROFS, 2: ENOENT
     assert not (tmp_path / "escape").exists()
+

@@ -610,12 +610,13 @@ FENCE_ATTACKS = {
 
 # Layer configurations for the all-attacks-in-one-program runs: (disabled layers, the layer that must be there,
 # attacks known to get past that configuration). Landlock does not restrict file metadata (chmod, chown, utimes,
-# xattrs: a documented kernel limitation), so alone it lets the metadata attacks through; wherever the sandbox has
-# no read-only mount view it therefore also denies those syscalls with seccomp ("landlock_and_seccomp", the
-# configuration of a machine without user namespaces), and the audit hook refuses them at the Python level.
-LANDLOCK_METADATA_GAP = ["chmod_with_dir_fd", "utime_with_dir_fd"]
+# xattrs: a documented kernel limitation); the battery's metadata attacks act through a descriptor of the canary
+# directory, which Landlock's default deny no longer lets the program open (before issue #47 they got past Landlock
+# alone), but a chmod by path still would. Wherever the sandbox has no read-only mount view it therefore also
+# denies those syscalls with seccomp ("landlock_and_seccomp", the configuration of a machine without user
+# namespaces), and the audit hook refuses them at the Python level.
 LAYER_MODES = {
-    "landlock_alone": (("mountns", "seccomp", "audit_hook"), "landlock", LANDLOCK_METADATA_GAP),
+    "landlock_alone": (("mountns", "seccomp", "audit_hook"), "landlock", []),
     "landlock_and_seccomp": (("mountns", "audit_hook"), "landlock", []),
     "mount_namespace_alone": (("landlock", "seccomp", "audit_hook"), "mountns_readonly", []),
     "audit_hook_and_seccomp_alone": (("landlock", "mountns"), "audit_hook", []),
@@ -700,7 +701,7 @@ def test_fence_attack_is_contained(name, tmp_path):
 @pytest.mark.parametrize("mode", list(LAYER_MODES))
 def test_each_file_fence_layer_holds_alone(mode, tmp_path):
     """All attacks against one file-fence layer at a time (the others disabled); a changed canary names an attack
-    that gets past that layer. Only the documented Landlock metadata gap may show up, and only for Landlock alone.
+    that gets past that layer (none may).
     If Landlock or the mount namespace cannot be made on this machine, that mode is skipped."""
     disable, wanted, known_gaps = LAYER_MODES[mode]
     canaries = {name: str(tmp_path / name) for name in FENCE_ATTACKS}
@@ -800,3 +801,4 @@ def test_battery_size():
     assert BATTERY_COUNTS == {"verdict_attacks": 38, "fence_attacks": 44, "process_and_network_attempts": 6,
                               "byte_cap_attacks": 1, "attacks": 96, "layer_modes": 4, "verdict_without_layers": 10,
                               "honest_controls": 5, "task_attacks": 7}
+
