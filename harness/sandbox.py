@@ -83,7 +83,9 @@ writes memory, such as a bug in CPython itself or a package like numpy, which is
       subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph
       introspection (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
       ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
-      ``__code__`` assignment, and signals to other processes;
+      ``__code__`` assignment, and signals to other processes. (``os.stat`` raises no audit event, and Landlock
+      does not restrict it either: with only those two layers a program can still learn whether a path exists and
+      its size, never its contents or a directory's listing; the mount view leaves nothing to learn);
     * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
 
 The verdict (``verdict_call``) is decided outside the program's reach. The test code runs in the *judge*, a
@@ -292,20 +294,24 @@ def remove_stale_folders() -> list[str]:
 def readable_paths() -> tuple[str, ...]:
     """What the untrusted stage may read besides its working directory: the directories of the standard library
     (the ``sys.path`` of ``python -I -S``: site-packages beneath them stay hidden, see :func:`hidden_paths`), the
-    shared libraries the interpreter and its extension modules load (from ``ldd``), the loader's cache, this module
+    shared libraries the interpreter maps at start and its extension modules load (from ``ldd``; without ``ldd``
+    the extension modules that need another library cannot be imported), the loader's cache, this module
     (stage 2 runs it) and ``/dev/null``, ``/dev/zero``, ``/dev/urandom``. Real paths, existing ones only, except
     the libraries, which are given as the loader names them (e.g. ``/lib64/ld-linux-x86-64.so.2``). Computed once
     per process."""
     import subprocess
 
     exe = os.path.realpath(sys.executable)
-    out = subprocess.run([exe, "-I", "-S", "-c", "import sys, json; print(json.dumps(sys.path))"],
-                         capture_output=True, text=True, check=True).stdout
-    stdlib = sorted({os.path.realpath(p) for p in json.loads(out) if p and os.path.isdir(p)})
+    probe = ("import json, os, sys\n"
+             "maps = open('/proc/self/maps').read().split() if os.path.exists('/proc/self/maps') else []\n"
+             "print(json.dumps([sys.path, [w for w in maps if w.startswith('/') and '.so' in w]]))")
+    path, mapped = json.loads(subprocess.run([exe, "-I", "-S", "-c", probe], capture_output=True, text=True,
+                                             check=True).stdout)
+    stdlib = sorted({os.path.realpath(p) for p in path if p and os.path.isdir(p)})
     binaries = [exe]
     for directory in stdlib:  # extension modules lie directly in one of them (lib-dynload)
         binaries += sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".so"))
-    libraries = set()
+    libraries = {p for p in mapped if os.path.isfile(p) and not any(_beneath(p, d) for d in stdlib)}
     try:
         listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=120).stdout
     except (OSError, subprocess.SubprocessError):
