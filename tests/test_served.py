@@ -144,7 +144,7 @@ def test_served_options_and_the_vllm_serve_command():
     with pytest.raises(EngineError, match="a server_url is measured with engine openai"):
         check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"server_url": "http://h:1"})
     assert check_options("pld", set(), {"server_url": "http://h:1"}) == {
-        "api": "chat", "timeout_s": 300.0, "server_url": "http://h:1"}
+        "api": "chat", "timeout_s": 900.0, "server_url": "http://h:1"}
     # the mapping the in-process backend uses, as vllm serve flags, over the same CPU defaults
     assert launch.vllm_serve_argv("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
                                   {"max_model_len": 1024, "enable_prefix_caching": False}) == [
