@@ -433,7 +433,9 @@ def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
     tokens (verify_ct x (num_draft_tokens - 1), SGLang's own count), ``spec_num_correct_drafts`` accepted ones (the
     bonus token not counted) and ``spec_correct_drafts_histogram`` (h[j]: forwards that accepted exactly j drafts),
     from which the per-step accepted counts follow, listed from most to fewest accepted (SGLang does not send
-    their order). None where the four disagree (n/a, never a guess).
+    their order). None where the four disagree (n/a, never a guess), checked before any list is built from them
+    (a histogram whose forwards are not ``spec_verify_ct`` is None; the served client has checked both against
+    the turn's tokens, :func:`_checked_per_request`, so no list is longer than the turn).
 
     Example: {"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
     "spec_correct_drafts_histogram": [1, 0, 2]} -> {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 4,
@@ -444,7 +446,9 @@ def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
     if not (isinstance(verify, int) and isinstance(proposed, int) and isinstance(correct, int)
             and isinstance(hist, list) and verify > 0 and proposed % verify == 0):
         return None
-    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(int(hist[j]))]
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hist) or sum(hist) != verify:
+        return None  # checked before the steps are listed: no list as long as a server's number
+    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(hist[j])]
     if len(steps) != verify or sum(steps) != correct or any(j > proposed // verify for j in steps):
         return None
     k = proposed // verify
