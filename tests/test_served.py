@@ -177,7 +177,7 @@ REQUEST = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 4, tempera
 
 def backend_at(url, method="pld", speculative=True, vocab=None, **options):
     return ServedBackend(url, check_options(method, set(), {"server_url": url, **options}), "smollm2-135m",
-                         "/models/smollm2-135m", speculative, vocab=vocab)
+                         "/models/smollm2-135m", speculative, **({} if vocab is None else {"vocab": vocab}))
 
 
 def test_a_served_turn_with_token_ids_times_and_counters(fake):
