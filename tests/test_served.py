@@ -340,6 +340,7 @@ def outcome_within(call, seconds: float) -> dict:
                                    r"arrived \(chunks of text\) for a budget of 4"),
     ("claim=8.5", r"sent usage.completion_tokens 8.5, not a count \(an integer >= 0\)"),
     ("claim=true", r"sent usage.completion_tokens True, not a count"),
+    ("claim=-1", r"sent usage.completion_tokens -1, not a count"),
 ])
 def test_a_servers_token_count_is_checked_against_what_arrived(fake, mode, message):
     """A server's usage count is checked against the ids or chunks that arrived and the request's budget, and a
@@ -514,6 +515,16 @@ def test_a_stream_without_usage_is_counted_and_bytes_that_are_not_utf8_fail(fake
     assert turn.notes[0] == "no usage count from the server: the turn's length is the token ids that arrived"
     state.mode = "bad_utf8"
     with pytest.raises(BackendError, match=r"/v1/chat/completions streamed a line that is not UTF-8 \(byte \d+\)"):
+        backend.generate(REQUEST)
+
+
+def test_a_finish_reason_that_is_not_text_fails_the_turn(fake):
+    """A finish reason that is not text (7) fails the turn naming the field. Were it kept, the record's stop_reason
+    would be a number, which no table reads as eos or max_new_tokens."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False)
+    state.mode = "finish=7"
+    with pytest.raises(BackendError, match=r"/v1/chat/completions sent choices\[\].finish_reason 7, not text"):
         backend.generate(REQUEST)
 
 

@@ -56,10 +56,19 @@ count, :func:`harness.backends.prometheus.read_iterations`) diffed around the re
 them; from a server without that count (trtllm-serve's iterations are not read as forwards) they are derived from
 the steps, which overstates τ when the last drafting step ran past the budget, and the record's notes say so.
 
-Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
-in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
-sent inside the stream, a server that serves another model (checked against ``/v1/models`` before the run), counters
-that moved by more than one request, a ``/metrics`` that is no longer what it was when the run started.
+Every failure is one :class:`BackendError` line naming the server (its password masked, :func:`masked`) and what
+happened: refused connection, no answer in time, a server not ready, an HTTP error status (with the start of its
+body), a stream cut before its end, an error sent inside the stream, a server that serves another model (checked
+against ``/v1/models`` before the run), counters that moved by more than one request, a ``/metrics`` that is no
+longer what it was when the run started.
+
+A server's numbers are measured, not believed (:meth:`ServedBackend.stream`): the turn's tokens are the ids or
+chunks of text that arrived, each id an integer within the target's vocabulary; ``usage.completion_tokens`` is
+checked against them and the request's budget; a stream past the budget is an error, read no further; per-request
+counts are checked against the turn's tokens (:func:`_checked_per_request`); counters are finite whole numbers that
+never go backwards, their ``position`` labels below :data:`harness.backends.prometheus.MAX_DRAFT_POSITIONS`. Each
+exchange is bounded as a whole (:class:`_Exchange`): ``timeout_s`` the turn, ``startup_timeout_s`` the wait for the
+server; and so is what is read (:data:`LINE_MAX_BYTES`, :data:`STREAM_MAX_BYTES`, :data:`BODY_MAX_BYTES`).
 """
 
 from __future__ import annotations
@@ -206,13 +215,13 @@ class _Exchange:
     def __init__(self, method: str, url: str, deadline: float, limit_s: float, body: bytes | None = None,
                  headers: dict[str, str] | None = None):
         self.what, self.limit_s, self.expired = f"{method} {masked(url)}", limit_s, False
-        self.conn = self.sock = self.response = self.timer = None
-        self.password = urllib.parse.unquote(urllib.parse.urlsplit(url).password or "") or None
+        self.conn = self.sock = self.response = self.timer = self.password = None
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port
-        except ValueError as e:
-            raise BackendError(f"{self.what}: not a URL the harness can reach ({e})") from None
+        except ValueError:
+            raise BackendError(f"{self.what}: not a URL the harness can reach (its host or port)") from None
+        self.password = urllib.parse.unquote(parts.password or "") or None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BackendError(f"{self.what}: not an http:// or https:// URL with a host")
         remaining = deadline - time.monotonic()
@@ -356,9 +365,9 @@ def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None
 def _field(value: Any, kind: type, field: str, what: str) -> Any:
     """``value`` where it is a ``kind``, else a BackendError naming the server (``what``) and the field."""
     if not isinstance(value, kind) or isinstance(value, bool):
-        shown = {list: "a list", dict: "an object", str: "text"}.get(kind, kind.__name__)
-        raise BackendError(f"{what} sent {field} {json.dumps(value)[:60] if _jsonable(value) else value!r}, not "
-                           f"{shown}")
+        wanted = {list: "a list", dict: "an object", str: "text"}.get(kind, kind.__name__)
+        sent = json.dumps(value) if _jsonable(value) else repr(value)
+        raise BackendError(f"{what} sent {field} {sent[:60]}, not {wanted}")
     return value
 
 
@@ -853,7 +862,8 @@ class ServedBackend(Backend):
                         text.append(piece)
                     if new or piece:
                         prev = now
-                    finish = choice.get("finish_reason") or finish
+                    if choice.get("finish_reason"):
+                        finish = _field(choice["finish_reason"], str, "choices[].finish_reason", what)
         except _Late:
             arrived = len(ids) or len(chunk_times)
             if ttft is None and not arrived:

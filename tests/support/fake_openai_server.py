@@ -44,7 +44,8 @@ V, as JSON: ``10.7``, ``true``, ``-1``, ``100000``), ``bad_utf8`` (raw bytes tha
 ``drip_health=S`` (``/health`` announces 60 bytes and sends one every S s), ``backwards`` (the drafts counter falls
 by 2 with every request, as after a restart), ``counter=V`` (the drafts counter printed as V: ``NaN``, ``-3``),
 ``position=N`` (a per-position sample at position N), ``big_metrics=N`` (``/metrics`` N bytes longer, in comment
-lines), ``hist=N`` (with ``sglang``: N forwards that accepted 2 drafts in the histogram, against 3 verifications).
+lines), ``hist=N`` (with ``sglang``: N forwards that accepted 2 drafts in the histogram, against 3 verifications),
+``finish=V`` (the finish reason is V, as JSON: ``7``).
 Every request's headers are kept (``Fake.headers``).
 
 For load levels (harness/run/load.py) it serves requests concurrently and can act as a batching engine:
@@ -352,7 +353,8 @@ def handler(fake: Fake):
                         fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
                         fake.accepted += 3
                         fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
-                last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+                last = {"index": 0, "finish_reason": json.loads(fake.flag("finish") or '"length"'),
+                        **({"delta": {}} if chat else {"text": ""})}
                 if fake.flag("llamacpp"):  # the finishing chunk carries the usage; its own tokens are []
                     final = {"choices": [last], "usage": {"completion_tokens": fake.claim(n), "prompt_tokens": 3},
                              "__verbose": {"content": "", "tokens": [], "stop": True}}
