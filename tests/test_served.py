@@ -444,13 +444,13 @@ def test_counters_that_go_backwards_fail_the_turn_not_negative_drafts(fake):
 
 
 def test_a_line_over_the_cap_is_refused_unread(fake):
-    """A streamed line longer than the cap (1 MiB; the fake sends 2 MiB without a newline) fails the turn at the
+    """A streamed line longer than the cap (4 MiB; the fake sends 5 MiB without a newline) fails the turn at the
     cap. Were it read whole, a server could make the harness hold any amount of memory (a 300 MB line)."""
     state, url = fake
     backend = backend_at(url, method="vanilla", speculative=False)
-    state.mode = "long_line=2097152"
+    state.mode = "long_line=5242880"
     with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/chat/completions streamed a line over "
-                                           r"1048576 bytes without its end: refused, read no further"):
+                                           r"4194304 bytes without its end: refused, read no further"):
         backend.generate(REQUEST)
 
 
@@ -491,6 +491,9 @@ def test_a_servers_password_is_sent_as_basic_auth_and_never_shown(fake):
     shown = url.replace("http://", "http://user:***@")
     assert backend.describe()["url"] == shown and backend.describe()["config"]["server_url"] == shown
     assert turn_fields(backend.generate(REQUEST), backend)["engine_url"] == shown
+    created = create_backend("openai", "pld", None, set(), "smollm2-135m", "/models/smollm2-135m", "float32",
+                             {"server_url": secret})
+    assert turn_fields(created.generate(REQUEST), created)["engine_options"] == {"server_url": shown}
     state.mode = "status=500"
     with pytest.raises(BackendError, match=re.escape(f"POST {shown}/v1/chat/completions answered HTTP 500")):
         backend.generate(REQUEST)
@@ -900,6 +903,16 @@ def test_trtllm_iterations_are_read_and_summed():
         read_trtllm('[{"iter": 3, "specDecodingStats": "n/a"}]')
     with pytest.raises(ValueError, match="iteration 3: specDecodingStats numDraftTokens is -1, not a count"):
         read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": -1}}]')
+
+
+def test_trtllm_counts_that_are_nan_or_infinite_are_named():
+    """trtllm-serve's JSON may carry NaN and Infinity (Python's json reads them): a count that is one is refused
+    naming the iteration and the key. Were it converted, the message would be Python's own ("cannot convert float
+    NaN to integer"), naming neither."""
+    with pytest.raises(ValueError, match="iteration 3: specDecodingStats numDraftTokens is nan, not a count"):
+        read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": NaN}}]')
+    with pytest.raises(ValueError, match="iteration 4: inflightBatchingStats numGenRequests is inf, not a count"):
+        read_trtllm('[{"iter": 4, "inflightBatchingStats": {"numGenRequests": Infinity}}]')
 
 
 def test_a_trtllm_turn_counters_and_tau_from_two_reads(fake):

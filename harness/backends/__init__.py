@@ -93,7 +93,7 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
                     engine_options: dict[str, Any] | None, positions: int | None,
                     window: int | None = None, vocab: int | None = None) -> Backend:
-    from harness.backends.served import OPTIONS, ServedBackend, option_flags
+    from harness.backends.served import OPTIONS, ServedBackend, masked, option_flags
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
@@ -125,7 +125,9 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
                                 {"launch": "vllm", "argv": server.argv, "speculative_config": spec,
                                  "load_s": server.load_s}, vocab)
         backend.ran_options = launched_options(method, options, spec)
-    backend.engine_options = dict(engine_options or {})
+    # what every record shows: a server_url's password masked (the run's configuration keeps it, for --resume)
+    backend.engine_options = {k: masked(v) if k == "server_url" and isinstance(v, str) else v
+                              for k, v in (engine_options or {}).items()}
     return backend
 
 

@@ -250,7 +250,8 @@ def _count(obj: dict[str, Any], key: str, where: str) -> int | None:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or value != int(value)):
         raise ValueError(f"{where} {key} is {value!r}, not a count")
     return int(value)
 

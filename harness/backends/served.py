@@ -121,8 +121,9 @@ APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT_S = 900.0        # a turn (its request, its stream and its counter readings) not over by then failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
 # what the harness reads of a server at most: one streamed line, one turn's stream, one GET answer's body (/metrics,
-# /v1/models...); past any, the exchange fails at once, read no further (memory bounded whatever a server sends)
-LINE_MAX_BYTES = 1 << 20
+# /v1/models...); past any, the exchange fails at once, read no further (memory bounded whatever a server sends).
+# A line has room for llama.cpp's last verbose chunk, which echoes the prompt (a long-context one, JSON-escaped)
+LINE_MAX_BYTES = 4 << 20
 STREAM_MAX_BYTES = 256 << 20
 BODY_MAX_BYTES = 8 << 20
 SETTLE_S = 0.05          # counters are re-read until two readings this far apart agree (a server updates them late)
