@@ -240,6 +240,8 @@ class _Exchange:
         try:
             self.conn.connect()
             self.sock = self.conn.sock  # the response keeps using it after the connection lets go of it
+            if self.expired:  # the watchdog fired while connecting, before it had a socket to shut
+                raise self.late()
             self.conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body=body,
                               headers={**auth, **(headers or {})})
             self.response = self.conn.getresponse()
