@@ -531,6 +531,24 @@ def test_a_finish_reason_that_is_not_text_fails_the_turn(fake):
         backend.generate(REQUEST)
 
 
+@pytest.mark.parametrize("mode, api, message", [
+    ("per_request,step=2.5", "chat", r"sent metrics.speculative_decoding.per_step_accepted\[\] 2.5, not a count"),
+    ("per_request,step=5000", "chat", r"sent metrics.speculative_decoding.per_step_accepted\[\] 5000, more than 1024"),
+    ("llamacpp,timings,draft_n=NaN", "completions", r"sent timings.draft_n nan, not a count"),
+    ("llamacpp,timings,draft_n=1", "completions", r"sent timings.draft_n_accepted 2, more than 1"),
+])
+def test_per_request_counts_are_checked(fake, mode, api, message):
+    """A turn's per-request counts (vLLM's per-step lists, llama.cpp's timings) must be whole numbers >= 0, a step
+    no deeper than 1024, no more accepted than drafted tokens; else the turn fails naming the field. Were they
+    believed, 2.5 would be recorded as 2, a step of 5000 accepted tokens would stand, and NaN would stop the turn
+    with Python's own message ("cannot convert float NaN to integer") naming no server."""
+    state, url = fake
+    state.mode = mode
+    backend = backend_at(url, api=api)
+    with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/\S+ " + message):
+        backend.generate(REQUEST)
+
+
 def test_sglang_counts_are_checked_before_any_list_is_built(fake):
     """SGLang's per-request histogram is checked against the turn's tokens before steps are listed from it: one
     claiming 10^9 forwards fails the turn at once. Were it expanded, the harness would build a list of 10^9 steps

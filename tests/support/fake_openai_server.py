@@ -45,7 +45,8 @@ V, as JSON: ``10.7``, ``true``, ``-1``, ``100000``), ``bad_utf8`` (raw bytes tha
 by 2 with every request, as after a restart), ``counter=V`` (the drafts counter printed as V: ``NaN``, ``-3``),
 ``position=N`` (a per-position sample at position N), ``big_metrics=N`` (``/metrics`` N bytes longer, in comment
 lines), ``hist=N`` (with ``sglang``: N forwards that accepted 2 drafts in the histogram, against 3 verifications),
-``finish=V`` (the finish reason is V, as JSON: ``7``).
+``finish=V`` (the finish reason is V, as JSON: ``7``), ``draft_n=V`` (with ``llamacpp,timings``: the timings'
+``draft_n`` is V, as JSON: ``NaN``), ``step=V`` (with ``per_request``: the second step accepted V, as JSON: ``2.5``).
 Every request's headers are kept (``Fake.headers``).
 
 For load levels (harness/run/load.py) it serves requests concurrently and can act as a batching engine:
@@ -360,7 +361,8 @@ def handler(fake: Fake):
                              "__verbose": {"content": "", "tokens": [], "stop": True}}
                     if fake.flag("timings"):  # the request's own timings; draft_n only where it drafted
                         final["timings"] = {"cache_n": 0, "prompt_n": 3, "prompt_ms": 1.5, "predicted_n": n,
-                                            "predicted_ms": 6.0, **({"draft_n": 4, "draft_n_accepted": 2}
+                                            "predicted_ms": 6.0, **({"draft_n": json.loads(fake.flag("draft_n") or "4"),
+                                                                     "draft_n_accepted": 2}
                                                                     if fake.flag("timings") != "no_draft" else {})}
                     self.event(final)
                     self.wfile.write(b"data: [DONE]\n\n")
@@ -379,7 +381,8 @@ def handler(fake: Fake):
                     usage["metrics"] = {"speculative_decoding": {
                         "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.75, "acceptance_histogram": [0, 1, 1],
                         "num_spec_steps": 2, "num_accepted_draft_tokens": 3, "num_draft_tokens": 4,
-                        "num_spec_tokens": 2, "per_step_accepted": [1, 2], "per_step_drafted": [2, 2]}}
+                        "num_spec_tokens": 2, "per_step_accepted": [1, json.loads(fake.flag("step") or "2")],
+                        "per_step_drafted": [2, 2]}}
                 if not fake.flag("no_usage"):
                     self.event(usage)
             self.wfile.write(b"data: [DONE]\n\n")
