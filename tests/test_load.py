@@ -286,3 +286,24 @@ def test_a_load_rows_acceptance_totals_are_the_requests_own():
     result = (0.0, 0.5, turn, {"timings": {"predicted_n": 2}}, None)  # nothing drafted: llama.cpp omits both
     assert _row(result, suite, q, None)["engine_counters"] is None
 
+
+
+def test_a_level_whose_counters_go_backwards_is_error_rows_not_an_aborted_run(tmp_path):
+    """A server whose counters go backwards during a level (a restart) makes that level's rows errors naming the
+    counter, their measured turns kept, and the run goes on (every level of both entries is written). Were the
+    counters diffed, the level would store negative drafts; were the error raised, the whole run would stop."""
+    made = [serve(Fake("")), serve(Fake("backwards"))]
+    try:
+        run_dir = load_run(tmp_path, [url for _, url in made])
+    finally:
+        for server, _ in made:
+            server.shutdown()
+    rows = read_load_rows(run_dir)
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows if r["label"] == "vanilla")
+    served = [r for r in rows if r["label"] == "pld-served"]
+    assert len(served) == 8 and all(r["status"] == "error" and r["level_counters"] is None for r in served)
+    assert all(r["new_tokens"] == 6 for r in served)  # the measured turn is kept with its error
+    # the warm-up's request moved the counter back by 2 before the first level; each level's 4 requests by 8
+    assert served[0]["error"] == (f"BackendError: the level's counters: GET {made[1][1]}/metrics: the counter drafts "
+                                  "went backwards, from 98 to 90 between two readings (the server restarted, or "
+                                  "reset its counters): no request's count")

@@ -4,8 +4,11 @@ per-step counts from counters, the ``vllm serve`` command, and the client agains
 as an error and re-run on resume, a launched server stopped on success, failure and Ctrl-C, and one run end to end
 with its report."""
 
+import base64
 import json
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -144,7 +147,7 @@ def test_served_options_and_the_vllm_serve_command():
     with pytest.raises(EngineError, match="a server_url is measured with engine openai"):
         check_engine("vllm", "vanilla", None, set(), "smollm2-135m", {"server_url": "http://h:1"})
     assert check_options("pld", set(), {"server_url": "http://h:1"}) == {
-        "api": "chat", "timeout_s": 300.0, "server_url": "http://h:1"}
+        "api": "chat", "timeout_s": 900.0, "server_url": "http://h:1"}
     # the mapping the in-process backend uses, as vllm serve flags, over the same CPU defaults
     assert launch.vllm_serve_argv("/v/bin/python", "/m", "smollm2-135m", "float32", 8000, {"method": "ngram"},
                                   {"max_model_len": 1024, "enable_prefix_caching": False}) == [
@@ -172,9 +175,9 @@ NO_ITERATIONS = ("forwards derived from the steps: the server's /metrics counts 
 REQUEST = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 4, temperature=0.0, top_p=0.9, seed=7)
 
 
-def backend_at(url, method="pld", speculative=True, **options):
+def backend_at(url, method="pld", speculative=True, vocab=None, **options):
     return ServedBackend(url, check_options(method, set(), {"server_url": url, **options}), "smollm2-135m",
-                         "/models/smollm2-135m", speculative)
+                         "/models/smollm2-135m", speculative, **({} if vocab is None else {"vocab": vocab}))
 
 
 def test_a_served_turn_with_token_ids_times_and_counters(fake):
@@ -311,6 +314,255 @@ def test_a_failed_turn_is_one_clear_line(fake, mode, options, message):
         backend.generate(REQUEST)
 
 
+def outcome_within(call, seconds: float) -> dict:
+    """What ``call()`` returned (``value``) or raised (``error``), run in a thread: a failed assertion, not a hung
+    test, when it is still running after ``seconds``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = call()
+        except BaseException as e:  # handed to the test
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    return box
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("claim=100000", r"the server claimed 100000 completion tokens \(usage.completion_tokens\), 4 arrived \(token "
+                     r"ids\) for a budget of 4: its count is not the turn's"),
+    ("claim=3", r"the server claimed 3 completion tokens \(usage.completion_tokens\), 4 arrived \(token ids\)"),
+    ("text_only,claim=1000000000", r"the server claimed 1000000000 completion tokens \(usage.completion_tokens\), 4 "
+                                   r"arrived \(chunks of text\) for a budget of 4"),
+    ("claim=8.5", r"sent usage.completion_tokens 8.5, not a count \(an integer >= 0\)"),
+    ("claim=true", r"sent usage.completion_tokens True, not a count"),
+    ("claim=-1", r"sent usage.completion_tokens -1, not a count"),
+])
+def test_a_servers_token_count_is_checked_against_what_arrived(fake, mode, message):
+    """A server's usage count is checked against the ids or chunks that arrived and the request's budget, and a
+    mismatch is an error naming the claim. Were it believed, 4 streamed tokens would be recorded as 100,000 (and
+    millions of tokens/s), a claim of 10^9 would make the record's per-token list that long, and a float or a
+    boolean would be cut to an int."""
+    state, url = fake
+    backend = backend_at(url)
+    state.mode = mode
+    with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/chat/completions: " + message
+                       if message.startswith("the") else message):
+        backend.generate(REQUEST)
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("over=100000", r"streamed more than the request's 4 tokens \(max_tokens\): 5 token ids \(token_ids\) had "
+                    r"arrived; read no further"),
+    ("text_only,over=100000", r"streamed more than the request's 4 tokens \(max_tokens\): 5 chunks of text "
+                              r"\(delta.content\) had arrived"),
+])
+def test_a_stream_past_the_budget_is_an_error_read_no_further(fake, mode, message):
+    """A server that streams past the request's max_tokens fails the turn as soon as it does, without reading the
+    rest (100,000 more chunks take the fake over 100 s). Were it read on, a turn of the wrong length would be
+    measured, or the run would wait as long as the server likes."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False)
+    state.mode = mode
+    error = outcome_within(lambda: backend.generate(REQUEST), 20).get("error")
+    assert isinstance(error, BackendError) and re.search(message, str(error)), error
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("10.7", r"streamed the token id 10.7 \(token_ids\), not an integer"),
+    ("true", r"streamed the token id True \(token_ids\), not an integer"),
+    ("-1", r"streamed the token id -1 \(token_ids\), outside the target's vocabulary \(0 to 100\)"),
+    ("101", r"streamed the token id 101 \(token_ids\), outside the target's vocabulary \(0 to 100\)"),
+])
+def test_token_ids_are_integers_within_the_vocabulary(fake, bad, message):
+    """Each streamed id is an integer (not a float, not a boolean) within the target's vocabulary (101 tokens
+    here). Were it not checked, 10.7 would be recorded as 10, true as 1, and an id the tokenizer does not have
+    would be stored and decoded."""
+    state, url = fake
+    backend = backend_at(url, vocab=101)
+    state.mode = f"bad_id={bad}"
+    with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/chat/completions " + message):
+        backend.generate(REQUEST)
+
+
+def test_counter_values_position_labels_and_backwards_counters_are_refused():
+    """Counters are counts: NaN, negative, fractional, a position label past the deepest draft position and a
+    counter that went backwards are errors naming the metric. Were they read, a NaN would silently be n/a, a
+    negative or backwards counter would be stored as negative drafts, and a position label of 300,000,000 would
+    build a list that long (gigabytes). (Each is a CounterError, a ValueError.)"""
+    drafts = "vllm:spec_decode_num_drafts_total"
+    per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    with pytest.raises(ValueError, match=rf'{per_pos}\{{position="300000000"\}}: not a draft position \(0 to 1023\)'):
+        read_counters(f'{drafts} 4\n{per_pos}{{position="0"}} 3\n{per_pos}{{position="300000000"}} 1\n')
+    with pytest.raises(ValueError, match=rf'{drafts}\{{engine="0"\}} is nan, not a count'):
+        read_counters(f'{drafts}{{engine="0"}} NaN\n')
+    with pytest.raises(ValueError, match=rf"{drafts}\{{\}} is -3.0, not a count"):
+        read_counters(f"{drafts} -3\n")
+    with pytest.raises(ValueError, match=rf"{drafts} is 2.5, not a whole count"):
+        read_counters(f"{drafts} 2.5\n")
+    with pytest.raises(ValueError, match=r"vllm:iteration_tokens_total_count\{\} is inf, not a count"):
+        read_iterations("vllm:iteration_tokens_total_count +Inf\n")
+    with pytest.raises(ValueError, match="the counter drafts went backwards, from 5 to 2"):
+        diff({"drafts": 5}, {"drafts": 2})
+    with pytest.raises(ValueError, match=r"the counter accepted_per_pos\[1\] went backwards, from 4 to 3"):
+        diff({"accepted_per_pos": [1, 4]}, {"accepted_per_pos": [2, 3]})
+    with pytest.raises(ValueError, match="the counter accepted_per_pos went backwards: positions 1 to 1 vanished"):
+        diff({"accepted_per_pos": [1, 4]}, {"accepted_per_pos": [2]})
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("counter=NaN", r'/metrics: vllm:spec_decode_num_drafts_total\{engine="0",model_name="smollm2-135m"\} is nan, '
+                    r"not a count"),
+    ("counter=-3", r'/metrics: vllm:spec_decode_num_drafts_total\{engine="0",model_name="smollm2-135m"\} is -3.0'),
+    ("position=300000000", r'/metrics: vllm:spec_decode_num_accepted_tokens_per_pos_total\{position="300000000"\}: '
+                           r"not a draft position"),
+    ("big_metrics=9437184", r"/metrics answered a body over 8388608 bytes: refused"),
+])
+def test_a_metrics_reading_that_is_no_counters_fails_before_the_run(fake, mode, message):
+    """A /metrics whose counters are not counts, or whose body is over the cap (8 MiB; the fake sends 9), fails
+    the backend's start with one line naming the server and the metric. Were it read, NaN would pass as "no
+    counter" (n/a), -3 as a count, and the harness would hold whatever a server sends in memory."""
+    state, url = fake
+    state.mode = mode
+    with pytest.raises(BackendError, match=r"GET http://127.0.0.1:\d+" + message):
+        backend_at(url)
+
+
+def test_counters_that_go_backwards_fail_the_turn_not_negative_drafts(fake):
+    """A counter that went backwards between a turn's two readings (a restarted server) fails the turn, naming
+    the counter. Were it diffed, a vanilla entry's turn would store -2 drafts."""
+    state, url = fake
+    state.mode = "backwards"
+    backend = backend_at(url, method="vanilla", speculative=False)
+    with pytest.raises(BackendError, match=r"GET http://127.0.0.1:\d+/metrics: the counter drafts went backwards, from "
+                                           r"100 to 98 between two readings \(the server restarted"):
+        backend.generate(REQUEST)
+
+
+def test_a_line_over_the_cap_is_refused_unread(fake):
+    """A streamed line longer than the cap (4 MiB; the fake sends 5 MiB without a newline) fails the turn at the
+    cap. Were it read whole, a server could make the harness hold any amount of memory (a 300 MB line)."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False)
+    state.mode = "long_line=5242880"
+    with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/chat/completions streamed a line over "
+                                           r"4194304 bytes without its end: refused, read no further"):
+        backend.generate(REQUEST)
+
+
+def test_a_dripping_stream_is_bounded_by_the_turns_deadline(fake):
+    """timeout_s bounds the whole turn: a server that sends a chunk every second of a 30-token turn fails it at
+    its 2 s deadline (the call returns well within 10 s). Were timeout_s one read's, every read would succeed
+    and the turn would last as long as the server drips (forever, for a server that never stops)."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False, timeout_s=2)
+    state.mode = "drip=1"
+    request = TurnRequest([{"role": "user", "content": "hi"}], [1, 2, 3], 30)
+    error = outcome_within(lambda: backend.generate(request), 10).get("error")
+    assert isinstance(error, BackendError) and re.search(
+        r"POST http://127.0.0.1:\d+/v1/chat/completions: the turn was not over within 2 s \(timeout_s bounds the "
+        r"whole turn\) after \d+ tokens", str(error)), error
+
+
+def test_a_dripping_health_is_bounded_by_the_startup_wait(fake):
+    """startup_timeout_s bounds the whole wait for a server: a /health that sends one byte a second fails it at 2 s
+    (the call returns well within 10 s). Were each try bounded by one read, the start-up would last as long as
+    the server drips."""
+    state, url = fake
+    state.mode = "drip_health=1"
+    error = outcome_within(lambda: backend_at(url, startup_timeout_s=2), 10).get("error")
+    assert isinstance(error, BackendError) and re.search(
+        r"the server at http://127.0.0.1:\d+ is not ready after 2 s: GET http://127.0.0.1:\d+/health: no answer "
+        r"within 2 s", str(error)), error
+
+
+def test_a_servers_password_is_sent_as_basic_auth_and_never_shown(fake):
+    """A server URL with a user and password is reached with HTTP basic authentication, and shown everywhere
+    (manifest, records, error lines) with the password masked. Were it not, the URL would not resolve (the user
+    part taken for the host) and the password would be printed in every error line."""
+    state, url = fake
+    secret = url.replace("http://", "http://user:s3cret@")
+    backend = backend_at(secret)
+    assert state.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"user:s3cret").decode()
+    shown = url.replace("http://", "http://user:***@")
+    assert backend.describe()["url"] == shown and backend.describe()["config"]["server_url"] == shown
+    assert turn_fields(backend.generate(REQUEST), backend)["engine_url"] == shown
+    created = create_backend("openai", "pld", None, set(), "smollm2-135m", "/models/smollm2-135m", "float32",
+                             {"server_url": secret})
+    assert turn_fields(created.generate(REQUEST), created)["engine_options"] == {"server_url": shown}
+    state.mode = "status=500"
+    with pytest.raises(BackendError, match=re.escape(f"POST {shown}/v1/chat/completions answered HTTP 500")):
+        backend.generate(REQUEST)
+    closed = closed_port_url().replace("http://", "http://user:s3cret@")
+    with pytest.raises(BackendError) as refused:
+        backend_at(closed)
+    assert "user:***@127.0.0.1" in str(refused.value) and "s3cret" not in str(refused.value)
+    with pytest.raises(EngineError) as wrong:
+        check_options("vanilla", set(), {"server_url": "ftp://user:s3cret@h"})
+    assert "ftp://user:***@h" in str(wrong.value) and "s3cret" not in str(wrong.value)
+
+
+def test_a_stream_without_usage_is_counted_and_bytes_that_are_not_utf8_fail(fake):
+    """A stream without a usage count is measured from its ids, and says so; raw bytes that are not UTF-8 fail the
+    turn. Were they decoded with replacement characters, the record's text would hold characters the server never
+    sent; were the missing usage silent, nobody could tell the count was the harness's own."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False)
+    state.mode = "no_usage"
+    turn = backend.generate(REQUEST)
+    assert (turn.token_ids, turn.completion_tokens) == ([10, 11, 12, 13], None)
+    assert turn.notes[0] == "no usage count from the server: the turn's length is the token ids that arrived"
+    state.mode = "bad_utf8"
+    with pytest.raises(BackendError, match=r"/v1/chat/completions streamed a line that is not UTF-8 \(byte \d+\)"):
+        backend.generate(REQUEST)
+
+
+def test_a_finish_reason_that_is_not_text_fails_the_turn(fake):
+    """A finish reason that is not text (7) fails the turn naming the field. Were it kept, the record's stop_reason
+    would be a number, which no table reads as eos or max_new_tokens."""
+    state, url = fake
+    backend = backend_at(url, method="vanilla", speculative=False)
+    state.mode = "finish=7"
+    with pytest.raises(BackendError, match=r"/v1/chat/completions sent choices\[\].finish_reason 7, not text"):
+        backend.generate(REQUEST)
+
+
+@pytest.mark.parametrize("mode, api, message", [
+    ("per_request,step=2.5", "chat", r"sent metrics.speculative_decoding.per_step_accepted\[\] 2.5, not a count"),
+    ("per_request,step=5000", "chat", r"sent metrics.speculative_decoding.per_step_accepted\[\] 5000, more than 1024"),
+    ("llamacpp,timings,draft_n=NaN", "completions", r"sent timings.draft_n nan, not a count"),
+    ("llamacpp,timings,draft_n=1", "completions", r"sent timings.draft_n_accepted 2, more than 1"),
+])
+def test_per_request_counts_are_checked(fake, mode, api, message):
+    """A turn's per-request counts (vLLM's per-step lists, llama.cpp's timings) must be whole numbers >= 0, a step
+    no deeper than 1024, no more accepted than drafted tokens; else the turn fails naming the field. Were they
+    believed, 2.5 would be recorded as 2, a step of 5000 accepted tokens would stand, and NaN would stop the turn
+    with Python's own message ("cannot convert float NaN to integer") naming no server."""
+    state, url = fake
+    state.mode = mode
+    backend = backend_at(url, api=api)
+    with pytest.raises(BackendError, match=r"POST http://127.0.0.1:\d+/v1/\S+ " + message):
+        backend.generate(REQUEST)
+
+
+def test_sglang_counts_are_checked_before_any_list_is_built(fake):
+    """SGLang's per-request histogram is checked against the turn's tokens before steps are listed from it: one
+    claiming 10^9 forwards fails the turn at once. Were it expanded, the harness would build a list of 10^9 steps
+    (gigabytes) from one number a server sent."""
+    state, url = fake
+    state.mode = "sglang,hist=1000000000"
+    backend = backend_at(url)
+    with pytest.raises(BackendError, match=r"sent sglext.spec_tokens_details.spec_correct_drafts_histogram's sum "
+                                           r"1000000001, more than 4"):
+        backend.generate(REQUEST)
+    assert sglang_steps({"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
+                         "spec_correct_drafts_histogram": [1, 0, 10 ** 9]}) is None
+
+
 def test_missing_counters_are_na_for_a_vanilla_entry(fake):
     state, url = fake
     state.mode = "no_counters"
@@ -376,6 +628,23 @@ def test_a_served_run_end_to_end_with_failures_resumed_and_a_report(tmp_path, fa
     # the report's methods table: the served entry's options as the manifest has them
     assert "<td>pld-served</td><td>pld</td><td>True</td><td><code>{&quot;server_config&quot;: &quot;n/a&quot;}" \
         in Path(written["report_html"]).read_text()
+
+
+def test_a_served_run_records_an_id_outside_the_vocabulary_as_error_turns(tmp_path, fake):
+    """A run against a server that streams an id its target's tokenizer does not have (1000; the tiny target has
+    101 tokens) records each of that entry's turns as an error naming the server and the field, to be run again on
+    resume, and goes on (the harness's own entry is measured). Were the id kept, output_ids would hold a token
+    that is in no vocabulary and the text would be decoded from it."""
+    state, url = fake
+    state.mode = "bad_id=1000"
+    recs = read_records(served_run(tmp_path, {"server_url": url}))
+    served = [r for r in recs if r["label"] == "pld-served"]
+    assert len(served) == 4 and all(r["status"] == "error" for r in served)
+    first = [r for r in served if r["turn"] == 0]  # the second turns are skipped: their conversation has no answer
+    assert len(first) == 2 and all(r["retry"] and f"POST {url}/v1/chat/completions streamed the token id 1000 "
+                                   "(token_ids), outside the target's vocabulary (0 to 100)" in r["error"]
+                                   for r in first)
+    assert all(r["status"] == "ok" for r in recs if r["label"] == "vanilla")
 
 
 def test_a_served_entry_shows_what_the_server_ran_not_the_methods_defaults(fake, monkeypatch):
@@ -652,6 +921,16 @@ def test_trtllm_iterations_are_read_and_summed():
         read_trtllm('[{"iter": 3, "specDecodingStats": "n/a"}]')
     with pytest.raises(ValueError, match="iteration 3: specDecodingStats numDraftTokens is -1, not a count"):
         read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": -1}}]')
+
+
+def test_trtllm_counts_that_are_nan_or_infinite_are_named():
+    """trtllm-serve's JSON may carry NaN and Infinity (Python's json reads them): a count that is one is refused
+    naming the iteration and the key. Were it converted, the message would be Python's own ("cannot convert float
+    NaN to integer"), naming neither."""
+    with pytest.raises(ValueError, match="iteration 3: specDecodingStats numDraftTokens is nan, not a count"):
+        read_trtllm('[{"iter": 3, "specDecodingStats": {"numDraftTokens": NaN}}]')
+    with pytest.raises(ValueError, match="iteration 4: inflightBatchingStats numGenRequests is inf, not a count"):
+        read_trtllm('[{"iter": 4, "inflightBatchingStats": {"numGenRequests": Infinity}}]')
 
 
 def test_a_trtllm_turn_counters_and_tau_from_two_reads(fake):

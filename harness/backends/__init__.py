@@ -63,18 +63,30 @@ def _served_options(method: str, options: Any, given: set[str], target: str,
     return opts, spec, spec is not None
 
 
+def target_vocab(target: Any) -> int | None:
+    """The token ids a served engine may send for a :class:`harness.models.Target`: below its tokenizer's
+    vocabulary (added tokens included), or its model's ``vocab_size`` where it has no tokenizer; None where
+    neither is known. Example: the tests' tiny target (a character tokenizer of 101 tokens, a model of 128) -> 101."""
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is not None:
+        return len(tokenizer)
+    size = getattr(getattr(target, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
 def create_backend(engine: str, method: str, options: Any, given: set[str], target: str, target_path: str,
                    dtype: str, engine_options: dict[str, Any] | None, positions: int | None = None,
-                   window: int | None = None) -> Backend | None:
+                   window: int | None = None, vocab: int | None = None) -> Backend | None:
     """The backend of a method entry (None for ``engine: harness``); it is loaded (or connected) and ready.
     ``positions``: the context a run of long prompts needs, for a vLLM it starts (``vllm.llm_options``, which adds
-    its drafter's room within the target's ``window``)."""
+    its drafter's room within the target's ``window``). ``vocab``: the target's vocabulary (:func:`target_vocab`),
+    which a served engine's token ids must lie in."""
     check_engine(engine, method, options, given, target, engine_options)
     if engine == "harness":
         return None
     if engine == "openai":
         return _served_backend(method, options, given, target, target_path, dtype, engine_options, positions,
-                               window)
+                               window, vocab)
     from harness.backends.vllm import VLLMBackend, llm_options, speculative_config
 
     speculative = speculative_config(method, options, given, target, engine_options)
@@ -85,12 +97,12 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
 
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
                     engine_options: dict[str, Any] | None, positions: int | None,
-                    window: int | None = None) -> Backend:
-    from harness.backends.served import OPTIONS, ServedBackend, option_flags
+                    window: int | None = None, vocab: int | None = None) -> Backend:
+    from harness.backends.served import OPTIONS, ServedBackend, masked, option_flags
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:
-        backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative)
+        backend = ServedBackend(opts["server_url"], opts, target, target_path, speculative, vocab=vocab)
         # a server started elsewhere runs its own configuration, which it does not report: n/a, not the defaults
         backend.ran_options = {"server_config": "n/a"}
     elif opts["launch"] in ("llama.cpp", "sglang"):
@@ -104,7 +116,7 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
         else:
             server = launch.launch_sglang(target, target_path, dtype, flags, timeout)
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
-                                {"launch": opts["launch"], "argv": server.argv, "load_s": server.load_s})
+                                {"launch": opts["launch"], "argv": server.argv, "load_s": server.load_s}, vocab)
         backend.ran_options = dict(flags)  # the server's own flags (spec_type, speculative_algorithm...), no more
     else:
         from harness.backends import launch
@@ -116,9 +128,11 @@ def _served_backend(method: str, options: Any, given: set[str], target: str, tar
                                     float(opts.get("startup_timeout_s", launch.STARTUP_TIMEOUT_S)))
         backend = ServedBackend(server.url, opts, target, target_path, speculative, server,
                                 {"launch": "vllm", "argv": server.argv, "speculative_config": spec,
-                                 "load_s": server.load_s})
+                                 "load_s": server.load_s}, vocab)
         backend.ran_options = launched_options(method, options, spec)
-    backend.engine_options = dict(engine_options or {})
+    # what every record shows: a server_url's password masked (the run's configuration keeps it, for --resume)
+    backend.engine_options = {k: masked(v) if k == "server_url" and isinstance(v, str) else v
+                              for k, v in (engine_options or {}).items()}
     return backend
 
 

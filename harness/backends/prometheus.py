@@ -57,9 +57,11 @@ its difference around a request is the request's target forwards with the prefil
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 # draftbench's counter -> the metric names that carry it, first found wins
@@ -77,6 +79,15 @@ TRTLLM = "trtllm-serve"  # the server whose /metrics is a JSON array of iteratio
 TRTLLM_FIELDS = {"drafts": "numRequestsWithDraftTokens", "draft_tokens": "numDraftTokens",
                  "accepted_tokens": "numAcceptedTokens"}
 
+# the deepest draft position kept (a ``position`` label past it is refused: a list that long is built from it)
+MAX_DRAFT_POSITIONS = 1024
+
+
+class CounterError(ValueError):
+    """A reading in the format whose counter cannot be one (negative, not a whole number, NaN, a position past
+    :data:`MAX_DRAFT_POSITIONS`) or that went backwards: the message names the metric and the value."""
+
+
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$')
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
@@ -88,14 +99,22 @@ def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
     [("a_total", {"engine": "0", "position": "1"}, 3.0), ("b", {}, 2.0)]. A line that is not a sample (not the
     format) is a ValueError naming it.
     """
-    samples = []
-    for number, line in enumerate(text.splitlines(), 1):
+    return list(_samples(text))
+
+
+def _samples(text: str, names: frozenset[str] | None = None) -> Iterator[tuple[str, dict[str, str], float]]:
+    """:func:`parse_exposition` lazily, every line checked, but only the samples of ``names`` (all where None)
+    parsed and yielded: a reading's unrelated metrics cost no memory."""
+    for number, line in enumerate(io.StringIO(text), 1):
+        line = line.rstrip("\r\n")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _SAMPLE.match(line.strip())
         if m is None:
             raise ValueError(f"line {number} is not a Prometheus sample: {line[:80]!r}")
         name, raw_labels, raw_value = m.groups()
+        if names is not None and name not in names:
+            continue
         labels = {}
         if raw_labels:
             pos = 0
@@ -109,25 +128,49 @@ def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
             value = float(raw_value)
         except ValueError:
             raise ValueError(f"line {number} has no number: {line[:80]!r}") from None
-        samples.append((name, labels, value))
-    return samples
+        yield name, labels, value
+
+
+def _counted(name: str, labels: dict[str, str], value: float) -> float:
+    """A counter sample's value, a :class:`CounterError` naming it unless it is finite and >= 0."""
+    if not math.isfinite(value) or value < 0:
+        shown = ",".join(f'{k}="{v[:20]}"' for k, v in labels.items())
+        raise CounterError(f"{name}{{{shown}}} is {value!r}, not a count")
+    return value
+
+
+def _whole(name: str, total: float) -> int:
+    """A counter's sum over label sets as an int; a :class:`CounterError` unless it is a whole number."""
+    if total != int(total):
+        raise CounterError(f"{name} is {total!r}, not a whole count")
+    return int(total)
+
+
+def _position(name: str, label: str) -> int:
+    """A ``position`` label as an index, 0 to :data:`MAX_DRAFT_POSITIONS` - 1; a :class:`CounterError` otherwise."""
+    if not (label.isascii() and label.isdigit() and len(label) <= 6) or int(label) >= MAX_DRAFT_POSITIONS:
+        raise CounterError(f'{name}{{position="{label[:20]}"}}: not a draft position (0 to '
+                           f"{MAX_DRAFT_POSITIONS - 1})")
+    return int(label)
 
 
 def read_counters(text: str) -> dict[str, int | list[int] | None]:
     """The acceptance counters of one ``/metrics`` reading (:data:`COUNTERS`): ints summed over label sets, the
     per-position counter a list by ``position`` (0, 1, ...); None for what the reading lacks, except the
     per-position counter of a reading with 0 drafts, which is ``[]`` (nothing accepted anywhere yet; llama.cpp
-    prints that counter only once it has drafted).
+    prints that counter only once it has drafted). A value that cannot be a counter (NaN, infinite, negative, a
+    sum that is not whole) or a ``position`` that is no index below :data:`MAX_DRAFT_POSITIONS` is a
+    :class:`CounterError` naming the sample; a text that is not the format, a ValueError.
 
     Example: 'vllm:spec_decode_num_drafts_total{engine="0"} 4\\n'
     'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1\\n'
     'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3\\n' ->
     {"drafts": 4, "draft_tokens": None, "accepted_tokens": None, "accepted_per_pos": [3, 1]}.
     """
+    wanted = frozenset(n for names in COUNTERS.values() for n in names)
     by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for name, labels, value in parse_exposition(text):
-        if math.isfinite(value):
-            by_name.setdefault(name, []).append((labels, value))
+    for name, labels, value in _samples(text, wanted):
+        by_name.setdefault(name, []).append((labels, _counted(name, labels, value)))
     out: dict[str, int | list[int] | None] = dict.fromkeys(COUNTERS)
     for key, names in COUNTERS.items():
         name = next((n for n in names if n in by_name), None)
@@ -136,29 +179,35 @@ def read_counters(text: str) -> dict[str, int | list[int] | None]:
         if key == "accepted_per_pos":
             per: dict[int, float] = {}
             for labels, value in by_name[name]:
-                pos = int(labels.get("position", 0))
+                pos = _position(name, labels.get("position", "0"))
                 per[pos] = per.get(pos, 0.0) + value
-            out[key] = [int(per.get(i, 0)) for i in range(max(per) + 1)]
+            out[key] = [_whole(f'{name}{{position="{i}"}}', per.get(i, 0.0)) for i in range(max(per) + 1)]
         else:
-            out[key] = int(sum(value for _, value in by_name[name]))
+            out[key] = _whole(name, sum(value for _, value in by_name[name]))
     if out["drafts"] == 0 and out["accepted_per_pos"] is None:
         out["accepted_per_pos"] = []
     return out
 
 
 def diff(before: dict, after: dict) -> dict[str, int | list[int] | None]:
-    """``after - before`` per counter (per position for lists); None where either reading lacks it.
+    """``after - before`` per counter (per position for lists); None where either reading lacks it. A counter that
+    went backwards (a server restarted, or reset its counters) is a :class:`CounterError` naming it: a negative
+    difference is no request's count.
     Example: ({"drafts": 2, "accepted_per_pos": [1, 0]}, {"drafts": 5, "accepted_per_pos": [3, 1]}) ->
-    {"drafts": 3, "accepted_per_pos": [2, 1]}."""
-    def minus(a, b):
+    {"drafts": 3, "accepted_per_pos": [2, 1]}; ({"drafts": 5}, {"drafts": 2}) -> CounterError."""
+    def minus(key, a, b):
         if a is None or b is None:
             return None
         if isinstance(a, list):
+            if len(b) > len(a):
+                raise CounterError(f"the counter {key} went backwards: positions {len(a)} to {len(b) - 1} vanished")
             b = b + [0] * (len(a) - len(b))  # a position first seen in this request
-            return [x - y for x, y in zip(a, b, strict=True)]
+            return [minus(f"{key}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b, strict=True))]
+        if a < b:
+            raise CounterError(f"the counter {key} went backwards, from {b} to {a}")
         return a - b
 
-    return {k: minus(after.get(k), before.get(k)) for k in after}
+    return {k: minus(k, after.get(k), before.get(k)) for k in after}
 
 
 def server_kind(text: str) -> str | None:
@@ -178,11 +227,12 @@ def server_kind(text: str) -> str | None:
 
 def read_iterations(text: str) -> int | None:
     """vLLM's engine iterations so far in one ``/metrics`` reading (:data:`ITERATIONS`, summed over engines and
-    models); None where the reading lacks it (not a vLLM server).
+    models); None where the reading lacks it (not a vLLM server); a :class:`CounterError` for a value that cannot
+    be a count.
     Example: 'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 41.0\n'
     'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 97.0\n' -> 41."""
-    counts = [value for name, _, value in parse_exposition(text) if name == ITERATIONS and math.isfinite(value)]
-    return int(sum(counts)) if counts else None
+    counts = [_counted(name, labels, value) for name, labels, value in _samples(text, frozenset([ITERATIONS]))]
+    return _whole(ITERATIONS, sum(counts)) if counts else None
 
 
 class TrtllmIteration(NamedTuple):
@@ -200,7 +250,8 @@ def _count(obj: dict[str, Any], key: str, where: str) -> int | None:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or value != int(value)):
         raise ValueError(f"{where} {key} is {value!r}, not a count")
     return int(value)
 

@@ -56,21 +56,33 @@ count, :func:`harness.backends.prometheus.read_iterations`) diffed around the re
 them; from a server without that count (trtllm-serve's iterations are not read as forwards) they are derived from
 the steps, which overstates τ when the last drafting step ran past the budget, and the record's notes say so.
 
-Every failure is one :class:`BackendError` line naming the server and what happened: refused connection, no answer
-in time, a server not ready, an HTTP error status (with the start of its body), a stream cut before its end, an error
-sent inside the stream, a server that serves another model (checked against ``/v1/models`` before the run), counters
-that moved by more than one request, a ``/metrics`` that is no longer what it was when the run started.
+Every failure is one :class:`BackendError` line naming the server (its password masked, :func:`masked`) and what
+happened: refused connection, no answer in time, a server not ready, an HTTP error status (with the start of its
+body), a stream cut before its end, an error sent inside the stream, a server that serves another model (checked
+against ``/v1/models`` before the run), counters that moved by more than one request, a ``/metrics`` that is no
+longer what it was when the run started.
+
+A server's numbers are measured, not believed (:meth:`ServedBackend.stream`): the turn's tokens are the ids or
+chunks of text that arrived, each id an integer within the target's vocabulary; ``usage.completion_tokens`` is
+checked against them and the request's budget; a stream past the budget is an error, read no further; per-request
+counts are checked against the turn's tokens (:func:`_checked_per_request`); counters are finite whole numbers that
+never go backwards, their ``position`` labels below :data:`harness.backends.prometheus.MAX_DRAFT_POSITIONS`. Each
+exchange is bounded as a whole (:class:`_Exchange`): ``timeout_s`` the turn, ``startup_timeout_s`` the wait for the
+server; and so is what is read (:data:`LINE_MAX_BYTES`, :data:`STREAM_MAX_BYTES`, :data:`BODY_MAX_BYTES`).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
+import http.client
 import json
 import socket
+import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.backends.contract import (
@@ -83,8 +95,11 @@ from harness.backends.contract import (
 )
 from harness.backends.prometheus import (
     COUNTERS,
+    ITERATIONS,
+    MAX_DRAFT_POSITIONS,
     TRTLLM,
     TRTLLM_FIELDS,
+    CounterError,
     TrtllmIteration,
     diff,
     read_counters,
@@ -103,8 +118,14 @@ FLAG_SERVERS = {"llama.cpp": ("llama-server", "spec_type: ngram-simple -> --spec
 # the method options a launched flag server takes as one of its own flags: SGLang's draft model is the entry's head
 FLAG_OPTIONS = {"sglang": {"head": "speculative_draft_model_path"}}
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-TIMEOUT_S = 300.0        # no byte from the server for this long: the request failed
+TIMEOUT_S = 900.0        # a turn (its request, its stream and its counter readings) not over by then failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
+# what the harness reads of a server at most: one streamed line, one turn's stream, one GET answer's body (/metrics,
+# /v1/models...); past any, the exchange fails at once, read no further (memory bounded whatever a server sends).
+# A line has room for llama.cpp's last verbose chunk, which echoes the prompt (a long-context one, JSON-escaped)
+LINE_MAX_BYTES = 4 << 20
+STREAM_MAX_BYTES = 256 << 20
+BODY_MAX_BYTES = 8 << 20
 SETTLE_S = 0.05          # counters are re-read until two readings this far apart agree (a server updates them late)
 SETTLE_MAX_S = 2.0
 # llama.cpp's own request field: each streamed chunk of /v1/completions carries its token id (``__verbose.tokens``)
@@ -131,7 +152,8 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
                           "--server-url URL) or launch: vllm, llama.cpp or sglang (a local server started for the "
                           "run)")
     if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
-        raise EngineError(f"engine openai: server_url must be an http:// or https:// URL, got {url!r}")
+        raise EngineError(f"engine openai: server_url must be an http:// or https:// URL, got "
+                          f"{masked(url) if isinstance(url, str) else url!r}")
     if launch is not None and launch not in LAUNCHES:
         raise EngineError(f"engine openai: launch {launch!r} is not known; it launches {' or '.join(LAUNCHES)}")
     if opts.get("api", "chat") not in APIS:
@@ -139,9 +161,9 @@ def check_options(method: str, given: set[str], engine_options: dict[str, Any] |
     if url is not None:
         extra = sorted(set(opts) - set(OPTIONS))
         if given or extra:
-            raise EngineError(f"engine openai, method {method!r} at {url}: {', '.join(sorted(given) + extra)} would "
-                              "configure the server, which runs as it was started; start it with them, or use "
-                              "launch: vllm")
+            raise EngineError(f"engine openai, method {method!r} at {masked(url)}: "
+                              f"{', '.join(sorted(given) + extra)} would configure the server, which runs as it "
+                              "was started; start it with them, or use launch: vllm")
     if "gguf" in opts and launch != "llama.cpp":
         raise EngineError("engine openai: engine_options gguf is the model file of launch: llama.cpp only")
     mapped = FLAG_OPTIONS.get(launch, {})
@@ -166,54 +188,242 @@ def option_flags(launch: str | None, options: Any, given: set[str]) -> dict[str,
             if option in given and values.get(option) is not None}
 
 
-def _fail(what: str, exc: BaseException, timeout: float) -> BackendError:
-    """One line for a failed HTTP exchange."""
-    if isinstance(exc, urllib.error.HTTPError):
-        body = exc.read().decode(errors="replace").strip().replace("\n", " ")
-        return BackendError(f"{what} answered HTTP {exc.code} {exc.reason}: {body[:200]}")
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(reason, ConnectionRefusedError):
-        return BackendError(f"{what}: connection refused (is the server running?)")
-    if isinstance(reason, (TimeoutError, socket.timeout)):
-        return BackendError(f"{what}: no answer within {timeout:g} s")
-    return BackendError(f"{what}: {getattr(reason, 'strerror', None) or reason}")
+class _Late(BackendError):
+    """An exchange that ran past its deadline (:class:`_Exchange`)."""
+
+
+def masked(url: str) -> str:
+    """``url`` with the password of its user part, if any, as ``***``: what every message, manifest and record
+    shows. Everything between the first ``:`` of the user part and the last ``@`` counts as the password, so that
+    one with an unescaped ``/`` or ``@`` is masked too.
+    Examples: "http://user:pass@h:8000" -> "http://user:***@h:8000"; "http://h:8000" -> "http://h:8000"."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return url
+    user, colon, _ = rest[:at].partition(":")
+    return f"{scheme}://{user}:***@{rest[at + 1:]}" if colon else url
+
+
+class _Exchange:
+    """One HTTP request to a server, bounded as a whole by ``deadline`` (:func:`time.monotonic` seconds): the
+    connection, the request, the answer's headers and every read of its body. A watchdog shuts the socket down at
+    the deadline, so a server that drips its bytes (headers, a body, a stream) cannot hold a read past it; a
+    socket timeout alone bounds one read, not the exchange. The user part of ``url`` (``http://user:pass@host``)
+    is sent as HTTP basic authentication and shown masked (:func:`masked`). No proxy: the harness talks to the
+    server itself (a proxy in between would be measured too). ``limit_s``: the bound, for the message."""
+
+    def __init__(self, method: str, url: str, deadline: float, limit_s: float, body: bytes | None = None,
+                 headers: dict[str, str] | None = None):
+        self.what, self.limit_s, self.expired = f"{method} {masked(url)}", limit_s, False
+        self.conn = self.sock = self.response = self.timer = self.password = None
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise BackendError(f"{self.what}: not a URL the harness can reach (its host or port)") from None
+        self.password = urllib.parse.unquote(parts.password or "") or None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise BackendError(f"{self.what}: not an http:// or https:// URL with a host")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self.late()
+        auth = {}
+        if parts.username is not None:
+            user = f"{urllib.parse.unquote(parts.username)}:{self.password or ''}"
+            auth["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self.conn = kind(parts.hostname, port, timeout=remaining)
+        self.timer = threading.Timer(remaining, self._expire)
+        self.timer.daemon = True
+        self.timer.start()
+        try:
+            self.conn.connect()
+            self.sock = self.conn.sock  # the response keeps using it after the connection lets go of it
+            if self.expired:  # the watchdog fired while connecting, before it had a socket to shut
+                raise self.late()
+            self.conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body=body,
+                              headers={**auth, **(headers or {})})
+            self.response = self.conn.getresponse()
+        except BaseException as e:
+            self.close()
+            if isinstance(e, Exception):
+                raise self.failure(e) from None
+            raise
+
+    def _expire(self) -> None:
+        self.expired = True
+        with contextlib.suppress(OSError, AttributeError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def late(self) -> _Late:
+        return _Late(f"{self.what}: no answer within {self.limit_s:g} s")
+
+    def failure(self, exc: Exception) -> BackendError:
+        """One line for a failed exchange (never the password, even where an exception quotes the URL)."""
+        if self.expired or isinstance(exc, (TimeoutError, socket.timeout)):
+            return self.late()
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, ConnectionRefusedError):
+            return BackendError(f"{self.what}: connection refused (is the server running?)")
+        text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        if isinstance(exc, http.client.HTTPException):
+            text = f"{type(exc).__name__}: {text}"
+        if self.password:
+            text = text.replace(self.password, "***")
+        return BackendError(f"{self.what}: {text[:200]}")
+
+    def read1(self) -> bytes:
+        """The next bytes of the body (b"" at its end)."""
+        try:
+            data = self.response.read1(65536)
+        except Exception as e:
+            raise self.failure(e) from None
+        if self.expired:
+            raise self.late()
+        return data
+
+    def body(self, limit: int, cut: bool = False) -> bytes:
+        """The whole body, at most ``limit`` bytes: a longer one is a BackendError, or with ``cut`` its start."""
+        out = bytearray()
+        while data := self.read1():
+            out += data
+            if len(out) > limit:
+                if cut:
+                    return bytes(out[:limit])
+                raise BackendError(f"{self.what} answered a body over {limit} bytes: refused")
+        return bytes(out)
+
+    def lines(self, line_limit: int, total_limit: int) -> Iterator[bytes]:
+        """The body's lines (without their newline), none longer than ``line_limit`` bytes and all of them at most
+        ``total_limit`` bytes: past either, a BackendError, read no further."""
+        buf, total = bytearray(), 0
+        while data := self.read1():
+            total += len(data)
+            if total > total_limit:
+                raise BackendError(f"{self.what} streamed over {total_limit} bytes: refused, read no further")
+            scanned = len(buf)
+            buf += data
+            start = 0
+            while (end := buf.find(b"\n", max(start, scanned))) >= 0:
+                yield bytes(buf[start:end])
+                start = end + 1
+            del buf[:start]
+            if len(buf) > line_limit:
+                raise BackendError(f"{self.what} streamed a line over {line_limit} bytes without its end: refused, "
+                                   "read no further")
+        if buf:
+            yield bytes(buf)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        for part in (self.response, self.conn):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.close()
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """GET ``url``: (status, body); an HTTP error status is returned, not raised; no answer is a BackendError."""
+    """GET ``url``, the whole exchange within ``timeout`` s: (status, body); an HTTP error status is returned, not
+    raised; no answer in time, or a body over :data:`BODY_MAX_BYTES`, is a BackendError."""
+    exchange = _Exchange("GET", url, time.monotonic() + timeout, timeout)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as e:
-        raise _fail(f"GET {url}", e, timeout) from None
+        status = exchange.response.status
+        return status, exchange.body(BODY_MAX_BYTES, cut=status != 200).decode(errors="replace")
+    finally:
+        exchange.close()
 
 
 def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None) -> None:
-    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does). ``alive``: for a
-    server the harness started, called between tries, raises when its process has died; a refused connection is
-    then retried (a starting server does not listen yet), while for a server started elsewhere it is the error at
-    once. Any other failure is retried until ``timeout``; the last one is the error."""
+    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does), within ``timeout``
+    s as a whole (each try gets what is left, at most 10 s: a server that drips its answer cannot stretch it).
+    ``alive``: for a server the harness started, called between tries, raises when its process has died; a refused
+    connection is then retried (a starting server does not listen yet), while for a server started elsewhere it is
+    the error at once. Any other failure is retried until ``timeout``; the last one is the error."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while True:
         if alive is not None:
             alive()
         try:
-            status, body = http_get(url + "/health", min(10.0, timeout))
-            if status == 404:
-                status, body = http_get(url + "/v1/models", min(10.0, timeout))
-            if status == 200:
-                return
-            last = f"GET /health answered HTTP {status} {body.strip()[:80]}".rstrip()
+            left = deadline - time.monotonic()
+            if left > 0:
+                status, body = http_get(url + "/health", min(10.0, left))
+                if status == 404:
+                    status, body = http_get(url + "/v1/models", min(10.0, max(deadline - time.monotonic(), 0.01)))
+                if status == 200:
+                    return
+                last = f"GET /health answered HTTP {status} {body.strip()[:80]}".rstrip()
         except BackendError as e:
             if alive is None and "connection refused" in str(e):
                 raise
             last = str(e)
         if time.monotonic() >= deadline:
-            raise BackendError(f"the server at {url} is not ready after {timeout:g} s: {last}")
-        time.sleep(0.25)
+            raise BackendError(f"the server at {masked(url)} is not ready after {timeout:g} s: {last}")
+        time.sleep(min(0.25, max(deadline - time.monotonic(), 0.0)))
+
+
+def _field(value: Any, kind: type, field: str, what: str) -> Any:
+    """``value`` where it is a ``kind``, else a BackendError naming the server (``what``) and the field."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        wanted = {list: "a list", dict: "an object", str: "text"}.get(kind, kind.__name__)
+        sent = json.dumps(value) if _jsonable(value) else repr(value)
+        raise BackendError(f"{what} sent {field} {sent[:60]}, not {wanted}")
+    return value
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _count(value: Any, field: str, what: str, most: int | None = None) -> int:
+    """``value`` where it is a count (an integer >= 0, not a float or a boolean) of at most ``most``, else a
+    BackendError naming the server (``what``) and the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BackendError(f"{what} sent {field} {str(value)[:40]}, not a count (an integer >= 0)")
+    if most is not None and value > most:
+        raise BackendError(f"{what} sent {field} {value}, more than {most} (the turn's tokens or the deepest draft "
+                           "position): not this turn's count")
+    return value
+
+
+def _checked_per_request(per_request: dict[str, Any], tokens: int, what: str) -> dict[str, Any]:
+    """A turn's per-request metrics (:meth:`ServedBackend.stream`), every count checked: whole numbers >= 0 (not
+    floats, booleans or NaN), no more steps or verification forwards than the turn's ``tokens`` (each yields at
+    least one), no step deeper than :data:`MAX_DRAFT_POSITIONS`, no more accepted than drafted tokens. A count
+    that is not one is a BackendError naming the server (``what``) and the field; a list or histogram is never
+    expanded from a server's number before it is checked."""
+    spec = "metrics.speculative_decoding"
+    for key in ("per_step_accepted", "per_step_drafted"):
+        if per_request.get(key) is not None:
+            steps = _field(per_request[key], list, f"{spec}.{key}", what)
+            _count(len(steps), f"{spec}.{key}'s length", what, tokens)
+            for v in steps:
+                _count(v, f"{spec}.{key}[]", what, MAX_DRAFT_POSITIONS)
+    timings = per_request.get("timings")
+    if isinstance(timings, dict) and (timings.get("draft_n") is not None or timings.get("draft_n_accepted")
+                                      is not None):
+        drafted = _count(timings.get("draft_n"), "timings.draft_n", what)
+        _count(timings.get("draft_n_accepted"), "timings.draft_n_accepted", what, drafted)
+    details = per_request.get("sglang")
+    if details is not None:
+        where = "sglext.spec_tokens_details"
+        for key in ("spec_verify_ct", "spec_num_proposed_drafts", "spec_num_correct_drafts"):
+            if details.get(key) is not None:
+                _count(details[key], f"{where}.{key}", what, tokens if key == "spec_verify_ct" else None)
+        if details.get("spec_correct_drafts_histogram") is not None:
+            hist = _field(details["spec_correct_drafts_histogram"], list, f"{where}.spec_correct_drafts_histogram",
+                          what)
+            _count(len(hist), f"{where}.spec_correct_drafts_histogram's length", what, MAX_DRAFT_POSITIONS + 1)
+            _count(sum(_count(h, f"{where}.spec_correct_drafts_histogram[]", what) for h in hist),
+                   f"{where}.spec_correct_drafts_histogram's sum", what, tokens)
+    return per_request
 
 
 def request_totals(per_request: dict[str, Any]) -> tuple[int, int] | None:
@@ -224,8 +434,8 @@ def request_totals(per_request: dict[str, Any]) -> tuple[int, int] | None:
     timings = per_request.get("timings")
     drafted, accepted = (timings.get("draft_n"), timings.get("draft_n_accepted")) if isinstance(timings, dict) else (
         None, None)
-    if isinstance(drafted, (int, float)) and isinstance(accepted, (int, float)):
-        return int(drafted), int(accepted)
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (drafted, accepted)):
+        return drafted, accepted
     return None
 
 
@@ -235,7 +445,9 @@ def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
     tokens (verify_ct x (num_draft_tokens - 1), SGLang's own count), ``spec_num_correct_drafts`` accepted ones (the
     bonus token not counted) and ``spec_correct_drafts_histogram`` (h[j]: forwards that accepted exactly j drafts),
     from which the per-step accepted counts follow, listed from most to fewest accepted (SGLang does not send
-    their order). None where the four disagree (n/a, never a guess).
+    their order). None where the four disagree (n/a, never a guess), checked before any list is built from them
+    (a histogram whose forwards are not ``spec_verify_ct`` is None; the served client has checked both against
+    the turn's tokens, :func:`_checked_per_request`, so no list is longer than the turn).
 
     Example: {"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
     "spec_correct_drafts_histogram": [1, 0, 2]} -> {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 4,
@@ -246,7 +458,9 @@ def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
     if not (isinstance(verify, int) and isinstance(proposed, int) and isinstance(correct, int)
             and isinstance(hist, list) and verify > 0 and proposed % verify == 0):
         return None
-    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(int(hist[j]))]
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hist) or sum(hist) != verify:
+        return None  # checked before the steps are listed: no list as long as a server's number
+    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(hist[j])]
     if len(steps) != verify or sum(steps) != correct or any(j > proposed // verify for j in steps):
         return None
     k = proposed // verify
@@ -264,16 +478,18 @@ class ServedBackend(Backend):
     name = "openai"
 
     def __init__(self, url: str, options: dict[str, Any], target: str, target_path: str, speculative: bool,
-                 server=None, config: dict[str, Any] | None = None):
-        self.url, self.options, self.speculative, self.server = url.rstrip("/"), options, speculative, server
-        self.timeout = float(options["timeout_s"])
+                 server=None, config: dict[str, Any] | None = None, vocab: int | None = None):
+        # requests go to endpoint; url, its password masked, is what messages, the manifest and records show
+        self.endpoint = url.rstrip("/")
+        self.url, self.options, self.speculative, self.server = masked(self.endpoint), options, speculative, server
+        self.timeout, self.vocab = float(options["timeout_s"]), vocab
         try:
             if server is None:
-                wait_ready(self.url, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
+                wait_ready(self.endpoint, float(options.get("startup_timeout_s", READY_TIMEOUT_S)))
             self.model = self._check_model(options.get("model"), target, target_path)
             self.version, kind, self.slots = self._version()
             self.trtllm: list[TrtllmIteration] = []  # trtllm-serve's iterations read so far (its reads drain)
-            status, text = http_get(self.url + "/metrics", self.timeout)
+            status, text = http_get(self.endpoint + "/metrics", self.timeout)
             self.has_metrics = status == 200 and self._counters_of(text) is not None
             self.server_kind = (server_kind(text) if self.has_metrics else None) or kind
         except BaseException:
@@ -283,7 +499,7 @@ class ServedBackend(Backend):
                        **({"slots": self.slots} if self.slots is not None else {})}
 
     def _check_model(self, wanted: str | None, target: str, target_path: str) -> str:
-        status, body = http_get(self.url + "/v1/models", self.timeout)
+        status, body = http_get(self.endpoint + "/v1/models", self.timeout)
         try:
             served = [m["id"] for m in json.loads(body)["data"]] if status == 200 else None
         except (ValueError, KeyError, TypeError):
@@ -307,7 +523,7 @@ class ServedBackend(Backend):
         for path, key, kind in (("/version", "version", None), ("/props", "build_info", "llama.cpp"),
                                 ("/server_info", "version", "sglang")):
             try:
-                status, body = http_get(self.url + path, self.timeout)
+                status, body = http_get(self.endpoint + path, self.timeout)
                 if status == 200:
                     answer = json.loads(body)
                     slots = answer.get("total_slots") if kind == "llama.cpp" else None
@@ -316,22 +532,26 @@ class ServedBackend(Backend):
                 pass
         return None, None, None
 
-    @staticmethod
-    def _counters_of(text: str) -> dict[str, Any] | None:
+    def _counters_of(self, text: str) -> dict[str, Any] | None:
+        """The counters of a ``/metrics`` text; None for a text in neither format (no counters). Counters in the
+        format whose values cannot be counters are a BackendError naming the server and the metric."""
         try:
             if server_kind(text) == TRTLLM:
                 read_trtllm(text)
                 return {TRTLLM_MARK: 0}
             return read_counters(text)
+        except CounterError as e:
+            raise BackendError(f"GET {self.url}/metrics: {e}") from None
         except ValueError:
             return None  # neither the exposition format nor trtllm-serve's iterations: no counters
 
-    def _reading(self) -> tuple[dict[str, Any], int | None]:
+    def _reading(self, deadline: float | None = None) -> tuple[dict[str, Any], int | None]:
         """One ``/metrics`` reading: the acceptance counters and vLLM's engine iterations (None where absent). From
         trtllm-serve, whose reads drain its queue of iterations, the iterations are kept (:attr:`trtllm`) and the
         reading is how many have been read (``{TRTLLM_MARK: n}``), which :meth:`counters_between` turns into
-        counters; something other than its JSON iterations is a BackendError saying what."""
-        status, text = http_get(self.url + "/metrics", self.timeout)
+        counters; something other than its JSON iterations is a BackendError saying what. ``deadline``: the turn's
+        (:meth:`generate`), else ``timeout_s`` from now."""
+        status, text = http_get(self.endpoint + "/metrics", self._left(deadline))
         if self.server_kind == TRTLLM:
             if status != 200:
                 raise BackendError(f"GET {self.url}/metrics answered HTTP {status}, though it had trtllm-serve's "
@@ -346,15 +566,28 @@ class ServedBackend(Backend):
         if counters is None:
             raise BackendError(f"GET {self.url}/metrics answered HTTP {status} without Prometheus counters, though "
                                "it had them when the run started")
-        return counters, read_iterations(text)
+        try:
+            return counters, read_iterations(text)
+        except CounterError as e:
+            raise BackendError(f"GET {self.url}/metrics: {e}") from None
 
-    def settled_reading(self) -> tuple[dict[str, Any], int | None]:
+    def _left(self, deadline: float | None) -> float:
+        """Seconds left to ``deadline`` (``timeout_s`` where None); a BackendError when none are."""
+        if deadline is None:
+            return self.timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BackendError(f"the turn at {self.url} was not over within {self.timeout:g} s (timeout_s bounds "
+                               "the whole turn: its request, its stream and its counter readings)")
+        return left
+
+    def settled_reading(self, deadline: float | None = None) -> tuple[dict[str, Any], int | None]:
         """:meth:`_reading` once two readings :data:`SETTLE_S` apart agree (a server may count a request's last
         steps after it has sent the last chunk)."""
-        last, deadline = self._reading(), time.monotonic() + SETTLE_MAX_S
-        while time.monotonic() < deadline:
+        last, settle = self._reading(deadline), time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < settle:
             time.sleep(SETTLE_S)
-            now = self._reading()
+            now = self._reading(deadline)
             if now == last:
                 break
             last = now
@@ -368,10 +601,14 @@ class ServedBackend(Backend):
     def counters_between(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """The acceptance counters moved between two readings: their difference (:func:`diff`), or from
         trtllm-serve the counters of the iterations read between them (:func:`trtllm_counters`; None where those
-        have no ``specDecodingStats``, never 0)."""
+        have no ``specDecodingStats``, never 0). A counter that went backwards is a BackendError naming it."""
         if TRTLLM_MARK in after:
             return trtllm_counters(self.trtllm[before[TRTLLM_MARK]:after[TRTLLM_MARK]])
-        return diff(before, after)
+        try:
+            return diff(before, after)
+        except CounterError as e:
+            raise BackendError(f"GET {self.url}/metrics: {e} between two readings (the server restarted, or reset "
+                               "its counters): no request's count") from None
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "server": self.server_kind, "version": self.version, "url": self.url,
@@ -402,8 +639,10 @@ class ServedBackend(Backend):
         return body
 
     def generate(self, request: TurnRequest) -> EngineTurn:
-        before = self._reading() if self.has_metrics else None
-        turn, per_request = self.stream(request)
+        """One turn: counters read, the request streamed, counters read again, all within ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout
+        before = self._reading(deadline) if self.has_metrics else None
+        turn, per_request = self.stream(request, deadline)
         sglang = sglang_steps(per_request["sglang"]) if "sglang" in per_request else None
         if sglang is not None:  # the request's own acceptance, which no other client can move
             for key, value in sglang.items():
@@ -415,9 +654,13 @@ class ServedBackend(Backend):
             turn.notes.append("no Prometheus counters at the server's /metrics: acceptance n/a")
             counters, iterations = dict.fromkeys(COUNTERS), None
         else:
-            after = self.settled_reading()
+            after = self.settled_reading(deadline)
             counters = self.counters_between(before[0], after[0])
             iterations = None if before[1] is None or after[1] is None else after[1] - before[1]
+            if iterations is not None and iterations < 0:
+                raise BackendError(f"GET {self.url}/metrics: the counter {ITERATIONS} went backwards, from "
+                                   f"{before[1]} to {after[1]} between two readings (the server restarted, or reset "
+                                   "its counters): no request's count")
             if TRTLLM_MARK in after[0]:
                 trtllm = self.trtllm[before[0][TRTLLM_MARK]:after[0][TRTLLM_MARK]]
         turn.drafts, turn.draft_tokens = counters["drafts"], counters["draft_tokens"]
@@ -429,7 +672,7 @@ class ServedBackend(Backend):
                               "draft_n_accepted)")
         accepted, drafted = per_request.get("per_step_accepted"), per_request.get("per_step_drafted")
         if isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted):
-            turn.accepted_steps, turn.drafted_steps = [int(a) for a in accepted], [int(d) for d in drafted]
+            turn.accepted_steps, turn.drafted_steps = list(accepted), list(drafted)  # checked by stream()
             turn.notes.append("per-step acceptance from the server's per-request metrics")
         elif trtllm is not None and None not in (counters["drafts"], counters["draft_tokens"],
                                                  counters["accepted_tokens"]) and (
@@ -506,7 +749,9 @@ class ServedBackend(Backend):
     def _steps_from_counters(self, turn: EngineTurn) -> None:
         """The turn's per-step accepted and drafted tokens from its counters (vLLM's drafts and per position)."""
         drafts, per_pos = turn.drafts, turn.accepted_per_pos
-        steps = steps_from_counters(drafts, per_pos)
+        # a drafting step yields a token: more drafts than tokens are not this request's (and no list of that
+        # many steps is built from a server's number)
+        steps = steps_from_counters(drafts, per_pos) if drafts <= (turn.emitted() or 0) else None
         self._one_request(turn, steps, len(per_pos), f"{drafts} drafts, accepted per position {per_pos}")
         turn.accepted_steps = steps
         turn.notes.append(f"per-step acceptance from the server's counters ({UNORDERED_STEPS})")
@@ -518,14 +763,24 @@ class ServedBackend(Backend):
             turn.notes.append(f"draft depths: {k} per step assumed (the server drafted {turn.draft_tokens} "
                               f"tokens in {drafts} drafts)")
 
-    def stream(self, request: TurnRequest) -> tuple[EngineTurn, dict[str, Any]]:
+    def stream(self, request: TurnRequest, deadline: float | None = None) -> tuple[EngineTurn, dict[str, Any]]:
         """The streamed turn, and the server's per-request speculative metrics (vLLM's
         ``metrics.speculative_decoding`` on the usage chunk; {} where it sends none). Safe to call from several
-        threads at once (a load level, :mod:`harness.run.load`): it reads no counters."""
+        threads at once (a load level, :mod:`harness.run.load`): it reads no counters. ``deadline``
+        (:func:`time.monotonic` seconds; default ``timeout_s`` from now) bounds the whole exchange.
+
+        Measured, not believed: the turn's tokens are those that arrived (ids, or chunks of text), each id an
+        integer within the target's vocabulary (``vocab``); the server's ``usage.completion_tokens`` is checked
+        against them and against the request's budget, and every per-request count against the turn's tokens
+        (:func:`_checked_per_request`). A stream that goes past the budget is read no further and the turn is an
+        error, not a turn cut to the budget: the server did not run the request it was sent (``max_tokens``), goes
+        on generating after the harness stops reading, and its counters then hold tokens no record has, so its
+        speed and acceptance would belong to another turn. Every failure is a BackendError naming the server (its
+        password masked) and the field."""
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
         path = APIS[self.options["api"]]
         what = f"POST {self.url}{path}"
-        req = urllib.request.Request(self.url + path, data=json.dumps(self.payload(request)).encode(),
-                                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        budget = request.max_new_tokens
         ids: list[int] = []
         text: list[str] = []
         times: list[float] = []
@@ -535,81 +790,138 @@ class ServedBackend(Backend):
         per_request: dict[str, Any] = {}
         with_ids, prev, done = True, 0.0, False
         start = time.perf_counter()
+        exchange = None
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                for raw in r:
-                    line = raw.decode(errors="replace").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    now = time.perf_counter() - start
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise BackendError(f"{what} streamed a line that is not JSON: {data[:120]!r}") from None
-                    if not isinstance(chunk, dict) or "error" in chunk:
-                        err = chunk.get("error") if isinstance(chunk, dict) else chunk
-                        raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
-                                           f"{json.dumps(err)[:200]}")
-                    usage = chunk.get("usage") or usage
-                    verbose = chunk.get("__verbose")  # llama.cpp: a partial chunk's own token ids (the last's: [])
-                    verbose_ids = verbose.get("tokens") if isinstance(verbose, dict) else None
-                    metrics = chunk.get("metrics")
-                    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-                        per_request = metrics["speculative_decoding"]
-                    if isinstance(chunk.get("timings"), dict):  # llama.cpp: the request's own, on the last chunk
-                        per_request = {**per_request, "timings": chunk["timings"]}
-                    sglext = chunk.get("sglext")  # SGLang: the request's own statistics, in a chunk of their own
-                    if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
-                        per_request = {**per_request, "sglang": sglext["spec_tokens_details"]}
-                    for choice in chunk.get("choices") or []:
-                        piece = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-                        new = choice.get("token_ids") or verbose_ids
-                        if (new or piece) and ttft is None:  # the first chunk's tokens all arrive with it
-                            ttft = prev = now
-                        if new:
-                            ids += [int(t) for t in new]
-                            times += [prev + (now - prev) * (i + 1) / len(new) for i in range(len(new))]
-                            if len(new) > 1 and not notes:
-                                notes.append("chunks of several tokens: each chunk's time is split evenly over its "
-                                             "tokens")
-                        elif piece:
-                            with_ids = False
-                            chunk_times.append(now)
-                        if piece:
-                            text.append(piece)
-                        if new or piece:
-                            prev = now
-                        finish = choice.get("finish_reason") or finish
-        except BackendError:
-            raise
-        except (urllib.error.URLError, OSError) as e:  # HTTPError is a URLError; a socket timeout is an OSError
-            raise _fail(what, e, self.timeout) from None
+            exchange = _Exchange("POST", self.endpoint + path, deadline, self.timeout,
+                                 json.dumps(self.payload(request)).encode(),
+                                 {"Content-Type": "application/json", "Accept": "text/event-stream"})
+            response = exchange.response
+            if response.status != 200:
+                body = exchange.body(4096, cut=True).decode(errors="replace").strip().replace("\n", " ")
+                raise BackendError(f"{what} answered HTTP {response.status} {response.reason}: {body[:200]}")
+            for raw in exchange.lines(LINE_MAX_BYTES, STREAM_MAX_BYTES):
+                try:
+                    line = raw.decode().strip()
+                except UnicodeDecodeError as e:
+                    raise BackendError(f"{what} streamed a line that is not UTF-8 (byte {e.start}): "
+                                       f"{raw[:80]!r}") from None
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                now = time.perf_counter() - start
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise BackendError(f"{what} streamed a line that is not JSON: {data[:120]!r}") from None
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    err = chunk.get("error") if isinstance(chunk, dict) else chunk
+                    raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
+                                       f"{json.dumps(err)[:200]}")
+                if chunk.get("usage") is not None:
+                    usage = _field(chunk["usage"], dict, "usage", what)
+                verbose = chunk.get("__verbose")  # llama.cpp: a partial chunk's own token ids (the last's: [])
+                verbose_ids = verbose.get("tokens") if isinstance(verbose, dict) else None
+                metrics = chunk.get("metrics")
+                if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+                    per_request = metrics["speculative_decoding"]
+                if isinstance(chunk.get("timings"), dict):  # llama.cpp: the request's own, on the last chunk
+                    per_request = {**per_request, "timings": chunk["timings"]}
+                sglext = chunk.get("sglext")  # SGLang: the request's own statistics, in a chunk of their own
+                if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
+                    per_request = {**per_request, "sglang": sglext["spec_tokens_details"]}
+                for choice in _field(chunk.get("choices") or [], list, "choices", what):
+                    choice = _field(choice, dict, "choices[]", what)
+                    key = "text" if "text" in choice else "delta.content"
+                    piece = choice.get("text") if "text" in choice else _field(
+                        choice.get("delta") or {}, dict, "choices[].delta", what).get("content")
+                    if piece is not None:
+                        _field(piece, str, f"choices[].{key}", what)
+                    field = "token_ids" if choice.get("token_ids") else "__verbose.tokens"
+                    new = self._token_ids(choice.get("token_ids") or verbose_ids, field, what)
+                    if (new or piece) and ttft is None:  # the first chunk's tokens all arrive with it
+                        ttft = prev = now
+                    if new:
+                        if len(ids) + len(new) > budget:
+                            raise BackendError(f"{what} streamed more than the request's {budget} tokens (max_tokens): "
+                                               f"{len(ids) + len(new)} token ids ({field}) had arrived; read no "
+                                               "further (the server did not run the turn it was sent)")
+                        ids += new
+                        times += [prev + (now - prev) * (i + 1) / len(new) for i in range(len(new))]
+                        if len(new) > 1 and not notes:
+                            notes.append("chunks of several tokens: each chunk's time is split evenly over its "
+                                         "tokens")
+                    elif piece:
+                        with_ids = False
+                        if len(chunk_times) >= budget:  # every chunk of text holds at least one token
+                            raise BackendError(f"{what} streamed more than the request's {budget} tokens "
+                                               f"(max_tokens): {len(chunk_times) + 1} chunks of text ({key}) had "
+                                               "arrived; read no further (the server did not run the turn it was "
+                                               "sent)")
+                        chunk_times.append(now)
+                    if piece:
+                        text.append(piece)
+                    if new or piece:
+                        prev = now
+                    if choice.get("finish_reason"):
+                        finish = _field(choice["finish_reason"], str, "choices[].finish_reason", what)
+        except _Late:
+            arrived = len(ids) or len(chunk_times)
+            if ttft is None and not arrived:
+                raise BackendError(f"{what}: no answer within {self.timeout:g} s") from None
+            raise BackendError(f"{what}: the turn was not over within {self.timeout:g} s (timeout_s bounds the whole "
+                               f"turn) after {arrived} {'tokens' if ids else 'chunks'}") from None
+        finally:
+            if exchange is not None:
+                exchange.close()
         wall = time.perf_counter() - start
         if not done or finish is None:
             missing = "no finish reason" if finish is None else "no [DONE]"
             raise BackendError(f"{what}: the stream ended mid-turn after {len(ids) or len(text)} "
                                f"{'tokens' if ids else 'chunks'} ({missing})")
-        completion = (usage or {}).get("completion_tokens")
-        lost = with_ids and completion is not None and len(ids) != int(completion)
-        if with_ids and not lost and (ids or not text):
+        completion = None
+        if usage is not None and usage.get("completion_tokens") is not None:
+            completion = _count(usage["completion_tokens"], "usage.completion_tokens", what)
+        with_ids = with_ids and bool(ids or not text)
+        arrived = len(ids) if with_ids else len(chunk_times)
+        if completion is not None and (completion > budget or completion < arrived):
+            raise BackendError(f"{what}: the server claimed {completion} completion tokens (usage.completion_tokens), "
+                               f"{arrived} arrived ({'token ids' if with_ids else 'chunks of text'}) for a budget of "
+                               f"{budget}: its count is not the turn's")
+        per_request = _checked_per_request(per_request, completion if completion is not None else arrived, what)
+        lost = with_ids and completion is not None and len(ids) != completion
+        if with_ids and not lost:
+            if completion is None:
+                notes.append("no usage count from the server: the turn's length is the token ids that arrived")
             return EngineTurn(token_ids=ids, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
                               completion_tokens=completion, token_times_s=times, notes=notes), per_request
         if completion is None:
             raise BackendError(f"{what} sent text without token ids and no usage count: the turn's tokens cannot "
                                "be counted")
-        per_token = not lost and len(chunk_times) == int(completion)  # as many chunks as tokens: one per chunk
+        per_token = not lost and len(chunk_times) == completion  # as many chunks as tokens: one per chunk
         # llama.cpp sends no chunk for a token that ends inside a UTF-8 character: its id is lost
         why = (f"the chunks carried {len(ids)} token ids for the server's {completion} tokens" if lost else
                "text without token ids")
         notes = [why + ": output_ids n/a (losslessness n/a), the turn's length is the server's own count, " + (
             "one token per chunk" if per_token else "token times n/a (chunks are not tokens)")]
         return EngineTurn(token_ids=None, wall_time_s=wall, ttft_s=ttft, stop_reason=finish, text="".join(text),
-                          completion_tokens=int(completion), token_times_s=chunk_times if per_token else None,
+                          completion_tokens=completion, token_times_s=chunk_times if per_token else None,
                           notes=notes), per_request
+
+    def _token_ids(self, new: Any, field: str, what: str) -> list[int]:
+        """A chunk's token ids, checked: a list of integers (not floats, not booleans) within the target's
+        vocabulary (0 to ``vocab`` - 1; any integer >= 0 where the vocabulary is unknown)."""
+        if not new:
+            return []
+        for t in _field(new, list, field, what):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise BackendError(f"{what} streamed the token id {str(t)[:40]} ({field}), not an integer")
+            if t < 0 or (self.vocab is not None and t >= self.vocab):
+                raise BackendError(f"{what} streamed the token id {t} ({field}), outside the target's vocabulary "
+                                   f"(0 to {self.vocab - 1 if self.vocab is not None else 'any'})")
+        return new
 
     def close(self) -> None:
         if self.server is not None:

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.contract import STOP_REASONS, TurnRequest, engine_fields, entry_options
+from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
 from harness.backends.served import request_totals
 from harness.measure import env
 from harness.measure.load import latest_levels, read_load_rows
@@ -161,8 +161,15 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
     """Issue ``requests`` through ``backend`` (a :class:`harness.backends.served.ServedBackend`) with at most
     ``concurrency`` in flight, each sent no earlier than its offset (seconds from the level's start).
     Returns (per request (sent_s, finished_s, turn or None, per-request metrics, error or None), the level's wall
-    window in seconds, the server's counters diffed around the level or None without counters)."""
-    before = backend.settled_counters() if backend.has_metrics else None
+    window in seconds, the server's counters diffed around the level or None without counters). Counters that
+    cannot be read around the level (went backwards, NaN, over a cap: :meth:`ServedBackend.counters_between`) make
+    every request's row an error naming them, its measured turn kept: the level is not aborted, and ``--resume``
+    measures it again. Each request is bounded by the backend's ``timeout_s`` (its whole turn)."""
+    counter_error = None  # a level whose counters cannot be read: every row an error (measured again on resume)
+    try:
+        before = backend.settled_counters() if backend.has_metrics else None
+    except BackendError as e:
+        before, counter_error = None, str(e)
     start = time.perf_counter()
 
     def one(request: TurnRequest):
@@ -183,7 +190,14 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     window = max(r[1] for r in results) - min(r[0] for r in results)
-    counters = backend.counters_between(before, backend.settled_counters()) if before is not None else None
+    counters = None
+    if before is not None:
+        try:
+            counters = backend.counters_between(before, backend.settled_counters())
+        except BackendError as e:
+            counter_error = str(e)
+    if counter_error is not None:
+        results = [(*r[:4], r[4] or f"BackendError: the level's counters: {counter_error}") for r in results]
     return results, window, counters
 
 

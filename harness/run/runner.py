@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from harness.backends import check_engine, create_backend
+from harness.backends import check_engine, create_backend, target_vocab
 from harness.backends.contract import BackendError, TurnRequest, entry_options, turn_fields
 from harness.engine.method import Method, build_options
 from harness.engine.sampling import SamplingParams
@@ -464,7 +464,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             methods[spec.label].runtime = spec.runtime
             methods[spec.label].backend = create_backend(
                 spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
-                str(target.dtype).replace("torch.", ""), spec.engine_options, positions, window)
+                str(target.dtype).replace("torch.", ""), spec.engine_options, positions, window, target_vocab(target))
             if hasattr(methods[spec.label].target_runner, "on_compile"):
                 methods[spec.label].target_runner.on_compile = say.on_compile
         if manifest is None and dist.rank == 0:

@@ -36,6 +36,19 @@ each request's last iteration is missing, as when another reader drained it firs
 ``exit`` (exits with code 3 before serving) and ``spawn`` (starts a child, as vLLM starts its engine process, and
 writes its pid to ``$FAKE_CHILD_PID``: stopping the server must stop it too).
 
+Hostile modes, each an attack the served client must measure rather than believe (harness/backends/served.py):
+``claim=V`` (the usage's ``completion_tokens`` is V, as JSON: ``100000``, ``8.5``, ``true``), ``no_usage`` (no usage
+chunk), ``over=N`` (N tokens streamed past the request's ``max_tokens``), ``bad_id=V`` (the second token's id is
+V, as JSON: ``10.7``, ``true``, ``-1``, ``100000``), ``bad_utf8`` (raw bytes that are not UTF-8 in the second chunk),
+``long_line=N`` (an SSE comment line of N bytes before the first token), ``drip=S`` (one chunk every S s),
+``drip_health=S`` (``/health`` announces 60 bytes and sends one every S s), ``backwards`` (the drafts counter falls
+by 2 with every request, as after a restart), ``counter=V`` (the drafts counter printed as V: ``NaN``, ``-3``),
+``position=N`` (a per-position sample at position N), ``big_metrics=N`` (``/metrics`` N bytes longer, in comment
+lines), ``hist=N`` (with ``sglang``: N forwards that accepted 2 drafts in the histogram, against 3 verifications),
+``finish=V`` (the finish reason is V, as JSON: ``7``), ``draft_n=V`` (with ``llamacpp,timings``: the timings'
+``draft_n`` is V, as JSON: ``NaN``), ``step=V`` (with ``per_request``: the second step accepted V, as JSON: ``2.5``).
+Every request's headers are kept (``Fake.headers``).
+
 For load levels (harness/run/load.py) it serves requests concurrently and can act as a batching engine:
 ``step_ms=S`` makes every decoding step of a request take :func:`step_seconds` (S ms for a batch of one sequence,
 plus ``batch_cost=F`` of that per token verified in the batch: every request in flight verifies 1 token a step, or
@@ -114,6 +127,7 @@ class Fake:
     def __init__(self, mode: str = ""):
         self.mode = mode
         self.requests: list[dict] = []
+        self.headers: list[dict] = []  # the headers of every request (basic authentication)
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0, 0]
         self.in_flight = 0
@@ -127,6 +141,11 @@ class Fake:
             if key == name:
                 return value or "1"
         return None
+
+    def claim(self, n: int):
+        """The usage's completion_tokens of a turn of ``n`` tokens: ``n``, or with ``claim=V`` V (JSON: 100000,
+        8.5, true...)."""
+        return json.loads(self.flag("claim")) if self.flag("claim") else n
 
     def queue_trtllm(self, n: int) -> None:
         """trtllm: queue one request's iterations, ``n`` tokens: the prefill's (its first token), then generation
@@ -165,13 +184,20 @@ class Fake:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 0.0']
         if not self.flag("no_counters"):
+            # counter=V: the drafts counter printed as V (NaN, -3...); backwards: it falls by 2 with every request
+            drafts = self.flag("counter") or f"{100 - self.drafts if self.flag('backwards') else self.drafts}.0"
             lines += ["# TYPE vllm:spec_decode_num_drafts counter",
-                      f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="smollm2-135m"}} {self.drafts}.0',
+                      f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="smollm2-135m"}} {drafts}',
                       f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {self.draft_tokens}.0',
                       f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}.0',
                       'vllm:spec_decode_num_accepted_tokens_created{engine="0"} 1.7e+09'] + [
                 f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}.0'
                 for i, v in enumerate(self.per_pos)]
+            if self.flag("position"):  # a position label far past any draft
+                lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",'
+                             f'position="{self.flag("position")}"}} 1.0')
+        if self.flag("big_metrics"):  # a body of that many more bytes, in comment lines of 1 KiB
+            lines += ["# " + "x" * 1021] * (int(self.flag("big_metrics")) // 1024 + 1)
         return "\n".join(lines) + "\n"
 
 
@@ -191,7 +217,22 @@ def handler(fake: Fake):
             self.wfile.write(data)
 
         def do_GET(self):
-            if self.path == "/health":
+            fake.headers.append(dict(self.headers))
+            try:
+                self.get()
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a dripped answer)
+                pass
+
+        def get(self):
+            if self.path == "/health" and fake.flag("drip_health"):  # 60 bytes announced, one every S s
+                self.send_response(200)
+                self.send_header("Content-Length", "60")
+                self.end_headers()
+                for _ in range(60):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(float(fake.flag("drip_health")))
+            elif self.path == "/health":
                 self.reply(503 if fake.flag("not_ready") else 200, "")
             elif self.path == "/version" and not (fake.flag("llamacpp") or fake.flag("sglang")):
                 self.reply(200, json.dumps({"version": "0.0-fake"}))
@@ -210,6 +251,13 @@ def handler(fake: Fake):
                 self.reply(404, json.dumps({"detail": "Not Found"}))
 
         def do_POST(self):
+            fake.headers.append(dict(self.headers))
+            try:
+                self.post()
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (over budget, too long)
+                pass
+
+        def post(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             fake.requests.append(body)
             extra = sorted(set(body) - TRTLLM_REQUEST_FIELDS) if fake.flag("trtllm") else []
@@ -229,7 +277,7 @@ def handler(fake: Fake):
             self.send_header("Connection", "close")
             self.end_headers()
             chat = self.path == "/v1/chat/completions"
-            n, cut, error = body["max_tokens"], fake.flag("cut_at"), fake.flag("error_at")
+            n, cut, error = body["max_tokens"] + int(fake.flag("over") or 0), fake.flag("cut_at"), fake.flag("error_at")
             spec = int(fake.flag("spec") or 0)
             accept = int(fake.flag("accept") or spec)
             step = accept + 1 if spec else 2 if fake.flag("pairs") else 1
@@ -245,7 +293,16 @@ def handler(fake: Fake):
         def stream(self, fake, body, chat, n, cut, error, step, spec, accept, step_ms):
             if chat:
                 self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            if fake.flag("long_line"):  # a comment line of that many bytes, sent in pieces, then its newline
+                left = int(fake.flag("long_line"))
+                self.wfile.write(b":")
+                while left > 0:
+                    self.wfile.write(b"x" * min(left, 1 << 16))
+                    left -= 1 << 16
+                self.wfile.write(b"\n\n")
             for i in range(0, n, step):
+                if fake.flag("drip"):  # one chunk every S s, however long the turn's deadline
+                    time.sleep(float(fake.flag("drip")))
                 if cut is not None and i >= int(cut):
                     self.wfile.flush()
                     self.close_connection = True
@@ -254,6 +311,8 @@ def handler(fake: Fake):
                     self.event({"error": {"message": "fake engine crashed", "code": 500}})
                     break
                 ids = list(range(10 + i, 10 + min(i + step, n)))
+                if i == 1 and fake.flag("bad_id"):  # the second token's id: a float, a boolean, past the vocabulary
+                    ids = [json.loads(fake.flag("bad_id"))]
                 text = "".join(f"t{t} " for t in ids)
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
                 if fake.flag("trtllm"):  # ids only for /v1/completions with detokenize: false, then no text
@@ -269,6 +328,10 @@ def handler(fake: Fake):
                     continue
                 if not fake.flag("text_only"):
                     choice["token_ids"] = ids
+                if i == 1 and fake.flag("bad_utf8"):  # raw bytes that are not UTF-8 inside the chunk's text
+                    self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).replace(
+                        text, text + "@").encode().replace(b"@", b"\xff\xfe") + b"\n\n")
+                    continue
                 if step_ms:  # a batching engine: the step costs more the more the batch verifies
                     with fake.lock:
                         busy = fake.in_flight
@@ -291,13 +354,15 @@ def handler(fake: Fake):
                         fake.drafts, fake.draft_tokens = fake.drafts + 2, fake.draft_tokens + 4
                         fake.accepted += 3
                         fake.per_pos = [fake.per_pos[0] + 2, fake.per_pos[1] + 1]
-                last = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
+                last = {"index": 0, "finish_reason": json.loads(fake.flag("finish") or '"length"'),
+                        **({"delta": {}} if chat else {"text": ""})}
                 if fake.flag("llamacpp"):  # the finishing chunk carries the usage; its own tokens are []
-                    final = {"choices": [last], "usage": {"completion_tokens": n, "prompt_tokens": 3},
+                    final = {"choices": [last], "usage": {"completion_tokens": fake.claim(n), "prompt_tokens": 3},
                              "__verbose": {"content": "", "tokens": [], "stop": True}}
                     if fake.flag("timings"):  # the request's own timings; draft_n only where it drafted
                         final["timings"] = {"cache_n": 0, "prompt_n": 3, "prompt_ms": 1.5, "predicted_n": n,
-                                            "predicted_ms": 6.0, **({"draft_n": 4, "draft_n_accepted": 2}
+                                            "predicted_ms": 6.0, **({"draft_n": json.loads(fake.flag("draft_n") or "4"),
+                                                                     "draft_n_accepted": 2}
                                                                     if fake.flag("timings") != "no_draft" else {})}
                     self.event(final)
                     self.wfile.write(b"data: [DONE]\n\n")
@@ -309,14 +374,17 @@ def handler(fake: Fake):
                         "routed_experts": None, "cached_tokens_details": None, "spec_tokens_details": {
                             "spec_accept_rate": 4 / 9, "spec_accept_length": n / 3, "spec_num_correct_drafts": 4,
                             "spec_num_proposed_drafts": 9, "spec_verify_ct": 3,
-                            "spec_correct_drafts_histogram": [1, 0, 2], "spec_cap_lens_histogram": []}}})
-                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+                            "spec_correct_drafts_histogram": [1, 0, int(fake.flag("hist") or 2)],
+                            "spec_cap_lens_histogram": []}}})
+                usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": fake.claim(n)}}
                 if fake.flag("per_request"):
                     usage["metrics"] = {"speculative_decoding": {
                         "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.75, "acceptance_histogram": [0, 1, 1],
                         "num_spec_steps": 2, "num_accepted_draft_tokens": 3, "num_draft_tokens": 4,
-                        "num_spec_tokens": 2, "per_step_accepted": [1, 2], "per_step_drafted": [2, 2]}}
-                self.event(usage)
+                        "num_spec_tokens": 2, "per_step_accepted": [1, json.loads(fake.flag("step") or "2")],
+                        "per_step_drafted": [2, 2]}}
+                if not fake.flag("no_usage"):
+                    self.event(usage)
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
