@@ -160,3 +160,22 @@ def test_report_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "summary.md").stat().st_mode & 0o777 == 0o644
+
+
+def test_report_does_not_write_through_a_linked_tables_folder(tmp_path):
+    """tables/ as a symbolic link to another folder: `report` wrote its CSV and parquet files into that folder. It
+    must refuse by name and write nothing there."""
+    from harness.measure.report import write_report
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    rec = {"run_id": "run", "status": "ok", "label": "vanilla", "suite": "s", "question_id": "1", "turn": 0,
+           "question_turns": 1, "temperature": 0.0, "seed": 0, "repeat": 0, "new_tokens": 2, "steps": 2,
+           "accept_lengths": [1, 1], "wall_time_s": 1.0}
+    (run / "records.jsonl").write_text(json.dumps(rec) + "\n")
+    (run / "tables").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match=r"tables: a symbolic link to .*elsewhere, not a folder of the run"):
+        write_report(run)
+    assert list(elsewhere.iterdir()) == []

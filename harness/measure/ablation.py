@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
-from harness.measure.rundir import atomic_file
+from harness.measure.rundir import atomic_file, run_subdir
 from harness.measure.tables import has_context
 
 OPT = "opt."
@@ -398,8 +398,8 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
     if table.empty:
         return {}
     paths: dict[str, Path] = {}
-    (run_dir / "tables").mkdir(exist_ok=True)
-    (run_dir / "plots").mkdir(exist_ok=True)
+    run_subdir(run_dir, "tables")
+    run_subdir(run_dir, "plots")
     csv = run_dir / "tables" / "ablation.csv"
     with atomic_file(csv) as tmp:
         table.to_csv(tmp, index=False)

@@ -135,6 +135,18 @@ def open_run_fd(path: str | Path, mode: str = "rb") -> int:
     return fd
 
 
+def run_subdir(run_dir: str | Path, name: str) -> Path:
+    """``run_dir/name`` (``tables``, ``plots``), created if missing: a folder of the run's own, never a symbolic link
+    (report files written through it would land wherever it points) nor a file (:class:`RunFileError`)."""
+    path = Path(run_dir) / name
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        what = f"a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else file_kind(path.stat().st_mode)
+        raise RunFileError(f"{path}: {what}, not a folder of the run; draftbench writes the report only into the run "
+                           "folder's own folders (remove it)")
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def read_run_file(path: str | Path) -> bytes | None:
     """The bytes of a run directory's file (:func:`open_run_file`'s checks), or None when there is no such file."""
     if not os.path.lexists(path):
