@@ -316,3 +316,64 @@ def test_report_ends_with_the_table_what_it_means_and_the_page_to_open(tmp_path,
     alone = write_run(tmp_path / "alone", [r for r in RECORDS if r["label"] == "A"])  # no vanilla measured
     assert main(["report", str(alone)]) == 0
     assert "losslessness" not in capsys.readouterr().out  # nothing to compare with: no claim either way
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: p.mkdir(), "is a directory, not a regular file"),
+])
+def test_a_suite_file_that_is_no_regular_file_says_what_it_is(tmp_path, capsys, no_model, make, what):
+    """A FIFO or a folder given as the suite file was reported as "does not exist", which it does: say what it is."""
+    path = tmp_path / "q.jsonl"
+    make(path)
+    code, err = run_cli(base_args(tmp_path, path), capsys)
+    assert code == 2 and one_line(err) == f"draftbench: error: questions file {path} {what}"
+
+
+def test_a_full_disk_names_the_records_file_and_gives_the_resume_command(tmp_path, suite_file, capsys, tiny_model,
+                                                                         monkeypatch):
+    """ENOSPC while appending question 2's records printed "[Errno 28] No space left on device" and nothing else:
+    which file, and is the run lost? One line must name the file, say where the records so far are, and give the
+    command that resumes the run; that command must finish it without duplicates."""
+    import harness.measure.records as records_module
+
+    real_fsync, calls = records_module.os.fsync, []
+
+    def full_disk(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(records_module.os, "fsync", full_disk)
+    code, err = run_cli(base_args(tmp_path, suite_file), capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 2 and one_line(err) == (
+        f"draftbench: error: {run_dir / 'records.jsonl'}: cannot append records: No space left on device; the records "
+        f"so far are kept in {run_dir}; resume with: draftbench run --resume {run_dir}")
+    monkeypatch.setattr(records_module.os, "fsync", real_fsync)
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
+    assert code == 0 and err == ""
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    assert [json.loads(x)["question_id"] for x in lines] == ["1", "1", "2", "3"]
+
+
+def test_a_full_disk_while_the_report_is_written_names_the_file_and_the_command(tmp_path, suite_file, capsys,
+                                                                                tiny_model, monkeypatch):
+    """ENOSPC while the report was written named only the temporary file (".summary.x1y2.parquet"): the line must
+    name the report file, say the records are complete and give the command that finishes the report."""
+    from harness.measure import rundir as rundir_module
+
+    real_replace = rundir_module.os.replace
+
+    def full_disk(src, dst):
+        if "tables" in str(dst):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(rundir_module.os, "replace", full_disk)
+    code, err = run_cli([a for a in base_args(tmp_path, suite_file) if a != "--no-report"], capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 2 and one_line(err) == (
+        f"draftbench: error: {run_dir / 'tables' / 'turns.parquet'}: cannot write it: No space left on device; the "
+        f"run's records are complete; finish the report with: draftbench report {run_dir}")

@@ -207,7 +207,8 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     format from it - pandas, matplotlib - behave; mode 0666 less the umask, as ``open`` would give) that replaces
     ``path`` when the block ends (:func:`os.replace`, which replaces a symbolic link, never the file it points to). A
     reader sees the old file or the whole new one, never a part; on any failure (an exception, Ctrl-C) the temporary
-    file is removed and ``path`` is left as it was. Example: ``with atomic_file(p) as tmp: df.to_csv(tmp)``."""
+    file is removed and ``path`` is left as it was (an OSError, such as a full disk, is raised again naming ``path``,
+    not the temporary file). Example: ``with atomic_file(p) as tmp: df.to_csv(tmp)``."""
     path = Path(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     try:
@@ -218,9 +219,11 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError):  # not "[Errno 28] No space left on device: '.summary.1a2b.parquet'"
+            raise OSError(f"{path}: cannot write it: {e.strerror or e}") from None
         raise
 
 
