@@ -230,9 +230,12 @@ class Side:
         """Read ``baseline.json`` (or the folder holding it); a missing table or field is a one-line error."""
         path = Path(path)
         file = path / BASELINE_FILE if path.is_dir() else path
+        text = read_run_file(file)  # a FIFO or device as baseline.json would block or never end
+        if text is None:
+            raise FileNotFoundError(f"{file}: no such baseline file")
         try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
+            doc = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{file}: not valid JSON ({e})") from e
         if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
             raise ValueError(f"{file}: not a draftbench baseline (expected \"format\": \"{BASELINE_FORMAT}\")")
