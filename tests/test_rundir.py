@@ -179,3 +179,17 @@ def test_report_does_not_write_through_a_linked_tables_folder(tmp_path):
     with pytest.raises(ValueError, match=r"tables: a symbolic link to .*elsewhere, not a folder of the run"):
         write_report(run)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_names_read_from_records_never_lead_a_plot_out_of_the_run(tmp_path):
+    """An ablation plot is named after the records' method: a method "../../../escaped" wrote
+    ablation_../../../escaped_mode.png three folders up, outside the run. Every plot must land in the run's plots/."""
+    from harness.measure.report import write_report
+    from tests.support.ablation_run import RECORDS, write_run
+
+    hostile = [{**r, "method": "../../../escaped"} if r["method"] == "jakiro" else r for r in RECORDS]
+    run = write_run(tmp_path / "a" / "b" / "c", hostile)
+    written = write_report(run)
+    plots = [p for name, p in written.items() if name.startswith("plot_ablation")]
+    assert plots and all(p.parent == run / "plots" for p in plots)
+    assert sorted(p.name for p in tmp_path.rglob("*.png") if p.parent != run / "plots") == []

@@ -53,6 +53,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -145,6 +146,15 @@ def run_subdir(run_dir: str | Path, name: str) -> Path:
                            "folder's own folders (remove it)")
     path.mkdir(exist_ok=True)
     return path
+
+
+def file_stem(text: str, limit: int = 120) -> str:
+    """``text`` (a method name, an option, a table id: read from records or a user's file) as a file name stem that
+    stays in its folder: every run of characters other than letters, digits, ``.``, ``_``, ``=``, ``-`` becomes
+    ``_``, no leading dot, at most ``limit`` characters. Example: "../../x/evil" -> "_.._x_evil" (one name, no
+    folder); "eagle2" -> "eagle2"."""
+    stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", str(text)).lstrip(".")[:limit]
+    return stem or "_"
 
 
 def read_run_file(path: str | Path) -> bytes | None:
