@@ -5,6 +5,7 @@ The target loader is replaced: by one that fails the test where the model must n
 model where a run must happen.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -377,3 +378,30 @@ def test_a_full_disk_while_the_report_is_written_names_the_file_and_the_command(
     assert code == 2 and one_line(err) == (
         f"draftbench: error: {run_dir / 'tables' / 'turns.parquet'}: cannot write it: No space left on device; the "
         f"run's records are complete; finish the report with: draftbench report {run_dir}")
+
+
+def test_report_of_a_run_whose_records_file_is_a_fifo_is_one_line(tmp_path, capsys):
+    """`draftbench report RUN` with a FIFO as records.jsonl (a shared artefact) waited for a writer for ever: it must
+    end at once with one line naming the file and what it is."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "records.jsonl")
+    code, err = run_cli(["report", str(run_dir)], capsys)
+    assert code == 2
+    assert one_line(err) == f"draftbench: error: {run_dir / 'records.jsonl'}: a FIFO (named pipe), not a regular file"
+
+
+def test_resume_of_a_run_whose_lock_is_a_folder_is_one_line(tmp_path, capsys, no_model):
+    """`.lock` as a folder gave "[Errno 21] Is a directory" only after the target had loaded; it must be one line
+    naming the file and what it is, before the model loads."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").mkdir()
+    config = {"methods": [{"name": "vanilla"}], "suites": [str(tmp_path / "q.jsonl")], "max_new_tokens": 4,
+              "warmup": 0}
+    text = json.dumps(QUESTIONS[0]) + "\n"
+    (tmp_path / "q.jsonl").write_text(text)
+    suites = {"q": {"sha256": hashlib.sha256(text.encode()).hexdigest()}}
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "run", "config": config, "suites": suites}))
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
+    assert code == 2 and one_line(err) == f"draftbench: error: {run_dir / '.lock'}: a directory, not a regular file"

@@ -93,7 +93,8 @@ def file_kind(mode: int) -> str:
 
 def open_run_file(path: str | Path, mode: str = "rb") -> Any:
     """``path``, a file of a run directory, opened in binary ``mode`` ("rb"; "ab" appends and "r+b" reads and writes,
-    both creating a missing file 0644 less the umask) without following a symbolic link and without blocking.
+    both creating a missing file 0666 less the umask, as ``open`` does) without following a symbolic link and
+    without blocking.
 
     Written files must be regular files with one name: a symbolic link (wherever it points), a hard link (the data
     has another name elsewhere) or anything but a regular file is refused, so writing a run never changes a file
@@ -110,7 +111,9 @@ def open_run_fd(path: str | Path, mode: str = "rb") -> int:
     writing = mode != "rb"
     flags = _OPEN_FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o666)
+    except IsADirectoryError:
+        raise RunFileError(f"{path}: a directory, not a regular file") from None
     except OSError as e:
         if e.errno not in (errno.ELOOP, errno.EMLINK) or not path.is_symlink():
             raise
