@@ -538,11 +538,12 @@ class _NotStrict(ValueError):
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _NotStrict(f"key {twice!r} given twice")
+    """A JSON object's members as a dict; a key given twice raises :class:`_NotStrict` naming it."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _NotStrict(f"key {key!r} given twice")
+        obj[key] = value
     return obj
 
 

@@ -241,7 +241,12 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
 
 
 def _umask() -> int:
-    """The process's umask (reading it means setting it: it is set back at once)."""
+    """The process's umask: Linux shows it in /proc/self/status; elsewhere reading it means setting it (and setting
+    it back at once)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
