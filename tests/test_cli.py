@@ -405,3 +405,23 @@ def test_resume_of_a_run_whose_lock_is_a_folder_is_one_line(tmp_path, capsys, no
     (run_dir / "manifest.json").write_text(json.dumps({"run_id": "run", "config": config, "suites": suites}))
     code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
     assert code == 2 and one_line(err) == f"draftbench: error: {run_dir / '.lock'}: a directory, not a regular file"
+
+
+def test_a_turn_whose_text_holds_a_lone_surrogate_is_recorded_and_reported(tmp_path, suite_file, capsys,
+                                                                          monkeypatch):
+    """A turn whose decoded text held a lone surrogate ("\\ud800": a served engine or a byte-level tokenizer can emit
+    one) aborted the run with the turn lost, and every resume failed again at it; the next turn of the question,
+    whose prompt holds that answer, failed in the tokenizer. The run must record every turn as measured, exit 0 and
+    build its report."""
+    target = tiny_target(eos=False)
+    decode = target.tokenizer.decode
+    monkeypatch.setattr(target.tokenizer, "decode", lambda *a, **k: decode(*a, **k) + "\ud800")
+    monkeypatch.setattr(runner, "load_target", lambda *a, **k: target)
+    args = [a for a in base_args(tmp_path, suite_file) if a != "--no-report"]
+    code, err = run_cli(args, capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 0 and err == ""
+    records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok"] * 4  # the second turn's prompt holds the first answer
+    assert all(r["output_text"].endswith("\ud800") for r in records)
+    assert (run_dir / "report.html").exists()

@@ -175,6 +175,16 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
     }
 
 
+def _tokenizable(text: str) -> str:
+    """``text`` with each lone surrogate (which no tokenizer takes: the next turn's prompt failed on it) as U+FFFD,
+    the replacement character; the record keeps the text as generated (:func:`harness.measure.rundir.dumps_json`)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _error_text(exc: BaseException) -> str:
     last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" at {Path(last[0].filename).name}:{last[0].lineno}" if last else ""
@@ -253,7 +263,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     rec["speculation_off"] = gen.speculation_off
                 if gen.method_notes is not None:  # what the method chose in the turn (absent otherwise)
                     rec["method_notes"] = gen.method_notes
-            messages.append({"role": "assistant", "content": answer})
+            messages.append({"role": "assistant", "content": _tokenizable(answer)})
         except Exception as exc:
             failed = _error_text(exc)
             rec.update(status="error", error=failed)
