@@ -193,3 +193,18 @@ def test_names_read_from_records_never_lead_a_plot_out_of_the_run(tmp_path):
     plots = [p for name, p in written.items() if name.startswith("plot_ablation")]
     assert plots and all(p.parent == run / "plots" for p in plots)
     assert sorted(p.name for p in tmp_path.rglob("*.png") if p.parent != run / "plots") == []
+
+
+def test_export_does_not_write_through_a_linked_exports_folder(tmp_path):
+    """exports/ as a symbolic link to another folder: `draftbench export` wrote its file there. It must refuse by
+    name and write nothing there."""
+    from harness.measure.baseline import export_run
+    from tests.support.ablation_run import write_run
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = write_run(tmp_path)
+    (run / "exports").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match=r"exports: a symbolic link to .*elsewhere, not a folder of the run"):
+        export_run(run, "vllm")
+    assert list(elsewhere.iterdir()) == []

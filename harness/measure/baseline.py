@@ -48,7 +48,7 @@ from harness.measure import metrics as M
 from harness.measure import tables as T
 from harness.measure.exports import ids_sha256, read_export, write_export
 from harness.measure.records import RecordsRead, baseline_labels, load_records, record_files
-from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file
+from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file, run_subdir
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -404,5 +404,5 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> 
     short = {"run_id": prov["run_id"], "created": prov["created"], "git_hash": prov["git_hash"],
              "versions": prov["versions"], "device_slug": prov["device_slug"],
              "target": {k: prov["target"].get(k) for k in ("name", "dtype")}, "config_digest": prov["config_digest"]}
-    out = Path(out) if out is not None else run_dir / "exports" / f"{fmt}.jsonl"
+    out = Path(out) if out is not None else run_subdir(run_dir, "exports") / f"{fmt}.jsonl"
     return write_export(load_records(run_dir).complete_records, short, fmt, out)

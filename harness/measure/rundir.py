@@ -145,7 +145,7 @@ def run_subdir(run_dir: str | Path, name: str) -> Path:
     path = Path(run_dir) / name
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         what = f"a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else file_kind(path.stat().st_mode)
-        raise RunFileError(f"{path}: {what}, not a folder of the run; draftbench writes the report only into the run "
+        raise RunFileError(f"{path}: {what}, not a folder of the run; draftbench writes only into the run "
                            "folder's own folders (remove it)")
     path.mkdir(exist_ok=True)
     return path
