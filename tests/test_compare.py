@@ -529,3 +529,11 @@ def test_compare_against_a_run_whose_every_turn_failed_is_one_line(tmp_path, bas
     err = capsys.readouterr().err.strip()
     assert err == (f"draftbench: error: {failed}: every turn of its 16 record(s) failed (first: RuntimeError: boom); "
                    "it measured nothing to compare")
+
+
+def test_compare_reads_a_run_whose_texts_hold_a_lone_surrogate(tmp_path, base):
+    """One record whose text held an escaped lone surrogate ("\\ud800") made `compare` refuse the whole run ("'utf-8'
+    codec can't encode character"): the run must be read and compared like any other."""
+    odd = write_run(tmp_path, "odd", edit=lambda label, q, r: {**r, "output_text": r["output_text"] + "\ud800"})
+    cmp = run_compare(base, odd)
+    assert cmp.exit_code == 0 and failing(cmp) == []
