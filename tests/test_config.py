@@ -137,6 +137,9 @@ def test_shipped_name_or_file_rule(tmp_path):
                             "got 18446744073709551616"),
     ({"max_new_tokens": 2**63}, "run.max_new_tokens: must fit a 64-bit integer (-9223372036854775808 .. "
                                 "9223372036854775807), got 9223372036854775808"),
+    # a method option goes into every record (method_options) and the tables' opt.* columns
+    ({"methods": [{"name": "pld", "options": {"max_ngram": 2**70}}]},
+     "run.methods[0].options.max_ngram: must fit a 64-bit integer, got 1180591620717411303424"),
 ])
 def test_labels_and_integers_no_record_or_table_can_hold_are_refused(data, message):
     """Each was accepted and failed only later: an empty label's records were all rejected by the reader; a seed or

@@ -122,6 +122,12 @@ class RunConfig:
                  f"at most {MAX_LABEL} characters (it names table rows and plot bars), got {len(m.label):,}")
             need(m.label.isprintable(), f"methods[{i}].label",
                  f"must not hold control characters (a table row holds one line), got {m.label!r}")
+        options = [(f"methods[{i}].{name}", value) for i, m in enumerate(self.methods)
+                   for name, value in (("options", m.options), ("engine_options", m.engine_options))]
+        for where, value in [*options, ("engine_options", self.engine_options)]:
+            big = _huge_int(value, where)
+            if big is not None:
+                raise ConfigError(f"run.{big[0]}: must fit a 64-bit integer, got {big[1]}")
         for name in INT_FIELDS:
             values = getattr(self, name)
             for j, v in enumerate(values if isinstance(values, list) else [values]):
@@ -279,6 +285,19 @@ class RunConfig:
         d.pop("data_dir", None)
         d.pop("ablate", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _huge_int(value: Any, where: str) -> tuple[str, int] | None:
+    """(where, value) of the first integer in ``value`` (at any depth) outside :data:`INT64`, else None.
+    Example: ({"depth": 2**70}, "methods[0].options") -> ("methods[0].options.depth", 2**70)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, v in items:
+        found = _huge_int(v, f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}")
+        if found:
+            return found
+    return None
 
 
 LOAD_KEYS = ("concurrency", "request_rate", "burstiness", "num_prompts")
