@@ -20,7 +20,7 @@ PACKAGES = ("harness", "methods", "suites")
 PLUGINS = ("methods", "suites")
 # harness layers, lowest first: a module may import from its own layer and any layer before it
 LAYERS = [
-    ("harness.sandbox", "harness.schema"),
+    ("harness.sandbox", "harness.schema", "harness.yamlsafe"),
     ("harness.measure",),
     ("harness.models",),
     ("harness.engine",),

@@ -5,6 +5,7 @@ The target loader is replaced: by one that fails the test where the model must n
 model where a run must happen.
 """
 
+import hashlib
 import json
 import os
 import signal
@@ -316,3 +317,111 @@ def test_report_ends_with_the_table_what_it_means_and_the_page_to_open(tmp_path,
     alone = write_run(tmp_path / "alone", [r for r in RECORDS if r["label"] == "A"])  # no vanilla measured
     assert main(["report", str(alone)]) == 0
     assert "losslessness" not in capsys.readouterr().out  # nothing to compare with: no claim either way
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: p.mkdir(), "is a directory, not a regular file"),
+])
+def test_a_suite_file_that_is_no_regular_file_says_what_it_is(tmp_path, capsys, no_model, make, what):
+    """A FIFO or a folder given as the suite file was reported as "does not exist", which it does: say what it is."""
+    path = tmp_path / "q.jsonl"
+    make(path)
+    code, err = run_cli(base_args(tmp_path, path), capsys)
+    assert code == 2 and one_line(err) == f"draftbench: error: questions file {path} {what}"
+
+
+def test_a_full_disk_names_the_records_file_and_gives_the_resume_command(tmp_path, suite_file, capsys, tiny_model,
+                                                                         monkeypatch):
+    """ENOSPC while appending question 2's records printed "[Errno 28] No space left on device" and nothing else:
+    which file, and is the run lost? One line must name the file, say where the records so far are, and give the
+    command that resumes the run; that command must finish it without duplicates."""
+    import harness.measure.records as records_module
+
+    real_fsync, calls = records_module.os.fsync, []
+
+    def full_disk(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(records_module.os, "fsync", full_disk)
+    code, err = run_cli(base_args(tmp_path, suite_file), capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 2 and one_line(err) == (
+        f"draftbench: error: {run_dir / 'records.jsonl'}: cannot append records: No space left on device; the records "
+        f"so far are kept in {run_dir}; resume with: draftbench run --resume {run_dir}")
+    monkeypatch.setattr(records_module.os, "fsync", real_fsync)
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
+    assert code == 0 and err == ""
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    assert [json.loads(x)["question_id"] for x in lines] == ["1", "1", "2", "3"]
+
+
+def test_a_full_disk_while_the_report_is_written_names_the_file_and_the_command(tmp_path, suite_file, capsys,
+                                                                                tiny_model, monkeypatch):
+    """ENOSPC while the report was written named only the temporary file (".summary.x1y2.parquet"): the line must
+    name the report file, say the records are complete and give the command that finishes the report."""
+    from harness.measure import rundir as rundir_module
+
+    real_replace = rundir_module.os.replace
+
+    def full_disk(src, dst):
+        if "tables" in str(dst):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(rundir_module.os, "replace", full_disk)
+    code, err = run_cli([a for a in base_args(tmp_path, suite_file) if a != "--no-report"], capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 2 and one_line(err) == (
+        f"draftbench: error: {run_dir / 'tables' / 'turns.parquet'}: cannot write it: No space left on device; the "
+        f"run's records are complete; finish the report with: draftbench report {run_dir}")
+
+
+def test_report_of_a_run_whose_records_file_is_a_fifo_is_one_line(tmp_path, capsys):
+    """`draftbench report RUN` with a FIFO as records.jsonl (a shared artefact) waited for a writer for ever: it must
+    end at once with one line naming the file and what it is."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "records.jsonl")
+    code, err = run_cli(["report", str(run_dir)], capsys)
+    assert code == 2
+    assert one_line(err) == f"draftbench: error: {run_dir / 'records.jsonl'}: a FIFO (named pipe), not a regular file"
+
+
+def test_resume_of_a_run_whose_lock_is_a_folder_is_one_line(tmp_path, capsys, no_model):
+    """`.lock` as a folder gave "[Errno 21] Is a directory" only after the target had loaded; it must be one line
+    naming the file and what it is, before the model loads."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").mkdir()
+    config = {"methods": [{"name": "vanilla"}], "suites": [str(tmp_path / "q.jsonl")], "max_new_tokens": 4,
+              "warmup": 0}
+    text = json.dumps(QUESTIONS[0]) + "\n"
+    (tmp_path / "q.jsonl").write_text(text)
+    suites = {"q": {"sha256": hashlib.sha256(text.encode()).hexdigest()}}
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "run", "config": config, "suites": suites}))
+    code, err = run_cli(["run", "--resume", str(run_dir), "--no-progress", "--no-report"], capsys)
+    assert code == 2 and one_line(err) == f"draftbench: error: {run_dir / '.lock'}: a directory, not a regular file"
+
+
+def test_a_turn_whose_text_holds_a_lone_surrogate_is_recorded_and_reported(tmp_path, suite_file, capsys,
+                                                                          monkeypatch):
+    """A turn whose decoded text held a lone surrogate ("\\ud800": a served engine or a byte-level tokenizer can emit
+    one) aborted the run with the turn lost, and every resume failed again at it; the next turn of the question,
+    whose prompt holds that answer, failed in the tokenizer. The run must record every turn as measured, exit 0 and
+    build its report."""
+    target = tiny_target(eos=False)
+    decode = target.tokenizer.decode
+    monkeypatch.setattr(target.tokenizer, "decode", lambda *a, **k: decode(*a, **k) + "\ud800")
+    monkeypatch.setattr(runner, "load_target", lambda *a, **k: target)
+    args = [a for a in base_args(tmp_path, suite_file) if a != "--no-report"]
+    code, err = run_cli(args, capsys)
+    run_dir = next((tmp_path / "results").iterdir())
+    assert code == 0 and err == ""
+    records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok"] * 4  # the second turn's prompt holds the first answer
+    assert all(r["output_text"].endswith("\ud800") for r in records)
+    assert (run_dir / "report.html").exists()

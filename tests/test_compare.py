@@ -504,3 +504,36 @@ def test_an_engine_cell_is_gated_with_tolerance_and_exact_outputs(tmp_path):
     assert all(f.cell == "eagle2 / s1 / T=0" for f in cmp.failures)
     assert compare.inexact_reasons(load_side(base), load_side(base), "eagle2", 0.0) == ["engine vllm"]
     assert compare.inexact_reasons(load_side(base), load_side(base), "vanilla", 0.0) == []
+
+
+def test_baseline_save_refuses_an_interrupted_run_saying_what_is_missing(tmp_path, capsys):
+    """`baseline save` of an interrupted run (1 of 6 questions of each entry recorded) exited 0 and committed a gate
+    of one question. It must refuse in one line saying what is missing and how to finish the run; --allow-partial
+    saves it anyway."""
+    manifest = {"methods": {"vanilla": {}, "eagle2": {}}, "config": {"baseline": "vanilla", "temperatures": [0.0]}}
+    run = write_run(tmp_path, "cut", edit=lambda label, q, r: r if q == "1" else None, manifest=manifest)
+    code = main(["baseline", "save", str(run), "--out", str(tmp_path / "bl")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (f"draftbench: error: {run}: a partial run (vanilla on s1: 1 of 6 questions; eagle2 "
+                                 f"on s1: 1 of 6 questions complete); finish it with draftbench run --resume {run}, "
+                                 "or pass --allow-partial to save what it has")
+    assert not (tmp_path / "bl").exists()
+    assert main(["baseline", "save", str(run), "--out", str(tmp_path / "bl"), "--allow-partial"]) == 0
+
+
+def test_compare_against_a_run_whose_every_turn_failed_is_one_line(tmp_path, base, capsys):
+    """A NEW run whose every turn failed ended in pandas' "You are trying to merge on float64 and object columns
+    for key 'temperature'": it must say which side measured nothing and why."""
+    failed = write_run(tmp_path, "failed", edit=lambda label, q, r: rec(label, q, 1.0, [], [], status="error"))
+    assert main(["compare", str(base), str(failed)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"draftbench: error: {failed}: every turn of its 16 record(s) failed (first: RuntimeError: boom); "
+                   "it measured nothing to compare")
+
+
+def test_compare_reads_a_run_whose_texts_hold_a_lone_surrogate(tmp_path, base):
+    """One record whose text held an escaped lone surrogate ("\\ud800") made `compare` refuse the whole run ("'utf-8'
+    codec can't encode character"): the run must be read and compared like any other."""
+    odd = write_run(tmp_path, "odd", edit=lambda label, q, r: {**r, "output_text": r["output_text"] + "\ud800"})
+    cmp = run_compare(base, odd)
+    assert cmp.exit_code == 0 and failing(cmp) == []

@@ -119,3 +119,64 @@ def test_shipped_name_or_file_rule(tmp_path):
     assert find_shipped("dem", folder, (".yaml", ".yml")) is None
     assert did_you_mean("dem", ["demo", "paper"]) == " Did you mean 'demo'?"
     assert did_you_mean("zzz", ["demo", "paper"]) == ""
+
+
+@pytest.mark.parametrize("data, message", [
+    # every record an empty label writes is then rejected by the reader: the run measured nothing usable
+    ({"methods": [{"name": "vanilla", "label": ""}]},
+     "run.methods[0].label: must be a non-empty string (every record names its entry by it), got ''"),
+    ({"methods": [{"name": "vanilla", "label": 7}]},
+     "run.methods[0].label: must be a non-empty string (every record names its entry by it), got 7"),
+    # a 100,000-character label stalled the plots' layout
+    ({"methods": [{"name": "vanilla", "label": "x" * 100_000}]},
+     "run.methods[0].label: at most 200 characters (it names table rows and plot bars), got 100,000"),
+    ({"methods": [{"name": "vanilla", "label": "a\nb"}]},
+     "run.methods[0].label: must not hold control characters (a table row holds one line), got 'a\\nb'"),
+    # beyond int64: OverflowError writing the parquet tables, after the whole run
+    ({"seeds": [0, 2**64]}, "run.seeds[1]: must fit a 64-bit integer (-9223372036854775808 .. 9223372036854775807), "
+                            "got 18446744073709551616"),
+    ({"max_new_tokens": 2**63}, "run.max_new_tokens: must fit a 64-bit integer (-9223372036854775808 .. "
+                                "9223372036854775807), got 9223372036854775808"),
+    # a method option goes into every record (method_options) and the tables' opt.* columns
+    ({"methods": [{"name": "pld", "options": {"max_ngram": 2**70}}]},
+     "run.methods[0].options.max_ngram: must fit a 64-bit integer, got 1180591620717411303424"),
+])
+def test_labels_and_integers_no_record_or_table_can_hold_are_refused(data, message):
+    """Each was accepted and failed only later: an empty label's records were all rejected by the reader; a seed or
+    count beyond 64 bits ended the run or the report in an OverflowError traceback."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert str(e.value) == message
+
+
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("methods: &m [vanilla, *m]\n", "an alias refers to a node that contains it (a self-reference)"),
+    ("limit: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested deeper than 100 levels"),
+    (BILLION_LAUGHS, "more than 100,000 values once its aliases are expanded (an alias bomb?)"),
+])
+def test_a_hostile_preset_is_refused_in_one_line_before_anything_loads(tmp_path, text, problem):
+    """A self-referencing preset and a 50,000-deep nested one ended in RecursionError tracebacks; a 1 KB preset of
+    nested aliases (a "billion laughs") stands for 9^9 values and grew memory without end once copied. Each must be
+    one ConfigError naming the file, raised while the YAML is read."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_preset_dict(str(path))
+    assert str(e.value) == f"{path}: invalid YAML: {problem}"
+
+
+def test_a_preset_that_is_a_fifo_or_folder_says_what_it_is(tmp_path):
+    """A FIFO named as the preset blocked `draftbench run` for ever; a folder named x.yaml was "unknown preset (not a
+    YAML file either)". Each must say what the path is."""
+    import os
+
+    os.mkfifo(tmp_path / "p.yaml")
+    (tmp_path / "d.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"preset '.*p\.yaml': a FIFO \(named pipe\), not a regular file"):
+        load_preset_dict(str(tmp_path / "p.yaml"))
+    with pytest.raises(ConfigError, match=r"preset '.*d\.yaml': a directory, not a regular file"):
+        load_preset_dict(str(tmp_path / "d.yaml"))

@@ -80,6 +80,16 @@ def test_a_pipe_in_a_label_stays_in_its_cell():
     assert F.markdown_cells(row) == ["eagle2|fast", "1.20×"]
 
 
+def test_html_in_a_label_is_shown_as_text_in_markdown_and_read_back():
+    """Markdown tables carried a label's raw HTML (``<img src=x onerror=alert(1)>``), which GitHub's step summary and
+    other viewers render: it must be escaped (twice changes nothing), and the HTML report reads the label back."""
+    label = "<img src=x onerror=alert(1)> & co"
+    row = F.markdown_row([label, "1.20×"])
+    assert row == "| &lt;img src=x onerror=alert(1)&gt; &amp; co | 1.20× |"
+    assert F.markdown_escape(F.markdown_escape(label)) == F.markdown_escape(label)
+    assert F.markdown_cells(row) == [label, "1.20×"]
+
+
 def test_markdown_table_aligns_labels_left_and_numbers_right():
     assert F.markdown_table(["method", "mt", "mean"], [["pld", "2.41× / 3.52", ""], ["eagle2 †", "n/a / 1.00", "x"]]) \
         == ["| method | mt | mean |", "|---|---:|---:|", "| pld | 2.41× / 3.52 |  |", "| eagle2 † | n/a / 1.00 | x |"]

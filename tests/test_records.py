@@ -175,10 +175,15 @@ def test_quality_is_not_averaged_over_the_answers_that_happened_to_score(tmp_pat
 # hand-broken records: each is one named line, never a traceback, a silent drop or a row of nan
 
 BROKEN = [  # (what is changed in question 2's record, the reason the reader must give)
-    ({"wall_time_s": 0}, "wall_time_s: expected a number > 0, got 0"),
-    ({"wall_time_s": -1.5}, "wall_time_s: expected a number > 0, got -1.5"),
-    ({"wall_time_s": float("nan")}, "wall_time_s: expected a number > 0, got NaN"),
-    ({"wall_time_s": "1.5"}, 'wall_time_s: expected a number > 0, got "1.5"'),
+    ({"wall_time_s": 0}, "wall_time_s: expected a number >= 1e-09, got 0"),
+    ({"wall_time_s": -1.5}, "wall_time_s: expected a number >= 1e-09, got -1.5"),
+    ({"wall_time_s": float("nan")}, "wall_time_s: expected a number >= 1e-09, got NaN"),
+    ({"wall_time_s": "1.5"}, 'wall_time_s: expected a number >= 1e-09, got "1.5"'),
+    ({"wall_time_s": 5e-324}, "wall_time_s: expected a number >= 1e-09, got 5e-324"),  # gave tokens/s = inf
+    ({"seed": 2**64}, "seed: 18446744073709551616 does not fit a 64-bit integer"),  # OverflowError writing parquet
+    ({"output_ids": [5, 5, 5, 2**70]}, "output_ids: 1180591620717411303424 does not fit a 64-bit integer"),
+    ({"energy_j": float("inf")}, "energy_j: inf is not a JSON number"),
+    ({"timings": {"draft_s": float("nan")}}, "timings: nan is not a JSON number"),
     ({"label": None}, "label: expected a non-empty string, got null"),
     ({"temperature": "0"}, 'temperature: expected a number >= 0, got "0"'),
     ({"accept_lengths": None}, "accept_lengths: expected a list of integers >= 0, got null"),
@@ -262,3 +267,54 @@ def test_an_engine_entry_is_measured_against_the_same_engines_vanilla():
     two = pd.concat([turns, pd.DataFrame({"label": ["vllm-vanilla-2"], "method": ["vanilla"], "runtime": ["eager"],
                                           "engine": ["vllm"]})], ignore_index=True)
     assert R.baseline_labels(two)["vllm-ngram"] == "vanilla"
+
+
+def test_a_lone_surrogate_or_nul_in_a_turns_text_is_stored_and_read_back(tmp_path):
+    """A lone surrogate ("\\ud800", which a tokenizer or a server can emit) made the append raise UnicodeEncodeError:
+    the run aborted with the turn lost, and failed again on every resume. It must be stored (escaped, the line stays
+    UTF-8) and read back as text every table can hold; a NUL comes back as it was."""
+    RecordStore(tmp_path).append([turn("1", 0, "a", n_turns=1, output_text="a\ud800b\x00c")])
+    assert (tmp_path / "records.jsonl").read_bytes().decode("utf-8").count("\\ud800") == 1
+    assert [r["output_text"] for r in read_records(tmp_path)] == ["a\\ud800b\x00c"]
+
+
+def test_a_record_holding_a_lone_surrogate_does_not_stop_the_report(tmp_path):
+    """A record whose text held an escaped lone surrogate made `report` (and `compare`) refuse the whole run with
+    "'utf-8' codec can't encode character '\\ud800'": the report must be built and show the text escaped."""
+    from harness.measure.report import write_report
+
+    write_lines(tmp_path / "records.jsonl", [json.dumps(measured("1", 0, 1, output_text="x\ud800")).encode()])
+    paths = write_report(tmp_path)
+    assert pd.read_parquet(paths["turns_parquet"])["output_text"].tolist() == ["x\\ud800"]
+
+
+def test_a_key_given_twice_in_a_record_is_named(tmp_path):
+    """{"wall_time_s": 0.5, "wall_time_s": 0} was read as its last copy without a word: which one was measured? The
+    line is named and skipped."""
+    text = json.dumps(measured("1", 0, 1))[:-1] + ', "wall_time_s": 0.25}'
+    path = write_lines(tmp_path / "records.jsonl", [text.encode()])
+    with pytest.warns(R.CorruptRecordWarning, match="given twice"):
+        found = R.load_records(tmp_path)
+    assert found.records == [] and found.bad_lines == [f"{path}:1: not strict JSON (key 'wall_time_s' given twice)"]
+
+
+def test_records_of_another_run_appended_to_a_run_are_named_and_left_out(tmp_path):
+    """Lines of another run's records.jsonl appended to this run's were used silently, as if measured here: each is
+    named with both run ids and left out of the tables."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"run_id": "mine"}))
+    path = write_lines(tmp_path / "records.jsonl", [json.dumps(measured("1", 0, 1, run_id="mine")).encode(),
+                                                    json.dumps(measured("2", 0, 1, run_id="theirs")).encode()])
+    with pytest.warns(R.CorruptRecordWarning, match="another run"):
+        found = R.load_records(tmp_path)
+    assert [r["question_id"] for r in found.records] == ["1"]
+    assert found.bad_lines == [f'{path}:2: run_id: "theirs" is another run\'s (this run is "mine"); record left out']
+
+
+def test_without_a_manifest_the_run_most_records_belong_to_is_the_run(tmp_path):
+    """A run directory without its manifest still has one run: the run id most records carry; a stray record of
+    another run is named, not counted."""
+    lines = [json.dumps(measured(str(q), 0, 1, run_id="mine")).encode() for q in (1, 2)]
+    write_lines(tmp_path / "records.jsonl", [json.dumps(measured("3", 0, 1, run_id="theirs")).encode(), *lines])
+    with pytest.warns(R.CorruptRecordWarning, match='"theirs" is another run'):
+        found = R.load_records(tmp_path)
+    assert [r["question_id"] for r in found.records] == ["1", "2"]

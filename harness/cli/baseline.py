@@ -11,7 +11,7 @@ from harness.measure.baseline import BASELINE_FILE, BASELINES_ROOT, current_devi
 
 def cmd_baseline(args) -> int:
     if args.baseline_command == "save":
-        out = save_baseline(args.run_dir, args.out, args.preset, args.root, args.force)
+        out = save_baseline(args.run_dir, args.out, args.preset, args.root, args.force, args.allow_partial)
         print(f"baseline: {out / BASELINE_FILE}")
         return 0
     print(current_device_slug(args.device))
@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", help="baseline folder (default: ROOT/<device slug>/<preset>)")
     s.add_argument("--root", default=str(BASELINES_ROOT), help="default: %(default)s")
     s.add_argument("--force", action="store_true", help="replace an existing baseline (refresh)")
+    s.add_argument("--allow-partial", action="store_true",
+                   help="save the baseline of a run that did not finish (questions missing); refused otherwise")
     d = bsub.add_parser("device", help="print this machine's device slug (the baseline folder name)")
     d.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:1")
     b.set_defaults(func=_run_baseline)

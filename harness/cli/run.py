@@ -149,6 +149,10 @@ def cmd_run(args) -> int:
             print(f"draftbench: interrupted while writing the report; the run's records are complete; finish the "
                   f"report with: draftbench report {shlex.quote(str(run_dir))}", file=sys.stderr)
             return 130
+        except OSError as e:  # a full disk: the records are complete, only the report is missing
+            print(f"draftbench: error: {e}; the run's records are complete; finish the report with: draftbench "
+                  f"report {shlex.quote(str(run_dir))}", file=sys.stderr)
+            return 2
     return failed_entries_exit(run_dir)
 
 

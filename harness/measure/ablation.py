@@ -45,7 +45,7 @@ from matplotlib.figure import Figure
 from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
-from harness.measure.rundir import atomic_file
+from harness.measure.rundir import atomic_file, file_stem, run_subdir
 from harness.measure.tables import has_context
 
 OPT = "opt."
@@ -398,8 +398,8 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
     if table.empty:
         return {}
     paths: dict[str, Path] = {}
-    (run_dir / "tables").mkdir(exist_ok=True)
-    (run_dir / "plots").mkdir(exist_ok=True)
+    run_subdir(run_dir, "tables")
+    run_subdir(run_dir, "plots")
     csv = run_dir / "tables" / "ablation.csv"
     with atomic_file(csv) as tmp:
         table.to_csv(tmp, index=False)
@@ -409,7 +409,7 @@ def write_ablation(run_dir: Path, turns: pd.DataFrame, baseline_label: str = "va
         knobs = [k for k in table_knobs(table) if t[k].map(str).nunique() > 1]
         tag = "" if len(groups) == 1 else f"_{suite}_T{temp:g}"
         for x in x_knobs(t, knobs):
-            stem = f"ablation_{method}_{_name(x)}{tag}"
+            stem = file_stem(f"ablation_{method}_{_name(x)}{tag}")  # names from records stay in plots/
             title = f"{method} on {suite} (T={temp:g}) against {_name(x)}"
             for suffix, fn in (("", plot_knob), ("_acceptance", plot_knob_acceptance), ("_cost", plot_knob_cost)):
                 args = (t, knobs, x, run_dir / "plots" / f"{stem}{suffix}.png", title)

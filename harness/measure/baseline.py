@@ -47,8 +47,8 @@ import pandas as pd
 from harness.measure import metrics as M
 from harness.measure import tables as T
 from harness.measure.exports import ids_sha256, read_export, write_export
-from harness.measure.records import baseline_labels, load_records, record_files
-from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest
+from harness.measure.records import RecordsRead, baseline_labels, load_records, record_files
+from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file, run_subdir
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -165,7 +165,12 @@ class Side:
     @classmethod
     def from_records(cls, path: Path, kind: str, records: list[dict[str, Any]], manifest: Mapping[str, Any],
                      provenance: dict[str, Any], label: str, n_boot: int = 2000, seed: int = 0) -> Side:
-        """Reduce complete records with the report's table builders; ``kind`` "run" keeps output ids and texts."""
+        """Reduce complete records with the report's table builders; ``kind`` "run" keeps output ids and texts. A
+        side whose every turn failed has nothing to compare: a ValueError naming it and the first error."""
+        if not any(r.get("status") == "ok" for r in records):
+            first = next((str(r.get("error")) for r in records if r.get("error")), "unknown error")
+            raise ValueError(f"{path}: every turn of its {len(records)} record(s) failed (first: {first}); it measured "
+                             "nothing to compare")
         turns = T.turns_table(records, manifest)
         turns["question_id"] = turns["question_id"].astype(str)
         qt = T.questions_table(turns)
@@ -225,9 +230,12 @@ class Side:
         """Read ``baseline.json`` (or the folder holding it); a missing table or field is a one-line error."""
         path = Path(path)
         file = path / BASELINE_FILE if path.is_dir() else path
+        text = read_run_file(file)  # a FIFO or device as baseline.json would block or never end
+        if text is None:
+            raise FileNotFoundError(f"{file}: no such baseline file")
         try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
+            doc = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{file}: not valid JSON ({e})") from e
         if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
             raise ValueError(f"{file}: not a draftbench baseline (expected \"format\": \"{BASELINE_FORMAT}\")")
@@ -319,14 +327,37 @@ def preset_of(command: str | None) -> str | None:
     return None
 
 
+def missing_questions(manifest: Mapping[str, Any], found: RecordsRead) -> list[str]:
+    """What a run's manifest says it measures and its records lack: "<label> on <suite>: <complete> of <expected>
+    questions" per entry and suite short of its count (questions x temperatures x seeds x repeats), in the
+    manifest's order. Entries are the manifest's ``methods`` (else the labels of the records); a manifest without
+    ``suites`` counts give nothing to check. Example: an interrupted run of 6 questions with 1 complete ->
+    ["vanilla on mt_bench: 1 of 6 questions"]."""
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    suites = {name: info["questions"] for name, info in (manifest.get("suites") or {}).items()
+              if isinstance(info, Mapping) and isinstance(info.get("questions"), int)}
+    cells = len(config.get("temperatures") or [0.0]) * len(config.get("seeds") or [0]) * (config.get("repeats") or 1)
+    labels = list(manifest.get("methods") or {}) or list(dict.fromkeys(r["label"] for r in found.records))
+    have: dict[tuple[str, str], int] = {}
+    for key in found.complete:
+        have[(key[0], key[1])] = have.get((key[0], key[1]), 0) + 1
+    return [f"{label} on {suite}: {have.get((label, suite), 0)} of {n * cells} questions"
+            for label in labels for suite, n in suites.items() if have.get((label, suite), 0) < n * cells]
+
+
 def save_baseline(run_dir: str | Path, out: str | Path | None = None, preset: str | None = None,
-                  root: str | Path = BASELINES_ROOT, force: bool = False) -> Path:
+                  root: str | Path = BASELINES_ROOT, force: bool = False, allow_partial: bool = False) -> Path:
     """Write the baseline of a complete run; returns its folder (default ``root/<device slug>/<preset>``).
 
-    Refuses a run with error turns (a baseline must measure every question) and an existing baseline unless
-    ``force`` (that is how a baseline is refreshed).
+    Refuses a run with error turns (a baseline must measure every question), a partial run (interrupted: questions
+    its manifest names have no complete record, :func:`missing_questions`) unless ``allow_partial``, and an
+    existing baseline unless ``force`` (that is how a baseline is refreshed).
     """
     side = Side.from_run(run_dir)
+    missing = missing_questions(read_manifest(run_dir) or {}, load_records(run_dir))
+    if missing and not allow_partial:
+        raise ValueError(f"{run_dir}: a partial run ({'; '.join(missing)} complete); finish it with draftbench run "
+                         f"--resume {shlex.quote(str(run_dir))}, or pass --allow-partial to save what it has")
     errors = int(side.cells["n_errors"].sum())
     if errors:
         bad = side.cells[side.cells["n_errors"] > 0]["label"].tolist()
@@ -343,9 +374,9 @@ def save_baseline(run_dir: str | Path, out: str | Path | None = None, preset: st
     out.mkdir(parents=True, exist_ok=True)
     (out / BASELINE_FILE).write_text(json.dumps(side.to_json(), indent=1, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
-    summary_md = Path(run_dir) / SUMMARY_MD
-    if summary_md.exists():
-        (out / "summary.md").write_text(summary_md.read_text(encoding="utf-8"), encoding="utf-8")
+    summary_md = read_run_file(Path(run_dir) / SUMMARY_MD)  # never a link out of the run, a FIFO or a device
+    if summary_md is not None:
+        (out / "summary.md").write_bytes(summary_md)
     return out
 
 
@@ -373,5 +404,5 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> 
     short = {"run_id": prov["run_id"], "created": prov["created"], "git_hash": prov["git_hash"],
              "versions": prov["versions"], "device_slug": prov["device_slug"],
              "target": {k: prov["target"].get(k) for k in ("name", "dtype")}, "config_digest": prov["config_digest"]}
-    out = Path(out) if out is not None else run_dir / "exports" / f"{fmt}.jsonl"
+    out = Path(out) if out is not None else run_subdir(run_dir, "exports") / f"{fmt}.jsonl"
     return write_export(load_records(run_dir).complete_records, short, fmt, out)

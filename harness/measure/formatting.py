@@ -11,6 +11,7 @@ and terminal text, and as an empty cell in HTML (:func:`html_number`).
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Sequence
@@ -71,19 +72,26 @@ def html_number(v: Any) -> str:
     return f"{float(v):.4g}" if abs(float(v)) < 1e4 else f"{float(v):.0f}"
 
 
+_NOT_ENTITY = re.compile(r"&(?!(?:amp|lt|gt|quot|#\d+);)")
+
+
 def markdown_escape(text: Any) -> str:
-    """Text made safe for one Markdown table cell: a "|" not yet escaped gets a backslash (so escaping twice changes
-    nothing), line breaks become spaces. Example: markdown_escape("a|b\\nc") -> "a\\\\|b c"."""
-    return re.sub(r"(?<!\\)\|", r"\\|", str(text)).replace("\r", " ").replace("\n", " ")
+    """Text made safe for one Markdown table cell: a "|" not yet escaped gets a backslash, HTML is shown as text,
+    not rendered (``<``, ``>`` and a ``&`` that starts no entity become entities: a label such as
+    ``<img src=x onerror=...>`` must not become markup where the Markdown is shown), line breaks become spaces;
+    escaping twice changes nothing. Examples: markdown_escape("a|b\\nc") -> "a\\\\|b c"; markdown_escape("<b>&")
+    -> "&lt;b&gt;&amp;"."""
+    text = _NOT_ENTITY.sub("&amp;", str(text)).replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"(?<!\\)\|", r"\\|", text).replace("\r", " ").replace("\n", " ")
 
 
 def markdown_cells(row: str) -> list[str]:
-    """The cells of one Markdown table row, unescaped (the inverse of :func:`markdown_row`).
+    """The cells of one Markdown table row, unescaped (the inverse of :func:`markdown_row`; entities decoded).
     Example: markdown_cells("| a\\\\|b | 1 |") -> ["a|b", "1"]."""
     inner = row.strip()
     inner = inner[1:] if inner.startswith("|") else inner
     inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
+    return [html.unescape(c.strip().replace("\\|", "|")) for c in re.split(r"(?<!\\)\|", inner)]
 
 
 def markdown_row(cells: Sequence[Any]) -> str:

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
 from harness.measure.formatting import interval, markdown_table, missing, number, ratio
-from harness.measure.rundir import LOAD_FILE, atomic_file, write_text_atomic
+from harness.measure.rundir import LOAD_FILE, atomic_file, read_run_file, run_subdir, write_text_atomic
 
 MIN_CI_REQUESTS = 8  # paired requests a level needs for a speed-up CI
 SPLIT_NOTE = "chunks of several tokens"  # the served client's engine_notes phrase for split chunk times
@@ -35,11 +35,11 @@ SPLIT_NOTE = "chunks of several tokens"  # the served client's engine_notes phra
 
 def read_load_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every row of the run's ``load.jsonl``, in file order (a torn last line is skipped); [] without the file."""
-    path = Path(run_dir) / LOAD_FILE
-    if not path.exists():
+    data = read_run_file(Path(run_dir) / LOAD_FILE)  # a link out of the run or a FIFO: RunFileError
+    if data is None:
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -212,9 +212,7 @@ def write_load_report(run_dir: Path, baseline_label: str, title: str) -> dict[st
     """``tables/load.csv``, the plots and ``tables/summary.md`` (``title``, then the Load section) of a run with
     load levels; name -> path written."""
     table = load_table(read_load_rows(run_dir), baseline_label)
-    tables, plots = run_dir / "tables", run_dir / "plots"
-    tables.mkdir(exist_ok=True)
-    plots.mkdir(exist_ok=True)
+    tables, plots = run_subdir(run_dir, "tables"), run_subdir(run_dir, "plots")
     with atomic_file(tables / "load.csv") as tmp:
         table.to_csv(tmp, index=False)
     md = tables / "summary.md"

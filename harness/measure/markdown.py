@@ -12,7 +12,15 @@ from pathlib import Path
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, number, ratio, size, speedup_tau
+from harness.measure.formatting import (
+    interval,
+    markdown_escape,
+    markdown_table,
+    number,
+    ratio,
+    size,
+    speedup_tau,
+)
 from harness.measure.records import RecordsRead
 from harness.measure.tables import max_value, sum_values, summary_runtimes
 
@@ -76,8 +84,8 @@ def divergence_note(divergence: pd.DataFrame) -> str:
                  "`harness/measure/metrics.py` `tie_tolerance`):", ""]
     for label, g in divergence.groupby("label", sort=False):
         counts = g["kind"].value_counts()
-        lines.append(f"- {label}: {len(g)} turn(s) differ: {int(counts.get('tie', 0))} tie(s) within noise, "
-                     f"{int(counts.get('disagreement', 0))} disagreement(s), {int(counts.get('unknown', 0))} "
+        lines.append(f"- {markdown_escape(label)}: {len(g)} turn(s) differ: {int(counts.get('tie', 0))} tie(s) within "
+                     f"noise, {int(counts.get('disagreement', 0))} disagreement(s), {int(counts.get('unknown', 0))} "
                      "without margins")
     return "\n".join(lines) + "\n"
 
@@ -146,10 +154,10 @@ def _compile_note(rows: pd.DataFrame) -> str:
     vanilla@compiled 61.2 s, pld@compiled 75.0 s." """
     parts, inside = [], []
     for label, g in rows.groupby("label", sort=False):
-        parts.append(f"{label} {number(max_value(g['compile_s']), '.1f', ' s')}")
+        parts.append(f"{markdown_escape(label)} {number(max_value(g['compile_s']), '.1f', ' s')}")
         left = sum_values(g["turn_compile_s"])
         if left == left and left > 0:
-            inside.append(f"{label} {left:.1f} s")
+            inside.append(f"{markdown_escape(label)} {left:.1f} s")
     text = "Compilation (warm-up, not in any turn's time): " + ", ".join(parts) + "."
     if inside:
         text += " Still inside measured turns (their speed is not steady-state): " + ", ".join(inside) + "."

@@ -22,7 +22,14 @@ from harness.measure.tables import lists, measured_rows, summary_runtimes
 HIST_COLUMNS = 3  # panels per row of the accepted-length histogram
 
 
+PLOT_LABEL = 60  # characters of a label shown in a legend or title (a 100,000-character label stalled the layout)
+
+
 def _series_name(label: str, temperature: float, temperatures: Sequence[float]) -> str:
+    """A series' name in a legend or title: its label, cut to :data:`PLOT_LABEL` characters (ending in "…"), and its
+    temperature when the run has several."""
+    label = str(label)
+    label = label if len(label) <= PLOT_LABEL else label[:PLOT_LABEL - 1] + "…"
     return label if len(temperatures) <= 1 else f"{label} (T={temperature:g})"
 
 

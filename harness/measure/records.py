@@ -10,9 +10,11 @@ Reading (:func:`load_records`, :func:`read_records`):
 
 - a line that is not a JSON object (a corrupt line anywhere but a torn last line), or an object that is not a valid
   record (:func:`record_problem`: a key field missing or of the wrong type, a measured turn whose counters
-  contradict each other or whose wall time is not a positive number) is skipped with a :class:`CorruptRecordWarning`
-  naming ``file:line`` and the field; the lines after it are read as usual. A skipped record leaves its question
-  incomplete, so no mean counts it;
+  contradict each other or whose wall time is not a finite number of at least a nanosecond, an integer beyond
+  64 bits, NaN or an infinity (strict JSON has neither), a key given twice; a record of another run's
+  ``run_id`` than the manifest's) is skipped with a :class:`CorruptRecordWarning` naming ``file:line`` and the
+  field; the lines after it are read as usual. A skipped record leaves its question incomplete, so no mean counts
+  it;
 - a second record of the same turn of the same attempt (a line written twice) is a duplicate: the later copy is kept
   and the earlier one is named like a bad line;
 - a question is *complete* when one attempt at it (records sharing ``attempt``) has one record per turn
@@ -102,6 +104,7 @@ max_new_tokens_cut_to       a context prompt only, when the model's window cut i
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -109,7 +112,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from harness.measure.rundir import RECORDS_GLOB, dumps_json, records_file_name
+from harness.measure.rundir import (
+    RECORDS_GLOB,
+    ManifestError,
+    dumps_json,
+    open_run_file,
+    read_manifest,
+    read_run_file,
+    records_file_name,
+)
 from harness.schema import Bound, NonEmpty, expected, type_error
 
 if TYPE_CHECKING:
@@ -199,8 +210,10 @@ COUNT = Annotated[int, Bound(0)]
 RECORD_FIELDS = {"label": Annotated[str, NonEmpty()], "suite": Annotated[str, NonEmpty()], "attempt": str,
                  "question_id": str | int, "temperature": Annotated[float, Bound(0)], "seed": int, "repeat": int,
                  "turn": COUNT, "status": Literal["ok", "error"]}
+MIN_WALL_S = 1e-9  # no turn is measured faster than a nanosecond; 5e-324 s gave tokens/s = inf
 MEASURED_FIELDS = {"new_tokens": COUNT, "steps": COUNT, "accept_lengths": list[COUNT],
-                   "wall_time_s": Annotated[float, Bound(0, strict=True)], "prefill_time_s": Annotated[float, Bound(0)]}
+                   "wall_time_s": Annotated[float, Bound(MIN_WALL_S)], "prefill_time_s": Annotated[float, Bound(0)]}
+INT64 = (-(2**63), 2**63 - 1)  # what a table column (parquet, numpy) holds
 OPTIONAL_FIELDS = ("attempt", "prefill_time_s")
 
 
@@ -228,9 +241,10 @@ def record_problem(rec: Mapping[str, Any]) -> str | None:
     ``turn`` >= 0 and ``status`` "ok" or "error"; ``attempt``, when not null, is a string (:data:`RECORD_FIELDS`).
     A measured ("ok") turn also needs integer ``new_tokens`` and ``steps``, ``accept_lengths`` a list of ``steps``
     integers summing to ``new_tokens`` (:class:`harness.engine.method.Generation`), ``output_ids`` (when not null)
-    ``new_tokens`` long, and ``wall_time_s`` a finite number > 0 (``prefill_time_s``, when not null, a finite number
-    >= 0; :data:`MEASURED_FIELDS`). Each field's type and range is checked by :func:`harness.schema.type_error`.
-    Examples: {..., "wall_time_s": 0} -> "wall_time_s: expected a number > 0, got 0";
+    ``new_tokens`` long, and ``wall_time_s`` a finite number >= 1e-9 (:data:`MIN_WALL_S`; ``prefill_time_s``, when
+    not null, a finite number >= 0; :data:`MEASURED_FIELDS`). Each field's type and range is checked by
+    :func:`harness.schema.type_error`; no integer anywhere in the record may exceed 64 bits (:data:`INT64`).
+    Examples: {..., "wall_time_s": 0} -> "wall_time_s: expected a number >= 1e-09, got 0";
     {..., "new_tokens": 5, "steps": 0, "accept_lengths": []} -> "accept_lengths: sums to 0 but new_tokens is 5".
     """
     fields = {**RECORD_FIELDS, **(MEASURED_FIELDS if rec.get("status") == "ok" else {})}
@@ -238,6 +252,10 @@ def record_problem(rec: Mapping[str, Any]) -> str | None:
         problem = _field_problem(rec, name, annotation, required=name not in OPTIONAL_FIELDS)
         if problem:
             return problem
+    for name, value in rec.items():
+        bad = _unfit_number(value)
+        if bad is not None:
+            return f"{name}: {bad}"
     if rec["status"] != "ok":
         return None
     lengths = rec["accept_lengths"]
@@ -249,6 +267,21 @@ def record_problem(rec: Mapping[str, Any]) -> str | None:
     if ids is not None and (not isinstance(ids, list) or len(ids) != rec["new_tokens"]):
         got = f"{len(ids)} ids" if isinstance(ids, list) else _describe(ids)
         return f"output_ids: expected a list of new_tokens = {rec['new_tokens']} ids, got {got}"
+    return None
+
+
+def _unfit_number(value: Any) -> str | None:
+    """What is wrong with the first number in ``value`` (at any depth) that no table can hold: an integer outside
+    :data:`INT64` or NaN / an infinity (which strict JSON has not); None when there is none."""
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        return f"{value} does not fit a 64-bit integer"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a JSON number"
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for v in items:
+        bad = _unfit_number(v)
+        if bad is not None:
+            return bad
     return None
 
 
@@ -287,17 +320,17 @@ class RecordStore:
     def _repair_tail(self) -> None:
         """Drop a torn last line left by a kill in the middle of a write (a whole record that only lacks its newline
         gets the newline)."""
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return
-        data = self.path.read_bytes()
-        if not data or data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        try:
-            whole = isinstance(json.loads(data[cut:].decode("utf-8")), dict)
-        except ValueError:  # JSONDecodeError and UnicodeDecodeError
-            whole = False
-        with open(self.path, "r+b") as f:
+        with open_run_file(self.path, "r+b") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return
+            cut = data.rfind(b"\n") + 1
+            try:
+                whole = isinstance(json.loads(data[cut:].decode("utf-8")), dict)
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                whole = False
             if whole:
                 f.seek(0, os.SEEK_END)
                 f.write(b"\n")
@@ -307,15 +340,20 @@ class RecordStore:
             os.fsync(f.fileno())
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Append records (one question's turns) atomically enough: one write, flushed and fsynced."""
-        lines = "".join(dumps_json(r) + "\n" for r in records)
+        """Append records (one question's turns) atomically enough: one write, flushed and fsynced. Any text is
+        written (:func:`harness.measure.rundir.dumps_json` escapes what UTF-8 cannot hold); a file that cannot be
+        written (disk full, a link: :func:`harness.measure.rundir.open_run_file`) is an OSError naming it."""
+        lines = "".join(dumps_json(r) + "\n" for r in records).encode("utf-8")
         if not lines:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open_run_file(self.path, "ab") as f:
+                f.write(lines)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise OSError(f"{self.path}: cannot append records: {e.strerror or e}") from None
 
     def read(self) -> list[dict[str, Any]]:
         """Records of the whole run (every process's file), one attempt per question."""
@@ -360,6 +398,10 @@ def load_records(path: str | Path, expected_turns: Mapping[tuple[str, str], int]
     field existed) from the highest turn any record of that suite and question has.
     Example: attempt "a" has turn 0 of a two-turn question, attempt "b" turns 0 and 1 -> b's two records are
     kept, a's record is superseded.
+
+    Every record belongs to one run: the manifest's ``run_id`` (without a manifest, or when no record carries it,
+    the ``run_id`` most records carry). A record of another run (appended from another run's file) is named and left
+    out like a bad line.
     """
     path = Path(path)
     files = record_files(path) if path.is_dir() else [path]
@@ -367,8 +409,45 @@ def load_records(path: str | Path, expected_turns: Mapping[tuple[str, str], int]
     raw: list[tuple[str, dict[str, Any]]] = []
     for file in files:
         raw.extend(_read_file(file, found.bad_lines))
+    raw = _own_run(raw, _manifest_run_id(path) if path.is_dir() else None, found.bad_lines)
     _select_attempts(_drop_duplicates(raw, found.bad_lines), found, expected_turns or {})
     return found
+
+
+def _manifest_run_id(run_dir: Path) -> str | None:
+    """The ``run_id`` of the run's manifest; None without one (or with one that cannot be read: its reader says so)."""
+    try:
+        manifest = read_manifest(run_dir)
+    except ManifestError:
+        return None
+    run_id = (manifest or {}).get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def _own_run(raw: list[tuple[str, dict[str, Any]]], run_id: str | None,
+             bad_lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """``raw`` less the records of another run than ``run_id`` (None, or one no record carries: the run_id most
+    records carry), each named in ``bad_lines`` and warned about. A record without a run_id is kept (old runs)."""
+    ids = [rec["run_id"] for _, rec in raw if isinstance(rec.get("run_id"), str)]
+    if run_id not in ids:
+        if len(set(ids)) < 2:
+            return raw
+        run_id = max(set(ids), key=lambda x: (ids.count(x), -ids.index(x)))
+    out, foreign = [], 0
+    for where, rec in raw:
+        other = rec.get("run_id")
+        if other is None or other == run_id:
+            out.append((where, rec))
+            continue
+        foreign += 1
+        reason = f"run_id: {_describe(other)} is another run's (this run is {_describe(run_id)}); record left out"
+        bad_lines.append(f"{where}: {reason}")
+        if foreign <= WARN_LINES_PER_FILE:
+            warnings.warn(f"{where}: {reason}", CorruptRecordWarning, stacklevel=3)
+    if foreign > WARN_LINES_PER_FILE:
+        warnings.warn(f"{foreign - WARN_LINES_PER_FILE} more records of other runs left out ({foreign} in all)",
+                      CorruptRecordWarning, stacklevel=3)
+    return out
 
 
 def _drop_duplicates(raw: list[tuple[str, dict[str, Any]]], bad_lines: list[str]) -> list[dict[str, Any]]:
@@ -396,9 +475,9 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, An
     """("file:line", record) for each valid record of one file; a bad line (not a JSON object, or an object that is
     not a valid record: :func:`record_problem`) is named in ``bad_lines`` and warned about, then skipped. A last line
     without its newline that does not parse is a torn write (the run was killed) and is skipped silently."""
-    if not path.exists():
+    data = read_run_file(path)
+    if data is None:
         return []
-    data = path.read_bytes()
     lines = data.split(b"\n")
     out = []
     bad = 0
@@ -408,7 +487,9 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, An
         torn = lineno == len(lines)  # no newline after it
         parsed = False
         try:
-            rec = json.loads(raw.decode("utf-8"))
+            rec = json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
+            if b"\\u" in raw:  # an escaped lone surrogate may be in it
+                rec = _encodable(rec)
             parsed = True
             reason = (record_problem(rec) if isinstance(rec, dict)
                       else f"a JSON {type(rec).__name__}, not a record object")
@@ -416,6 +497,8 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, An
             reason = "not UTF-8 text"
         except json.JSONDecodeError as e:
             reason = f"not valid JSON ({e.msg} at column {e.colno})"
+        except _NotStrict as e:
+            reason = f"not strict JSON ({e})"
         if reason is None:
             out.append((f"{path}:{lineno}", rec))
             continue
@@ -431,6 +514,37 @@ def _read_file(path: Path, bad_lines: list[str]) -> list[tuple[str, dict[str, An
         warnings.warn(f"{path}: {bad - WARN_LINES_PER_FILE} more bad lines skipped ({bad} in all)",
                       CorruptRecordWarning, stacklevel=3)
     return out
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (which JSON escapes can hold but UTF-8, Arrow and every
+    report file cannot; :func:`harness.measure.rundir.dumps_json` writes them so) as its escape text: "a\\ud800"
+    is read as the seven characters ``a\\ud800``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    return value
+
+
+class _NotStrict(ValueError):
+    """A JSON object Python reads but that is no record: a key given twice (which copy counts?)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict; a key given twice raises :class:`_NotStrict` naming it."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _NotStrict(f"key {key!r} given twice")
+        obj[key] = value
+    return obj
 
 
 def _select_attempts(raw: list[dict[str, Any]], found: RecordsRead,

@@ -66,6 +66,7 @@ from harness.measure.rundir import (
     SUMMARY_MD,
     atomic_file,
     read_manifest,
+    run_subdir,
     write_text_atomic,
 )
 from harness.measure.tables import (
@@ -160,9 +161,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ablated = ablation_turns(turns[measured_rows(turns)], ablated_options(config))  # swept or named knobs only
     questions = with_knobs(questions_table(turns), turns)   # one opt.<knob> column per ablated option
     summary = with_knobs(summary_table(turns, baseline_label=baseline), turns)
-    tables, plots = run_dir / "tables", run_dir / "plots"
-    tables.mkdir(exist_ok=True)
-    plots.mkdir(exist_ok=True)
+    tables, plots = run_subdir(run_dir, "tables"), run_subdir(run_dir, "plots")
     paths: dict[str, Path] = {}
     paths |= _write_table(turns, tables / "turns")
     paths |= _write_table(questions, tables / "questions")

@@ -32,6 +32,12 @@ The manifest, a JSON object (``harness.run.runner.build_manifest`` writes it; re
     reproduce                       only for ``draftbench reproduce``: {table, table_path, table_sha256, part, target,
                                     target_loaded, rows: {label: row id}, model_dir} (harness.published.reproduce)
 
+Every file of a run that draftbench writes, appends to or reads is opened by :func:`open_run_file`, which never
+follows a symbolic link out of the run folder and takes regular files only: runs are shared (CI artefacts), and a
+``records.jsonl`` or ``.lock`` that links to another file must not make ``--resume`` truncate or append to that file,
+nor a FIFO or device in its place make ``report`` block or read without end. Such a file is a :class:`RunFileError`,
+one line naming it and what it is.
+
 A missing manifest is not an error here (:func:`read_manifest` returns None); each caller says what it means:
 ``draftbench report`` and ``report --against`` go on without provenance, ``run --resume`` and ``compare`` /
 ``baseline save`` refuse the folder as not a run directory. An unreadable or invalid one is always an error naming
@@ -42,11 +48,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import math
 import os
+import re
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -66,6 +75,99 @@ class ManifestError(ValueError):
     """A manifest that cannot be read or is not a JSON object; the message starts with the file's path."""
 
 
+class RunFileError(InputError):
+    """A file of a run directory that draftbench will not open: a symbolic link (for writing; for reading, one that
+    leads out of the run folder), a FIFO, device, socket or directory, or (for writing) a file with other hard links;
+    the message starts with the file's path."""
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+_OPEN_FLAGS = {"rb": os.O_RDONLY, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "r+b": os.O_RDWR | os.O_CREAT}
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words: "a regular file", "a FIFO (named pipe)", "a directory", ..."""
+    return _KINDS.get(stat.S_IFMT(mode), "a regular file" if stat.S_ISREG(mode) else "not a regular file")
+
+
+def open_run_file(path: str | Path, mode: str = "rb") -> Any:
+    """``path``, a file of a run directory, opened in binary ``mode`` ("rb"; "ab" appends and "r+b" reads and writes,
+    both creating a missing file 0666 less the umask, as ``open`` does) without following a symbolic link and
+    without blocking.
+
+    Written files must be regular files with one name: a symbolic link (wherever it points), a hard link (the data
+    has another name elsewhere) or anything but a regular file is refused, so writing a run never changes a file
+    outside it. Read files must be regular files; a symbolic link is followed only to a regular file in the same
+    folder. A refusal is a :class:`RunFileError` naming the path and what it is, e.g. ``RUN/records.jsonl: a
+    symbolic link to /home/me/.bashrc; draftbench writes only regular files of the run folder (remove the link)``;
+    a missing file read is FileNotFoundError."""
+    return os.fdopen(open_run_fd(path, mode), mode)
+
+
+def open_run_fd(path: str | Path, mode: str = "rb") -> int:
+    """:func:`open_run_file`'s file descriptor (the caller closes it)."""
+    path = Path(path)
+    writing = mode != "rb"
+    flags = _OPEN_FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except IsADirectoryError:
+        raise RunFileError(f"{path}: a directory, not a regular file") from None
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EMLINK) or not path.is_symlink():
+            raise
+        target = Path(os.path.realpath(path))
+        if writing:
+            raise RunFileError(f"{path}: a symbolic link to {target}; draftbench writes only regular files of the run "
+                               "folder (remove the link)") from None
+        if target.parent != Path(os.path.realpath(path.parent)) or target.is_symlink() or not target.exists():
+            raise RunFileError(f"{path}: a symbolic link to {target}, not a file of the run folder; draftbench reads "
+                               "only the run folder's own files (copy the file in instead)") from None
+        return open_run_fd(target, mode)
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = f"{file_kind(info.st_mode)}, not a regular file"
+    elif writing and info.st_nlink > 1:
+        problem = (f"a regular file with {info.st_nlink} hard links (its data has another name elsewhere); "
+                   "draftbench writes only files of the run's own")
+    if problem:
+        os.close(fd)
+        raise RunFileError(f"{path}: {problem}")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def run_subdir(run_dir: str | Path, name: str) -> Path:
+    """``run_dir/name`` (``tables``, ``plots``), created if missing: a folder of the run's own, never a symbolic link
+    (report files written through it would land wherever it points) nor a file (:class:`RunFileError`)."""
+    path = Path(run_dir) / name
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        what = f"a symbolic link to {os.path.realpath(path)}" if path.is_symlink() else file_kind(path.stat().st_mode)
+        raise RunFileError(f"{path}: {what}, not a folder of the run; draftbench writes only into the run "
+                           "folder's own folders (remove it)")
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def file_stem(text: str, limit: int = 120) -> str:
+    """``text`` (a method name, an option, a table id: read from records or a user's file) as a file name stem that
+    stays in its folder: every run of characters other than letters, digits, ``.``, ``_``, ``=``, ``-`` becomes
+    ``_``, no leading dot, at most ``limit`` characters. Example: "../../x/evil" -> "_.._x_evil" (one name, no
+    folder); "eagle2" -> "eagle2"."""
+    stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", str(text)).lstrip(".")[:limit]
+    return stem or "_"
+
+
+def read_run_file(path: str | Path) -> bytes | None:
+    """The bytes of a run directory's file (:func:`open_run_file`'s checks), or None when there is no such file."""
+    if not os.path.lexists(path):
+        return None
+    with open_run_file(path) as f:
+        return f.read()
+
+
 def records_file_name(rank: int | None = None) -> str:
     """The records file of one process: ``records.jsonl``, or ``records.rank<r>.jsonl`` in a data-parallel run."""
     return RECORDS_FILE if rank is None else f"records.rank{rank}.jsonl"
@@ -73,12 +175,20 @@ def records_file_name(rank: int | None = None) -> str:
 
 def dumps_json(obj: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
     """Strict JSON text of ``obj``: NaN and infinities (which JSON has no literal for) become null. Arrays, sets and
-    paths become lists and strings; any other type raises TypeError unless ``default`` converts it."""
+    paths become lists and strings; any other type raises TypeError unless ``default`` converts it. The text is
+    always valid UTF-8: a lone surrogate in a string (which UTF-8 cannot encode; a tokenizer or a server can emit
+    one) is written as its JSON escape (``"\\ud800"``), which :func:`json.loads` reads back as the same string. NUL
+    and the other control characters are escaped by JSON itself."""
     kw = dict(ensure_ascii=False, default=default or _jsonable, allow_nan=False, indent=indent)
     try:
-        return json.dumps(obj, **kw)
+        text = json.dumps(obj, **kw)
     except ValueError:
-        return json.dumps(_finite(obj), **kw)
+        text = json.dumps(_finite(obj), **kw)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # only lone surrogates, and only inside JSON strings, where \uXXXX is their escape
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _finite(obj: Any) -> Any:
@@ -107,20 +217,39 @@ def _jsonable(obj: Any):
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` (same folder, so the same file system; same suffix, so writers that infer the
-    format from it - pandas, matplotlib - behave) that replaces ``path`` when the block ends (:func:`os.replace`). A
+    format from it - pandas, matplotlib - behave; mode 0666 less the umask, as ``open`` would give) that replaces
+    ``path`` when the block ends (:func:`os.replace`, which replaces a symbolic link, never the file it points to). A
     reader sees the old file or the whole new one, never a part; on any failure (an exception, Ctrl-C) the temporary
-    file is removed and ``path`` is left as it was. Example: ``with atomic_file(p) as tmp: df.to_csv(tmp)``."""
+    file is removed and ``path`` is left as it was (an OSError, such as a full disk, is raised again naming ``path``,
+    not the temporary file). Example: ``with atomic_file(p) as tmp: df.to_csv(tmp)``."""
     path = Path(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would keep the report from everyone the umask lets read
+    finally:
+        os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError):  # not "[Errno 28] No space left on device: '.summary.1a2b.parquet'"
+            raise OSError(f"{path}: cannot write it: {e.strerror or e}") from None
         raise
+
+
+def _umask() -> int:
+    """The process's umask: Linux shows it in /proc/self/status; elsewhere reading it means setting it (and setting
+    it back at once)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -157,7 +286,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_run_fd(self.path, "r+b")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -183,10 +312,11 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any] | None:
     :class:`ManifestError` naming the path. Example: a file holding ``{truncated`` ->
     ``ManifestError("<run_dir>/manifest.json: corrupt manifest: Expecting property name ...")``."""
     path = Path(run_dir) / MANIFEST_FILE
-    if not path.exists():
-        return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        data = read_run_file(path)
+        if data is None:
+            return None
+        manifest = json.loads(data.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{path}: corrupt manifest: {e}") from None
     if not isinstance(manifest, dict):

@@ -45,7 +45,7 @@ from harness.measure.html import write_tables_page
 from harness.measure.load import load_table as load_levels
 from harness.measure.load import read_load_rows
 from harness.measure.records import load_records
-from harness.measure.rundir import atomic_file, read_manifest, write_text_atomic
+from harness.measure.rundir import atomic_file, file_stem, read_manifest, run_subdir, write_text_atomic
 from harness.measure.tables import turns_table
 from harness.published.tables import Column, Table
 
@@ -461,10 +461,8 @@ def compare_run(run_dir: str | Path, table: Table, n_boot: int = 2000, seed: int
         turns = turns_table(records, manifest)
         df = compare_turns(turns, table, manifest, n_boot=n_boot, seed=seed, model_dir=model_dir)
     md = comparison_markdown(df, table, run_dir.name)
-    tables, plots = run_dir / "tables", run_dir / "plots"
-    tables.mkdir(exist_ok=True)
-    plots.mkdir(exist_ok=True)
-    stem = f"against_{table.id}"
+    tables, plots = run_subdir(run_dir, "tables"), run_subdir(run_dir, "plots")
+    stem = file_stem(f"against_{table.id}")
     paths: dict[str, Path] = {"against_csv": tables / f"{stem}.csv", "against_parquet": tables / f"{stem}.parquet",
                               "against_md": tables / f"{stem}.md"}
     with atomic_file(paths["against_csv"]) as tmp:

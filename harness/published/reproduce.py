@@ -53,6 +53,7 @@ from harness.published.tables import (
 )
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.suites import DataError, load_suite
+from harness.yamlsafe import safe_load
 
 
 class ReproduceError(ValueError):
@@ -73,7 +74,7 @@ def parse_model_dir(items: list[str] | None) -> dict[str, str]:
             if not path.is_file():
                 raise ReproduceError(f"--model-dir {item}: mapping file does not exist")
             try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
+                data = safe_load(path.read_text(encoding="utf-8"))
             except yaml.YAMLError as e:
                 raise ReproduceError(f"--model-dir {item}: invalid YAML/JSON: {e}") from e
             if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str)

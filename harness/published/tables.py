@@ -108,6 +108,7 @@ from harness.run.chat import ChatTemplateError, resolve_chat_template
 from harness.run.shipped import resolve_shipped, shipped_names
 from harness.run.suites import DataError, suite_info
 from harness.schema import InputError, check, unknown_keys
+from harness.yamlsafe import safe_load
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
 SOURCE_KINDS = ("paper", "leaderboard", "recomputed")
@@ -252,7 +253,7 @@ def load_table(name_or_path: str | Path) -> Table:
     path = resolve_table(name_or_path)
     text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as e:
         raise TableError(f"{path.name}: invalid YAML: {e}") from e
     table = table_from_dict(data, path.name, stem=path.stem)

@@ -25,8 +25,14 @@ import yaml
 from harness.measure.records import runtime_label
 from harness.run.shipped import resolve_shipped, shipped_names
 from harness.schema import InputError, check, field_types, unknown_keys
+from harness.yamlsafe import safe_load
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+
+MAX_LABEL = 200  # characters of an entry's label
+INT64 = (-(2**63), 2**63 - 1)  # what the records' and tables' integer columns hold (parquet, numpy)
+INT_FIELDS = ("limit", "max_new_tokens", "top_k", "seeds", "repeats", "warmup", "threads", "context_buckets")
 
 
 class ConfigError(InputError):
@@ -109,6 +115,25 @@ class RunConfig:
                 raise ConfigError(f"run.{where}: {msg}")
 
         need(bool(self.methods), "methods", "at least one method is required")
+        for i, m in enumerate(self.methods):
+            need(isinstance(m.label, str) and m.label.strip() != "", f"methods[{i}].label",
+                 f"must be a non-empty string (every record names its entry by it), got {m.label!r}")
+            need(len(m.label) <= MAX_LABEL, f"methods[{i}].label",
+                 f"at most {MAX_LABEL} characters (it names table rows and plot bars), got {len(m.label):,}")
+            need(m.label.isprintable(), f"methods[{i}].label",
+                 f"must not hold control characters (a table row holds one line), got {m.label!r}")
+        options = [(f"methods[{i}].{name}", value) for i, m in enumerate(self.methods)
+                   for name, value in (("options", m.options), ("engine_options", m.engine_options))]
+        for where, value in [*options, ("engine_options", self.engine_options)]:
+            big = _huge_int(value, where)
+            if big is not None:
+                raise ConfigError(f"run.{big[0]}: must fit a 64-bit integer, got {big[1]}")
+        for name in INT_FIELDS:
+            values = getattr(self, name)
+            for j, v in enumerate(values if isinstance(values, list) else [values]):
+                where = f"{name}[{j}]" if isinstance(values, list) else name
+                need(v is None or isinstance(v, bool) or not isinstance(v, int) or INT64[0] <= v <= INT64[1], where,
+                     f"must fit a 64-bit integer ({INT64[0]} .. {INT64[1]}), got {v}")
         from harness.engine.runtime import RUNTIMES
 
         need(bool(self.runtime), "runtime", f"at least one runtime is required ({', '.join(RUNTIMES)})")
@@ -260,6 +285,19 @@ class RunConfig:
         d.pop("data_dir", None)
         d.pop("ablate", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _huge_int(value: Any, where: str) -> tuple[str, int] | None:
+    """(where, value) of the first integer in ``value`` (at any depth) outside :data:`INT64`, else None.
+    Example: ({"depth": 2**70}, "methods[0].options") -> ("methods[0].options.depth", 2**70)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, v in items:
+        found = _huge_int(v, f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}")
+        if found:
+            return found
+    return None
 
 
 LOAD_KEYS = ("concurrency", "request_rate", "burstiness", "num_prompts")
@@ -453,7 +491,7 @@ def load_preset_dict(name_or_path: str, _seen: tuple = ()) -> dict[str, Any]:
     if path in _seen:
         raise ConfigError(f"preset include cycle: {' -> '.join(map(str, (*_seen, path)))}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(data, dict):

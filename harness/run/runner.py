@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import sys
 import traceback
 import uuid
@@ -84,6 +85,16 @@ class RunInterrupted(KeyboardInterrupt):
 
     def __init__(self, run_dir: Path | None):
         super().__init__(str(run_dir) if run_dir else "interrupted before the run started")
+        self.run_dir = run_dir
+
+
+class RunStopped(OSError):
+    """A started run that could not go on (the disk full, a records file that cannot be written): the message is
+    the cause, naming the file, then where the records so far are kept and the command that resumes the run."""
+
+    def __init__(self, run_dir: Path, cause: BaseException):
+        super().__init__(f"{cause}; the records so far are kept in {run_dir}; resume with: draftbench run --resume "
+                         f"{shlex.quote(str(run_dir))}")
         self.run_dir = run_dir
 
 
@@ -164,6 +175,16 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
     }
 
 
+def _tokenizable(text: str) -> str:
+    """``text`` with each lone surrogate (which no tokenizer takes: the next turn's prompt failed on it) as U+FFFD,
+    the replacement character; the record keeps the text as generated (:func:`harness.measure.rundir.dumps_json`)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _error_text(exc: BaseException) -> str:
     last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" at {Path(last[0].filename).name}:{last[0].lineno}" if last else ""
@@ -242,7 +263,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     rec["speculation_off"] = gen.speculation_off
                 if gen.method_notes is not None:  # what the method chose in the turn (absent otherwise)
                     rec["method_notes"] = gen.method_notes
-            messages.append({"role": "assistant", "content": answer})
+            messages.append({"role": "assistant", "content": _tokenizable(answer)})
         except Exception as exc:
             failed = _error_text(exc)
             rec.update(status="error", error=failed)
@@ -393,7 +414,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     written with the manifest, once, before the first question (a resumed run keeps its manifest as it is).
     ``target`` may be passed in (tests use tiny in-process models); ``on_question`` is called after every stored
     question (tests use it to simulate a kill). Bad input (configuration, suites, method options, output directory)
-    fails before the target is loaded. Ctrl-C raises :class:`RunInterrupted` naming the run to resume.
+    fails before the target is loaded. Ctrl-C raises :class:`RunInterrupted` naming the run to resume; a file that
+    cannot be written once the run started (disk full) raises :class:`RunStopped`, naming it and the resume command.
     """
     dist = Distributed.detect()
     manifest = None
@@ -484,6 +506,10 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             _run_all(config, run_dir, dist, target, suites, methods, say, on_question)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
+    except (OSError, UnicodeError) as e:  # a full disk, a file that cannot be written: the records so far are kept
+        if not started:
+            raise
+        raise RunStopped(run_dir, e) from None
     finally:
         for m in methods.values():
             if m.backend is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.measure.rundir import file_kind
 from harness.schema import did_you_mean
 
 
@@ -36,6 +37,9 @@ def resolve_shipped(name_or_path: str | Path, folder: Path, suffixes: tuple[str,
     path = find_shipped(name_or_path, folder, suffixes)
     if path is not None:
         return path
+    given = Path(name_or_path).expanduser()
+    if given.suffix in suffixes and given.exists():  # a FIFO would block the read, a directory fail it
+        raise error(f"{what} {str(name_or_path)!r}: {file_kind(given.stat().st_mode)}, not a regular file")
     names = shipped_names(folder, suffixes[0])
     raise error(f"unknown {what} {str(name_or_path)!r} (not a YAML file either).{did_you_mean(name_or_path, names)} "
                 f"{shipped}: {', '.join(names) or '(none)'}")

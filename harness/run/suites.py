@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from harness.measure.rundir import file_kind
 from harness.registry import SCORERS, UnknownNameError, suite_dirs
 from harness.run.context import (
     ContextError,
@@ -51,6 +50,7 @@ from harness.run.context import (
     with_buckets,
 )
 from harness.schema import InputError, did_you_mean, type_error, unknown_keys
+from harness.yamlsafe import safe_load
 
 DATA_ENV = "DRAFTBENCH_DATA"
 
@@ -156,7 +156,7 @@ def suite_info(name: str) -> dict[str, Any]:
                         "(or pass a path to a .jsonl file)")
     path = definitions[name]
     with open(path, encoding="utf-8") as f:
-        info = yaml.safe_load(f)
+        info = safe_load(f.read())
     return _validate_info(info, path)
 
 
@@ -253,13 +253,15 @@ def load_suite(name_or_path: str | Path, data_dir: str | Path | None = None,
     if is_suite_file(text):
         path = Path(text).expanduser()
         if not path.is_file():
-            raise DataError(f"questions file {path} does not exist")
+            raise DataError(f"questions file {path} {not_a_file(path)}")
         digest = sha256_file(path)
         return Suite(name=suite_name_of(text), version="user", questions=read_questions(path),
                      source=str(path.resolve()),
                      sha256=digest)
     info = suite_info(text)
     path = suite_path(info, data_dir)
+    if path.exists() and not path.is_file():
+        raise DataError(f"suite {info['name']!r}: {path} {not_a_file(path)}")
     if not path.is_file():
         fetch = "" if info["bundled"] else f"; when online, `draftbench data fetch {info['name']}` downloads it"
         what = "document source" if info["context"] else "data file"
@@ -321,6 +323,14 @@ def build_context_suite(suite: Suite, encode: Callable[[str], list[int]], decode
                    "cut_tokens": built["cut_tokens"], "prompt_tokens": built["prompt_tokens"]}
         questions.append(dataclasses.replace(q, turns=[built["text"]], context=context))
     return dataclasses.replace(suite, questions=questions)
+
+
+def not_a_file(path: Path) -> str:
+    """Why ``path`` is no file to read, in words: "does not exist", or what it is instead ("is a FIFO (named pipe),
+    not a regular file"; a FIFO would block the read, a directory fail it)."""
+    if not path.exists():
+        return "does not exist"
+    return f"is {file_kind(path.stat().st_mode)}, not a regular file"
 
 
 def pinned_sha256(path: str | Path) -> str | None:

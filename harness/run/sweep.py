@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 from harness.schema import InputError
+from harness.yamlsafe import safe_load
 
 TRAIN_SWEEP_FILE = "sweep.json"  # written by harness.train.sweep into the sweep's output folder
 
@@ -62,7 +63,7 @@ def yaml_value(raw: str, where: str) -> Any:
     "limit=[1") -> "limit=[1: not valid YAML (expected ',' or ']', but got '<stream end>')"; a tag such as
     "!!python/name:os.system" is refused the same way."""
     try:
-        return yaml.safe_load(raw)
+        return safe_load(raw)
     except yaml.YAMLError as e:
         problem = " ".join(str(getattr(e, "problem", None) or e).split())
         raise InputError(f"{where}: not valid YAML ({problem})") from None
