@@ -215,7 +215,7 @@ def test_shipped_heads_are_lossless_and_accept_drafts(real_target, prompts, vani
         gen = method.generate(prompt, N_NEW, SamplingParams())
         assert gen.token_ids == expected
         accepted, steps = accepted + len(gen.token_ids), steps + len(gen.accept_lengths)
-    # an adaptive tree is sized from timings measured in the run (harness.engine.treepolicies.AdaptiveSizer): on a
+    # an adaptive tree is sized from timings measured in the run (methods.eagle.treepolicies.AdaptiveSizer): on a
     # busy machine it drafts smaller trees and accepts less (1.29 once in CI against 1.3), while its output stays
     # exact; its floor allows for that, the fixed trees' floor does not
     assert accepted / steps > (1.2 if options.get("adaptive") else 1.3), (accepted, steps)
