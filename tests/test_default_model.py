@@ -107,10 +107,12 @@ def random_heads(real_target, tmp_path_factory):
     from methods.eagle.head import EagleHead
     from methods.eagle3.checkpoint import default_layer_ids, save_eagle3_head
     from methods.eagle3.head import Eagle3Head
-    from methods.hydra.heads import HydraHeads, save_hydra_heads
+    from methods.hydra.checkpoint import save_hydra_heads
+    from methods.hydra.head import HydraHeads
     from methods.jakiro.checkpoint import save_jakiro_head
     from methods.jakiro.head import JakiroHead
-    from methods.medusa.heads import MedusaHeads, save_medusa_heads
+    from methods.medusa.checkpoint import save_medusa_heads
+    from methods.medusa.head import MedusaHeads
 
     root = tmp_path_factory.mktemp("heads")
     torch.manual_seed(0)

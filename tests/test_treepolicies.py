@@ -13,7 +13,7 @@ from harness.engine.tree import DraftTree
 from harness.registry import get_method
 from methods.eagle.eagle2 import DynamicTreeOptions, Eagle2Options
 from methods.eagle.treepolicies import AdaptiveSizer, LookupGraft
-from methods.eagle3.drafting import Eagle3Options
+from methods.eagle3.eagle3 import Eagle3Options
 from methods.jakiro.jakiro import JakiroOptions
 from tests.support.helpers import tiny_target
 

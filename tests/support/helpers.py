@@ -150,7 +150,7 @@ def random_jakiro_head(target: Target, seed: int = 0, std: float = 0.2, **kw):
 
 def random_medusa_heads(hidden: int, vocab: int, num_heads: int = 4, shared: bool = False, seed: int = 1):
     """Medusa heads (one ResBlock each) with every weight drawn from N(0, 0.3^2); ``shared``: no own lm_heads."""
-    from methods.medusa.heads import MedusaHeads
+    from methods.medusa.head import MedusaHeads
 
     torch.manual_seed(seed)
     heads = MedusaHeads(hidden, vocab, num_heads, 1, shared)
