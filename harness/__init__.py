@@ -12,7 +12,7 @@ enforces over the import graph that a module imports only from its own layer or 
                             host-sync counting, baselines and the regression gate
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
     engine/                 the speculative maths and the one verification engine every method runs on
-    registry                plugin registries (methods, scorers, suite folders) and plugin loading
+    registry                plugin registries (methods, scorers, suite folders, data commands) and plugin loading
     backends/               engines other than the harness's own (vLLM in its own venv, through a worker process)
                             behind one contract: a method entry's turns in, the same per-turn records out; not to
                             be confused with engine/, the verification engine of the ``harness`` engine

@@ -1,5 +1,6 @@
-"""Name -> object registries for the plugins: decoding methods, quality scorers and the folders that hold suite
-definitions (training objectives have theirs in :mod:`harness.train.objectives`, built on :class:`Registry`).
+"""Name -> object registries for the plugins: decoding methods, quality scorers, the folders that hold suite
+definitions and the ``draftbench data`` commands that build a method's corpus structure (training objectives have
+theirs in :mod:`harness.train.objectives`, built on :class:`Registry`).
 
 A plugin module registers itself when it is imported::
 
@@ -10,6 +11,9 @@ A plugin module registers itself when it is imported::
     def gsm8k_exact_match(question, answer_text) -> float: ...
 
     register_suite_dir(Path(__file__).parent)     # a folder of suite YAML files
+
+    @register_data_command("datastore")
+    def add_datastore_parser(subparsers): ...     # adds ``draftbench data datastore``
 
 The core never imports a plugin by name: :func:`load_plugins` imports the built-in plugin packages (``methods``,
 ``suites``) and every module declared in the ``draftbench.methods`` / ``draftbench.suites`` entry-point groups of
@@ -93,6 +97,7 @@ def _qualname(obj: object) -> str:
 
 METHODS: Registry = Registry("method")
 SCORERS: Registry = Registry("scorer")
+DATA_COMMANDS: Registry = Registry("data command")
 _SUITE_DIRS: list[Path] = []
 
 
@@ -111,6 +116,13 @@ def register_scorer(name: str):
     """Function decorator: ``fn(question, answer_text) -> float in [0, 1]`` becomes the scorer ``name`` that a
     suite definition can name in its ``scorer`` field."""
     return SCORERS.register(name)
+
+
+def register_data_command(name: str):
+    """Function decorator: ``add_parser(subparsers)`` adds a plugin's own subcommand to ``draftbench data`` (a
+    structure its method reads, built once from a corpus, e.g. REST's datastore), so that the command line builds it
+    without importing the plugin; ``draftbench data`` adds every registered one, in name order."""
+    return DATA_COMMANDS.register(name)
 
 
 def register_suite_dir(folder: str | Path) -> None:

@@ -1,4 +1,4 @@
-"""Option ``backoff`` of the dynamic-tree methods (harness/engine/treepolicies.py Backoff, harness/engine/autotune.py
+"""Option ``backoff`` of the dynamic-tree methods (methods/eagle/treepolicies.py Backoff, harness/engine/autotune.py
 best_arm): before every step, the head's tree, the lookup chain alone or a plain one-token step, whichever its
 measured costs expect to be fastest; the head re-probed every turn and after k steps without it. The decision rule
 on literal numbers; a draft whose acceptance is near zero backs off to plain steps and comes back when it recovers;
@@ -13,9 +13,9 @@ import harness.engine.autotune as autotune
 from harness.engine.autotune import best_arm, decayed
 from harness.engine.hostio import upload
 from harness.engine.tree import DraftTree, chain_tree
-from harness.engine.treepolicies import AdaptiveSizer, Backoff, LookupGraft
 from harness.registry import get_method
 from methods.eagle.eagle2 import Eagle2Options
+from methods.eagle.treepolicies import AdaptiveSizer, Backoff, LookupGraft
 from methods.vanilla import Vanilla
 from tests.support.helpers import GREEDY, SAMPLING_IDS, SAMPLINGS, check_generation, method_pvalue, tiny_target
 

@@ -107,10 +107,12 @@ def random_heads(real_target, tmp_path_factory):
     from methods.eagle.head import EagleHead
     from methods.eagle3.checkpoint import default_layer_ids, save_eagle3_head
     from methods.eagle3.head import Eagle3Head
-    from methods.hydra.heads import HydraHeads, save_hydra_heads
+    from methods.hydra.checkpoint import save_hydra_heads
+    from methods.hydra.head import HydraHeads
     from methods.jakiro.checkpoint import save_jakiro_head
     from methods.jakiro.head import JakiroHead
-    from methods.medusa.heads import MedusaHeads, save_medusa_heads
+    from methods.medusa.checkpoint import save_medusa_heads
+    from methods.medusa.head import MedusaHeads
 
     root = tmp_path_factory.mktemp("heads")
     torch.manual_seed(0)
@@ -215,7 +217,7 @@ def test_shipped_heads_are_lossless_and_accept_drafts(real_target, prompts, vani
         gen = method.generate(prompt, N_NEW, SamplingParams())
         assert gen.token_ids == expected
         accepted, steps = accepted + len(gen.token_ids), steps + len(gen.accept_lengths)
-    # an adaptive tree is sized from timings measured in the run (harness.engine.treepolicies.AdaptiveSizer): on a
+    # an adaptive tree is sized from timings measured in the run (methods.eagle.treepolicies.AdaptiveSizer): on a
     # busy machine it drafts smaller trees and accepts less (1.29 once in CI against 1.3), while its output stays
     # exact; its floor allows for that, the fixed trees' floor does not
     assert accepted / steps > (1.2 if options.get("adaptive") else 1.3), (accepted, steps)

@@ -23,8 +23,8 @@ from methods.eagle.eagle1 import Eagle1, Eagle1Options
 from methods.eagle.eagle2 import Eagle2, Eagle2Options
 from methods.jakiro.checkpoint import save_jakiro_head
 from methods.jakiro.jakiro import Jakiro, JakiroOptions
-from methods.medusa.drafting import Medusa, MedusaOptions
-from methods.medusa.heads import save_medusa_heads
+from methods.medusa.checkpoint import save_medusa_heads
+from methods.medusa.medusa import Medusa, MedusaOptions
 from methods.vanilla import Vanilla
 from tests.support.helpers import GREEDY, random_jakiro_head, random_medusa_heads, tiny_target
 from tests.support.helpers import random_eagle_head as random_head

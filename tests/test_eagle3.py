@@ -18,7 +18,7 @@ from harness.engine.method import OptionsError
 from harness.registry import get_method
 from methods.eagle.head import rope_theta
 from methods.eagle3.checkpoint import check_vocab_maps, load_eagle3_head, save_eagle3_head
-from methods.eagle3.drafting import Eagle3, Eagle3Options
+from methods.eagle3.eagle3 import Eagle3, Eagle3Options
 from methods.eagle3.head import Eagle3Head
 from tests.support.helpers import GREEDY, check_generation, tiny_target
 

@@ -13,7 +13,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod, resolve_hidden_layers, tree_mask_4d
 from harness.engine.tree import DraftTree, chain_tree
 from harness.engine.verify import verify_typical
-from methods.pld import PromptLookup
+from methods.pld.pld import PromptLookup
 from methods.vanilla import Vanilla
 from tests.support.helpers import (
     GREEDY,

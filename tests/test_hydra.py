@@ -19,8 +19,9 @@ from harness.train.dataset import FeatureDataset, collate
 from harness.train.loop import LOG_FILE, TrainConfig, latest_checkpoint, train
 from harness.train.objectives import get_objective
 from methods import SHIPPED_HEADS
-from methods.hydra.drafting import Hydra, fill_hydra_tree, level_layout
-from methods.hydra.heads import HydraHeads, load_hydra_heads, prefix_config, save_hydra_heads
+from methods.hydra.checkpoint import load_hydra_heads, save_hydra_heads
+from methods.hydra.head import HydraHeads, prefix_config
+from methods.hydra.hydra import Hydra, fill_hydra_tree, level_layout
 from methods.hydra.objective import HydraObjective, hydra_inputs
 from tests.support.helpers import GREEDY, die_at_loss_call, tiny_target
 from tests.support.reference_hydra import TREE, first_tree, head_outputs, shipped_prefix_head

@@ -25,18 +25,18 @@ from methods.jakiro.jakiro import (
     round_robin_children,
     second_rows,
 )
-from methods.jakiro.moe import (
-    contrast_coefficients,
-    contrast_pair,
-    gather_experts,
-    select_experts,
-)
-from methods.jakiro.star import (
+from methods.jakiro.jakiro_star import (
     JakiroStar,
     JakiroStarOptions,
     fold_joint,
     joint_topk_distinct,
     published_star_bookkeeping,
+)
+from methods.jakiro.moe import (
+    contrast_coefficients,
+    contrast_pair,
+    gather_experts,
+    select_experts,
 )
 from methods.vanilla import Vanilla
 from tests.support.helpers import GREEDY, sampled_pvalue, sampling_target, tiny_target

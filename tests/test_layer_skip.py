@@ -14,7 +14,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from harness.engine.layersearch import (
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.tree import CONFIDENCE_WIDTHS, confidence_widths, sibling_tree, tree_from_choices
+from harness.registry import get_method
+from methods.layer_skip.layer_skip import LayerSkip, LayerSkipOptions, interleaved_skip
+from methods.layer_skip.layersearch import (
     bayes_skip,
     gp_ucb,
     matchness,
@@ -25,11 +30,6 @@ from harness.engine.layersearch import (
     sub_layer_sets,
     top_layers,
 )
-from harness.engine.method import OptionsError
-from harness.engine.sampling import SamplingParams, logits_to_probs
-from harness.engine.tree import CONFIDENCE_WIDTHS, confidence_widths, sibling_tree, tree_from_choices
-from harness.registry import get_method
-from methods.layer_skip import LayerSkip, LayerSkipOptions, interleaved_skip
 from tests.support.anymodel import tiny_causal_lm
 from tests.support.helpers import GREEDY, check_generation, sampled_pvalue, tiny_target
 from tests.support.reference_layer_skip import comparable_steps, recording

@@ -10,12 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.engine.checkpoints import CheckpointError
-from methods.medusa.heads import (
-    MedusaHeads,
-    ResBlock,
-    load_medusa_heads,
-    save_medusa_heads,
-)
+from methods.medusa.checkpoint import load_medusa_heads, save_medusa_heads
+from methods.medusa.head import MedusaHeads, ResBlock
 from tests.support.helpers import tiny_target
 
 H, V = 32, 128  # tiny target: hidden, vocab
@@ -161,7 +157,7 @@ def test_bad_config_field_is_named(tmp_path):
 from harness.engine.method import OptionsError  # noqa: E402
 from harness.engine.sampling import SamplingParams  # noqa: E402
 from harness.registry import get_method  # noqa: E402
-from methods.medusa.drafting import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
+from methods.medusa.medusa import Medusa, MedusaOptions, fill_medusa_tree  # noqa: E402
 from methods.vanilla import Vanilla  # noqa: E402
 from tests.support.helpers import GREEDY, bigram_target, sampled_pvalue, sampling_target  # noqa: E402
 from tests.support.helpers import random_medusa_heads as random_heads  # noqa: E402
@@ -227,7 +223,7 @@ def test_lossless_flag_follows_the_acceptance_rule():
 
 def test_options_are_validated():
     """Bad options fail naming the field; a tree the user named deeper than the number of heads is refused, while
-    the default tree is cut to the heads (as hydra's: methods.medusa.drafting.head_tree) and recorded so."""
+    the default tree is cut to the heads (as hydra's: methods.medusa.medusa.head_tree) and recorded so."""
     target = tiny_target()
     with pytest.raises(OptionsError, match="acceptance must be one of rejection, typical, got 'greedy'"):
         Medusa.create(target, {"acceptance": "greedy"})

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from harness.engine.lookup import lookup_draft, lookup_match
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from methods.pld import PromptLookup
+from methods.pld.lookup import lookup_draft, lookup_match
+from methods.pld.pld import PromptLookup
 
 
 def test_docstring_example_most_recent_two_gram():

@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.engine.datastore import (
+from harness.engine.method import OptionsError
+from harness.engine.sampling import SamplingParams
+from harness.train.sources import Conversation
+from methods.rest.build import build_datastore
+from methods.rest.datastore import (
     Datastore,
     concatenate,
     load_datastore,
@@ -16,11 +20,7 @@ from harness.engine.datastore import (
     tokenizer_identity,
     trie_draft,
 )
-from harness.engine.method import OptionsError
-from harness.engine.sampling import SamplingParams
-from harness.train.datastore import build_datastore
-from harness.train.sources import Conversation
-from methods.rest import Rest
+from methods.rest.rest import Rest
 from tests.support.helpers import GREEDY, build_example, char_tokenizer, tiny_target
 
 
@@ -152,7 +152,7 @@ def test_builder_tokenizes_assistant_turns_of_literal_conversations(tmp_path, mo
     # the builder must keep only assistant turns, in the target's tokenizer, and record the tokenizer's identity
     conversations = [Conversation("a", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]),
                      Conversation("b", [{"role": "user", "content": "yo"}, {"role": "assistant", "content": "ab"}])]
-    monkeypatch.setattr("harness.train.datastore.load_source", lambda name: conversations)
+    monkeypatch.setattr("methods.rest.build.load_source", lambda name: conversations)
     tok = char_tokenizer()
     with pytest.warns(UserWarning, match="no contamination check"):  # no evaluation data in tmp_path
         folder, store = build_datastore("sharegpt", tok, "tiny", tmp_path / "ds", data_dir=str(tmp_path))

@@ -1,4 +1,4 @@
-"""SAM-Decoding on literal inputs: the suffix automaton (harness.engine.suffix) against its definition, and the
+"""SAM-Decoding on literal inputs: the suffix automaton (methods.sam.automaton) against its definition, and the
 method's choice between the automaton's chain and its fallback; the static corpus automaton against a brute-force
 search, its choice against the dynamic one with len_bias, its files and builder, and its bad inputs."""
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engine.datastore import SEPARATOR, Datastore, concatenate, tokenizer_identity
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from harness.engine.suffix import StaticAutomaton, SuffixAutomaton, choose_automaton, load_static_automaton
-from harness.train.datastore import build_static_automaton
-from methods.sam import SamDecoding
+from methods.rest.datastore import SEPARATOR, Datastore, concatenate, tokenizer_identity
+from methods.sam.automaton import StaticAutomaton, SuffixAutomaton, choose_automaton, load_static_automaton
+from methods.sam.build import build_static_automaton
+from methods.sam.sam import SamDecoding
 from tests.support.helpers import GREEDY, build_example, char_tokenizer, tiny_target
 
 
@@ -286,7 +286,7 @@ def test_a_tie_goes_to_the_dynamic_automaton_and_the_bias_can_leave_only_the_fal
 @pytest.mark.parametrize("fallback", ["none", "eagle2"])
 def test_the_static_variant_stays_lossless_and_drafts_from_the_corpus(fallback):
     # Method.example with a static option builds the automaton over the tiny target's own greedy continuations
-    # (methods/rest.py example_documents), so it matches: the output must be vanilla's token for token, and the
+    # (methods/rest/rest.py example_documents), so it matches: the output must be vanilla's token for token, and the
     # static chains must really have been verified
     target = tiny_target(eos=False)
     method = build_example("sam", target, static="example", len_bias=0, fallback=fallback, total_tokens=6, depth=2,

@@ -1046,7 +1046,7 @@ def test_launch_sglang_command_refusals_and_a_launched_turn(tmp_path, monkeypatc
 def test_launch_sglang_takes_the_entrys_head_as_its_draft_model(tmp_path, monkeypatch):
     # the one method option SGLang takes: head -> --speculative-draft-model-path. Refused, an EAGLE-3 entry on a target
     # without a shipped head could not be built at all; dropped, SGLang would start without its draft model
-    from methods.eagle3.drafting import Eagle3Options
+    from methods.eagle3.eagle3 import Eagle3Options
 
     assert S.option_flags("sglang", Eagle3Options(head="/h"), {"head"}) == {"speculative_draft_model_path": "/h"}
     assert S.option_flags("sglang", Eagle3Options(), set()) == {} and S.option_flags("vllm", {"head": "/h"},

@@ -1,5 +1,5 @@
 """Options ``max_spec_context`` and ``stop_unprofitable``: speculation off for the rest of a turn once it no longer
-pays (harness/engine/treepolicies.py SpeculationStop, asked by the engine's loop). The decision rule on literal
+pays (harness/engine/speculationstop.py SpeculationStop, asked by the engine's loop). The decision rule on literal
 costs; the engine's plain steps after the switch (output vanilla's, the step and the reason recorded); the engine
 option every speculative method takes (harness/engine/speculative.py with_engine_options; registry-wide in
 tests/test_lossless.py); the records of a run."""
@@ -13,9 +13,9 @@ import torch
 
 import harness.engine.autotune as autotune
 from harness.engine.method import NoOptions, OptionsError
+from harness.engine.speculationstop import SpeculationStop
 from harness.engine.speculative import SpeculativeMethod, with_engine_options
 from harness.engine.tree import chain_tree
-from harness.engine.treepolicies import AdaptiveSizer, SpeculationStop
 from harness.measure.records import read_records
 from harness.measure.tables import turns_table
 from harness.registry import get_method
@@ -23,7 +23,8 @@ from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
 from methods.eagle.checkpoint import save_eagle_head
 from methods.eagle.head import EagleHead
-from methods.pld import PldOptions
+from methods.eagle.treepolicies import AdaptiveSizer
+from methods.pld.pld import PldOptions
 from methods.vanilla import Vanilla
 from tests.support.helpers import (
     GREEDY,
@@ -151,7 +152,7 @@ def test_every_speculative_method_takes_the_engine_option():
     bare = with_engine_options(NoOptions)
     assert [f for f in bare.__dataclass_fields__] == ["max_spec_context"] and issubclass(bare, NoOptions)
     assert SpeculativeMethod(tiny_target()).options.max_spec_context == 0  # the base class itself takes it too
-    assert issubclass(pld.Options, PldOptions) and pld.Options is not PldOptions  # as methods/pld.py declares it
+    assert issubclass(pld.Options, PldOptions) and pld.Options is not PldOptions  # as methods/pld/pld.py declares it
     method = pld(tiny_target(), PldOptions(num_draft_tokens=4))
     assert method.options.num_draft_tokens == 4 and method.options.max_spec_context == 0
     assert method.speculation_stop is None

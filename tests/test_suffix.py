@@ -8,8 +8,8 @@ import torch
 
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
-from harness.engine.suffixtree import SuffixTree, expand, speculate
-from methods.suffix import SuffixDecoding
+from methods.suffix.suffix import SuffixDecoding
+from methods.suffix.suffixtree import SuffixTree, expand, speculate
 
 
 def tree_of(*sequences, max_depth=3):

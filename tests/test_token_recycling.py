@@ -1,5 +1,5 @@
-"""Token Recycling on literal inputs: the adjacency matrix's update and BFS fill (harness.engine.adjacency), the
-engine's top-k hand-over (harness.engine.speculative.slot_top_ids), the published tree and the method's state; and
+"""Token Recycling on literal inputs: the adjacency matrix's update and BFS fill (methods.token_recycling.adjacency),
+the engine's top-k hand-over (harness.engine.speculative.slot_top_ids), the published tree and the method's state; and
 the authors' code's recorded forwards replayed (tests/data/recycling_reference.json)."""
 
 import json
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engine.adjacency import recycle_candidates, tree_levels, tree_tokens_from_adjacency
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import slot_top_ids
 from harness.engine.tree import STATIC_TREES, DraftTree, tree_from_choices
 from harness.engine.verify import verify_greedy
-from methods.token_recycling import TokenRecycling, tree_choices
+from methods.token_recycling.adjacency import recycle_candidates, tree_levels, tree_tokens_from_adjacency
+from methods.token_recycling.token_recycling import TokenRecycling, tree_choices
 from tests.support.helpers import GREEDY, tiny_target
 
 

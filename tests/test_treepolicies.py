@@ -1,4 +1,4 @@
-"""The per-step tree policies (harness/engine/treepolicies.py) on literal token lists and timings, and the one
+"""The per-step tree policies (methods/eagle/treepolicies.py) on literal token lists and timings, and the one
 options base of the dynamic-tree methods (eagle2, eagle3, jakiro): shared fields, checks and recorded order."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 
 import harness.engine.autotune as autotune
 from harness.engine.tree import DraftTree
-from harness.engine.treepolicies import AdaptiveSizer, LookupGraft
 from harness.registry import get_method
 from methods.eagle.eagle2 import DynamicTreeOptions, Eagle2Options
-from methods.eagle3.drafting import Eagle3Options
+from methods.eagle.treepolicies import AdaptiveSizer, LookupGraft
+from methods.eagle3.eagle3 import Eagle3Options
 from methods.jakiro.jakiro import JakiroOptions
 from tests.support.helpers import tiny_target
 

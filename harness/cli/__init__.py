@@ -2,10 +2,12 @@
 
 Every parser of the command lives in this package, a module per command (``run``, ``report``, ``list``, ``data``,
 ``train``, ``reproduce``, ``compare``, ``baseline``, ``export``, ``cache``): each adds its subparser
-(``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions. Errors a user can fix
-print one line, ``draftbench: error: ...``, and exit 2; Ctrl-C exits 130, and so does SIGTERM (``kill``, ``timeout``, a
-CI runner or job scheduler stopping the command), which takes the same way out: servers and workers a run launched
-are stopped and the run is left resumable. ``__main__``: ``python -m harness.cli``.
+(``add_parser``) and a ``cmd_*`` function that calls the domain modules' plain functions; the one exception is a
+``draftbench data`` command that a plugin registers to build its method's structure
+(:func:`harness.registry.register_data_command`). Errors a user can fix print one line, ``draftbench: error: ...``,
+and exit 2; Ctrl-C exits 130, and so does SIGTERM (``kill``, ``timeout``, a CI runner or job scheduler stopping the
+command), which takes the same way out: servers and workers a run launched are stopped and the run is left
+resumable. ``__main__``: ``python -m harness.cli``.
 """
 
 from __future__ import annotations

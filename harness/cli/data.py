@@ -1,20 +1,21 @@
 """``draftbench data fetch | build | merge | vocab | datastore | static-sam``: evaluation suites from their public
-sources, the feature datasets that draft heads train on (:mod:`harness.train.features`), REST's datastore and
-SAM-Decoding's static automaton over it (:mod:`harness.train.datastore`)."""
+sources, the feature datasets that draft heads train on (:mod:`harness.train.features`), and the structures that
+plugins build once from a corpus for their methods, through the commands they register
+(:data:`harness.registry.DATA_COMMANDS`: the built-in ``datastore``, REST's datastore, and ``static-sam``,
+SAM-Decoding's static automaton over it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 from harness.backends.vllm import PYTHON_ENV
 from harness.models import DEFAULT_TARGET, load_target
+from harness.registry import DATA_COMMANDS
 from harness.run import suites
 from harness.run.config import ConfigError
-from harness.train.datastore import STATIC_MAX_TOKENS, build_datastore, build_static_automaton, load_tokenizer
 from harness.train.distill import GENERATORS
 from harness.train.features import build_dataset, dataset_token_counts, merge_datasets, read_manifest
 from harness.train.sources import SOURCES
@@ -88,7 +89,8 @@ def _add_feature_parsers(subparsers) -> None:
     v.add_argument("--out", required=True, help="head folder; token_counts.json is written there")
     v.add_argument("--max-shards", type=int, help="count the first N shards only")
     v.set_defaults(func=cmd_vocab)
-    add_datastore_parser(subparsers)
+    for name in DATA_COMMANDS.names():  # a plugin's own commands (REST's datastore, SAM's static automaton)
+        DATA_COMMANDS.get(name)(subparsers)
 
 
 def _print_merge(m: dict, out: str) -> int:
@@ -124,42 +126,4 @@ def cmd_build(args) -> int:
     for name, stage in m.get("stages", {}).items():
         print(f"{name}: {stage['tokens']} tokens in {stage['seconds']:.1f} s = {stage['tokens_per_s'] or 0:.1f} "
               f"tokens/s{' (' + stage['dir'] + ')' if 'dir' in stage else ''}")
-    return 0
-
-
-def add_datastore_parser(subparsers) -> None:
-    """Add ``datastore`` to the ``data`` subcommand's subparsers."""
-    p = subparsers.add_parser("datastore", help="build the REST datastore of a corpus in the target's tokenizer")
-    p.add_argument("--source", default="sharegpt", help="sharegpt (default) or a ShareGPT-format .json file")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"whose tokenizer (default {DEFAULT_TARGET})")
-    p.add_argument("--out", help="output folder (default: the user cache, where the method rest looks)")
-    p.add_argument("--limit", type=int, help="at most this many conversations (default: all)")
-    p.add_argument("--key-length", type=int, default=32, help="tokens each suffix is sorted by (>= max_match)")
-    p.add_argument("--data-dir", help="evaluation data for the contamination check (default: $DRAFTBENCH_DATA)")
-    p.set_defaults(func=cmd_datastore)
-    s = subparsers.add_parser("static-sam", help="build SAM-Decoding's static suffix automaton over a REST datastore")
-    s.add_argument("--target", default=DEFAULT_TARGET, help=f"whose tokenizer (default {DEFAULT_TARGET})")
-    s.add_argument("--datastore", help="datastore folder (default: the target's ShareGPT datastore in the user cache)")
-    s.add_argument("--out", help="output folder (default: beside the datastore, where sam's static: sharegpt looks)")
-    s.add_argument("--max-tokens", type=int, default=STATIC_MAX_TOKENS,
-                   help=f"the corpus's first whole documents up to this many tokens (default {STATIC_MAX_TOKENS})")
-    s.set_defaults(func=cmd_static_sam)
-
-
-def cmd_static_sam(args) -> int:
-    folder, automaton = build_static_automaton(load_tokenizer(args.target), args.target, args.datastore, args.out,
-                                               args.max_tokens)
-    m = automaton.manifest
-    print(f"{folder}: {m['tokens']} tokens of {m['documents']} documents, {m['states']} states, {m['edges']} edges "
-          f"in {m['build_seconds']} s")
-    return 0
-
-
-def cmd_datastore(args) -> int:
-    started = time.perf_counter()
-    folder, store = build_datastore(args.source, load_tokenizer(args.target), args.target, args.out, args.limit,
-                                    args.key_length, args.data_dir)
-    m = store.manifest
-    print(f"{folder}: {m['documents']} documents, {m['tokens']} tokens from {m['conversations']} conversations "
-          f"({m['dropped_contaminated']} dropped as contaminated) in {time.perf_counter() - started:.0f} s")
     return 0

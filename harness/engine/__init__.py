@@ -3,10 +3,11 @@
 ``method`` (the contract every decoding method implements), ``sampling`` (temperature / top-p / top-k), ``tree``
 (draft trees, masks, static trees, dynamic-tree selection, grafting a chain onto a tree), ``verify`` (greedy and
 lossless speculative-sampling acceptance), ``kv`` (target cache compaction), ``speculative`` (the loop: propose, one
-target forward, verify, compact, accept), ``runtime`` (the one seam for target forwards: eager or compiled),
-``hostio`` (small host-device transfers without stalling the queue), ``lookup`` (prompt lookup's n-gram chain),
-``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft vocabulary), ``checkpoints``
-(reading draft-head checkpoints with strict key checks), ``autotune`` (tree sizes from measured costs) and
-``treepolicies`` (per-step policies a tree method can hold: a grafted prompt-lookup chain, adaptive tree sizes,
-backing off to the chain alone or no draft).
+target forward, verify, compact, accept), ``speculationstop`` (the loop's policy of speculation off for the rest of a
+turn), ``runtime`` (the one seam for target forwards: eager or compiled), ``hostio`` (small host-device transfers
+without stalling the queue), ``draftcache`` (a self-drafting method's own cache), ``draftvocab`` (reduced draft
+vocabulary), ``checkpoints`` (reading draft-head checkpoints with strict key checks) and ``autotune`` (tree sizes
+from measured costs).
+
+A structure that serves one method's drafting lives beside that method in ``methods/``.
 """

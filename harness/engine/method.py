@@ -38,7 +38,7 @@ class Generation:
     timings_synchronised: whether ``timings`` were measured with a device synchronisation at every mark (None when
         the method has no timing split).
     speculation_off: None, or when a speculative method stopped speculating for the rest of the turn
-        (:class:`harness.engine.treepolicies.SpeculationStop`): ``{"step": i, "reason": r, "context": c}``, forward i
+        (:class:`harness.engine.speculationstop.SpeculationStop`): ``{"step": i, "reason": r, "context": c}``, forward i
         (an index of ``accept_lengths``) the first plain one, r the option that stopped it (``max_spec_context`` or
         ``stop_unprofitable``), c the context in tokens (prompt and emitted) before it.
     method_notes: None, or what a speculative method chose during the turn, in its own JSON-able terms

@@ -96,6 +96,7 @@ from harness.engine.kv import (
 )
 from harness.engine.method import Generation, Method, NoOptions, cut_at_stop
 from harness.engine.sampling import SamplingParams, logit_margins, next_token
+from harness.engine.speculationstop import SpeculationStop
 from harness.engine.tree import (
     DraftTree,
     ancestor_matrix,
@@ -106,7 +107,6 @@ from harness.engine.tree import (
     tree_flags,
     windowed_tree_mask,
 )
-from harness.engine.treepolicies import SpeculationStop
 from harness.engine.verify import verify_greedy, verify_greedy_on_device, verify_sampling
 from harness.measure.trackers import device_sync
 from harness.models import SDPA_GQA
@@ -251,7 +251,7 @@ class SpeculativeMethod(Method):
     ``counters`` at the start of every turn and adds ``target_forwards`` and ``tree_tokens``.
     A method with a non-lossless acceptance rule (Medusa's typical acceptance) overrides :meth:`verify` and
     ``lossless``. Trees are best proposed on the target's device (the engine moves them otherwise).
-    A method that holds a :class:`~harness.engine.treepolicies.SpeculationStop` in ``speculation_stop`` lets the
+    A method that holds a :class:`~harness.engine.speculationstop.SpeculationStop` in ``speculation_stop`` lets the
     engine stop speculating for the rest of a turn: from the step the policy names a reason on, every step is a plain
     one-token forward (an empty tree), the method is neither asked to propose nor told what was accepted, and the
     turn's :attr:`Generation.speculation_off <harness.engine.method.Generation.speculation_off>` says at which

@@ -1,7 +1,11 @@
-"""EAGLE-1 and EAGLE-2: a one-layer draft head on the target's features (``head``), its published checkpoint format
-(``checkpoint``), what the methods on it share (``draft``), the methods ``eagle1`` (static tree, ``eagle1``) and
-``eagle2`` (dynamic tree, ``eagle2``, with :class:`DynamicTreeOptions`, the options every dynamic-tree method
-extends) and the training objective ``eagle`` (``objective``).
+"""EAGLE-1 and EAGLE-2: a one-layer draft head on the target's features, the methods on it and its training.
+
+Modules: ``head`` (the head, :class:`EagleHead`), ``checkpoint`` (its published checkpoint format: load and save,
+strict key checks), ``draft`` (what the methods on the head share, :class:`EagleMethodBase`), ``eagle1`` (the method
+``eagle1``, static tree), ``eagle2`` (the method ``eagle2``, dynamic tree, with :class:`DynamicTreeOptions`, the
+options every dynamic-tree method extends), ``treepolicies`` (the per-step policies a dynamic tree can hold: a
+grafted prompt-lookup chain, adaptive tree sizes, backing off to the chain alone or no draft) and ``objective`` (the
+training objective ``eagle``).
 
 Papers: EAGLE, Li et al., arXiv:2401.15077 (the head, Sec. 3.1; training, Sec. 3.2; static tree, Sec. 3.3);
 EAGLE-2, Li et al., arXiv:2406.16858 (context-aware dynamic draft tree, Sec. 4). Released code:

@@ -3,12 +3,12 @@
 shares (``eagle2``, ``eagle3``, ``jakiro`` extend them).
 
 ``total_tokens`` (root included, 60; -1 = timed choice), ``depth`` 5, ``top_k`` 10; deterministic top-k drafts at
-every temperature, as published. Unpublished per-step policies (:mod:`harness.engine.treepolicies`): ``adaptive``
+every temperature, as published. Unpublished per-step policies (:mod:`methods.eagle.treepolicies`): ``adaptive``
 sizes each step's tree (at most ``total_tokens``) from measured costs and calibrated confidence; ``lookup`` grafts a
 prompt-lookup chain onto every step's tree; ``backoff`` skips the draft for the chain alone or a plain step when the
 head does not pay. Unpublished for long contexts: ``draft_window`` limits the draft's
 attention to the last W positions (:class:`harness.engine.draftcache.DraftCache`); ``max_spec_context`` and
-``stop_unprofitable`` stop speculating for the rest of a turn (:class:`harness.engine.treepolicies.SpeculationStop`).
+``stop_unprofitable`` stop speculating for the rest of a turn (:class:`harness.engine.speculationstop.SpeculationStop`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from harness.engine.draftvocab import check_draft_vocab
 from harness.engine.hostio import fetch
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
+from harness.engine.speculationstop import SpeculationStop
 from harness.engine.speculative import check_stop_option
 from harness.engine.tree import DraftTree, rank_candidates, select_dynamic_tree
-from harness.engine.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, Backoff, LookupGraft, SpeculationStop
 from harness.models import Target
 from harness.registry import register_method
 from methods.eagle.draft import EagleMethodBase
 from methods.eagle.head import EagleHead
+from methods.eagle.treepolicies import LOOKUP_MAX_NGRAM, AdaptiveSizer, Backoff, LookupGraft
 
 
 @dataclass
@@ -48,24 +49,24 @@ class DynamicTreeOptions:
     children per expanded node and frontier width (at most the draft's vocabulary).
     ``adaptive``: true = every step verifies only the best n <= ``total_tokens`` slots that maximise expected tokens
     per second, and drafting stops before ``depth`` when one more level cannot pay for its forward (one host read
-    per level, which a GPU pays as a sync; :class:`harness.engine.treepolicies.AdaptiveSizer`); not published.
+    per level, which a GPU pays as a sync; :class:`methods.eagle.treepolicies.AdaptiveSizer`); not published.
     ``lookup``: 0 = off; N > 0 = every step's tree also carries the prompt-lookup chain of up to N tokens (the
     continuation of the context's last n-gram, n from 3 down to ``lookup_ngram``, at its most recent earlier
     occurrence), grafted onto the draft's tree, so a step accepts the longer of the two; ``lookup_alone``: 0 = always
     draft; n > 0 = a step whose chain comes from an n-gram match of at least n tokens verifies the chain alone and
     skips drafting (the draft catches up on the skipped positions at its next step)
-    (:class:`harness.engine.treepolicies.LookupGraft`); not published.
+    (:class:`methods.eagle.treepolicies.LookupGraft`); not published.
     ``draft_window``: 0 = the draft attends to the whole context (as published); W > 0 = a committed position sees
     itself and the W - 1 before it, a tree node the last W committed positions and its ancestors, and the draft's
     KV keeps only the last W positions (:class:`harness.engine.draftcache.DraftCache`); not published.
     ``max_spec_context``: 0 = off; N > 0 = once the context (prompt and emitted tokens) exceeds N, the rest of the turn
     runs plain one-token target forwards. ``stop_unprofitable``: 0 = off; n > 0 = the same once the last n steps,
     at the costs the adaptive sizing measured (needs ``adaptive``), emitted tokens slower than plain forwards would
-    have (:class:`harness.engine.treepolicies.SpeculationStop`); not published.
+    have (:class:`harness.engine.speculationstop.SpeculationStop`); not published.
     ``backoff``: 0 = off (every step drafts); k > 0 = before every step, the adaptive sizing (needs ``adaptive``)
     chooses between the head's tree, the lookup chain alone (with ``lookup``) and a plain one-token step, whichever
     its measured costs and decayed means of what each emitted expect to be fastest, and drafts the head at least at
-    every turn's first step and after k steps in a row without it (:class:`harness.engine.treepolicies.Backoff`);
+    every turn's first step and after k steps in a row without it (:class:`methods.eagle.treepolicies.Backoff`);
     not published.
     """
 
@@ -175,7 +176,7 @@ class Eagle2(EagleMethodBase):
             raise OptionsError(f"method {self.name!r}: option top_k={self.options.top_k} exceeds the draft vocabulary "
                                f"({vocab})")
         self.total_tokens = self.options.total_tokens  # resolved at the first turn when -1
-        o = self.options  # the per-step policies (harness.engine.treepolicies); None when their option is off
+        o = self.options  # the per-step policies (methods.eagle.treepolicies); None when their option is off
         self.graft = LookupGraft(o.lookup, o.lookup_ngram, o.lookup_alone) if o.lookup else None
         self.backoff = Backoff(self.sizer, o.backoff) if o.backoff else None
 

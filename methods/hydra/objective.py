@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.train.objectives import register_objective
-from methods.hydra.heads import HydraHeads, check_head_arch, load_hydra_heads, prefix_config, save_hydra_heads
+from methods.hydra.checkpoint import load_hydra_heads, save_hydra_heads
+from methods.hydra.head import HydraHeads, check_head_arch, prefix_config
 from methods.medusa.objective import HeadsObjective, medusa_targets
 
 

@@ -6,8 +6,9 @@ Paper: Jakiro, arXiv:2502.06282 (decoupled MoE draft head; hybrid autoregressive
 contrastive output). Released code: github.com/haiduo/Jakiro (``jakiro/model/cnets.py``, ``jakiro_star/``,
 ``jakiro/train/main.py``); where the code and the paper differ, the code is followed and the option names say so.
 
-Seams: ``moe`` (router maths, experts), ``head``, ``checkpoint``, ``draft`` (shared plumbing), ``jakiro``
-(``jakiro``), ``star`` (``jakiro_star``), ``objective``.
+Modules: ``moe`` (router maths, experts), ``head`` (the head, :class:`JakiroHead`), ``checkpoint`` (its published
+checkpoint formats: load and save, strict key checks), ``draft`` (what the two methods share), ``jakiro`` (the method
+``jakiro``), ``jakiro_star`` (the method ``jakiro_star``) and ``objective`` (the training objective ``jakiro``).
 
 The head (:class:`JakiroHead`) is :class:`methods.eagle.EagleHead` with ``layers.0.mlp`` replaced by
 ``layers.0.mlp_moe`` (:class:`JakiroMoE`). With ``u = post_attention_layernorm(h)`` and ``h = x + Attn(x)``:
@@ -26,17 +27,17 @@ unrolled accuracy) works unchanged.
 The checkpoint format is described in :mod:`methods.jakiro.checkpoint`.
 """
 
-from methods.jakiro import jakiro, objective, star  # noqa: F401  (register jakiro, jakiro_star and the objective)
+from methods.jakiro import jakiro, jakiro_star, objective  # noqa: F401  (register jakiro, jakiro_star and the objective)
 from methods.jakiro.checkpoint import load_jakiro_head, save_jakiro_head
 from methods.jakiro.head import JakiroHead
 from methods.jakiro.jakiro import Jakiro
+from methods.jakiro.jakiro_star import JakiroStar
 from methods.jakiro.moe import (
            JakiroMoE,
            contrast_coefficients,
            contrast_pair,
            select_experts,
 )
-from methods.jakiro.star import JakiroStar
 
 __all__ = ["Jakiro", "JakiroHead", "JakiroMoE", "JakiroStar", "contrast_coefficients", "contrast_pair",
            "load_jakiro_head", "save_jakiro_head", "select_experts"]

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.train.objectives import Objective, register_objective
-from methods.medusa.heads import MedusaHeads, load_medusa_heads, save_medusa_heads
+from methods.medusa.checkpoint import load_medusa_heads, save_medusa_heads
+from methods.medusa.head import MedusaHeads
 
 
 def medusa_targets(token_ids: torch.Tensor, token_mask: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:

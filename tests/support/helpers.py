@@ -25,13 +25,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.engine.datastore import Datastore
 from harness.engine.method import Generation, Method, build_options
 from harness.engine.sampling import SamplingParams, logits_to_probs
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, children_lists, depths
 from harness.models import SDPA_GQA, Target, register_attention, target_from_model
 from harness.registry import get_method, method_names
+from methods.rest.datastore import Datastore
 
 GREEDY = SamplingParams()
 SAMPLINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
@@ -150,7 +150,7 @@ def random_jakiro_head(target: Target, seed: int = 0, std: float = 0.2, **kw):
 
 def random_medusa_heads(hidden: int, vocab: int, num_heads: int = 4, shared: bool = False, seed: int = 1):
     """Medusa heads (one ResBlock each) with every weight drawn from N(0, 0.3^2); ``shared``: no own lm_heads."""
-    from methods.medusa.heads import MedusaHeads
+    from methods.medusa.head import MedusaHeads
 
     torch.manual_seed(seed)
     heads = MedusaHeads(hidden, vocab, num_heads, 1, shared)
@@ -280,7 +280,7 @@ def registered_methods() -> list[str]:
     return [name for name in method_names() if not get_method(name).__module__.startswith("tests.")]
 
 
-# REST's example datastore (methods/rest.py, Rest.example): the target's greedy continuations of 4 random prompts,
+# REST's example datastore (methods/rest/rest.py, Rest.example): the target's greedy continuations of 4 random prompts,
 # ~200 full-context forwards (seconds on the real model, where three test files build it). Kept per (target, seed),
 # as long as that target lives, and shared by the REST examples built on it: the store is read-only, and each method
 # still gets its own options and context.

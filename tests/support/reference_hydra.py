@@ -54,7 +54,7 @@ def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
     """Hydra's loader layout of the head in ``shipped`` (see the module docstring; its ``hydra_head_arch``'s key
     names); the ``shipped`` folder is only read."""
     from harness.engine.checkpoints import read_weights
-    from methods.hydra.heads import HYDRA_WEIGHT_FILES, published_key
+    from methods.hydra.checkpoint import HYDRA_WEIGHT_FILES, published_key
 
     config = json.loads((shipped / "config.json").read_text())
     sd, _ = read_weights(shipped, HYDRA_WEIGHT_FILES, "Hydra heads")
@@ -65,7 +65,8 @@ def build_layout(target, shipped: Path, model_path: str, out: Path) -> None:
     sd["input_embed_fn.weight"] = target.model.get_input_embeddings().weight.detach().float().clone()
     if config["hydra_head_arch"] == "prefix-mlp":  # the keys the released prefix layer has and draftbench never uses
         from methods.eagle.head import rope_theta
-        from methods.hydra.heads import UNUSED_PREFIX_KEYS, prefix_config
+        from methods.hydra.checkpoint import UNUSED_PREFIX_KEYS
+        from methods.hydra.head import prefix_config
 
         embed_key, inv_freq_key = UNUSED_PREFIX_KEYS
         d = prefix_config(target).head_dim
@@ -111,7 +112,8 @@ def random_prefix_head(target, out: Path, seed: int = 0) -> Path:
     ResBlock module there, so untied weights could not load into it. Norm weights are drawn around 1 so that a
     norm read from the wrong key would show."""
     from harness.engine.method import seeded
-    from methods.hydra.heads import HydraHeads, prefix_config, save_hydra_heads
+    from methods.hydra.checkpoint import save_hydra_heads
+    from methods.hydra.head import HydraHeads, prefix_config
 
     V, H = target.model.get_output_embeddings().weight.shape
     with seeded(seed):
@@ -131,7 +133,8 @@ def shipped_prefix_head(target, out: Path, seed: int = 0) -> Path:
     behind a random prefix layer whose attention and MLP outputs are scaled by 0.05 and whose final norm's weight is
     the features' mean RMS (so its output stays near the target's feature, yet depends on the prefix KV)."""
     from harness.engine.method import seeded
-    from methods.hydra.heads import HydraHeads, load_hydra_heads, prefix_config, save_hydra_heads
+    from methods.hydra.checkpoint import load_hydra_heads, save_hydra_heads
+    from methods.hydra.head import HydraHeads, prefix_config
 
     shipped = load_hydra_heads(SHIPPED, target)
     V, H = target.model.get_output_embeddings().weight.shape

@@ -107,15 +107,15 @@ def forwards_to(accept_lengths: list[int], tokens: int) -> int:
 
 class _Checked:
     """The reference's model, seen by ``recycling_forward``, checking each tree forward against the harness's pure
-    parts (``harness.engine.adjacency``, torch only, so importable here): the 80 drafted tokens against
+    parts (``methods.token_recycling.adjacency``, torch only, so importable here): the 80 drafted tokens against
     ``tree_tokens_from_adjacency`` from the matrix the reference drafted them from, and that matrix against
     ``recycle_candidates`` applied to the previous forward's matrix with its slots and top-8 (within a turn: the
     reference does not recycle a turn's last forward). Counts in ``checked``: forwards, trees equal, updates
     compared, updates equal."""
 
     def __init__(self, model, module):
-        from harness.engine.adjacency import tree_levels
         from harness.engine.tree import TOKEN_RECYCLING_80, tree_from_choices
+        from methods.token_recycling.adjacency import tree_levels
 
         self.model, self.module, self.previous = model, module, None
         self.parents, self.ranks = tree_from_choices(TOKEN_RECYCLING_80)
@@ -126,7 +126,7 @@ class _Checked:
         return getattr(self.model, name)
 
     def __call__(self, input_ids, past_key_values, attention_mask=None, position_ids=None):
-        from harness.engine.adjacency import recycle_candidates, tree_tokens_from_adjacency
+        from methods.token_recycling.adjacency import recycle_candidates, tree_tokens_from_adjacency
 
         out = self.model(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
                          position_ids=position_ids)

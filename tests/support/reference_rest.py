@@ -41,7 +41,7 @@ NO_MATCH_TOKEN = 100  # REST drafts this one token when no span answers ("just r
 
 def documents(tokens: np.ndarray) -> list[np.ndarray]:
     """The documents of a datastore's ``tokens [T]`` (each followed by the separator -1)."""
-    from harness.engine.datastore import SEPARATOR
+    from methods.rest.datastore import SEPARATOR
 
     ends = np.flatnonzero(np.asarray(tokens) == SEPARATOR)
     return [np.asarray(tokens[s:e]) for s, e in zip(np.r_[0, ends[:-1] + 1], ends)]
@@ -50,9 +50,9 @@ def documents(tokens: np.ndarray) -> list[np.ndarray]:
 def default_store(folder: str | None = None):
     from pathlib import Path
 
-    from harness.engine.datastore import default_datastore_dir, load_datastore, tokenizer_identity
     from harness.models import cache_dir
-    from harness.train.datastore import load_tokenizer
+    from methods.rest.build import load_tokenizer
+    from methods.rest.datastore import default_datastore_dir, load_datastore, tokenizer_identity
 
     identity = tokenizer_identity(load_tokenizer("smollm2-135m"), "smollm2-135m")
     return load_datastore(Path(folder or default_datastore_dir(cache_dir(), identity)), identity)
@@ -114,7 +114,7 @@ def accepted(paths: set[tuple[int, ...]], following: list[int]) -> int:
 
 def prefix_counts(continuations: np.ndarray) -> Counter:
     """How many continuations (rows of ``[k, depth]``, cut at the separator) start with each path."""
-    from harness.engine.datastore import SEPARATOR
+    from methods.rest.datastore import SEPARATOR
 
     counts: Counter = Counter()
     for row in continuations.tolist():
@@ -151,7 +151,7 @@ def selection_allows(counts: Counter, paths: set[tuple[int, ...]], choices: int)
 
 
 def rest_classes(reader):
-    from methods.rest import Rest
+    from methods.rest.rest import Rest
 
     class LoggedRest(Rest):
         """The harness's ``rest``, recording every step's context, root and tree."""
@@ -176,9 +176,9 @@ def rest_classes(reader):
 
 
 def compare(index: str, questions: int, tokens: int, out: str | None) -> None:
-    from harness.engine.datastore import Datastore, retrieve, suffix_array, trie_draft
     from harness.engine.sampling import SamplingParams
     from harness.models import load_target
+    from methods.rest.datastore import Datastore, retrieve, suffix_array, trie_draft
     from tests.support.mt_bench_turns import vanilla_turns
 
     reader = draftretriever.Reader(index_file_path=index)

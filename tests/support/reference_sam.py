@@ -73,7 +73,7 @@ def accepted(draft: list[int], out: list[int], n: int) -> int:
 def replay(reqs: list[dict], checkout: str) -> list[list[dict]]:
     """Per request, per step: the reference's and the harness's match lengths, drafts and accepted lengths; the text
     advances by the reference's draft."""
-    from methods.sam import SamDecoding
+    from methods.sam.sam import SamDecoding
 
     sam = dyn_sam_class(checkout)(N_PREDICTS)
     options = SamDecoding.Options(threshold=LEN_THRESHOLD, draft_tokens=N_PREDICTS - 1, fallback="none")
@@ -105,7 +105,7 @@ def reference_drafted(checkout: str):
     (:func:`reference_step`), the automaton fed the prompt and each step's root and accepted tokens as
     ``DraftModel.update`` feeds it: the reference's drafting verified by the harness's engine."""
     from harness.engine.tree import chain_tree
-    from methods.sam import SamDecoding
+    from methods.sam.sam import SamDecoding
 
     dyn_sam = dyn_sam_class(checkout)
 
@@ -133,7 +133,7 @@ def end_to_end(checkout: str, questions: int, tokens: int, out: str | None) -> N
     both turns (turn 2's prompt holds vanilla's answer): outputs against vanilla's, forwards (prefill included) and
     tau; with ``out``, the prompts and results are written there for :func:`samd_side`."""
     from harness.models import load_target
-    from methods.sam import SamDecoding
+    from methods.sam.sam import SamDecoding
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     options = {"threshold": LEN_THRESHOLD, "draft_tokens": N_PREDICTS - 1}
@@ -225,7 +225,7 @@ def static_end_to_end(static: str, questions: int, tokens: int) -> None:
     ``questions`` MT-bench questions, both turns: outputs against vanilla's, forwards, tau and the steps each
     automaton drafted. No reference code runs."""
     from harness.models import load_target
-    from methods.sam import SamDecoding
+    from methods.sam.sam import SamDecoding
 
     target = load_target("smollm2-135m", dtype="float32", device="cpu")
     entries = {f"sam{fb}{st}": SamDecoding.create(target, {"fallback": fallback, **options})
@@ -250,10 +250,10 @@ def static_replay(checkout: str, datastore: str, questions: int, tokens: int, co
     cut at its first EOS (the harness's static draft stops at the document's end)."""
     import numpy as np
 
-    from harness.engine.datastore import SEPARATOR, concatenate, load_datastore
-    from harness.engine.suffix import StaticAutomaton
-    from harness.train.datastore import load_tokenizer
-    from methods.sam import SamDecoding
+    from methods.rest.build import load_tokenizer
+    from methods.rest.datastore import SEPARATOR, concatenate, load_datastore
+    from methods.sam.automaton import StaticAutomaton
+    from methods.sam.sam import SamDecoding
     from tests.support.reference_suffix import requests
 
     eos = load_tokenizer("smollm2-135m").eos_token_id

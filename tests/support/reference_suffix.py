@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 from harness.models import resolve_target_path
 from harness.run.suites import load_suite, sha256_file
-from methods.suffix import SuffixDecoding
+from methods.suffix.suffix import SuffixDecoding
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "suffix_arcticinference.json"
 # FastChat's GPT-4 answers to MT-bench (30 questions), in the folder of the suite's question.jsonl

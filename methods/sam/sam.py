@@ -2,10 +2,10 @@
 generated text, with its published fallback to a head-based drafter (here EAGLE-2 on the shipped head) when the match
 is short.
 
-Each turn the automaton (:class:`harness.engine.suffix.SuffixAutomaton`) is built over the prompt and extended by
+Each turn the automaton (:class:`methods.sam.automaton.SuffixAutomaton`) is built over the prompt and extended by
 every committed token. Each step finds the longest suffix of the context + the pending root that occurs earlier and
 drafts, as a chain, up to ``draft_tokens`` tokens that followed its first occurrence
-(:meth:`~harness.engine.suffix.SuffixAutomaton.draft`). A match of at least ``threshold`` tokens (the root included)
+(:meth:`~methods.sam.automaton.SuffixAutomaton.draft`). A match of at least ``threshold`` tokens (the root included)
 verifies that chain; a shorter one falls back to ``fallback``: ``eagle2`` = EAGLE-2's dynamic tree (arXiv:2406.16858
 Sec. 4; options ``head``, ``total_tokens``, ``depth``, ``top_k`` as for method ``eagle2``; its draft KV follows every
 committed token, so it catches up on the steps the chain took), ``none`` = no draft (a plain target step). Both
@@ -21,10 +21,10 @@ the first occurrence (it compares with ``n_predicts``, the draft plus the root),
 to its fixed length, where this chain ends with the text. Counters: ``sam_steps`` (chain steps), ``fallback_steps``.
 
 Option ``static`` adds the paper's second, static automaton over a corpus built once (Sec. 3;
-:class:`harness.engine.suffix.StaticAutomaton`, ``draftbench data static-sam`` over REST's ShareGPT datastore,
+:class:`methods.sam.automaton.StaticAutomaton`, ``draftbench data static-sam`` over REST's ShareGPT datastore,
 ``samd/sam/static_sam.py`` there): a cursor follows the prompt and every committed token through it, each step
 drafts what followed the first occurrence in the corpus of the longest suffix of context + root, and
-:func:`harness.engine.suffix.choose_automaton` picks as the reference's ``DraftModel.lookup``: the static match
+:func:`methods.sam.automaton.choose_automaton` picks as the reference's ``DraftModel.lookup``: the static match
 length less ``len_bias`` against the dynamic one, the dynamic on a tie, the fallback when neither reaches
 ``threshold``. Counter ``static_steps``. The corpus is fixed, so results still do not depend on the order of
 questions. Against the reference: its corpus joins documents with EOS and its drafts may run on past it into the next
@@ -42,23 +42,23 @@ from typing import Any
 import torch
 
 from harness.engine.checkpoints import check_head_option
-from harness.engine.datastore import concatenate, tokenizer_identity
 from harness.engine.hostio import fetch, upload
 from harness.engine.method import build_options
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
-from harness.engine.suffix import (
+from harness.engine.tree import DraftTree, chain_tree
+from harness.models import Target, cache_dir
+from harness.registry import register_method
+from methods.eagle.eagle2 import Eagle2, Eagle2Options
+from methods.rest.datastore import concatenate, tokenizer_identity
+from methods.rest.rest import example_documents
+from methods.sam.automaton import (
     StaticAutomaton,
     SuffixAutomaton,
     choose_automaton,
     default_static_dir,
     load_static_automaton,
 )
-from harness.engine.tree import DraftTree, chain_tree
-from harness.models import Target, cache_dir
-from harness.registry import register_method
-from methods.eagle.eagle2 import Eagle2, Eagle2Options
-from methods.rest import example_documents
 
 FALLBACKS = ("eagle2", "none")
 
@@ -70,7 +70,7 @@ class SamOptions:
     ``len_threshold`` 5 and ``n_predicts`` 40, i.e. 39 drafted tokens); ``fallback``: ``eagle2`` or ``none``;
     ``head``, ``total_tokens``, ``depth``, ``top_k``: the EAGLE-2 fallback's options (ignored with ``none``);
     ``static``: the static automaton, a folder or ``sharegpt`` (the target's in the user cache,
-    :func:`harness.engine.suffix.default_static_dir`), off by default; ``len_bias``: subtracted from the static
+    :func:`methods.sam.automaton.default_static_dir`), off by default; ``len_bias``: subtracted from the static
     match length before the choice (4, the reference's default at v0.4.1 beside threshold 4; 5 at 18c41f0 beside
     ``len_threshold`` 5)."""
 
@@ -108,7 +108,7 @@ class SamDecoding(SpeculativeMethod):
 
     ``fallback`` (an :class:`methods.eagle.eagle2.Eagle2`) may be passed directly; otherwise it is built from the
     options (the shipped head by default). It shares this method's counters and runtime. ``static`` (a
-    :class:`harness.engine.suffix.StaticAutomaton`) likewise; otherwise it is loaded when the option names one, and a
+    :class:`methods.sam.automaton.StaticAutomaton`) likewise; otherwise it is loaded when the option names one, and a
     missing one, or one built for another tokenizer, is refused here in one line.
     """
 
@@ -135,7 +135,7 @@ class SamDecoding(SpeculativeMethod):
     def example(cls, target: Target, seed: int = 0, **options: Any) -> SamDecoding:
         """The method with a randomly initialised EAGLE-2 head (:meth:`methods.eagle.draft.EagleMethodBase.example`)
         when the fallback is ``eagle2``; with any ``static``, a static automaton in memory over
-        :func:`methods.rest.example_documents` (the target's greedy continuations)."""
+        :func:`methods.rest.rest.example_documents` (the target's greedy continuations)."""
         opts = build_options(cls.Options, options, f"method {cls.name!r}")
         fallback = static = None
         if opts.fallback == "eagle2":

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from harness.engine.hostio import upload
-from harness.engine.lookup import lookup_draft
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree, chain_tree
 from harness.registry import register_method
+from methods.pld.lookup import lookup_draft
 
 
 @dataclass

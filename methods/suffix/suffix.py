@@ -1,11 +1,11 @@
 """SuffixDecoding (arXiv:2411.04975 Sec. 4): suffix trees over the prompt and over earlier outputs, frequency trees.
 
-Two :class:`harness.engine.suffixtree.SuffixTree` s: a per-request tree over the prompt and the tokens generated so
+Two :class:`methods.suffix.suffixtree.SuffixTree` s: a per-request tree over the prompt and the tokens generated so
 far, and a global tree over the outputs generated (by this method instance) in earlier turns and questions and this
 turn's output so far. Every step matches the suffixes of the context (the pending root included) in each tree
 and grows the paper's greedy speculation tree from each match (at most ``max_spec_factor`` * match length tokens,
 ``max_spec_tokens`` at most, nodes of estimated probability below ``min_token_prob`` pruned;
-:func:`harness.engine.suffixtree.speculate`); the tree with the highest score (expected accepted tokens) is proposed.
+:func:`methods.suffix.suffixtree.speculate`); the tree with the highest score (expected accepted tokens) is proposed.
 Training-free and a deterministic function of the text seen, so verification is lossless at every temperature.
 
 ``global_tree``: "persist" (default, as published: the global tree grows across turns and questions, so results
@@ -34,9 +34,9 @@ import torch
 from harness.engine.hostio import fetch, upload
 from harness.engine.sampling import SamplingParams
 from harness.engine.speculative import SpeculativeMethod
-from harness.engine.suffixtree import SuffixTree, speculate
 from harness.engine.tree import DraftTree
 from harness.registry import register_method
+from methods.suffix.suffixtree import SuffixTree, speculate
 
 GLOBAL_TREE_MODES = ("persist", "per_question")
 

@@ -10,7 +10,7 @@ suffix-array order; a continuation stops at a document's end). :func:`trie_draft
 continuations (the trie of Sec. 3.2) and keeps the ``num_draft`` most frequent: a parent is at least as frequent as
 its child, so the kept nodes are a tree. Worked example in :func:`trie_draft`.
 
-On disk (``draftbench data datastore``, :mod:`harness.train.datastore`): ``tokens.npy``, ``suffixes.npy`` and
+On disk (``draftbench data datastore``, :mod:`methods.rest.build`): ``tokens.npy``, ``suffixes.npy`` and
 ``manifest.json`` with the tokenizer's identity (:func:`tokenizer_identity`), checked on load so that a datastore
 built for another tokenizer is refused in one line (:func:`load_datastore`).
 """

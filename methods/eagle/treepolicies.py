@@ -1,31 +1,30 @@
-"""Per-step policies a tree-drafting method can hold: :class:`LookupGraft` (a prompt-lookup chain grafted onto every
-step's tree), :class:`AdaptiveSizer` (each step's tree sized from measured costs and calibrated confidence),
+"""Per-step policies a dynamic-tree method can hold: :class:`LookupGraft` (a prompt-lookup chain grafted onto every
+step's tree), :class:`AdaptiveSizer` (each step's tree sized from measured costs and calibrated confidence) and
 :class:`Backoff` (before each step, the head's tree, the lookup chain alone or no draft, whichever is expected to emit
-tokens fastest) and :class:`SpeculationStop` (speculation off for the rest of a turn once it no longer pays).
+tokens fastest).
 
 Each is a small object with its own state; a method builds one from its options and calls it from its three verbs
-(``begin``, ``propose``, ``accept``). They live in the engine, not beside one method family, because they use only
-what the method contract hands every tree method (the committed tokens, a :class:`~harness.engine.tree.DraftTree`,
-the target and the turn's ``counters``) and the engine's pure maths (:mod:`harness.engine.lookup`,
-:mod:`harness.engine.tree`, :mod:`harness.engine.autotune`): a method in any package (``methods/`` is the plugin
-layer above the harness) can hold them. Neither is published: EAGLE-2 (arXiv:2406.16858 Sec. 4) fixes the tree
-size, and prompt lookup (Saxena 2023) drafts alone. :class:`SpeculationStop` is asked by the engine's loop itself
-(:attr:`harness.engine.speculative.SpeculativeMethod.speculation_stop`), since a step without speculation is the
-engine's, not the method's.
+(``begin``, ``propose``, ``accept``). They are drafting policies, held by EAGLE-2's dynamic tree
+(:class:`methods.eagle.eagle2.DynamicTreeOptions`, and so by every method that extends it); they use only what the
+method contract hands every tree method (the committed tokens, a :class:`~harness.engine.tree.DraftTree`, the target
+and the turn's ``counters``), prompt lookup's matching (:mod:`methods.pld.lookup`) and the engine's pure maths
+(:mod:`harness.engine.tree`, :mod:`harness.engine.autotune`), so a method in another package can hold them too.
+Neither is published: EAGLE-2 (arXiv:2406.16858 Sec. 4) fixes the tree size, and prompt lookup (Saxena 2023) drafts
+alone. The loop's own policy, speculation off for the rest of a turn, is the engine's
+(:class:`harness.engine.speculationstop.SpeculationStop`), which reads the costs :class:`AdaptiveSizer` measured.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 import torch
 
 from harness.engine import autotune
 from harness.engine.hostio import fetch, upload
-from harness.engine.lookup import lookup_match
 from harness.engine.tree import DraftTree, chain_tree, graft_chain, path_length
 from harness.models import Target
+from methods.pld.lookup import lookup_match
 
 LOOKUP_MAX_NGRAM = 3  # the longest n-gram option ``lookup`` matches (prompt lookup's default, method ``pld``)
 
@@ -37,7 +36,7 @@ def _count(counters: dict[str, int], name: str, n: int) -> None:
 class LookupGraft:
     """Option ``lookup``: every step's tree also carries the prompt-lookup chain of up to ``length`` tokens (the
     continuation of the context's last n-gram, n from :data:`LOOKUP_MAX_NGRAM` down to ``min_ngram``, at its most
-    recent earlier occurrence; :func:`harness.engine.lookup.lookup_match`), grafted onto the draft's tree
+    recent earlier occurrence; :func:`methods.pld.lookup.lookup_match`), grafted onto the draft's tree
     (:func:`harness.engine.tree.graft_chain`), so a step accepts the longer of the two. ``alone`` > 0: a step whose
     chain comes from an n-gram match of at least ``alone`` tokens verifies the chain alone and skips drafting.
 
@@ -258,45 +257,3 @@ class Backoff:
         else:
             self.idle += 1
         self.arm = None
-
-
-class SpeculationStop:
-    """Options ``max_spec_context`` and ``stop_unprofitable``: speculation off for the rest of a turn once it no longer
-    pays; the engine's loop asks :meth:`reason` before every step, and from the first step it names a reason on, runs
-    plain one-token forwards (no draft, no tree; lossless by construction, the target emits every token).
-
-    ``max_context`` > 0: off once the context (prompt and emitted tokens, the pending root included) exceeds it
-    (long-context drafts accept less, vllm-project/speculators#684; vllm-project/vllm#47602 asks for this per request).
-    ``last_steps`` = n > 0: off when the last n speculative steps, at the costs ``sizer`` measured (its timed
-    verification sizes, its running drafting time), emitted tokens slower than a plain one-slot forward would have
-    (:func:`harness.engine.autotune.speculation_pays`). The window restarts every turn. Neither is published.
-    """
-
-    CONTEXT, UNPROFITABLE = "max_spec_context", "stop_unprofitable"  # the reasons, named by their options
-
-    def __init__(self, max_context: int = 0, last_steps: int = 0, sizer: AdaptiveSizer | None = None):
-        if last_steps and sizer is None:
-            raise ValueError("SpeculationStop: last_steps needs the sizer whose measured costs it reads")
-        self.max_context, self.last_steps, self.sizer = max_context, last_steps, sizer
-        self.steps: deque[tuple[int, int]] = deque(maxlen=max(last_steps, 1))  # (slots, accepted drafts) per step
-
-    def begin(self) -> None:
-        """A new turn: the measured window starts empty."""
-        self.steps.clear()
-
-    def record(self, slots: int, accepted: int) -> None:
-        """A speculative step verified ``slots`` slots (root included) and accepted ``accepted`` drafts."""
-        self.steps.append((slots, accepted))
-
-    def reason(self, context: int) -> str | None:
-        """Why the step after ``context`` tokens should not speculate (:attr:`CONTEXT` or :attr:`UNPROFITABLE`), or
-        None. Example: max_context 512 -> context 512: None, 513: "max_spec_context"."""
-        if self.max_context and context > self.max_context:
-            return self.CONTEXT
-        sizer = self.sizer
-        if self.last_steps and len(self.steps) == self.last_steps and sizer.draft_s is not None:
-            slots, accepted = zip(*self.steps)
-            verify_s = [sizer.verify_cost(n) for n in slots]
-            if not autotune.speculation_pays(list(accepted), verify_s, sizer.draft_s, sizer.verify_s[1]):
-                return self.UNPROFITABLE
-        return None

@@ -2,8 +2,9 @@
 context's last n-gram.
 
 The model-free draft of the method ``pld`` (Saxena 2023, "Prompt Lookup Decoding"), and the chain that the
-dynamic-tree methods graft onto their trees with option ``lookup`` (:func:`harness.engine.tree.graft_chain`). A
-deterministic function of the context, so a tree that carries it is verified with the deterministic-proposal rule.
+dynamic-tree methods graft onto their trees with option ``lookup`` (:class:`methods.eagle.treepolicies.LookupGraft`,
+:func:`harness.engine.tree.graft_chain`). A deterministic function of the context, so a tree that carries it is
+verified with the deterministic-proposal rule.
 """
 
 from __future__ import annotations

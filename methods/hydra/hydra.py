@@ -18,8 +18,9 @@ from harness.engine.tree import DraftTree, depths
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.hydra.heads import HydraHeads, check_head_arch, load_hydra_heads, prefix_config
-from methods.medusa.drafting import head_tree, medusa_tree
+from methods.hydra.checkpoint import load_hydra_heads
+from methods.hydra.head import HydraHeads, check_head_arch, prefix_config
+from methods.medusa.medusa import head_tree, medusa_tree
 
 
 @dataclass
@@ -27,7 +28,7 @@ class HydraOptions:
     """``head``: a checkpoint folder (default: the head shipped for the target). ``tree``: a name in
     ``harness.engine.tree.STATIC_TREES`` or explicit rank paths (Medusa's trees); its depth must not exceed the
     number of heads; unset, Medusa's default tree cut to the checkpoint's heads
-    (:func:`methods.medusa.drafting.head_tree`). ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only
+    (:func:`methods.medusa.medusa.head_tree`). ``draft_vocab``: 0 = heads score the full vocabulary; N > 0 = only
     the N most frequent tokens of the training data (:mod:`harness.engine.draftvocab`; heads that share the
     target's lm_head only)."""
 
@@ -93,7 +94,7 @@ class Hydra(SpeculativeMethod):
     tokens on the node's own candidate path (root included), so siblings' children differ, unlike Medusa's Cartesian
     product. One head call per tree level, counted as one draft forward each.
 
-    Hydra++ heads (``hydra_head_arch: prefix-mlp``, :class:`methods.hydra.heads.HydraPrefix`) read the prefix
+    Hydra++ heads (``hydra_head_arch: prefix-mlp``, :class:`methods.hydra.head.HydraPrefix`) read the prefix
     layer's output at the last committed position instead of the feature itself. As in the released code (its
     prefix KV is kept at the committed length after each verification), the prefix runs once over the prompt's
     features at ``begin`` and then over each step's committed features at ``accept`` (one draft forward each), so

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.engine.datastore import SEPARATOR, default_datastore_dir, read_manifest
+from methods.rest.datastore import SEPARATOR, default_datastore_dir, read_manifest
 
 STATIC_FORMAT = "draftbench-static-sam-1"
 STATIC_ARRAYS = ("tokens", "link", "length", "first_end", "edge_start", "edge_token", "edge_target")
@@ -117,7 +117,7 @@ class SuffixAutomaton:
 
 class StaticAutomaton:
     """The suffix automaton of a corpus, frozen: ``tokens [T]`` int32 (the corpus, documents separated by
-    :data:`harness.engine.datastore.SEPARATOR`), per state ``link [S]``, ``length [S]``, ``first_end [S]`` (as in
+    :data:`methods.rest.datastore.SEPARATOR`), per state ``link [S]``, ``length [S]``, ``first_end [S]`` (as in
     :class:`SuffixAutomaton`) and its transitions ``edge_start [S + 1]`` int64, ``edge_token [E]`` and
     ``edge_target [E]`` int32: the edges of state s are ``edge_start[s]:edge_start[s + 1]``, sorted by token.
     A separator is an ordinary token of the corpus that no context contains, so no match and no draft crosses a
@@ -202,7 +202,7 @@ class StaticAutomaton:
 
 def default_static_dir(cache: Path, identity: dict[str, Any], source: str = "sharegpt") -> Path:
     """Where ``draftbench data static-sam`` writes, and ``sam``'s ``static: <source>`` looks: the source's datastore
-    folder (:func:`harness.engine.datastore.default_datastore_dir`, one per tokenizer) with ``-sam`` appended.
+    folder (:func:`methods.rest.datastore.default_datastore_dir`, one per tokenizer) with ``-sam`` appended.
     Example: cache/datastores/smollm2-135m-ab12...-sharegpt -> cache/datastores/smollm2-135m-ab12...-sharegpt-sam."""
     folder = default_datastore_dir(cache, identity, source)
     return folder.with_name(folder.name + "-sam")
@@ -211,7 +211,7 @@ def default_static_dir(cache: Path, identity: dict[str, Any], source: str = "sha
 def load_static_automaton(folder: str | Path, identity: dict[str, Any] | None = None) -> StaticAutomaton:
     """The static automaton saved in ``folder`` (memory-mapped), built for ``identity``'s tokenizer; missing or built
     for another tokenizer: one line naming the command that builds it
-    (:func:`harness.engine.datastore.read_manifest`)."""
+    (:func:`methods.rest.datastore.read_manifest`)."""
     folder = Path(folder)
     target = identity["name"] if identity else "TARGET"
     build = (f"build it with: draftbench data datastore --source sharegpt --target {target}, then "

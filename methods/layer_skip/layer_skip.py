@@ -46,12 +46,12 @@ Bayesian). Drafting starts from the set above; once more than ``search_window + 
 every step scores one candidate set of as many layers, drawn among layers 1 .. L - 2: the skipping model runs once
 over the turn's first ``search_window + 1`` tokens (after the prompt, in a copy of the prompt's cache taken at the
 turn's start, as SWIFT clones its prefilled cache) and its *matchness* is the share of positions where its greedy
-next token is the target's own (:mod:`harness.engine.layersearch`). A candidate that beats the best matchness so far
+next token is the target's own (:mod:`methods.layer_skip.layersearch`). A candidate that beats the best matchness so far
 drafts from the next step on. The target verifies every draft as before, so the output is unchanged at every
 temperature; the search costs one forward of the skipping model and one host read per step while it runs
 (``counters["search_forwards"]``), and a copy of the prompt's KV cache. ``search_space``: ``layers`` (default) moves
 as many whole layers as the initial set skips; ``sub_layers`` is SWIFT's space, the attention and MLP sub-layers of
-layers 1 .. L - 2 (``2 (L - 2)`` coordinates, :func:`harness.engine.layersearch.sub_layer_ids`), each candidate
+layers 1 .. L - 2 (``2 (L - 2)`` coordinates, :func:`methods.layer_skip.layersearch.sub_layer_ids`), each candidate
 skipping ``int(2 (L - 2) skip_ratio)`` of them as SWIFT's ``swift_optimization`` (25 of 56 on a 30-layer model at
 0.45), or as many as the given sets name. ``persist`` carries the search and its set
 over turns and questions as SWIFT does (the manifest says ``order_dependent: true``); ``per_turn`` restarts it from
@@ -75,7 +75,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.engine.layersearch import (
+from harness.engine.method import OptionsError
+from harness.engine.runtime import bucket_slots
+from harness.engine.sampling import SamplingParams, logits_to_probs
+from harness.engine.speculative import SpeculativeMethod, layer_types
+from harness.engine.tree import CONFIDENCE_WIDTHS, DraftTree, chain_tree, confidence_widths, sibling_tree
+from harness.models import Target
+from harness.registry import register_method
+from methods.layer_skip.layersearch import (
     bayes_skip,
     matchness,
     random_skip,
@@ -84,13 +91,6 @@ from harness.engine.layersearch import (
     sub_layer_ids,
     sub_layer_sets,
 )
-from harness.engine.method import OptionsError
-from harness.engine.runtime import bucket_slots
-from harness.engine.sampling import SamplingParams, logits_to_probs
-from harness.engine.speculative import SpeculativeMethod, layer_types
-from harness.engine.tree import CONFIDENCE_WIDTHS, DraftTree, chain_tree, confidence_widths, sibling_tree
-from harness.models import Target
-from harness.registry import register_method
 
 DEFAULT_SKIP_RATIO = 0.45  # SWIFT's (arXiv:2410.06916, its experimental setup)
 SET_OPTIONS = ("skip_layers", "skip_attn", "skip_mlp")  # options that name decoder layers
@@ -207,7 +207,7 @@ class LayerSkipOptions:
 class LayerSearch:
     """The state of SWIFT's layer set search (arXiv:2410.06916 Sec. 4.1): ``n`` of the searchable ``layers`` are
     skipped by every candidate; ``points`` / ``scores`` are the candidates scored so far (as
-    :func:`harness.engine.layersearch.skip_point`) and their matchness; ``best`` is the best matchness (0 at the
+    :func:`methods.layer_skip.layersearch.skip_point`) and their matchness; ``best`` is the best matchness (0 at the
     start, as SWIFT: the first candidate replaces the initial set); ``stale`` counts candidates in a row that did not
     beat it."""
 

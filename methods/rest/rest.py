@@ -2,13 +2,13 @@
 
 Every step takes the context's longest suffix (``max_match`` tokens down to ``min_match``, the pending root
 included) that occurs in the datastore, the ``depth`` tokens that follow its first ``max_candidates`` occurrences,
-and proposes the trie of their ``num_draft`` most frequent prefixes (:func:`harness.engine.datastore.retrieve`,
-:func:`harness.engine.datastore.trie_draft`); no match gives an empty tree (a plain target forward). Training-free
+and proposes the trie of their ``num_draft`` most frequent prefixes (:func:`methods.rest.datastore.retrieve`,
+:func:`methods.rest.datastore.trie_draft`); no match gives an empty tree (a plain target forward). Training-free
 and a deterministic function of the context, so verification is lossless at every temperature. Defaults are the
 authors' (64 draft tokens, suffixes of 16 tokens down to 2, continuations of 10 tokens from 5000 occurrences).
 
 The datastore is built once (``draftbench data datastore --source sharegpt``: the assistant turns of ShareGPT in
-the target's tokenizer; :mod:`harness.train.datastore`) into the user cache, where ``datastore`` (default) looks for
+the target's tokenizer; :mod:`methods.rest.build`) into the user cache, where ``datastore`` (default) looks for
 the target's; a missing one, or one built for another tokenizer, is refused before the run in one line.
 
 Differences from the authors' implementation: documents are separated, so no match or continuation crosses from one
@@ -28,14 +28,6 @@ from typing import Any
 
 import torch
 
-from harness.engine.datastore import (
-    Datastore,
-    default_datastore_dir,
-    load_datastore,
-    retrieve,
-    tokenizer_identity,
-    trie_draft,
-)
 from harness.engine.hostio import upload
 from harness.engine.method import build_options, seeded
 from harness.engine.sampling import SamplingParams
@@ -43,6 +35,14 @@ from harness.engine.speculative import SpeculativeMethod
 from harness.engine.tree import DraftTree
 from harness.models import Target, cache_dir
 from harness.registry import register_method
+from methods.rest.datastore import (
+    Datastore,
+    default_datastore_dir,
+    load_datastore,
+    retrieve,
+    tokenizer_identity,
+    trie_draft,
+)
 
 
 @dataclass

@@ -6,8 +6,8 @@ target's logits at that slot (the engine hands them over, ``SpeculativeMethod.lo
 drafts a static tree (default: the paper's 80-node template, ``harness.engine.tree`` ``token_recycling_80``; option
 ``tree: token_recycling_23`` keeps 23 of its nodes for small targets on a CPU) by
 breadth-first search from the root: node i carries the ``rank``-th candidate of its parent's token
-(:mod:`harness.engine.adjacency`; all on the device, no host read). The proposal is a deterministic function of the
-matrix, so verification is lossless at every temperature.
+(:mod:`methods.token_recycling.adjacency`; all on the device, no host read). The proposal is a deterministic function
+of the matrix, so verification is lossless at every temperature.
 
 Option ``persist`` (default true, as published): the matrix persists across turns and questions, so results depend on
 the order of the questions (the manifest records ``state`` beside the options); false starts every turn from an
@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from harness.engine.adjacency import recycle_candidates, tree_levels, tree_tokens_from_adjacency
 from harness.engine.hostio import upload
 from harness.engine.method import OptionsError
 from harness.engine.sampling import SamplingParams
@@ -35,6 +34,7 @@ from harness.engine.tree import TOKEN_RECYCLING_80, DraftTree, tree_from_choices
 from harness.models import Target
 from harness.registry import register_method
 from methods.eagle.eagle1 import static_tree_choices
+from methods.token_recycling.adjacency import recycle_candidates, tree_levels, tree_tokens_from_adjacency
 
 # Not published: the nodes of the paper's tree whose ranks add up to at most 1 (23 nodes, levels [2, 3, 4, 5, 6, 3]),
 # for a target whose verification cost grows fast with the tree's size (a small model on a CPU).

@@ -18,7 +18,8 @@ from harness.engine.verify import verify_typical
 from harness.models import Target
 from harness.registry import register_method
 from methods import SHIPPED_HEADS
-from methods.medusa.heads import MedusaHeads, load_medusa_heads
+from methods.medusa.checkpoint import load_medusa_heads
+from methods.medusa.head import MedusaHeads
 
 ACCEPTANCE_RULES = ("rejection", "typical")
 DEFAULT_TREE = "medusa_mc_sim_7b_63"  # the tree option medusa and hydra run when none is given (4 levels: 4 heads)
