@@ -13,7 +13,7 @@ from harness.engine.checkpoints import CheckpointError
 from harness.engine.draftcache import DraftKV
 from methods.eagle.checkpoint import load_eagle_head, save_eagle_head
 from methods.eagle.head import EagleHead
-from tests.support.helpers import tiny_target
+from tests.support.helpers import assert_refused, tiny_target
 
 H, V, I = 32, 128, 64  # tiny target: hidden, vocab, intermediate (see tests/support/helpers.py)
 
@@ -169,10 +169,9 @@ def test_renamed_key_is_named(tmp_path):
     target = tiny_target()
     sd = published_eagle_folder(tmp_path)
     sd["layers.0.mlp.gate.weight"] = sd.pop("layers.0.mlp.gate_proj.weight")
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"missing keys: layers\.0\.mlp\.gate_proj\.weight \(found "
-                                              r"layers\.0\.mlp\.gate\.weight: renamed\?\)"):
-        load_eagle_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_eagle_head, target,
+                   r"missing keys: layers\.0\.mlp\.gate_proj\.weight \(found "
+                   r"layers\.0\.mlp\.gate\.weight: renamed\?\)")
 
 
 def test_missing_key_is_named(tmp_path):
@@ -180,9 +179,8 @@ def test_missing_key_is_named(tmp_path):
     target = tiny_target()
     sd = published_eagle_folder(tmp_path)
     del sd["fc.bias"]
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"missing keys: fc\.bias"):
-        load_eagle_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_eagle_head, target,
+                   r"missing keys: fc\.bias")
 
 
 def test_shape_mismatch_is_named(tmp_path):
@@ -190,10 +188,8 @@ def test_shape_mismatch_is_named(tmp_path):
     target = tiny_target()
     sd = published_eagle_folder(tmp_path)
     sd["layers.0.mlp.up_proj.weight"] = torch.zeros(48, H)
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError,
-                       match=r"layers\.0\.mlp\.up_proj\.weight: checkpoint \[48, 32\] vs expected \[64, 32\]"):
-        load_eagle_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_eagle_head, target,
+                   r"layers\.0\.mlp\.up_proj\.weight: checkpoint \[48, 32\] vs expected \[64, 32\]")
 
 
 def test_head_for_another_target_fails(tmp_path):

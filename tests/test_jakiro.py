@@ -39,7 +39,7 @@ from methods.jakiro.moe import (
     select_experts,
 )
 from methods.vanilla import Vanilla
-from tests.support.helpers import GREEDY, sampled_pvalue, sampling_target, tiny_target
+from tests.support.helpers import GREEDY, assert_refused, sampled_pvalue, sampling_target, tiny_target
 from tests.support.helpers import random_jakiro_head as random_head
 
 H, V = 32, 128  # tiny target (tests/support/helpers.py)
@@ -266,10 +266,9 @@ def test_renamed_key_fails_naming_it(tmp_path):
     target = tiny_target()
     sd = published_jakiro_folder(tmp_path)
     sd["layers.0.mlp_moe.router.weight"] = sd.pop("layers.0.mlp_moe.gate.weight")
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"missing keys: layers\.0\.mlp_moe\.gate\.weight \(found "
-                                              r"layers\.0\.mlp_moe\.router\.weight: renamed\?\)"):
-        load_jakiro_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_jakiro_head, target,
+                   r"missing keys: layers\.0\.mlp_moe\.gate\.weight \(found "
+                   r"layers\.0\.mlp_moe\.router\.weight: renamed\?\)")
 
 
 def test_only_the_embedding_may_be_missing(tmp_path):
@@ -277,14 +276,12 @@ def test_only_the_embedding_may_be_missing(tmp_path):
     target = tiny_target()
     sd = published_jakiro_folder(tmp_path)
     del sd["layers.0.mlp_moe.experts.1.up_proj.weight"]
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"missing keys: layers\.0\.mlp_moe\.experts\.1\.up_proj\.weight"):
-        load_jakiro_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_jakiro_head, target,
+                   r"missing keys: layers\.0\.mlp_moe\.experts\.1\.up_proj\.weight")
     sd = published_jakiro_folder(tmp_path)
     sd["layers.0.mlp_moe.gate.weight"] = torch.zeros(6, H)
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"gate\.weight: checkpoint \[6, 32\] vs expected \[4, 32\]"):
-        load_jakiro_head(tmp_path, target)
+    assert_refused(tmp_path, "pytorch_model.bin", sd, load_jakiro_head, target,
+                   r"gate\.weight: checkpoint \[6, 32\] vs expected \[4, 32\]")
 
 
 def test_module_prefix_and_missing_expert_config(tmp_path):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from harness.engine.checkpoints import CheckpointError
 from methods.medusa.checkpoint import load_medusa_heads, save_medusa_heads
 from methods.medusa.head import MedusaHeads, ResBlock
-from tests.support.helpers import tiny_target
+from tests.support.helpers import assert_refused, tiny_target
 
 H, V = 32, 128  # tiny target: hidden, vocab
 
@@ -98,10 +98,8 @@ def test_renamed_key_is_named(tmp_path):
     target = tiny_target()
     sd = published_medusa_folder(tmp_path)
     sd["1.0.lin.weight"] = sd.pop("1.0.linear.weight")
-    torch.save(sd, tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(CheckpointError,
-                       match=r"missing keys: 1\.0\.linear\.weight \(found 1\.0\.lin\.weight: renamed\?\)"):
-        load_medusa_heads(tmp_path, target)
+    assert_refused(tmp_path, "medusa_lm_head.pt", sd, load_medusa_heads, target,
+                   r"missing keys: 1\.0\.linear\.weight \(found 1\.0\.lin\.weight: renamed\?\)")
 
 
 def test_missing_head_is_named(tmp_path):
@@ -131,9 +129,8 @@ def test_shape_mismatch_is_named(tmp_path):
     target = tiny_target()
     sd = published_medusa_folder(tmp_path)
     sd["0.1.weight"] = torch.zeros(100, H)
-    torch.save(sd, tmp_path / "medusa_lm_head.pt")
-    with pytest.raises(CheckpointError, match=r"0\.1\.weight: checkpoint \[100, 32\] vs expected \[128, 32\]"):
-        load_medusa_heads(tmp_path, target)
+    assert_refused(tmp_path, "medusa_lm_head.pt", sd, load_medusa_heads, target,
+                   r"0\.1\.weight: checkpoint \[100, 32\] vs expected \[128, 32\]")
 
 
 def test_bad_config_field_is_named(tmp_path):

@@ -401,3 +401,15 @@ def dev_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def assert_refused(folder, weights: str, sd: dict, load, target, match: str) -> None:
+    """Save the state dict ``sd`` as ``folder/weights`` (a checkpoint folder a published-format builder made) and
+    assert that ``load(folder, target)`` refuses it with a :class:`~harness.engine.checkpoints.CheckpointError`
+    matching ``match``: the strict-key checks of every head format (a loader that keeps random weights for a key it
+    does not find, as ``strict=False`` does, would load instead)."""
+    from harness.engine.checkpoints import CheckpointError
+
+    torch.save(sd, folder / weights)
+    with pytest.raises(CheckpointError, match=match):
+        load(folder, target)
