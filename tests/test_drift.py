@@ -13,21 +13,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from harness.cli import main
 from harness.cli.report import report_ending
+from harness.engine.method import build_options
 from harness.measure import compare
 from harness.measure import metrics as M
 from harness.measure.baseline import Side, load_side, repeat_table, save_baseline
 from harness.measure.compare import Thresholds, compare_sides
 from harness.measure.markdown import collapse_warnings
+from harness.registry import get_method
+from harness.run.config import config_from_dict, load_preset_dict
 from tests.test_compare import MANIFEST, QUESTIONS, rec
 
 FIVE = ([1, 4, 3, 3, 1], [3, 2, 2, 0])
 SIX = ([1, 3, 3, 3, 1, 1], [2, 2, 2, 0, 0])
+REPO = Path(__file__).resolve().parent.parent
 NOTHING = ([1] * 12, [0] * 11)  # 12 drafting steps, every draft rejected
 ENGINE = {"config": {**MANIFEST["config"], "methods": [{"name": "eagle2", "engine": "vllm"}]}}
 
@@ -225,3 +232,74 @@ def test_a_run_summary_warns_of_a_collapse_in_text_markdown_and_html(tmp_path):
     healthy = write_report(write_repeats(tmp_path, "healthy", [0]))
     assert "acceptance collapse" not in healthy["summary_md"].read_text()
     assert "acceptance collapse" not in healthy["report_html"].read_text()
+
+
+# ---- the nightly sentinel: its preset and its bisection -------------------------------------------------------------
+def test_the_sentinel_preset_is_valid():
+    """The sentinel runs only at night: a typo in its preset (an unknown method or option) must fail here. It must
+    sample (T = 1), or no cell of it would be gated by the fitted bands."""
+    cfg = config_from_dict(load_preset_dict("sentinel"))
+    assert cfg.device == "cpu" and cfg.temperatures == [0.0, 1.0] and cfg.repeats == 1
+    for spec in cfg.methods:
+        build_options(get_method(spec.name).Options, spec.options, f"sentinel: {spec.label}")
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def planted_repo(tmp_path, n=8, bad=5, broken=()):
+    """A git repository of ``n`` commits; from commit ``bad`` on, the file ``value`` says 2 instead of 1 (the planted
+    regression); the commits in ``broken`` also carry a file ``broken`` (their check cannot run)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for key, value in (("user.email", "t@example.com"), ("user.name", "t"), ("commit.gpgsign", "false")):
+        git(repo, "config", key, value)
+    shas = []
+    for i in range(1, n + 1):
+        (repo / "value").write_text("2\n" if i >= bad else "1\n")
+        (repo / "n").write_text(f"{i}\n")
+        (repo / "broken").unlink(missing_ok=True)
+        if i in broken:
+            (repo / "broken").write_text("x\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {i}")
+        shas.append(git(repo, "rev-parse", "HEAD"))
+    return repo, shas
+
+
+# exit 0 when value is 1, 1 when it is not, 2 (cannot test) where the file `broken` exists
+CHECK = ["sh", "-c", 'test -e broken && exit 2; test "$(cat value)" = 1']
+
+
+def run_bisect(repo, *args):
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+    return subprocess.run([str(REPO / ".ci" / "bisect"), *args], cwd=repo, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_bisect_names_the_planted_regression_and_leaves_the_checkout_alone(tmp_path):
+    """The sentinel's bisect step must name the commit that introduced the regression (commit 5 of 8), skip a
+    commit whose check cannot run (commit 3, exit 2) instead of calling it bad, and leave the calling checkout on
+    its branch with no bisect in progress and no extra worktree."""
+    repo, shas = planted_repo(tmp_path, broken=(3,))
+    done = run_bisect(repo, shas[0], shas[-1], "--", *CHECK)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"first bad commit: {shas[4]} commit 5"
+    assert git(repo, "rev-parse", "HEAD") == shas[-1] and git(repo, "status", "--porcelain") == ""
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert subprocess.run(["git", "bisect", "log"], cwd=repo, capture_output=True).returncode != 0
+
+
+def test_bisect_says_why_it_cannot_name_a_commit(tmp_path):
+    """A regression next to an untestable commit cannot be pinned to one commit: the script must say so and exit 1
+    rather than name the wrong one; a GOOD that is not an ancestor of BAD and a bad usage are one clear line."""
+    repo, shas = planted_repo(tmp_path, n=6, bad=4, broken=(4,))
+    done = run_bisect(repo, shas[0], shas[-1], "--", *CHECK)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "no single first bad commit" in done.stderr
+    reverse = run_bisect(repo, shas[-1], shas[0], "--", *CHECK)
+    assert reverse.returncode == 1 and "is not an ancestor of BAD" in reverse.stderr
+    assert run_bisect(repo, shas[0]).returncode == 2
+    assert "is not a commit" in run_bisect(repo, "nope", shas[-1], "--", "true").stderr
