@@ -173,6 +173,9 @@ def test_the_speed_rule_uses_the_fitted_spread_of_the_speed_up(tmp_path):
     base = load_side(write_repeats(tmp_path, "base", [0] * 6, eagle_wall=walls))
     ok = compare_sides(base, load_side(write_repeats(tmp_path, "ok", [0], eagle_wall=[0.62])))
     assert by_rule(ok) == []
+    # vanilla's speed-up is 1 by definition and its τ and outputs are exact: it is gated as before, and says so
+    vanilla = next(r for r in ok.rows if r["label"] == "vanilla")
+    assert vanilla["tolerance"] == "exact outputs, τ −1%: nothing here to fit"
     band = eagle_row(ok)["bands"]["speed-up"]
     assert band["halfwidth"] == pytest.approx(0.1232, abs=1e-4) and set(eagle_row(ok)["bands"]) == {"speed-up"}
     slow = load_side(write_repeats(tmp_path, "slow", [0], eagle_wall=[0.69]))

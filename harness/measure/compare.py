@@ -589,15 +589,18 @@ def _percent(x: float) -> str:
 
 def _fixed_tolerance(th: Thresholds, acceptance_gated: bool, rtol: float | None, is_reference: bool,
                      reason: str | None) -> str:
-    """Which fixed tolerances gate a cell and why no fitted one does. Example: an engine's cell against an old
+    """Which fixed tolerances gate a cell and why no fitted one does (``reason`` None: a fit was possible but no
+    fitted figure applies, e.g. the baseline label at T = 0 without speed). Example: an engine's cell against an old
     baseline -> "default ±5% acceptance, speed-up 5%: baseline without repeats"."""
+    if reason is None:
+        return f"exact outputs, τ −{_percent(th.tau_rtol)}: nothing here to fit"
     parts = [f"±{_percent(rtol)} acceptance" if acceptance_gated and rtol is not None
              else f"τ −{_percent(th.tau_rtol)}"]
     if th.gate_speed and not is_reference:
         parts.append(f"speed-up {_percent(th.speed_tol)}")
     if th.tps_tol is not None:
         parts.append(f"tok/s {_percent(th.tps_tol)}")
-    return f"default {', '.join(parts)}: {reason or 'no figure of this cell is fitted (exact τ)'}"
+    return f"default {', '.join(parts)}: {reason}"
 
 
 def collapse_message(label: str, rate_base: float, rate_new: float) -> str:
