@@ -144,6 +144,18 @@ def test_an_engine_cell_is_gated_by_the_spread_its_baseline_measured(tmp_path):
     assert compare.fit_source(base, within, ("eagle2", "s1", 0.0), Thresholds()) == (6, None)
 
 
+def test_a_band_fails_outside_and_where_new_has_no_value():
+    """The band's own rule, hand-computed: a floor fails only below base − half-width, a two-sided band (τ) on a
+    rise too, and a figure NEW never measured (a draft position it did not reach) fails rather than passes."""
+    tau = compare.Band("τ", 2.0, 2.11, 0.1, 6, 1, floor=False)
+    assert tau.fails and not compare.Band("τ", 2.0, 2.09, 0.1, 6, 1, floor=False).fails
+    assert not compare.Band("acc@1", 0.5, 0.9, 0.1, 6, 1).fails  # a floor: a rise passes
+    assert compare.Band("acc@1", 0.5, 0.39, 0.1, 6, 1).fails and not compare.Band("acc@1", 0.5, 0.4, 0.1, 6, 1).fails
+    assert compare.Band("acc@3", 0.2, math.nan, 0.05, 6, 1).fails
+    assert compare.Band("τ", 2.0, 2.0, 0.0, 6, 1, floor=False).fails is False  # a zero band: equal passes
+    assert tau.describe() == "τ 2.000 ± 0.100 (n 6), NEW 2.110 (m 1)"
+
+
 def test_a_deterministic_spread_fits_a_zero_band(tmp_path):
     """At T = 1 on the harness (a sampled cell: no exact τ rule) six identical repeats (s = 0) fit a zero-width band:
     τ 2.4 -> 96/41 = 2.34 (−2.4%) fails, though the fixed 5% would have passed it; a rerun equal to BASE passes. The

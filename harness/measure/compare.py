@@ -362,6 +362,9 @@ class Band:
 
     @property
     def fails(self) -> bool:
+        """Outside the band; a figure NEW lacks (a draft position it never reached) fails too."""
+        if missing(self.new):
+            return True
         slack = 1e-12 * max(1.0, abs(self.base))  # the same figure recomputed: equal up to rounding
         low = self.new < self.base - self.halfwidth - slack
         return low or (not self.floor and self.new > self.base + self.halfwidth + slack)
@@ -369,7 +372,7 @@ class Band:
     def describe(self) -> str:
         """Example: "τ 2.400 ± 0.031 (n 6), NEW 2.350 (m 1)"."""
         return (f"{self.figure} {self.base:.3f} {'−' if self.floor else '±'} {self.halfwidth:.3f} (n {self.n}), NEW "
-                f"{self.new:.3f} (m {self.m})")
+                f"{number(self.new, '.3f')} (m {self.m})")
 
 
 def fit_source(base: Side, new: Side, key: tuple, th: Thresholds) -> tuple[int, str | None]:
