@@ -111,7 +111,8 @@ BASE_SIXES = [0, 1, 0, 1, 0, 1]
 def test_an_engine_cell_is_gated_by_the_spread_its_baseline_measured(tmp_path):
     """An engine's cell against a calibrated baseline (6 repeats): τ 96/43 = 2.2326 (k = 3, −5.8%) is inside the
     fitted band and passes, where the fixed 5% would have failed it; τ 96/44 = 2.1818 (k = 4) is outside and fails.
-    A gate that ignored the repeats, or printed no source for its tolerance, would fail the first case or hide why."""
+    A gate that ignored the repeats, or printed no source for its tolerance, would fail the first case or hide why;
+    6 repeats against 1 must not be reported as a configuration difference (the bands account for both counts)."""
     saved = save_baseline(write_repeats(tmp_path, "base", BASE_SIXES, manifest=ENGINE), out=tmp_path / "saved")
     doc = json.loads((saved / "baseline.json").read_text())
     assert len(doc["repeats"]) == 2 * 6
@@ -119,6 +120,7 @@ def test_an_engine_cell_is_gated_by_the_spread_its_baseline_measured(tmp_path):
     within = load_side(write_repeats(tmp_path, "within", [3], manifest=ENGINE))
     cmp = compare_sides(base, within, Thresholds(gate_speed=False))
     assert by_rule(cmp) == [] and eagle_row(cmp)["tolerance"] == "fitted: 6 repeats"
+    assert compare._config_differences({"repeats": 6, "limit": 4}, {"repeats": 1, "limit": 8}) == ["limit"]
     band = eagle_row(cmp)["bands"]["τ"]
     assert (band["base"], band["halfwidth"], band["n"], band["m"]) == (
         pytest.approx(2.370732, abs=1e-6), pytest.approx(0.13964, abs=1e-5), 6, 1)

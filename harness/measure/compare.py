@@ -96,7 +96,9 @@ from harness.measure.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
 ENGINE_RTOL = 0.05  # an engine's cells without --acceptance-rtol: vLLM's acceptance-length CI tolerance
-CONFIG_IGNORED = ("output_dir", "data_dir")
+# configuration fields that do not make two runs measure different things; ``repeats``: a calibrated baseline has
+# several where the run it gates has one, and the fitted bands account for both counts (n and m)
+CONFIG_IGNORED = ("output_dir", "data_dir", "repeats")
 
 
 @dataclass
