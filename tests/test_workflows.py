@@ -51,7 +51,7 @@ def documented_commands() -> set[str]:
 def test_workflows_pass_actionlint():
     """A workflow with a syntax, expression or runner-label error fails on GitHub only after it is merged."""
     files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
-    assert [Path(f).name for f in files] == ["gpu-regression.yml", "tests.yml"]
+    assert [Path(f).name for f in files] == ["gpu-regression.yml", "sentinel.yml", "tests.yml"]
     done = subprocess.run([dev_tool("actionlint"), *files], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -70,7 +70,7 @@ def test_the_workflows_run_the_documented_commands():
     """A workflow that ran something docs/ci.md does not document (or documented differently) would make its setup
     instructions wrong for whoever copies them onto a runner."""
     documented = documented_commands()
-    for name in ("tests.yml", "gpu-regression.yml"):
+    for name in ("tests.yml", "gpu-regression.yml", "sentinel.yml"):
         used = commands(workflow(name))
         assert used, name
         assert [c for c in used if c not in documented] == [], name
@@ -100,5 +100,25 @@ def test_gpu_workflow_shape():
     by_run = {s.get("run"): s for s in steps(wf)}
     assert by_run[".ci/gate gpu_gate cuda"]["if"] == "github.event_name != 'schedule'"
     assert by_run[".ci/gate nightly_vicuna cuda"]["if"] == "github.event_name == 'schedule'"
+    uploads = [s["with"]["path"] for s in steps(wf) if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert uploads == ["results/gate/", "results/baselines/"]
+
+
+def test_sentinel_workflow_shape():
+    """The sentinel must run on a schedule on CPU, calibrate a missing baseline from 6 repeats (a one-repeat baseline
+    fits no tolerance), bisect only after its gate failed, with the history that bisecting needs, and keep the run
+    and the (newly calibrated) baseline."""
+    wf = workflow("sentinel.yml")
+    assert set(triggers(wf)) == {"schedule", "workflow_dispatch"}
+    (job,) = wf["jobs"].values()
+    assert job["runs-on"] == "ubuntu-latest"
+    assert job["steps"][0]["with"]["fetch-depth"] == 0
+    used = commands(wf)
+    assert used == ["make setup", ".ci/gate sentinel cpu --no-speed",
+                    '.ci/bisect "$good" HEAD -- "$PWD/.ci/sentinel-step" sentinel --no-speed']
+    gate = next(s for s in steps(wf) if ".ci/gate sentinel" in str(s.get("run")))
+    assert 'GATE_RUN_ARGS="--repeats 6"' in gate["run"]
+    bisect = next(s for s in steps(wf) if ".ci/bisect" in str(s.get("run")))
+    assert bisect["if"] == f"failure() && steps.{gate['id']}.outcome == 'failure'"
     uploads = [s["with"]["path"] for s in steps(wf) if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert uploads == ["results/gate/", "results/baselines/"]

@@ -6,13 +6,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.measure.baseline import BASELINE_FILE, BASELINES_ROOT, current_device_slug, save_baseline
+from harness.measure.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
+from harness.measure.metrics import MIN_FIT_REPEATS
+
+
+def repeats_line(n: int) -> str:
+    """What ``compare`` will do with a baseline of ``n`` repeats per cell. Example: 6 -> "repeats: 6 per cell:
+    compare fits each tolerance on their spread"."""
+    if n >= MIN_FIT_REPEATS:
+        return f"repeats: {n} per cell: compare fits each tolerance on their spread"
+    return (f"repeats: {max(n, 1)} per cell: compare keeps the fixed default tolerances (a calibrated baseline comes "
+            f"from a run of --repeats {MIN_FIT_REPEATS} or more)")
 
 
 def cmd_baseline(args) -> int:
     if args.baseline_command == "save":
         out = save_baseline(args.run_dir, args.out, args.preset, args.root, args.force, args.allow_partial)
         print(f"baseline: {out / BASELINE_FILE}")
+        print(repeats_line(Side.from_baseline(out).n_repeats))
         return 0
     print(current_device_slug(args.device))
     return 0

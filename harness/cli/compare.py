@@ -14,7 +14,8 @@ from harness.measure.compare import FORMATS, Thresholds, compare_sides, write_ht
 def cmd_compare(args) -> int:
     th = Thresholds(tau_rtol=args.tau_rtol, speed_tol=args.speed_tol, gate_speed=not args.no_speed,
                     tps_tol=args.tps_tol, quality_tol=args.quality_tol, gate_outputs=not args.no_outputs,
-                    n_boot=args.n_boot, seed=args.seed, acceptance_rtol=args.acceptance_rtol)
+                    n_boot=args.n_boot, seed=args.seed, acceptance_rtol=args.acceptance_rtol,
+                    fit=not args.no_fit)
     base = load_side(args.base, n_boot=th.n_boot, seed=th.seed)
     new = load_side(args.new, n_boot=th.n_boot, seed=th.seed)
     cmp = compare_sides(base, new, th, args.labels, allow_mismatch=args.allow_mismatch)
@@ -49,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--acceptance-rtol", type=float, default=None, metavar="R",
                    help="where exact gating does not apply (other device or dtype, T > 0, engines): τ within ±R and "
                         "acc@i >= BASE's × (1 − R) instead of the τ rule (default: engines 0.05, others the τ rule)")
+    c.add_argument("--no-fit", action="store_true",
+                   help="ignore a baseline's repeats: the fixed tolerances, as for a baseline without repeats")
     c.add_argument("--allow-mismatch", action="store_true",
                    help="compare sides of different targets or dtypes (an error otherwise), with a warning")
     c.add_argument("--labels", type=lambda t: [x for x in t.split(",") if x],

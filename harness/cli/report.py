@@ -53,11 +53,11 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     import shlex
 
     from harness.measure.formatting import interval
-    from harness.measure.markdown import paper_table
+    from harness.measure.markdown import collapse_warnings, paper_table
 
     bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
     base = " / ".join(bases) or "vanilla"
-    lines = [paper_table(summary, bases[0] if bases else "vanilla").rstrip()]
+    lines = [paper_table(summary, bases[0] if bases else "vanilla").rstrip(), *collapse_warnings(summary)]
     cis: dict[str, list[str]] = {}  # label -> "suite estimate [lo, hi]" per suite and temperature
     for r in summary.to_dict("records"):
         if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]:

@@ -16,6 +16,10 @@ questions       per question of a cell: accepted tokens (Σ accept_lengths) and 
                 per-position acceptance is not gated against it)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
+repeats         only for a run of 2 or more repeats (``repeats:`` / ``--repeats``): per cell and repeat, the cell's
+                figures measured in that repeat alone (:func:`repeat_table`): τ, acc@i, draft acceptance rate,
+                speed-up, tokens/s. Their spread is the run-to-run noise that ``compare`` fits its tolerances on
+                (:func:`harness.measure.metrics.prediction_band`); a baseline without it keeps the fixed defaults
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
                 target (without its local path), full run configuration and its digest, suites
 =============== ==================================================================================================
@@ -38,7 +42,7 @@ import math
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,27 @@ QUESTION_COLUMNS = [*CELL, "question_id", "accepted_tokens", "steps", "new_token
 DRAFT_COLUMNS = ["accepted_drafts_total", "drafted_tokens", "draft_steps"]
 TURN_COLUMNS = [*CELL, *TURN, "new_tokens", "stop_reason", "sha256"]
 POSITION_COLUMNS = ["accepted_at", "drafted_at"]  # per question; optional when a baseline is read
+SPREAD_FIGURES = ["tau", "draft_acceptance_rate", "speedup", "tokens_per_s"]
+REPEAT_COLUMNS = [*CELL, "repeat", *SPREAD_FIGURES, "acc_at"]  # acc_at: acc@1, acc@2, ... of that repeat
+
+
+def repeat_table(turns: pd.DataFrame, label: str) -> pd.DataFrame:
+    """Per (label, suite, temperature) cell and repeat, the cell's figures measured in that repeat alone, with the
+    report's own summary (:func:`harness.measure.tables.summary_table` on the repeat's turns; speed-ups against
+    ``label`` in the same repeat): :data:`SPREAD_FIGURES` and ``acc_at`` (acc@1..depth, [] when the label never
+    drafts). Each repeat measures every question once, so the rows of a cell are replicates of the same commit.
+    Example: a run of 5 repeats of vanilla and eagle2 on one suite at T = 0 -> 10 rows."""
+    if turns.empty or "repeat" not in turns:
+        return pd.DataFrame(columns=REPEAT_COLUMNS)
+    rows = []
+    for repeat, part in turns.groupby("repeat", sort=True):
+        summary = T.summary_table(part, baseline_label=label, n_boot=1, seed=0)
+        acc_cols = sorted((c for c in summary.columns if re.fullmatch(r"acc@\d+", c)), key=lambda c: int(c[4:]))
+        for r in summary.to_dict("records"):
+            acc = [float(r[c]) for c in acc_cols if not pd.isna(r[c])]
+            rows.append({**{c: r[c] for c in CELL}, "repeat": int(repeat),
+                         **{f: _float(r.get(f)) for f in SPREAD_FIGURES}, "acc_at": acc})
+    return pd.DataFrame(rows, columns=REPEAT_COLUMNS)
 
 
 def slugify(text: str) -> str:
@@ -120,6 +145,18 @@ class Side:
     cells: pd.DataFrame
     questions: pd.DataFrame
     turns: pd.DataFrame
+    repeats: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REPEAT_COLUMNS))
+
+    def spread(self, key: tuple) -> pd.DataFrame:
+        """The :data:`REPEAT_COLUMNS` rows of one (label, suite, temperature) cell, one per repeat."""
+        label, suite, temp = key
+        r = self.repeats
+        return r[(r["label"] == label) & (r["suite"] == suite) & (r["temperature"].astype(float) == float(temp))]
+
+    @property
+    def n_repeats(self) -> int:
+        """The most repeats any cell has in :attr:`repeats` (0 for a baseline saved without them)."""
+        return int(self.repeats.groupby(CELL)["repeat"].nunique().max()) if not self.repeats.empty else 0
 
     @property
     def has_outputs(self) -> bool:
@@ -212,7 +249,7 @@ class Side:
         cells = summary.assign(n_errors=summary["n_errors"].astype(int))[CELL_COLUMNS].reset_index(drop=True)
         return cls(path, kind, provenance, label, cells,
                    questions[[*QUESTION_COLUMNS, *DRAFT_COLUMNS, *POSITION_COLUMNS]].reset_index(drop=True),
-                   turn_rows)
+                   turn_rows, repeat_table(turns, label))
 
     # ---- a committed baseline -----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +260,7 @@ class Side:
             "cells": _records_of(self.cells, CELL_COLUMNS),
             "questions": _records_of(self.questions, [*QUESTION_COLUMNS, *DRAFT_COLUMNS, *POSITION_COLUMNS]),
             "turns": _records_of(self.turns, TURN_COLUMNS),
+            **({"repeats": _records_of(self.repeats, REPEAT_COLUMNS)} if self.n_repeats >= 2 else {}),
         }
 
     @classmethod
@@ -267,7 +305,24 @@ class Side:
         for col in ("tokens_per_s", "speedup", "score", "wall_time_s"):
             tables["questions"][col] = tables["questions"][col].map(_float)
         return cls(file.parent, "baseline", dict(doc.get("provenance") or {}), str(doc.get("baseline_label")),
-                   tables["cells"], tables["questions"], tables["turns"])
+                   tables["cells"], tables["questions"], tables["turns"], _read_repeats(file, doc.get("repeats")))
+
+
+def _read_repeats(file: Path, rows: Any) -> pd.DataFrame:
+    """A baseline's optional ``repeats`` table (absent: saved from one repeat or before repeats were kept)."""
+    if rows is None:
+        return pd.DataFrame(columns=REPEAT_COLUMNS)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{file}: field 'repeats' must be a list of rows")
+    missing = sorted({c for r in rows for c in REPEAT_COLUMNS if c not in r})
+    if missing:
+        raise ValueError(f"{file}: repeats rows lack field(s) {missing}")
+    df = pd.DataFrame(rows, columns=REPEAT_COLUMNS)
+    df["temperature"] = df["temperature"].astype(float)
+    for col in SPREAD_FIGURES:
+        df[col] = df[col].map(_float)
+    df["acc_at"] = [[_float(v) for v in (a or [])] for a in df["acc_at"]]
+    return df
 
 
 def _file_name(value: Any) -> Any:

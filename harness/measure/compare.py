@@ -41,9 +41,31 @@ tps         opt-in (``--tps-tol``): the same rule on per-question absolute token
 lossless    NEW's lossless share (T = 0: share of its turns equal to its own vanilla's) is below 1 for a label
             whose method declares itself lossless.
 quality     NEW's mean quality score < BASE's − ``quality_tol``, both over the questions scored on both sides.
+collapse    NEW's draft acceptance rate is under :data:`harness.measure.metrics.COLLAPSE_SHARE` (a quarter) of BASE's:
+            speculation collapsed (the message names the likely causes: precision, head/target mismatch, chat
+            template); a tolerance never absorbs that.
 errors      NEW has error turns in the cell.
 missing     a cell or a measured question of BASE that NEW lacks.
 =========== =========================================================================================================
+
+Fitted tolerances. A baseline saved from a run of N >= :data:`harness.measure.metrics.MIN_FIT_REPEATS` repeats keeps
+each cell's figures per repeat (:func:`harness.measure.baseline.repeat_table`). Against it, when both sides ran on
+the same device and dtype, each tolerance is derived from that spread instead of a fixed default: for a figure with
+mean x̄ and standard deviation s over BASE's n repeats, and NEW's mean over its m repeats (m = 1 for one run),
+the band is x̄ ± t_{0.995, n−1} · s · √(1/n + 1/m) (:func:`harness.measure.metrics.prediction_band`), the
+normal-theory prediction interval that a rerun of the same commit leaves with probability 1% (0.5% below a
+floor). Each repeat's figure is a mean over every question and step of the cell, so it is close to normal, and t
+rather than a normal quantile pays for s being estimated from a handful of repeats. A bootstrap is not used: from
+5 to 10 repeats its 0.5% and 99.5% quantiles of a new observation are the smallest and largest repeat, which
+understates the band. Which figures: where exact gating does not apply (T > 0, an engine's cell) τ (a rise fails
+too), the draft acceptance rate and each acc@i (falls only) replace the acceptance and position rules; in every
+cell the speed-up (falls only) replaces the speed rule's fixed ``speed_tol`` (not with ``--no-speed``), and
+tokens/s replaces ``tps_tol`` when ``--tps-tol`` asks for it. At T = 0 on the same device and dtype outputs and τ
+stay exact. The fixed defaults (``tau_rtol``, ``speed_tol``, :data:`ENGINE_RTOL`, ``--acceptance-rtol``) gate only
+where nothing is fitted: a baseline without repeats (or fewer than 5), sides on another device or dtype (repeats
+on one device measure its rerun noise, not the shift to another), or ``--no-fit``. Every cell's ``tolerance``
+says which applied and why ("fitted: 6 repeats", "default ±5% acceptance, speed-up 5%: baseline without
+repeats"), and a note lists each fitted band.
 
 Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
 each side's speed-up (ratio of means, as in the report), each side's draft acceptance rate and drafted tokens per
@@ -74,12 +96,15 @@ from harness.measure.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
 ENGINE_RTOL = 0.05  # an engine's cells without --acceptance-rtol: vLLM's acceptance-length CI tolerance
-CONFIG_IGNORED = ("output_dir", "data_dir")
+# configuration fields that do not make two runs measure different things; ``repeats``: a calibrated baseline has
+# several where the run it gates has one, and the fitted bands account for both counts (n and m)
+CONFIG_IGNORED = ("output_dir", "data_dir", "repeats")
 
 
 @dataclass
 class Thresholds:
-    """The gate's knobs (the ``compare`` flags of the same names)."""
+    """The gate's knobs (the ``compare`` flags of the same names; ``fit`` False is ``--no-fit``: the fixed
+    tolerances even against a baseline with repeats)."""
 
     tau_rtol: float = 0.01
     speed_tol: float = 0.05
@@ -90,6 +115,7 @@ class Thresholds:
     n_boot: int = 2000
     seed: int = 0
     acceptance_rtol: float | None = None
+    fit: bool = True
 
     def __post_init__(self):
         for name in ("tau_rtol", "speed_tol", "quality_tol", "acceptance_rtol"):
@@ -322,6 +348,84 @@ def inexact_reasons(base: Side, new: Side, label: str, temperature: float) -> li
     return out
 
 
+@dataclass
+class Band:
+    """One figure gated by a tolerance fitted on BASE's repeats: BASE's mean over its ``n`` repeats, NEW's value (its
+    mean over its ``m`` repeats) and the half-width of the prediction band (:func:`harness.measure.metrics.
+    prediction_band`). ``floor``: only a fall fails (acc@i, rates, speed); otherwise a rise fails too (τ)."""
+
+    figure: str
+    base: float
+    new: float
+    halfwidth: float
+    n: int
+    m: int
+    floor: bool = True
+
+    @property
+    def fails(self) -> bool:
+        """Outside the band; a figure NEW lacks (a draft position it never reached) fails too."""
+        if missing(self.new):
+            return True
+        slack = 1e-12 * max(1.0, abs(self.base))  # the same figure recomputed: equal up to rounding
+        low = self.new < self.base - self.halfwidth - slack
+        return low or (not self.floor and self.new > self.base + self.halfwidth + slack)
+
+    def describe(self) -> str:
+        """Example: "τ 2.400 ± 0.031 (n 6), NEW 2.350 (m 1)"."""
+        return (f"{self.figure} {self.base:.3f} {'−' if self.floor else '±'} {self.halfwidth:.3f} (n {self.n}), NEW "
+                f"{number(self.new, '.3f')} (m {self.m})")
+
+
+def fit_source(base: Side, new: Side, key: tuple, th: Thresholds) -> tuple[int, str | None]:
+    """(BASE's repeats of the cell, why no tolerance is fitted or None when one is). A tolerance is fitted when BASE
+    has at least :data:`harness.measure.metrics.MIN_FIT_REPEATS` repeats of the cell, both sides ran on the same
+    device and dtype (repeats on one device measure its rerun noise, not the shift to another), and ``th.fit``.
+    Example: an old baseline -> (0, "baseline without repeats")."""
+    n = len(base.spread(key))
+    pb, pn = base.provenance, new.provenance
+    if not th.fit:
+        return n, "--no-fit"
+    if n == 0:
+        return n, "baseline without repeats"
+    if n < M.MIN_FIT_REPEATS:
+        return n, f"baseline of {n} repeats, fewer than {M.MIN_FIT_REPEATS}"
+    if pb.get("device_slug") != pn.get("device_slug"):
+        return n, "devices differ: BASE's repeats measure its own device's noise"
+    if (pb.get("target") or {}).get("dtype") != (pn.get("target") or {}).get("dtype"):
+        return n, "dtypes differ: BASE's repeats measure its own dtype's noise"
+    return n, None
+
+
+def _mean_positions(lists: list[list[float]]) -> list[float]:
+    """Per position, the mean over the lists that reach it. Example: [[0.5, 0.3], [0.7]] -> [0.6, 0.3]."""
+    depth = max((len(a) for a in lists), default=0)
+    return [sum(a[i] for a in lists if len(a) > i) / sum(1 for a in lists if len(a) > i) for i in range(depth)]
+
+
+def fitted_bands(base: Side, new: Side, key: tuple, pooled: Mapping[str, Any]) -> list[Band]:
+    """Every figure of a cell that BASE's repeats spread over: τ (a rise fails too), acc@i, draft acceptance rate,
+    speed-up and tokens/s (falls only). NEW's value is its mean over its own repeats (``m`` of them) when it keeps
+    them, else ``pooled`` (figure -> value over the shared questions, m = 1)."""
+    sb, sn = base.spread(key), new.spread(key)
+    m = len(sn) or 1
+    new_values = {f: (sn[f].mean() if len(sn) else pooled.get(f)) for f in ("tau", "draft_acceptance_rate",
+                                                                             "speedup", "tokens_per_s")}
+    new_acc = _mean_positions(list(sn["acc_at"])) if len(sn) else list(pooled.get("acc_at") or [])
+    bands = []
+    for figure, name, floor in (("tau", "τ", False), ("draft_acceptance_rate", "draft acc. rate", True),
+                                ("speedup", "speed-up", True), ("tokens_per_s", "tokens/s", True)):
+        mean, hw, n = M.prediction_band(list(sb[figure]), m)
+        if not missing(mean) and not missing(new_values[figure]):
+            bands.append(Band(name, mean, float(new_values[figure]), hw, n, m, floor))
+    acc_b = [list(a) for a in sb["acc_at"]]
+    for i in range(max((len(a) for a in acc_b), default=0)):
+        mean, hw, n = M.prediction_band([a[i] for a in acc_b if len(a) > i], m)
+        if not missing(mean):
+            bands.append(Band(f"acc@{i + 1}", mean, new_acc[i] if i < len(new_acc) else math.nan, hw, n, m))
+    return bands
+
+
 def _acceptance(questions: pd.DataFrame) -> list[float]:
     """Acceptance per position pooled over a cell's shared questions (their ``accepted_at`` / ``drafted_at``
     counts); [] when the side keeps no counts."""
@@ -373,11 +477,40 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
 
     tau_b, tau_n = M.tau_pooled(sb["accepted_tokens"], sb["steps"]), M.tau_pooled(sn["accepted_tokens"], sn["steps"])
     tau_change = M.relative_change(tau_n, tau_b)
+    rate_b, rate_n = (M.draft_acceptance_rate(q["accepted_drafts_total"], q["drafted_tokens"]) for q in (sb, sn))
+    drafted_b, drafted_n = (M.drafted_per_step(q["drafted_tokens"], q["draft_steps"]) for q in (sb, sn))
     inexact = inexact_reasons(base, new, label, float(temp))
     on_engine = bool(inexact) and inexact[-1].startswith("engine ")
     rtol = th.acceptance_rtol if th.acceptance_rtol is not None else ENGINE_RTOL if on_engine else None
+    is_reference = label in (base.baseline_label, new.baseline_label)
+    n_repeats, no_fit = fit_source(base, new, key, th)
+    bands: dict[str, Band] = {}
+    if no_fit is None:
+        pooled = {"tau": tau_n, "draft_acceptance_rate": rate_n, "speedup": cn["speedup"],
+                  "tokens_per_s": cn["tokens_per_s"], "acc_at": _acceptance(sn)}
+        bands = {b.figure: b for b in fitted_bands(base, new, key, pooled)}
+        if not inexact:  # outputs and τ stay exact here; the fit gates speed (and tokens/s when asked)
+            bands = {k: b for k, b in bands.items() if k in ("speed-up", "tokens/s")}
+        if is_reference or not th.gate_speed:
+            bands.pop("speed-up", None)
+        if th.tps_tol is None:
+            bands.pop("tokens/s", None)
     tolerance: dict[str, Any] = {}
-    if inexact and rtol is not None:
+    if bands:
+        tolerance = {"gate": "fitted", "fit_repeats": n_repeats,
+                     "bands": {k: asdict(b) for k, b in bands.items()}}
+        findings.append(Finding(name, "tolerance", f"fitted: {n_repeats} repeats ({M.PREDICTION_LEVEL:.0%} prediction "
+                                                   "band of one rerun): " + "; ".join(b.describe() for b in
+                                                                                      bands.values()),
+                                fails=False))
+        rules = {"τ": "acceptance", "draft acc. rate": "acceptance", "speed-up": "speed", "tokens/s": "tps"}
+        for b in bands.values():
+            if b.fails:
+                findings.append(Finding(name, rules.get(b.figure, "position"), f"{b.figure} {b.base:.3f} -> "
+                                        f"{number(b.new, '.3f')} outside its fitted tolerance "
+                                        f"{'−' if b.floor else '±'}{b.halfwidth:.3f} ({n_repeats} repeats)"))
+    fitted_acceptance = any(k not in ("speed-up", "tokens/s") for k in bands)  # only in inexact cells
+    if inexact and rtol is not None and not fitted_acceptance:
         acc_b, acc_n = _acceptance(sb), _acceptance(sn)
         tolerance = {"gate": "tolerance", "acceptance_rtol": rtol, "acc_base": acc_b, "acc_new": acc_n}
         findings.append(Finding(name, "acceptance", f"gated with tolerance ±{rtol:.1%} ({', '.join(inexact)}): "
@@ -389,23 +522,22 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
             findings.append(Finding(name, "position", "BASE keeps no per-position acceptance counts (a baseline "
                                                       "saved before them): per-position floors not gated",
                                     fails=False))
-    elif not missing(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
+    elif not fitted_acceptance and not missing(tau_change) and tau_n < tau_b * (1 - th.tau_rtol):
         findings.append(Finding(name, "tau", f"τ dropped {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}; "
                                              f"allowed -{th.tau_rtol:.1%})"))
-    elif not missing(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
+    elif not fitted_acceptance and not missing(tau_change) and tau_n > tau_b * (1 + th.tau_rtol):
         findings.append(Finding(name, "tau", f"τ rose {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}): improved; "
                                              "refresh the baseline to keep it", fails=False))
 
-    rate_b, rate_n = (M.draft_acceptance_rate(q["accepted_drafts_total"], q["drafted_tokens"]) for q in (sb, sn))
-    drafted_b, drafted_n = (M.drafted_per_step(q["drafted_tokens"], q["draft_steps"]) for q in (sb, sn))
+    if M.rate_collapsed(rate_n, rate_b):
+        findings.append(Finding(name, "collapse", collapse_message(label, rate_b, rate_n)))
 
-    is_reference = label in (base.baseline_label, new.baseline_label)
     sp = (math.nan,) * 3 if is_reference else _change(sn["speedup"], sb["speedup"], th)
-    if th.gate_speed and not missing(sp[2]) and sp[2] < 1 - th.speed_tol:
+    if "speed-up" not in bands and th.gate_speed and not missing(sp[2]) and sp[2] < 1 - th.speed_tol:
         findings.append(Finding(name, "speed", f"speed-up fell to {sp[0]:.3f}× of BASE's (95% CI [{sp[1]:.3f}, "
                                                f"{sp[2]:.3f}], upper end below 1 − {th.speed_tol:g})"))
     tps = _change(sn["tokens_per_s"], sb["tokens_per_s"], th)
-    if th.tps_tol is not None and not missing(tps[2]) and tps[2] < 1 - th.tps_tol:
+    if "tokens/s" not in bands and th.tps_tol is not None and not missing(tps[2]) and tps[2] < 1 - th.tps_tol:
         findings.append(Finding(name, "tps", f"tokens/s fell to {tps[0]:.3f}× of BASE's (95% CI [{tps[1]:.3f}, "
                                              f"{tps[2]:.3f}], upper end below 1 − {th.tps_tol:g})"))
 
@@ -447,10 +579,39 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         if finding:
             findings.append(finding)
     row.update(tolerance)
+    row["tolerance"] = (f"fitted: {n_repeats} repeats" if bands
+                        else _fixed_tolerance(th, bool(inexact) and rtol is not None, rtol, is_reference, no_fit))
     row["status"] = ("FAIL" if any(f.fails for f in findings)
                      else "improved" if any(f.rule == "tau" for f in findings) else "ok")
     row["rules_failed"] = sorted({f.rule for f in findings if f.fails})
     return row, findings
+
+
+def _percent(x: float) -> str:
+    """Example: 0.05 -> "5%"; 0.005 -> "0.5%"."""
+    return f"{100 * x:g}%"
+
+
+def _fixed_tolerance(th: Thresholds, acceptance_gated: bool, rtol: float | None, is_reference: bool,
+                     reason: str | None) -> str:
+    """Which fixed tolerances gate a cell and why no fitted one does (``reason`` None: a fit was possible but no
+    fitted figure applies, e.g. the baseline label at T = 0 without speed). Example: an engine's cell against an old
+    baseline -> "default ±5% acceptance, speed-up 5%: baseline without repeats"."""
+    if reason is None:
+        return f"exact outputs, τ −{_percent(th.tau_rtol)}: nothing here to fit"
+    parts = [f"±{_percent(rtol)} acceptance" if acceptance_gated and rtol is not None
+             else f"τ −{_percent(th.tau_rtol)}"]
+    if th.gate_speed and not is_reference:
+        parts.append(f"speed-up {_percent(th.speed_tol)}")
+    if th.tps_tol is not None:
+        parts.append(f"tok/s {_percent(th.tps_tol)}")
+    return f"default {', '.join(parts)}: {reason}"
+
+
+def collapse_message(label: str, rate_base: float, rate_new: float) -> str:
+    """The line that names a collapsed label (:func:`harness.measure.metrics.rate_collapsed`) and the likely causes."""
+    return (f"acceptance collapse: {label}'s draft acceptance rate fell {rate_base:.3f} -> {rate_new:.3f}, under "
+            f"{M.COLLAPSE_SHARE:g} of BASE's; likely causes: {'; '.join(M.COLLAPSE_CAUSES)}")
 
 
 # ---- output ------------------------------------------------------------------------------------------------------
@@ -468,7 +629,7 @@ def _ci(g: Any, lo: Any, hi: Any) -> str:
 COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "acc. rate BASE → NEW", "drafted/step BASE → NEW",
            "speed-up BASE → NEW", "Δ speed-up [95% CI]",
            "tok/s BASE → NEW", "Δ tok/s [95% CI]", "lossless", "quality", "outputs changed", "peak mem NEW",
-           "J/token NEW", "verdict")
+           "J/token NEW", "tolerance", "verdict")
 
 
 def table_rows(cmp: Comparison) -> list[list[str]]:
@@ -491,7 +652,8 @@ def table_rows(cmp: Comparison) -> list[list[str]]:
             _arrow(r["tokens_per_s_base"], r["tokens_per_s_new"], ".1f"),
             _ci(r["tokens_per_s_change"], r["tokens_per_s_change_lo"], r["tokens_per_s_change_hi"]),
             number(r["lossless_share_new"], ".2f"), _arrow(r["quality_base"], r["quality_new"], ".3f"),
-            outputs, size(r["peak_memory_bytes_new"]), number(r["energy_per_token_j_new"], ".3g"), verdict,
+            outputs, size(r["peak_memory_bytes_new"]), number(r["energy_per_token_j_new"], ".3g"),
+            str(r.get("tolerance") or NA), verdict,
         ])
     return out
 
@@ -502,6 +664,8 @@ def _gated(th: Thresholds) -> str:
              "lossless share", f"quality (drop > {th.quality_tol:g})", "errors", "missing cells/questions"]
     if th.tps_tol is not None:
         parts.append(f"tok/s (CI upper end < {1 - th.tps_tol:g})")
+    parts.append(f"tolerances fitted on BASE's repeats where it has >= {M.MIN_FIT_REPEATS}" if th.fit
+                 else "fixed tolerances only (--no-fit)")
     if th.acceptance_rtol is not None:
         parts.append(f"acceptance within ±{th.acceptance_rtol:.1%} and per-position floors where exact gating does "
                      "not apply (other device or dtype, T > 0, engines)")

@@ -32,6 +32,7 @@ import pandas as pd
 from harness.measure import metrics as M
 from harness.measure.ablation import ablation_pivots, ablation_table, knob_names
 from harness.measure.formatting import html_number, markdown_cells, missing
+from harness.measure.markdown import collapse_note
 from harness.measure.rundir import write_text_atomic
 
 REPORT_FILE = "report.html"
@@ -332,8 +333,10 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
     subtitle = (f"target {config.get('target', '?')} · suites {', '.join(map(str, config.get('suites') or []))} · "
                 f"baseline {baseline_label} · {device} · git {manifest.get('git_hash') or '?'} · "
                 f"{manifest.get('created', '')}")
-    sections = [("paper", "Paper table", markdown_tables_html(paper_md)),
-                ("plots", "Plots", plots_html(plots))]
+    collapsed = collapse_note(summary)
+    sections = [("collapse", "Warning: acceptance collapse", markdown_tables_html(collapsed))] if collapsed else []
+    sections += [("paper", "Paper table", markdown_tables_html(paper_md)),
+                 ("plots", "Plots", plots_html(plots))]
     ablation = ablation_html(ablated, baseline_label)
     if ablation is not None:
         sections.append(("ablation", "Ablation", ablation))

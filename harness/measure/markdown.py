@@ -75,6 +75,30 @@ def acceptance_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def collapse_warnings(summary: pd.DataFrame) -> list[str]:
+    """One line per (label, suite, temperature) of a run's summary whose speculation collapsed
+    (:func:`harness.measure.metrics.acceptance_collapsed`: drafts proposed, acc@1 under
+    :data:`harness.measure.metrics.COLLAPSE_ACC1`), naming the label and the likely causes; [] when none did.
+    Example: eagle2 on tiny at T = 0 with acc@1 0.01 and 3 drafted tokens per step -> ["warning: acceptance collapse:
+    eagle2 (tiny, T=0) accepted its first draft token in 1.0% of drafting steps (floor 5%) while proposing 3.00
+    drafted tokens per step; ... likely causes: ..."]."""
+    if "acc@1" not in summary or "drafted_per_step" not in summary:
+        return []
+    return [f"warning: acceptance collapse: {r['label']} ({r['suite']}, T={float(r['temperature']):g}) accepted its "
+            f"first draft token in {float(r['acc@1']):.1%} of drafting steps (floor {M.COLLAPSE_ACC1:.0%}) while "
+            f"proposing {float(r['drafted_per_step']):.2f} drafted tokens per step, so speculation is likely slower "
+            f"than none; likely causes: {'; '.join(M.COLLAPSE_CAUSES)}"
+            for r in summary.to_dict("records") if M.acceptance_collapsed(r["acc@1"], r["drafted_per_step"])]
+
+
+def collapse_note(summary: pd.DataFrame) -> str:
+    """:func:`collapse_warnings` as a Markdown block above the paper table (empty text when none collapsed)."""
+    lines = collapse_warnings(summary)
+    if not lines:
+        return ""
+    return "\n".join(["**Warning: acceptance collapse**", "", *[f"- {line}" for line in lines]]) + "\n\n"
+
+
 def divergence_note(divergence: pd.DataFrame) -> str:
     """Markdown lines under the paper table when some greedy turn differs from the baseline (empty otherwise)."""
     if divergence.empty:

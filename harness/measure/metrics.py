@@ -931,3 +931,109 @@ def stops_paying(levels: Sequence[tuple[int, float, float, float]]) -> tuple[int
         if speedup < 1.0:
             return concurrency, bool(hi < 1.0)
     return None
+
+
+# ---- run-to-run noise: a tolerance fitted on repeats of one commit -----------------------------------------------
+# A band that a rerun of the same commit leaves with probability 1 - PREDICTION_LEVEL (two-sided; a one-sided floor
+# is left with half of that).
+PREDICTION_LEVEL = 0.99
+MIN_FIT_REPEATS = 5  # fewer repeats fit no tolerance: t_{0.995, n-1} is 5.84 at n = 4 and 63.7 at n = 2
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz; Press et al.,
+    Numerical Recipes, 3rd ed., section 6.4), on the side of x where the fraction converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def student_t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom: 1 − ½ I_{df/(df+t²)}(df/2, ½) for t >= 0, by
+    symmetry below. Example: student_t_cdf(0, 4) = 0.5; student_t_cdf(4.604, 4) ≈ 0.995."""
+    if df < 1:
+        raise ValueError(f"student_t_cdf: df must be >= 1, got {df}")
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`student_t_cdf` to 1e-10).
+    Example: student_t_quantile(0.995, 4) ≈ 4.6041; (0.995, 5) ≈ 4.0321; (0.975, 9) ≈ 2.2622."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"student_t_quantile: p must be in (0, 1), got {p}")
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, df) < p:
+        hi *= 2.0
+    while hi - lo > 1e-10 * max(1.0, hi):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if student_t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def prediction_band(values: Sequence[Number | None], m: int = 1,
+                    level: float = PREDICTION_LEVEL) -> tuple[float, float, int]:
+    """The normal-theory prediction interval for the mean of ``m`` new observations of a figure measured once per
+    repeat of the same commit: ``(mean, half-width, n)`` with half-width = t_{(1+level)/2, n−1} · s · √(1/n + 1/m),
+    where mean and s (sample standard deviation) are over the n non-missing ``values``. A rerun of the same commit
+    (m repeats) lands outside mean ± half-width with probability 1 − ``level`` when the per-repeat figure is normal
+    (each is a mean over many questions and steps), and the interval accounts for s being estimated from n values
+    (hence t, not z). (NaN, NaN, n) when n < 2. Example: values [2.00, 2.02, 1.98, 2.01, 1.99] (s = 0.0158), m = 1:
+    4.604 · 0.0158 · √1.2 = 0.0797, so (2.00, 0.0797, 5).
+    """
+    xs = [float(v) for v in values if not _missing(v)]
+    n = len(xs)
+    if n < 2 or m < 1:
+        return math.nan, math.nan, n
+    mean = sum(xs) / n
+    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, student_t_quantile((1.0 + level) / 2.0, n - 1) * s * math.sqrt(1.0 / n + 1.0 / m), n
+
+
+# ---- acceptance collapse: speculation that accepts (almost) nothing -----------------------------------------------
+# A drafting label whose first draft position is accepted less often than this has collapsed: a draft from the same
+# family as its target is accepted far above it, while a broken one sits near 0 and makes speculation slower than
+# none. Seen in the wild: a 4-bit draft accepting nothing (mean acceptance length exactly 1.00) and running slower
+# than no speculation (SGLang issue #39087); an FP8-quantised MTP head accepting nothing (llm-compressor issue #1843).
+COLLAPSE_ACC1 = 0.05
+# Compared with a baseline: a draft acceptance rate under this share of the baseline's is a collapse, not a drift
+# (a tolerance fitted on noise is a few percent; a quarter is far beyond any noise and far above a broken draft's 0).
+COLLAPSE_SHARE = 0.25
+COLLAPSE_CAUSES = ("precision (a quantised or low-precision draft or target)", "head/target mismatch (a head trained "
+                   "for another target or revision)", "chat template (the prompt format the head was trained on)")
+
+
+def acceptance_collapsed(acc1: float | None, drafted_per_step: float | None) -> bool:
+    """True when a label proposed drafts (``drafted_per_step`` > 0) and accepted its first draft position less
+    often than :data:`COLLAPSE_ACC1`. Example: (0.01, 3.0) -> True; (0.01, None) -> False (it never drafted);
+    (0.40, 3.0) -> False."""
+    return (not _missing(drafted_per_step) and float(drafted_per_step) > 0 and not _missing(acc1)
+            and float(acc1) < COLLAPSE_ACC1)
+
+
+def rate_collapsed(rate_new: float | None, rate_base: float | None) -> bool:
+    """True when the draft acceptance rate fell below :data:`COLLAPSE_SHARE` of the baseline's (which drafted).
+    Example: (0.10, 0.60) -> True (0.10 < 0.15); (0.50, 0.60) -> False; (0.0, None) -> False."""
+    return (not _missing(rate_base) and float(rate_base) > 0 and not _missing(rate_new)
+            and float(rate_new) < COLLAPSE_SHARE * float(rate_base))

@@ -44,6 +44,7 @@ from harness.measure.load import write_load_report
 from harness.measure.markdown import (
     acceptance_markdown,
     category_markdown,
+    collapse_note,
     context_markdown,
     divergence_note,
     paper_table,
@@ -189,7 +190,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
-                      f"{records_note(found, run_dir, summary)}\n{paper_table(summary, baseline)}"
+                      f"{records_note(found, run_dir, summary)}\n{collapse_note(summary)}"
+                      f"{paper_table(summary, baseline)}"
                       f"{divergence_note(divergence)}" + (f"\n{accepted}" if accepted else "")
                       + f"\n{ablation_markdown(ablated, baseline)}"
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else "")
