@@ -237,8 +237,8 @@ def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tm
         def close(self):
             pass
 
-    def create(engine, *args):
-        started.append((engine, *args[-2:]))
+    def create(engine, method, options, given, target, path, dtype, engine_options, positions, window, vocab):
+        started.append((engine, positions, window))
         return Fixed() if engine == "vllm" else None
 
     monkeypatch.setattr(runner, "check_engine", lambda *args: None)
