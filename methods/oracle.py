@@ -50,7 +50,7 @@ def oracle_tree(future: list[int], slots: int, vocab: int, device: torch.device 
     """One oracle proposal: ``future`` (the greedy tokens after the root) as a chain, then children of the root up
     to ``slots`` nodes in all whose tokens follow the chain's first token (so that none of them is the greedy one and
     greedy verification takes the chain); on ``device`` with one upload. Example: future [7, 8], slots 4, vocab 10
-    -> tokens [7, 8, 9, 0], parents [-1, 0, -1, -1]; future [] -> the empty tree."""
+    -> tokens [7, 8, 8, 9], parents [-1, 0, -1, -1]; future [] -> the empty tree."""
     pad = max(slots - len(future), 0) if future else 0
     if pad >= vocab:
         raise ValueError(f"slots: {slots} slots need {pad} padding tokens other than the greedy one, but the "
