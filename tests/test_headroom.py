@@ -99,6 +99,15 @@ def test_an_oracle_paired_with_one_label_holds_no_other_labels_bound():
     assert warm["oracle_speedup"].isna().all() and warm["oracle_label"].isna().all()
 
 
+def test_under_another_runtime_the_pair_names_that_runtimes_entry():
+    """The same run compiled: labels end in "@compiled" while the oracle's option still says pair "pld"; the oracle
+    bound of pld@compiled is oracle@compiled's (a pairing by the literal option would find no pld and give n/a)."""
+    compiled = [{**r, "label": f"{r['label']}@compiled", "runtime": "compiled"} for r in RECORDS]
+    h = headroom(compiled)
+    assert h.loc["pld@compiled", "oracle_label"] == "oracle@compiled"
+    assert h.loc["pld@compiled", "oracle_speedup"] == pytest.approx(4.0)
+
+
 def test_where_the_time_goes_and_the_rejected_share():
     """pld's shares of its wall time and the share of verified slots not accepted (module docstring). A share taken
     from an unsynchronised split (pld-async) would be a number; it must be n/a with the reason, never 0."""

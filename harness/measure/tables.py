@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.records import baseline_labels, label_engines, label_runtimes
+from harness.measure.records import baseline_labels, label_engines, label_runtimes, runtime_label
 
 GROUP = ["label", "method", "suite", "temperature"]
 QUESTION = [*GROUP, "question_id"]
@@ -400,8 +400,11 @@ def headroom_table(turns: pd.DataFrame, baseline_label: str = "vanilla", cost_pe
     runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
     deployable = deployable_labels(turns)
     pairs = _values(ok_all, "opt.pair")
+    # an oracle's pair names an entry's label as configured; under another runtime that entry is "<label>@<runtime>"
+    paired = [runtime_label(p, runtimes.get(lb)) if isinstance(p, str) and p else ""
+              for p, lb in zip(pairs, ok_all["label"])]
     labels = pd.DataFrame({"label": ok_all["label"], "suite": ok_all["suite"], "temperature": ok_all["temperature"],
-                           "pair": [p if isinstance(p, str) else "" for p in pairs]}).drop_duplicates()
+                           "pair": paired}).drop_duplicates()
     labels["deployable"] = [deployable.get(lb, True) for lb in labels["label"]]
     labels["baseline"] = [bases.get(lb, baseline_label) for lb in labels["label"]]
 
