@@ -44,6 +44,9 @@ class OracleOptions:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.slots and self.slots < self.k:
             raise ValueError(f"slots must be 0 (= k) or >= k = {self.k}, got {self.slots}")
+        if max(self.k, self.slots) > SpeculativeMethod.max_tree_slots - 1:
+            raise ValueError(f"k and slots must be at most {SpeculativeMethod.max_tree_slots - 1} (the verification "
+                             f"forward's room beside the root), got k {self.k}, slots {self.slots}")
 
 
 def oracle_tree(future: list[int], slots: int, vocab: int, device: torch.device | str = "cpu") -> DraftTree:

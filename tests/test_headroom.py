@@ -166,6 +166,16 @@ def test_oracle_tree_pads_with_tokens_that_are_not_the_greedy_one():
         oracle_tree([1], 5, 3)
 
 
+def test_bad_budgets_are_refused_naming_the_option():
+    """A chain shorter than 1, padding below the chain, or more slots than a verification forward holds (127 beside
+    the root) would fail later inside the engine, or silently verify another budget."""
+    oracle = get_method("oracle")
+    for options, message in (({"k": 0}, "k must be >= 1"), ({"k": 4, "slots": 2}, "slots must be 0"),
+                             ({"k": 7, "slots": 128}, "at most 127")):
+        with pytest.raises(ValueError, match=message):
+            oracle.create(None, options)
+
+
 def test_every_step_accepts_the_whole_chain_and_verifies_the_budget():
     """k = 3, slots = 6: every full step accepts 3 drafts (4 tokens), scores 6 draft slots, and the output is the
     target's greedy output. A step that accepted less, or a tree without its padding, fails."""
