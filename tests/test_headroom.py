@@ -151,6 +151,20 @@ def test_the_report_has_the_ledger_its_plots_and_marks_the_oracle(tmp_path):
     assert 'id="headroom"' in html and "headroom-table" in html
 
 
+def test_report_cli_takes_the_price_per_hour(tmp_path, capsys):
+    """`draftbench report RUN --cost-per-hour 3.6` puts the price and the cost of a million tokens in headroom.csv
+    (pld's 15 tokens/s: 66.67); a flag that did not reach the table would leave them n/a."""
+    from harness.cli import main
+
+    run = tmp_path / "run-1"
+    run.mkdir()
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    assert main(["report", str(run), "--cost-per-hour", "3.6"]) == 0
+    table = pd.read_csv(run / "tables" / "headroom.csv").set_index("label")
+    assert table.loc["pld", "cost_per_hour"] == 3.6
+    assert table.loc["pld", "cost_per_million_tokens"] == pytest.approx(3.6e6 / (3600 * 15))
+
+
 # ---- the oracle method ----------------------------------------------------------------------------------------------
 PROMPT = torch.tensor([[5, 9, 13, 20, 31, 7, 44]])
 BUDGET = 20
