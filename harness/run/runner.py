@@ -172,7 +172,9 @@ def _error_text(exc: BaseException) -> str:
 
 def run_question(method: Method, target: Target, ctx: TurnContext, question, sampling: SamplingParams,
                  max_new_tokens: int, tracker: Tracker, score: bool) -> list[dict[str, Any]]:
-    """Generate every turn of ``question`` (later turns see the model's own earlier answers); one record per turn."""
+    """Generate every turn of ``question`` (later turns see the model's own earlier answers); one record per turn.
+    A method with ``prepare_turn(prompt_ids, budget)`` has it called before each timed turn, outside the tracker:
+    untimed work the turn needs first (the ``oracle``'s greedy pass, methods/oracle.py)."""
     generator = torch.Generator(device=target.device).manual_seed(question_seed(ctx.seed, question.question_id))
     suite = ctx.suite
     messages: list[dict] = []
