@@ -1,4 +1,4 @@
-"""Oracle drafter, not deployable: drafts the target's own greedy continuation, the bound no drafter can beat.
+"""Oracle drafter, not deployable: drafts the target's own greedy continuation, a bound for drafters of its budget.
 
 The continuation of a turn comes from a greedy pass of the target over the same prompt (:class:`methods.vanilla.
 Vanilla`, the same runtime) that the runner makes *before* the timed turn (:meth:`Oracle.prepare_turn`, outside
@@ -73,7 +73,9 @@ class Oracle(SpeculativeMethod):
 
     def __init__(self, target, options=None):
         super().__init__(target, options)
-        self._prepared: tuple[tuple[int, ...], int, list[int]] | None = None  # (prompt, budget, continuation)
+        # (the prompt tensor the runner will pass, budget, continuation): matched by identity, so that the timed turn
+        # does not read the prompt back to compare it
+        self._prepared: tuple[torch.Tensor, int, list[int]] | None = None
         self.continuation: list[int] = []
         self.lost_at: int | None = None
 
@@ -87,11 +89,12 @@ class Oracle(SpeculativeMethod):
 
     def prepare_turn(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         """The greedy pass of a turn, made by the runner before the timed turn (outside its wall time)."""
-        self._prepared = (tuple(prompt_ids[0].tolist()), max_new_tokens, self._greedy(prompt_ids, max_new_tokens))
+        self._prepared = (prompt_ids, max_new_tokens, self._greedy(prompt_ids, max_new_tokens))
 
     def generate(self, prompt_ids, max_new_tokens, sampling, generator=None):
-        key = (tuple(prompt_ids[0].tolist()), max_new_tokens)
-        prepared = self._prepared if self._prepared is not None and self._prepared[:2] == key else None
+        prepared = self._prepared
+        if prepared is not None and (prepared[0] is not prompt_ids or prepared[1] != max_new_tokens):
+            prepared = None  # prepared for another turn: make the pass here
         self._prepared = None
         self.continuation = prepared[2] if prepared else self._greedy(prompt_ids, max_new_tokens)
         return super().generate(prompt_ids, max_new_tokens, sampling, generator)

@@ -229,6 +229,8 @@ def test_the_greedy_pass_is_outside_the_turn_when_the_runner_prepares_it():
     prepared = count_forwards(target, lambda: method.generate(PROMPT, BUDGET, GREEDY))
     inline = count_forwards(target, lambda: method.generate(PROMPT, BUDGET, GREEDY))
     assert prepared == 6 and inline == 6 + BUDGET
+    method.prepare_turn(PROMPT.clone(), BUDGET)  # prepared for another prompt: not used, the pass is made again
+    assert count_forwards(target, lambda: method.generate(PROMPT, BUDGET, GREEDY)) == 6 + BUDGET
 
 
 def test_a_continuation_that_departs_stops_the_drafts_and_says_where():
@@ -240,7 +242,7 @@ def test_a_continuation_that_departs_stops_the_drafts_and_says_where():
     method = get_method("oracle").create(target, {"k": 3})
     wrong = list(want)
     wrong[4] = (wrong[4] + 1) % 32
-    method._prepared = (tuple(PROMPT[0].tolist()), BUDGET, wrong)
+    method._prepared = (PROMPT, BUDGET, wrong)
     gen = method.generate(PROMPT, BUDGET, GREEDY)
     assert gen.token_ids == want
     assert gen.method_notes == {"lost_at_step": 2} and gen.draft_depths[1:] == [0] * (len(gen.draft_depths) - 1)
