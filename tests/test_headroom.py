@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -153,13 +154,15 @@ def test_the_report_has_the_ledger_its_plots_and_marks_the_oracle(tmp_path):
 
 def test_report_cli_takes_the_price_per_hour(tmp_path, capsys):
     """`draftbench report RUN --cost-per-hour 3.6` puts the price and the cost of a million tokens in headroom.csv
-    (pld's 15 tokens/s: 66.67); a flag that did not reach the table would leave them n/a."""
+    (pld's 15 tokens/s: 66.67); a flag that did not reach the table would leave them n/a. The printed speed-up CIs
+    mark the oracle "‡" as every table does."""
     from harness.cli import main
 
     run = tmp_path / "run-1"
     run.mkdir()
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     assert main(["report", str(run), "--cost-per-hour", "3.6"]) == 0
+    assert re.search(r"^  oracle ‡ +s 4\.00 \[", capsys.readouterr().out, re.M)  # the printed CIs mark the bound
     table = pd.read_csv(run / "tables" / "headroom.csv").set_index("label")
     assert table.loc["pld", "cost_per_hour"] == 3.6
     assert table.loc["pld", "cost_per_million_tokens"] == pytest.approx(3.6e6 / (3600 * 15))

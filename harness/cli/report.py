@@ -56,7 +56,7 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     import shlex
 
     from harness.measure.formatting import interval
-    from harness.measure.markdown import paper_table
+    from harness.measure.markdown import not_deployable, paper_table
 
     bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
     base = " / ".join(bases) or "vanilla"
@@ -64,7 +64,8 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     cis: dict[str, list[str]] = {}  # label -> "suite estimate [lo, hi]" per suite and temperature
     for r in summary.to_dict("records"):
         if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]:
-            cis.setdefault(str(r["label"]), []).append(
+            mark = " ‡" if not_deployable(r.get("deployable")) else ""  # the oracle: a bound, as in the tables
+            cis.setdefault(str(r["label"]) + mark, []).append(
                 f"{r['suite']} {interval(r['speedup'], r['speedup_ci_lo'], r['speedup_ci_hi'])}")
     if cis:
         width = max(map(len, cis))

@@ -51,7 +51,7 @@ def acceptance_markdown(summary: pd.DataFrame) -> str:
     rows = summary[summary["drafted_per_step"].notna()]
     if rows.empty:
         return ""
-    table = [[str(r["label"]) + (" ‡" if _not_deployable(r.get("deployable")) else ""),
+    table = [[str(r["label"]) + (" ‡" if not_deployable(r.get("deployable")) else ""),
               str(r.get("engine") or "harness"), str(r["suite"]), f"{float(r['temperature']):g}",
               number(r["tau"]), number(r["mean_acceptance_length"]), number(r["draft_acceptance_rate"], ".3f"),
               number(r["drafted_per_step"]), number(r["drafts_cut"], ".0f")] for _, r in rows.iterrows()]
@@ -239,7 +239,7 @@ NOT_DEPLOYABLE = ("‡ not deployable: an oracle that knows the target's greedy 
                   "the same turn); a bound, not a method.")
 
 
-def _not_deployable(flag) -> bool:
+def not_deployable(flag) -> bool:
     """Whether a ``deployable`` cell says False (None or NaN: a table made before the column: deployable)."""
     return not missing(flag) and not bool(flag)
 
@@ -259,7 +259,7 @@ def headroom_markdown(headroom: pd.DataFrame) -> str:
         return ""
     ledger, where = [], []
     for _, r in headroom.iterrows():
-        name = f"{r['label']}{' ‡' if _not_deployable(r.get('deployable')) else ''}"
+        name = f"{r['label']}{' ‡' if not_deployable(r.get('deployable')) else ''}"
         key = [name, str(r["suite"]), f"{float(r['temperature']):g}"]
         oracle = "" if missing(r["oracle_label"]) else f" ({r['oracle_label']})"
         ledger.append([*key, interval(r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]),
