@@ -236,3 +236,52 @@ def test_acceptance_per_position_ci_matches_the_pooled_rate():
     pooled = M.acceptance_per_position([a for q in acc for a in q], [d for q in depths for d in q], max_pos=4)
     got = [r for r, _, _ in M.acceptance_per_position_ci(acc, depths, max_pos=4, n_boot=10)]
     assert got == pytest.approx(pooled)
+
+
+def test_free_draft_throughput_removes_only_the_draft_time():
+    """(30 + 10) / ((2.0 − 0.5) + (1.0 − 0.5)) = 20 tokens/s. A bound that removed more than the draft time would be
+    higher; one that averaged per-turn rates would give (30/1.5 + 10/0.9) / 2 = 15.6 in the second case, not the
+    pooled 40 / 2.4 = 16.7."""
+    assert M.free_draft_tokens_per_second([30, 10], [2.0, 1.0], [0.5, 0.5]) == pytest.approx(20.0)
+    assert M.free_draft_tokens_per_second([30, 10], [2.0, 1.0], [0.5, 0.1]) == pytest.approx(40 / 2.4)
+    # a turn without a (synchronised) draft time is not measured: n/a, never a draft time of 0
+    assert math.isnan(M.free_draft_tokens_per_second([30, 10], [2.0, 1.0], [0.5, None]))
+    with pytest.raises(ValueError, match="2 new_tokens, 2 wall times and 1 draft times"):
+        M.free_draft_tokens_per_second([1, 2], [1.0, 1.0], [0.1])
+
+
+def test_oracle_bound_is_the_ratio_of_means_with_its_bootstrap_ci():
+    """Oracle {a: 40, b: 60} over baseline {a: 10, b: 10}: 50 / 10 = 5.0; the resamples {a,a}, {a,b}, {b,b} give 4, 5,
+    6, so the CI lies within [4, 6]. A per-question mean of ratios would give the same here, so a question only one
+    side has (c) must be dropped: with it the estimate would move."""
+    s, lo, hi = M.oracle_bound({"a": 40.0, "b": 60.0, "c": 500.0}, {"a": 10.0, "b": 10.0})
+    assert s == pytest.approx(5.0) and 4.0 <= lo <= 5.0 <= hi <= 6.0
+
+
+def test_time_breakdown_shares_of_the_wall_time():
+    """The docstring example: wall 10 = prefill 1 + draft 2 + verify 6 + overhead 0.5 + other 0.5; pooled over turns
+    (Σ part / Σ wall), and a turn without a split makes every share n/a (NaN), never 0."""
+    assert M.time_breakdown([10.0], [1.0], [2.0], [6.0], [0.5]) == pytest.approx(
+        {"prefill": 0.1, "draft": 0.2, "verify": 0.6, "overhead": 0.05, "other": 0.05})
+    pooled = M.time_breakdown([4.0, 6.0], [0.5, 0.5], [1.0, 1.0], [2.0, 4.0], [0.25, 0.25])
+    assert pooled["verify"] == pytest.approx(0.6) and pooled["other"] == pytest.approx(0.05)
+    assert all(math.isnan(v) for v in M.time_breakdown([10.0], [1.0], [None], [6.0], [0.5]).values())
+    assert list(M.time_breakdown([], [], [], [], [])) == list(M.TIME_PARTS)
+
+
+def test_rejected_verification_share_counts_every_slot_of_the_forward():
+    """(tree_tokens, Σ accepted, steps) = (12, 5, 3) and (0, 0, 2): slots 15 + 2 = 17, accepted 8 + 2 = 10 ->
+    7 / 17. Counting draft slots only would give 7 / 12; vanilla-like steps (one slot, always accepted) give 0."""
+    assert M.rejected_verification_share([12, 0], [5, 0], [3, 2]) == pytest.approx(7 / 17)
+    assert M.rejected_verification_share([0], [0], [5]) == 0.0
+    assert math.isnan(M.rejected_verification_share([None], [5], [3]))
+
+
+def test_energy_per_accepted_token_and_cost_per_million_tokens():
+    """6 J over 3 accepted drafts (the turn without energy is skipped) = 2 J; no accepted draft (vanilla) is n/a.
+    3.60 per hour at 100 tokens/s: 360,000 tokens an hour -> 10.0 per million; no price -> n/a, never a default."""
+    assert M.energy_per_accepted_token([6.0, None], [3, 4]) == pytest.approx(2.0)
+    assert math.isnan(M.energy_per_accepted_token([6.0], [0]))
+    assert M.cost_per_million_tokens(3.6, 100.0) == pytest.approx(10.0)
+    assert math.isnan(M.cost_per_million_tokens(None, 100.0))
+    assert math.isnan(M.cost_per_million_tokens(3.6, float("nan")))

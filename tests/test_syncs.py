@@ -23,7 +23,7 @@ GREEDY = SamplingParams()
 # reads its window's next Jacobi iterate, which its host-side n-gram pool is built from)
 PER_STEP = {"vanilla": 1, "pld": 1, "eagle1": 1, "eagle2": 1, "medusa": 1, "hydra": 1, "jakiro": 5, "jakiro_star": 1,
             "eagle3": 1, "sps": 1, "token_recycling": 1, "sam": 1, "suffix": 1, "rest": 1, "lookahead": 2,
-            "layer_skip": 1}
+            "layer_skip": 1, "oracle": 1}
 # up to the first verification forward: the prefill's token, plus the first proposal's own reads (PLD, SAM,
 # SuffixDecoding, REST and Lookahead read the prompt once; Jakiro's first tree costs what every later one does)
 PREFILL = {"pld": 2, "sam": 2, "suffix": 2, "rest": 2, "jakiro": 5, "lookahead": 2}
@@ -65,6 +65,8 @@ def test_host_syncs_per_step_are_bounded(deep_target, name):
     host round trips, whatever the layer count (masks, positions and acceptance are on the device, the host needs
     one transfer, compaction uploads its index once without a stream sync)."""
     method = Vanilla(deep_target) if name == "vanilla" else tree_method(name, deep_target)
+    if hasattr(method, "prepare_turn"):  # untimed work the runner does before the turn (the oracle's greedy pass)
+        method.prepare_turn(PROMPT, 24)
     with StepSyncProbe(deep_target.model) as probe:
         method.generate(PROMPT, 24, GREEDY)
     steps = probe.per_forward[1:]

@@ -14,6 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--against", metavar="TABLE", help="compare the run with a published table")
     rep.add_argument("--model-dir", action="append", default=[], metavar="ID=FOLDER|FILE",
                      help="with --against: which table target a local model folder stands for")
+    rep.add_argument("--cost-per-hour", type=float, metavar="PRICE",
+                     help="the machine's price per hour (any currency): the headroom table's cost per million tokens")
     add_paths_flag(rep)
     rep.set_defaults(func=cmd_report)
 
@@ -23,14 +25,15 @@ def add_paths_flag(parser: argparse.ArgumentParser) -> None:
                         help="after the table, list every file of the report (tables, plots, summary.md)")
 
 
-def print_report(run_dir: Path, paths: bool = False) -> None:
-    """Write the run's report (:func:`harness.measure.report.write_report`) and print its ending
-    (:func:`report_ending`); ``paths``: then every file written, one per line."""
+def print_report(run_dir: Path, paths: bool = False, cost_per_hour: float | None = None) -> None:
+    """Write the run's report (:func:`harness.measure.report.write_report`, ``cost_per_hour``: the user's price for
+    the cost per million tokens) and print its ending (:func:`report_ending`); ``paths``: then every file written,
+    one per line."""
     import pandas as pd
 
     from harness.measure.report import write_report
 
-    written = write_report(run_dir)
+    written = write_report(run_dir, cost_per_hour=cost_per_hour)
     if "load_csv" in written:  # a run of load levels: its Load section
         print(Path(written["summary_md"]).read_text(encoding="utf-8").rstrip())
         print(f"\nrun:  {run_dir}")
@@ -53,7 +56,7 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     import shlex
 
     from harness.measure.formatting import interval
-    from harness.measure.markdown import collapse_warnings, paper_table
+    from harness.measure.markdown import collapse_warnings, not_deployable, paper_table
 
     bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
     base = " / ".join(bases) or "vanilla"
@@ -61,7 +64,8 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     cis: dict[str, list[str]] = {}  # label -> "suite estimate [lo, hi]" per suite and temperature
     for r in summary.to_dict("records"):
         if "speedup_ci_lo" in r and r["label"] not in bases and r["speedup"] == r["speedup"]:
-            cis.setdefault(str(r["label"]), []).append(
+            mark = " ‡" if not_deployable(r.get("deployable")) else ""  # the oracle: a bound, as in the tables
+            cis.setdefault(str(r["label"]) + mark, []).append(
                 f"{r['suite']} {interval(r['speedup'], r['speedup_ci_lo'], r['speedup_ci_hi'])}")
     if cis:
         width = max(map(len, cis))
@@ -86,7 +90,7 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
 
 
 def cmd_report(args) -> int:
-    print_report(Path(args.run_dir), paths=args.paths)
+    print_report(Path(args.run_dir), paths=args.paths, cost_per_hour=args.cost_per_hour)
     return cmd_report_against(args) if args.against else 0
 
 

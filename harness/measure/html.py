@@ -4,8 +4,9 @@ reproduction against published numbers).
 Self-contained: inline CSS and a few lines of vanilla JavaScript, plots embedded as base64 PNG, no network request
 (no CDN, no web font, an inline favicon), so the file opens from disk or from a CI artifact. Sections of a run's
 page: provenance (from ``manifest.json``), the paper table (the same text as ``tables/summary.md``), every plot,
-the ablation pivots (:mod:`harness.measure.ablation`) when the run has knobs, the referee
-(:mod:`harness.measure.referee`) when entries ran on another engine, sortable and filterable summary and
+the headroom ledger and where the time goes (``tables/headroom.csv`` with its two plots), the ablation pivots
+(:mod:`harness.measure.ablation`) when the run has knobs, the referee (:mod:`harness.measure.referee`) when entries
+ran on another engine, sortable and filterable summary and
 per-question tables, and the losslessness audit with a divergence viewer (for every turn whose ``output_ids``
 differ from the baseline's at temperature 0: the first differing token, and the two texts side by side around the
 first differing character).
@@ -322,11 +323,14 @@ def ablation_html(turns: pd.DataFrame, baseline_label: str) -> str | None:
 def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: pd.DataFrame,
                       measured: pd.Series, questions: pd.DataFrame, summary: pd.DataFrame, paper_md: str,
                       baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path],
-                      referee: Any = None) -> Path:
+                      referee: Any = None,
+                      headroom: tuple[str, pd.DataFrame, Mapping[str, Path]] | None = None) -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
     mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
     measured turns with the ablated knobs only (:func:`harness.measure.ablation.ablation_turns`); ``referee``: the
-    :class:`harness.measure.referee.RefereeReport` of a run with engine entries (a section of its own), else None."""
+    :class:`harness.measure.referee.RefereeReport` of a run with engine entries (a section of its own), else None;
+    ``headroom``: the headroom section's Markdown, its table and its plots (the ledger and where the time goes,
+    :func:`harness.measure.tables.headroom_table`), else None."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"
@@ -337,6 +341,11 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
     sections = [("collapse", "Warning: acceptance collapse", markdown_tables_html(collapsed))] if collapsed else []
     sections += [("paper", "Paper table", markdown_tables_html(paper_md)),
                  ("plots", "Plots", plots_html(plots))]
+    if headroom is not None and not headroom[1].empty:
+        headroom_md, table, headroom_plots = headroom
+        sections.append(("headroom", "Headroom", markdown_tables_html(headroom_md) + plots_html(headroom_plots)
+                         + table_html(table.astype(object).where(table.notna(), None), "headroom-table",
+                                      filterable=len(table) > 15)))
     ablation = ablation_html(ablated, baseline_label)
     if ablation is not None:
         sections.append(("ablation", "Ablation", ablation))

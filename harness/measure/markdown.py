@@ -1,7 +1,8 @@
 """The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.measure.report`):
 the paper table (labels × suites, cells "speed-up× / τ"), the per-category leaderboard pivot, the greedy
-divergence note and the note on records left out. Numbers read as :mod:`harness.measure.formatting` says; every
-number comes from the tables of :mod:`harness.measure.tables`.
+divergence note, the note on records left out and the headroom section (ledger and time breakdown). A label that is a
+bound rather than a method (the ``oracle``) carries "‡" wherever it appears. Numbers read as
+:mod:`harness.measure.formatting` says; every number comes from the tables of :mod:`harness.measure.tables`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from harness.measure.formatting import (
     interval,
     markdown_escape,
     markdown_table,
+    missing,
     number,
     ratio,
     size,
@@ -40,7 +42,7 @@ def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_
                               & (summary["temperature"] == temp)]
             cells = [speedup_tau(rows.at[c, "speedup"], rows.at[c, "tau"]) if c in rows.index else "" for c in cats]
             cells.append(speedup_tau(overall["speedup"].iloc[0], overall["tau"].iloc[0]) if len(overall) else "")
-            table.append([f"{label}", *cells])
+            table.append([f"{label}{not_deployable_mark(summary[summary['label'] == label])}", *cells])
         lines = [f"**{suite}, temperature {temp:g}, per category** — speed-up vs `{baseline_label}` × / τ", "",
                  *markdown_table(["method", *map(str, cats), "overall"], table)]
         parts.append("\n".join(lines))
@@ -58,7 +60,8 @@ def acceptance_markdown(summary: pd.DataFrame) -> str:
     rows = summary[summary["drafted_per_step"].notna()]
     if rows.empty:
         return ""
-    table = [[str(r["label"]), str(r.get("engine") or "harness"), str(r["suite"]), f"{float(r['temperature']):g}",
+    table = [[str(r["label"]) + (" ‡" if not_deployable(r.get("deployable")) else ""),
+              str(r.get("engine") or "harness"), str(r["suite"]), f"{float(r['temperature']):g}",
               number(r["tau"]), number(r["mean_acceptance_length"]), number(r["draft_acceptance_rate"], ".3f"),
               number(r["drafted_per_step"]), number(r["drafts_cut"], ".0f")] for _, r in rows.iterrows()]
     lines = ["**Acceptance as engines report it** — mean acceptance length = 1 + accepted / drafting steps "
@@ -131,7 +134,7 @@ def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
         return "_No measured turns._\n"
     suites = list(dict.fromkeys(summary["suite"]))
     runtimes = summary_runtimes(summary)
-    lossy = False
+    lossy = oracle = False
     parts = []
     for temp in sorted(summary["temperature"].dropna().unique()):
         for runtime in runtimes:
@@ -150,6 +153,8 @@ def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
                 mark = ""
                 if rows["lossless"].eq(False).any():
                     mark, lossy = " †", True
+                mark += not_deployable_mark(rows)
+                oracle = oracle or bool(mark.endswith("‡"))
                 cells = [f"{label}{mark}"]
                 for suite in suites:
                     r = rows[rows["suite"] == suite]
@@ -169,6 +174,8 @@ def paper_table(summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
     if lossy:
         text += ("\n† not lossless: its output is not guaranteed to equal the target's greedy output (T = 0) or "
                  "to follow the target's distribution (T > 0).\n")
+    if oracle:
+        text += f"\n{NOT_DEPLOYABLE}\n"
     return text
 
 
@@ -259,3 +266,55 @@ def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_la
 def _speedup_ci(row: pd.Series) -> str:
     """A row's geometric-mean speed-up with its 95% CI. Example: 1.42, 1.30, 1.55 -> "1.42 [1.30, 1.55]×"."""
     return interval(row["speedup_gmean"], row["speedup_ci_lo"], row["speedup_ci_hi"]) + "×"
+
+
+NOT_DEPLOYABLE = ("‡ not deployable: an oracle that knows the target's greedy continuation (an untimed greedy pass of "
+                  "the same turn); a bound, not a method.")
+
+
+def not_deployable(flag) -> bool:
+    """Whether a ``deployable`` cell says False (None or NaN: a table made before the column: deployable)."""
+    return not missing(flag) and not bool(flag)
+
+
+def not_deployable_mark(rows: pd.DataFrame) -> str:
+    """" ‡" for the rows of a label whose ``deployable`` column says False (the ``oracle``), else ""."""
+    return " ‡" if "deployable" in rows and rows["deployable"].eq(False).any() else ""
+
+
+def headroom_markdown(headroom: pd.DataFrame) -> str:
+    """The report's headroom section (:func:`harness.measure.tables.headroom_table`), per row (label, suite,
+    temperature): the ledger, measured speed-up S, free-draft bound and oracle bound S* each with its 95% CI, then
+    where the time goes (shares of the wall time; the share of verification work spent on rejected slots), energy
+    per token and per accepted draft token, and the cost of a million tokens at the user's price. Definitions:
+    docs/reference.md#headroom and :mod:`harness.measure.metrics`. Empty text for an empty table."""
+    if headroom.empty:
+        return ""
+    ledger, where = [], []
+    for _, r in headroom.iterrows():
+        name = f"{r['label']}{' ‡' if not_deployable(r.get('deployable')) else ''}"
+        key = [name, str(r["suite"]), f"{float(r['temperature']):g}"]
+        oracle = "" if missing(r["oracle_label"]) else f" ({r['oracle_label']})"
+        ledger.append([*key, interval(r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]),
+                       interval(r["free_draft_speedup"], r["free_draft_ci_lo"], r["free_draft_ci_hi"]),
+                       interval(r["oracle_speedup"], r["oracle_ci_lo"], r["oracle_ci_hi"]) + oracle])
+        where.append([*key, *(number(r[f"share_{p}"], ".1%") for p in M.TIME_PARTS),
+                      number(r["rejected_verify_share"], ".1%"), number(r["energy_per_token_j"], ".3g"),
+                      number(r["energy_per_accepted_token_j"], ".3g"), str(r["energy_source"]),
+                      number(r["cost_per_million_tokens"], ".2f")])
+    notes = sorted({str(n) for n in headroom["timing_note"] if not missing(n)})
+    lines = ["**Headroom** — speed-up vs the baseline (ratio of mean tokens/s on the same questions) × [95% CI, "
+             "bootstrap over questions]: measured S; free-draft bound (the same accepted lengths, drafting at zero "
+             "cost); oracle bound S* (the `oracle` entry named, ‡: it drafts the target's own greedy continuation at "
+             "its budget, measured; temperature 0 only)", "",
+             *markdown_table(["method", "suite", "T", "S", "free-draft bound", "S* (oracle)"], ledger, left=3), "",
+             "**Where the time goes** — shares of the wall time (the engine's synchronised marks; prefill, draft, "
+             "verify, host overhead in the step loop, other = outside it); rejected = share of the verified slots "
+             "(root included) that were not accepted; energy in J per token and per accepted draft token; $ per "
+             "million tokens at the given price per hour (batch 1)", "",
+             *markdown_table(["method", "suite", "T", "prefill", "draft", "verify", "overhead", "other",
+                              "rejected", "J/token", "J/accepted", "energy from", "$/1M tokens"], where, left=3)]
+    lines += [f"- {n}" for n in notes] if notes else []
+    if headroom["deployable"].eq(False).any():
+        lines += ["", NOT_DEPLOYABLE]
+    return "\n".join(lines) + "\n"

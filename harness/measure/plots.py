@@ -1,5 +1,6 @@
 """A run's matplotlib figures (``plots/*.png`` of :mod:`harness.measure.report`): speed-up, τ and tokens/s per
-suite as grouped bars, the accepted-length histogram and the acceptance rate per draft position. Every value comes
+suite as grouped bars, the accepted-length histogram, the acceptance rate per draft position, the headroom ledger and
+where the time goes. Every value comes
 from the tables of :mod:`harness.measure.tables`; a plot with nothing to show is not written (its function returns
 None). Figures are drawn on :class:`matplotlib.figure.Figure` directly, so no global pyplot state or display is
 needed.
@@ -223,6 +224,71 @@ def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanil
         ax.set_ylabel(ylabel)
         ax.set_title(title)
     _legend(axes[0], len(series))
+    return _save(fig, path)
+
+
+def _headroom_rows(headroom: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows of a headroom table other than the baselines', and an x label for each ("label [suite, T]" where
+    the run has several suites or temperatures; "‡" on a label that is not deployable)."""
+    rows = headroom[headroom["label"] != headroom["baseline"]]
+    several = rows["suite"].nunique() > 1 or rows["temperature"].nunique() > 1
+    names = [f"{r['label']}{'' if bool(r['deployable']) else ' ‡'}"
+             + (f"\n{r['suite']}, T={float(r['temperature']):g}" if several else "") for _, r in rows.iterrows()]
+    return rows, names
+
+
+def plot_headroom(headroom: pd.DataFrame, path: Path) -> Path | None:
+    """The headroom ledger (:func:`harness.measure.tables.headroom_table`): per method (and suite, temperature) three
+    bars, the measured speed-up S, the free-draft bound and the oracle bound S*, each with its 95% CI as an error
+    bar, 1.0 dashed. None when no row has a speed-up."""
+    rows, names = _headroom_rows(headroom)
+    rows = rows.assign(name=names)
+    rows = rows[rows["speedup"].notna()]
+    if rows.empty:
+        return None
+    x = np.arange(len(rows))                                                 # [R]
+    fig = Figure(figsize=(max(6.0, 1.1 * len(rows) + 2.0), 4.2))
+    ax = fig.subplots()
+    bars = (("speedup", "speedup_ci", "measured S"), ("free_draft_speedup", "free_draft_ci", "free-draft bound"),
+            ("oracle_speedup", "oracle_ci", "oracle bound S* (not deployable)"))
+    for i, (value, ci, name) in enumerate(bars):
+        y = rows[value].to_numpy(dtype=float)                                # [R]
+        err = np.abs(np.vstack([y - rows[f"{ci}_lo"].to_numpy(dtype=float),
+                                rows[f"{ci}_hi"].to_numpy(dtype=float) - y]))  # [2, R]
+        ax.bar(x + (i - 1) * 0.27, y, 0.27, yerr=np.nan_to_num(err), capsize=3, label=name)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, list(rows["name"]))
+    ax.set_ylabel("speed-up vs baseline (×, 95% CI)")
+    ax.set_title("Headroom: measured speed-up, free-draft bound, oracle bound")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_time_breakdown(headroom: pd.DataFrame, path: Path) -> Path | None:
+    """Where the time goes (:func:`harness.measure.metrics.time_breakdown`): one stacked bar per method (and suite,
+    temperature) with a synchronised split, the shares of prefill, draft, verify, host overhead and other; above each
+    bar the share of verified slots that were rejected. None when no row has a split (n/a is never drawn as 0)."""
+    rows, names = _headroom_rows(headroom)
+    rows = rows.assign(name=names)
+    rows = rows[rows["share_draft"].notna()]
+    if rows.empty:
+        return None
+    x = np.arange(len(rows))                                                 # [R]
+    fig = Figure(figsize=(max(6.0, 1.0 * len(rows) + 2.5), 4.2))
+    ax = fig.subplots()
+    bottom = np.zeros(len(rows))                                             # [R]
+    for part in M.TIME_PARTS:
+        share = rows[f"share_{part}"].to_numpy(dtype=float)                  # [R]
+        ax.bar(x, share, 0.6, bottom=bottom, label=part)
+        bottom += share
+    for xi, top, rejected in zip(x, bottom, rows["rejected_verify_share"]):
+        if rejected == rejected:
+            ax.annotate(f"rejected {rejected:.0%}", (xi, top), ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(x, list(rows["name"]))
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("share of wall time")
+    ax.set_title("Where the time goes (rejected: share of verified slots not accepted)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 

@@ -51,7 +51,10 @@ output_text, output_ids     the generated text and token ids
 rss_bytes, peak_rss_bytes   process RSS after the turn; lifetime peak RSS
 cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memory, summed over a device map's
                             GPUs (None on CPU)
-energy_j, mean_power_w      NVML energy over the turn and energy / wall time (None without a GPU)
+energy_j, mean_power_w      NVML energy over the turn (on CPU: RAPL package energy where readable) and energy /
+                            wall time (None when neither can be read)
+energy_source               ``nvml`` or ``rapl``, or ``n/a: <why>`` (harness.measure.trackers); absent in older runs
+deployable                  ``false`` for a method that is a bound, not a method (the ``oracle``); absent otherwise
 nvml_devices                PCI bus ids of the NVML boards read (None without NVML)
 runtime                     how the target's forward ran: ``eager`` or ``compiled`` (harness/engine/runtime.py;
                             the manifest's ``runtimes`` says how it was compiled); absent in older runs = eager

@@ -10,6 +10,9 @@
     tables/summary.md                        provenance header + paper_table (+ divergence note, + the acceptance
                                              figures as engines report them when a method drafts)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
+    tables/headroom.csv                      the headroom ledger (measured speed-up, free-draft bound, oracle bound S*
+                                             with their CIs) and where the time goes, energy and cost (headroom_table);
+                                             summary.md's Headroom section; plots/headroom.png, plots/time_breakdown.png
     plots/*.png                              speed-up, tau, tokens/s per suite; accepted lengths; acceptance/position
     tables/context.csv, crossover.csv,       for a run with context-length buckets (harness.run.context) only: every
     plots/context.png                        number per input length, where each speed-up falls below 1.0, the plot
@@ -47,6 +50,7 @@ from harness.measure.markdown import (
     collapse_note,
     context_markdown,
     divergence_note,
+    headroom_markdown,
     paper_table,
     records_note,
 )
@@ -54,8 +58,10 @@ from harness.measure.plots import (
     plot_accept_histogram,
     plot_acceptance_per_position,
     plot_context,
+    plot_headroom,
     plot_speedup,
     plot_tau,
+    plot_time_breakdown,
     plot_tokens_per_s,
 )
 from harness.measure.records import load_records, record_files
@@ -76,6 +82,7 @@ from harness.measure.tables import (
     crossover_table,
     divergence_table,
     has_context,
+    headroom_table,
     histogram_table,
     measured_rows,
     provenance,
@@ -136,11 +143,14 @@ def _write_table(df: pd.DataFrame, stem: Path) -> dict[str, Path]:
     return {f"{stem.name}_parquet": parquet, f"{stem.name}_csv": csv}
 
 
-def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict[str, Path]:
+def write_report(run_dir: str | Path, baseline_label: str | None = None,
+                 cost_per_hour: float | None = None) -> dict[str, Path]:
     """Rebuild ``tables/`` and ``plots/`` of a run directory from its records; returns name -> path written.
 
     The baseline is ``baseline_label``, else the manifest's ``config.baseline``, else "vanilla". Plots that have
     nothing to show (a speed-up without a baseline, acceptance without a drafting method) are not written.
+    ``cost_per_hour``: the user's price of the machine per hour, for the headroom table's cost per million tokens
+    (n/a without it; never assumed).
     """
     run_dir = Path(run_dir)
     if not record_files(run_dir) and (run_dir / LOAD_FILE).exists():  # a run of load levels (harness.run.load)
@@ -187,6 +197,11 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
             with atomic_file(tables / f"{name}.csv") as tmp:
                 frame.to_csv(tmp, index=False)
             paths[f"{name}_csv"] = tables / f"{name}.csv"
+    headroom = headroom_table(turns, baseline, cost_per_hour)
+    with atomic_file(tables / "headroom.csv") as tmp:
+        headroom.to_csv(tmp, index=False)
+    paths["headroom_csv"] = tables / "headroom.csv"
+    headroom_md = headroom_markdown(headroom)
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
@@ -196,7 +211,8 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
                       + f"\n{ablation_markdown(ablated, baseline)}"
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else "")
                       + (f"\n{context_markdown(context, crossover, baseline)}" if context is not None else "")
-                      + (f"\n{referee.markdown}" if referee else ""))
+                      + (f"\n{referee.markdown}" if referee else "")
+                      + (f"\n{headroom_md}" if headroom_md else ""))
     paths["summary_md"] = md
     for name, written in (
         ("speedup", plot_speedup(summary, plots / "speedup.png", baseline)),
@@ -208,10 +224,16 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None) -> dict
     ):
         if written is not None:
             paths[f"plot_{name}"] = written
+    headroom_plots = {}
+    for name, written in (("headroom", plot_headroom(headroom, plots / "headroom.png")),
+                          ("time_breakdown", plot_time_breakdown(headroom, plots / "time_breakdown.png"))):
+        if written is not None:
+            headroom_plots[f"{name}_plot"] = paths[f"{name}_plot"] = written
     if referee:
         paths |= referee.paths
     paths |= write_ablation(run_dir, ablated, baseline)
     paths["report_html"] = write_html_report(run_dir, manifest, turns, measured_rows(turns), questions, summary,
                                              paper_table(summary, baseline), baseline, ablated,
-                                             {k: v for k, v in paths.items() if k.startswith("plot_")}, referee)
+                                             {k: v for k, v in paths.items() if k.startswith("plot_")}, referee,
+                                             (headroom_md, headroom, headroom_plots))
     return paths

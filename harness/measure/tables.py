@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.records import baseline_labels, label_engines, label_runtimes
+from harness.measure.records import baseline_labels, label_engines, label_runtimes, runtime_label
 
 GROUP = ["label", "method", "suite", "temperature"]
 QUESTION = [*GROUP, "question_id"]
@@ -241,7 +241,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
     output ids); energy_per_token_j;
     divergent_turns and divergent_ties (temperature 0: turns that differ from the baseline, and how many of them
-    are near ties within the dtype's noise); peak_memory_bytes (CUDA peak allocated, else RSS) and
+    are near ties within the dtype's noise); deployable (False for a bound such as the ``oracle``,
+    :func:`deployable_labels`); peak_memory_bytes (CUDA peak allocated, else RSS) and
     peak_reserved_bytes; acc@i and acc_cond@i for i = 1..deepest draft in the table (NaN for methods that never
     draft); draft_acceptance_rate (accepted / drafted tokens), drafted_per_step (per drafting step),
     mean_acceptance_length (vLLM's and AIPerf's: 1 + accepted / drafting steps) and drafts_cut (accepted drafts
@@ -262,6 +263,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     depth = max_depth(turns)
     runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
     engines, sources = label_engines(turns), acceptance_sources(turns)
+    deployable = deployable_labels(turns)
     rows = []
 
     def at(frame: pd.DataFrame, label: str, suite, temp) -> pd.DataFrame:
@@ -302,6 +304,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_allocated_bytes"])),
             "peak_reserved_bytes": M.peak_reserved(list(ok["cuda_peak_reserved_bytes"])),
             "lossless": _lossless_flag(g["lossless"]),
+            "deployable": deployable.get(label, True),
             "runtime": runtimes.get(label, "eager"),
             "engine": engines.get(label, "harness"),
             "acceptance_from": sources.get(label),
@@ -322,6 +325,135 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     for col in ("quality", "energy_per_token_j", "peak_memory_bytes", "peak_reserved_bytes"):
         if col in df.columns:
             df[col] = df[col].astype(float)
+    return df
+
+
+def deployable_labels(turns: pd.DataFrame) -> dict[str, bool]:
+    """label -> whether it is a method one can deploy: False when its records say ``deployable: false`` (the
+    ``oracle``, a bound that knows the target's greedy continuation), True otherwise (the field is absent)."""
+    column = turns["deployable"] if "deployable" in turns else [None] * len(turns)
+    out: dict[str, bool] = {}
+    for label, flag in zip(turns["label"], column):
+        out[label] = out.get(label, True) and flag is not False
+    return out
+
+
+HEADROOM_COLUMNS = [
+    *GROUP, "deployable", "runtime", "baseline", "n_questions", "tokens_per_s",
+    "speedup", "speedup_ci_lo", "speedup_ci_hi",
+    "free_draft_speedup", "free_draft_ci_lo", "free_draft_ci_hi",
+    "oracle_label", "oracle_speedup", "oracle_ci_lo", "oracle_ci_hi",
+    *(f"share_{part}" for part in M.TIME_PARTS), "rejected_verify_share", "timing_note",
+    "energy_per_token_j", "energy_per_accepted_token_j", "energy_source", "cost_per_hour", "cost_per_million_tokens",
+]
+NO_SPLIT = "n/a: no synchronised draft/verify split (profile off, another engine, or a method without one)"
+
+
+def _values(ok: pd.DataFrame, column: str) -> list:
+    """A column's values as a list, None where missing (and everywhere when the table has no such column)."""
+    if column not in ok:
+        return [None] * len(ok)
+    return [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in ok[column]]
+
+
+def _synchronised(ok: pd.DataFrame, column: str) -> list:
+    """``timing.<part>`` of each turn where the split was measured with a device sync at each mark, else None."""
+    return [v if s is True else None for v, s in zip(_values(ok, column), _values(ok, "timings_synchronised"))]
+
+
+def _oracle_for(label: str, suite, temp, labels: pd.DataFrame) -> str | None:
+    """The not-deployable label that holds ``label``'s oracle bound on (suite, temperature): the one whose option
+    ``pair`` names ``label``, else the only one without a pair measured against the same baseline; None otherwise.
+    ``labels``: one row per (label, suite, temperature) with deployable, baseline and pair."""
+    at = labels[(labels["suite"] == suite) & (labels["temperature"] == temp) & ~labels["deployable"]]
+    if label in set(at["label"]):
+        return label
+    mine = labels[(labels["label"] == label) & (labels["suite"] == suite) & (labels["temperature"] == temp)]
+    at = at[at["baseline"].isin(set(mine["baseline"]))]
+    paired = at[at["pair"] == label]
+    if len(paired):
+        return str(paired["label"].iloc[0])
+    free = at[at["pair"] == ""]
+    return str(free["label"].iloc[0]) if len(free) == 1 else None
+
+
+def headroom_table(turns: pd.DataFrame, baseline_label: str = "vanilla", cost_per_hour: float | None = None,
+                   n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The headroom ledger and the time breakdown: one row per (label, method, suite, temperature), the report's
+    cells (:data:`HEADROOM_COLUMNS`).
+
+    ``speedup`` is the measured S (ratio of mean tokens/s vs the row's baseline on the same questions, the paper
+    table's), ``free_draft_speedup`` the free-draft bound (the same turns with their drafting time removed,
+    :func:`harness.measure.metrics.free_draft_tokens_per_second`), ``oracle_speedup`` the oracle bound S* of the
+    not-deployable entry that holds it (``oracle_label``: the ``oracle`` entry whose option ``pair`` names the row's
+    label, else the run's only unpaired one; temperature 0 only, :func:`harness.measure.metrics.oracle_bound`); each
+    with its percentile-bootstrap 95% CI over questions (:func:`harness.measure.metrics.speedup_ratio_ci`).
+    ``share_<part>``: where the wall time goes (:func:`harness.measure.metrics.time_breakdown`),
+    ``rejected_verify_share``: the verification work spent on rejected slots
+    (:func:`harness.measure.metrics.rejected_verification_share`); without a synchronised split these are NaN and
+    ``timing_note`` says why. Energy per token and per accepted draft token (NVML on CUDA, RAPL on CPU, the records'
+    ``energy_source``), and the cost of a million tokens at ``cost_per_hour`` (the user's price; NaN without it).
+    """
+    measured = measured_rows(turns)
+    ok_all = turns[measured]
+    questions = questions_table(turns)
+    runtimes, bases = label_runtimes(turns), baseline_labels(turns, baseline_label)
+    deployable = deployable_labels(turns)
+    pairs = _values(ok_all, "opt.pair")
+    # an oracle's pair names an entry's label as configured; under another runtime that entry is "<label>@<runtime>"
+    paired = [runtime_label(p, runtimes.get(lb)) if isinstance(p, str) and p else ""
+              for p, lb in zip(pairs, ok_all["label"])]
+    labels = pd.DataFrame({"label": ok_all["label"], "suite": ok_all["suite"], "temperature": ok_all["temperature"],
+                           "pair": paired}).drop_duplicates()
+    labels["deployable"] = [deployable.get(lb, True) for lb in labels["label"]]
+    labels["baseline"] = [bases.get(lb, baseline_label) for lb in labels["label"]]
+
+    def tps_of(label: str, suite, temp) -> pd.Series:
+        return _per_question_tps(questions[(questions["label"] == label) & (questions["suite"] == suite)
+                                           & (questions["temperature"] == temp)])
+
+    rows = []
+    for key, ok in ok_all.groupby(GROUP, dropna=False, sort=False):
+        label, _, suite, temp = key
+        base = bases.get(label, baseline_label)
+        tps, base_tps = tps_of(label, suite, temp), tps_of(base, suite, temp)
+        s = M.speedup_ratio_ci([(tps, base_tps)], n_boot=n_boot, seed=seed)
+        draft = _synchronised(ok, "timing.draft_s")
+        draft_of = dict(zip(ok.index, draft))
+        free = {qid: M.free_draft_tokens_per_second(list(q["new_tokens"]), list(q["wall_time_s"]),
+                                                    [draft_of[i] for i in q.index])
+                for qid, q in ok.groupby("question_id", sort=False)}
+        f = M.speedup_ratio_ci([(pd.Series(free, dtype=float), base_tps)], n_boot=n_boot, seed=seed)
+        oracle = _oracle_for(label, suite, temp, labels) if float(temp) == 0.0 else None
+        o = (M.oracle_bound(tps_of(oracle, suite, temp), tps_of(bases.get(oracle, baseline_label), suite, temp),
+                            n_boot=n_boot, seed=seed) if oracle else (math.nan,) * 3)
+        shares = M.time_breakdown(list(ok["wall_time_s"]), list(ok["prefill_time_s"]), draft,
+                                  _synchronised(ok, "timing.verify_s"), _synchronised(ok, "timing.overhead_s"))
+        tree = _values(ok, "counter.tree_tokens")
+        steps = [max(len(a) - 1, 0) for a in lists(ok["accept_lengths"])]
+        accepted = [sum(a) for a in lists(ok["accepted_drafts"])]
+        sources = [v for v in dict.fromkeys(_values(ok, "energy_source")) if v]
+        mean_tps = M.mean_tokens_per_second(tps)
+        rows.append({
+            **dict(zip(GROUP, key)), "deployable": deployable.get(label, True),
+            "runtime": runtimes.get(label, "eager"), "baseline": base,
+            "n_questions": int(tps.notna().sum()), "tokens_per_s": mean_tps,
+            "speedup": s[0], "speedup_ci_lo": s[1], "speedup_ci_hi": s[2],
+            "free_draft_speedup": f[0], "free_draft_ci_lo": f[1], "free_draft_ci_hi": f[2],
+            "oracle_label": oracle, "oracle_speedup": o[0], "oracle_ci_lo": o[1], "oracle_ci_hi": o[2],
+            **{f"share_{part}": v for part, v in shares.items()},
+            "rejected_verify_share": M.rejected_verification_share(tree, accepted, steps),
+            "timing_note": NO_SPLIT if math.isnan(shares["draft"]) else None,
+            "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
+            "energy_per_accepted_token_j": M.energy_per_accepted_token(list(ok["energy_j"]), accepted),
+            "energy_source": "; ".join(sources) if sources else ("nvml" if ok["energy_j"].notna().any()
+                                                                  else "n/a: not recorded"),
+            "cost_per_hour": cost_per_hour if cost_per_hour is not None else math.nan,
+            "cost_per_million_tokens": M.cost_per_million_tokens(cost_per_hour, mean_tps),
+        })
+    df = pd.DataFrame(rows, columns=HEADROOM_COLUMNS)
+    for col in ("energy_per_token_j", "cost_per_hour"):
+        df[col] = df[col].astype(float)
     return df
 
 

@@ -1,7 +1,8 @@
 """Measurement around a timed turn: device synchronisation, wall time, memory and energy.
 
 ``Tracker.track()`` is a context manager that synchronises the device(s) before and after, and fills a
-:class:`Measurement` (GPU memory from torch and NVML, energy from NVML's total-energy counter, process RSS on CPU).
+:class:`Measurement` (GPU memory from torch and NVML, energy from NVML's total-energy counter, process RSS on CPU;
+on a CPU target, energy from the kernel's RAPL counters where they can be read, :class:`Rapl`).
 NVML boards are matched to CUDA devices by PCI bus id (:class:`Nvml`); with a device map every quantity is summed
 over the GPUs the model uses.
 """
@@ -13,6 +14,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,6 +37,7 @@ class Measurement:
     energy_j: float | None = None           # NVML total-energy counter difference over the turn, summed
     mean_power_w: float | None = None       # energy_j / wall_time_s
     nvml_devices: list[str] | None = None   # PCI bus ids of the boards NVML read
+    energy_source: str | None = None        # what energy_j was read from ("nvml", "rapl"), or why none: "n/a: <why>"
 
 
 def pci_bus_id(properties) -> str | None:
@@ -113,6 +116,49 @@ class Nvml:
         return out
 
 
+RAPL_ROOT = "/sys/class/powercap"
+
+
+class Rapl:
+    """The kernel's RAPL package energy counters (``<root>/intel-rapl:<n>/energy_uj``, one per CPU package; the
+    sub-zones ``intel-rapl:<n>:<m>`` are parts of a package and are not added again), summed, in joules.
+
+    A counter wraps at its ``max_energy_range_uj``: a reading below the previous one has wrapped once (a turn shorter
+    than a wrap period, minutes at the least). RAPL counts the whole package, every process on it: on a shared
+    machine a turn's energy includes the other processes' work. :attr:`error` says why nothing is read (no powercap
+    zones, or ``energy_uj`` readable by root only, as kernels since 5.10 make it); then :meth:`read` is None.
+    """
+
+    def __init__(self, root: str | os.PathLike = RAPL_ROOT):
+        self.zones = sorted(p for p in Path(root).glob("intel-rapl:*") if p.name.count(":") == 1)
+        self.error: str | None = None
+        self.ranges: list[int] = []
+        try:
+            if not self.zones:
+                raise FileNotFoundError(f"no RAPL package zone under {root}")
+            self.ranges = [int((z / "max_energy_range_uj").read_text()) for z in self.zones]
+            self._raw()
+        except (OSError, ValueError) as e:
+            self.zones, self.error = [], f"{type(e).__name__}: {e}"
+
+    def _raw(self) -> list[int]:
+        return [int((z / "energy_uj").read_text()) for z in self.zones]
+
+    def read(self) -> list[int] | None:
+        """Every package's counter in microjoules, or None when RAPL cannot be read."""
+        try:
+            return self._raw() if self.zones else None
+        except (OSError, ValueError):
+            return None
+
+    def joules(self, before: list[int] | None, after: list[int] | None) -> float | None:
+        """Energy between two :meth:`read` results, each counter unwrapped once. Example: range 1000 uJ, before
+        [900], after [100] -> 200 uJ = 0.0002 J."""
+        if before is None or after is None:
+            return None
+        return sum(a - b if a >= b else a + r - b for a, b, r in zip(after, before, self.ranges)) / 1e6
+
+
 def model_devices(model: torch.nn.Module, default: torch.device | str) -> list[torch.device]:
     """The distinct devices holding ``model``'s parameters (the GPUs of a device map), ``[default]`` when none."""
     found = {p.device for p in model.parameters() if p.device.type != "meta"}
@@ -122,12 +168,14 @@ def model_devices(model: torch.nn.Module, default: torch.device | str) -> list[t
 class Tracker:
     """Synchronised wall time, memory and energy of a turn on ``device`` and any other ``devices`` the model uses."""
 
-    def __init__(self, device: torch.device | str, devices: list[torch.device] | None = None, nvml: Nvml | None = None):
+    def __init__(self, device: torch.device | str, devices: list[torch.device] | None = None, nvml: Nvml | None = None,
+                 rapl: Rapl | None = None):
         self.device = torch.device(device)
         self.devices = [torch.device(d) for d in (devices or [self.device])]
         cuda = [d.index or 0 for d in self.devices if d.type == "cuda"]
         self.cuda = [torch.device("cuda", i) for i in cuda]
         self.nvml = nvml if nvml is not None else (Nvml(cuda) if cuda else None)
+        self.rapl = rapl if rapl is not None else (Rapl() if self.device.type == "cpu" else None)
 
     def sync(self) -> None:
         for d in self.cuda or [self.device]:
@@ -140,6 +188,7 @@ class Tracker:
             torch.cuda.reset_peak_memory_stats(d)
         self.sync()
         e0 = self.nvml.energy_mj() if self.nvml else None
+        r0 = self.rapl.read() if self.rapl else None
         t0 = time.perf_counter()
         try:
             yield m
@@ -148,7 +197,13 @@ class Tracker:
             m.wall_time_s = time.perf_counter() - t0
             e1 = self.nvml.energy_mj() if self.nvml else None
             if e0 is not None and e1 is not None:
-                m.energy_j = (e1 - e0) / 1000.0
+                m.energy_j, m.energy_source = (e1 - e0) / 1000.0, "nvml"
+            elif self.rapl is not None:
+                m.energy_j = self.rapl.joules(r0, self.rapl.read())
+                m.energy_source = "rapl" if m.energy_j is not None else f"n/a: {self.rapl.error or 'RAPL read failed'}"
+            elif self.nvml is not None:
+                m.energy_source = f"n/a: {self.nvml.error or 'NVML energy counter unreadable'}"
+            if m.energy_j is not None:
                 m.mean_power_w = m.energy_j / m.wall_time_s if m.wall_time_s > 0 else None
             if self.cuda:
                 m.cuda_peak_allocated_bytes = sum(int(torch.cuda.max_memory_allocated(d)) for d in self.cuda)

@@ -193,7 +193,9 @@ def _error_text(exc: BaseException) -> str:
 
 def run_question(method: Method, target: Target, ctx: TurnContext, question, sampling: SamplingParams,
                  max_new_tokens: int, tracker: Tracker, score: bool) -> list[dict[str, Any]]:
-    """Generate every turn of ``question`` (later turns see the model's own earlier answers); one record per turn."""
+    """Generate every turn of ``question`` (later turns see the model's own earlier answers); one record per turn.
+    A method with ``prepare_turn(prompt_ids, budget)`` has it called before each timed turn, outside the tracker:
+    untimed work the turn needs first (the ``oracle``'s greedy pass, methods/oracle.py)."""
     generator = torch.Generator(device=target.device).manual_seed(question_seed(ctx.seed, question.question_id))
     suite = ctx.suite
     messages: list[dict] = []
@@ -210,6 +212,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
             "runtime": method.runtime, **context_fields(question.context),
+            **({} if getattr(method, "deployable", True) else {"deployable": False}),
         }
         if failed:
             rec.update(status="error", error=f"skipped: an earlier turn failed ({failed})")
@@ -239,6 +242,9 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                 if question.context:  # the engine's own caches are not visible from here: n/a, never 0
                     rec.update(kv_cache_bytes=None, draft_kv_bytes=None)
             else:
+                prepare = getattr(method, "prepare_turn", None)  # untimed work a method needs first (the oracle's)
+                if prepare is not None:
+                    prepare(prompt_ids, budget)
                 with tracker.track() as m:
                     gen = method.generate(prompt_ids, budget, sampling, generator)
                 answer = target.decode(gen.token_ids)
@@ -250,7 +256,8 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     rss_bytes=m.rss_bytes, peak_rss_bytes=m.peak_rss_bytes,
                     cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
                     cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
-                    energy_j=m.energy_j, mean_power_w=m.mean_power_w, timings=gen.timings, counters=gen.counters,
+                    energy_j=m.energy_j, mean_power_w=m.mean_power_w, energy_source=m.energy_source,
+                    timings=gen.timings, counters=gen.counters,
                     timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
                     logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
                     logit_runner_ups=gen.logit_runner_ups or None,
