@@ -17,12 +17,22 @@ Groups:
   tree            EAGLE-2's dynamic tree selection over 4 levels of top-10 candidates; a 63-node static tree
   mask            the 4D mask of a 64-node tree after a 300-token prefix (``tree_mask_4d``)
   kv-compaction   compacting a SmolLM2-135M-sized cache (30 layers) after a 64-node verification
+  host-overhead-step
+                  a 64-token greedy turn of vanilla and of pld, eagle2 and eagle3 whose drafts are always rejected
+                  (tests/support/overhead.py: every step emits one token, like vanilla's), on a tiny random Llama (4
+                  layers, hidden 64), one torch thread. ``extra_info`` of each speculative entry: ``host_ms_per_step``
+                  (the loop's CPU time less the CPU time inside the target's and the draft's forwards, per step)
+                  and ``host_vs_vanilla_step``, that over vanilla's whole step (forward included) in the same run.
+                  Target: ``host_vs_vanilla_step`` < 1, i.e. a speculative step's host work (drafting bookkeeping,
+                  masks, the acceptance walk, the readback, compaction) costs less than one vanilla step
 
 In the normal test run (``--benchmark-disable``, the project default) every body runs once, as a test of its
 result; the parts on the real default model are ``slow``.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -43,6 +53,9 @@ from harness.engine.tree import (
 )
 from harness.registry import get_method
 from harness.run.config import load_preset_dict
+from tests.support.anymodel import tree_method
+from tests.support.overhead import PROMPT as TINY_PROMPT
+from tests.support.overhead import ForwardClock, always_rejected, method_modules, overhead_target
 
 PREFIX = 300
 TREE_SLOTS = [1, 2, 4, 8, 16, 32, 64]
@@ -226,3 +239,61 @@ def test_bench_kv_compaction(benchmark):
     cache = state["cache"]
     assert cache.get_seq_length() == PREFIX + len(keep)
     assert torch.equal(cache.layers[7].keys[:, :, PREFIX + 2], state["slot5"])
+
+
+STEP_TOKENS = 64
+STEP_METHODS = ("vanilla", "pld", "eagle2", "eagle3")  # vanilla first: the others' ratios divide by its step
+# the ratios are taken in CPU time (one torch thread): on a shared machine wall time also counts the waits
+CPU_TIME = time.process_time
+_VANILLA_STEP: dict[str, float] = {}  # "s": vanilla's median seconds per step in this run (benchmarks enabled only)
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    """The host-overhead target and vanilla's greedy tokens for the tiny prompt (longer than a turn)."""
+    target = overhead_target()
+    vanilla = get_method("vanilla").create(target)
+    return target, vanilla.generate(TINY_PROMPT, STEP_TOKENS + 8, SamplingParams()).token_ids
+
+
+@pytest.mark.benchmark(group="host-overhead-step")
+@pytest.mark.parametrize("name", STEP_METHODS)
+def test_bench_host_overhead_per_step(benchmark, overhead, one_torch_thread, name):
+    """A 64-token greedy turn of ``name`` on the tiny Llama, drafts always rejected: vanilla's tokens, and for a
+    speculative method a non-empty tree at every step and one token per step (a step that accepted a draft, or
+    proposed none, would not be the one-token step the ratio compares with vanilla's)."""
+    target, reference = overhead
+    if name == "vanilla":
+        method = get_method("vanilla").create(target)
+    else:
+        method = always_rejected(tree_method(name, target), reference)
+    clock = ForwardClock(method_modules(method), CPU_TIME)
+    rounds: list[tuple[float, float, int]] = []  # per round: loop seconds (prefill excluded), forward seconds, steps
+
+    def turn():
+        with clock:
+            t0 = CPU_TIME()
+            gen = method.generate(TINY_PROMPT, STEP_TOKENS, SamplingParams())
+            turn_s = CPU_TIME() - t0
+        # the first call is the prefill's target forward: the loop is the rest of the turn
+        rounds.append((turn_s - clock.calls[0], sum(clock.calls[1:]), len(gen.accept_lengths) - 1))
+        return gen
+
+    gen = _pedantic(benchmark, turn, rounds=20)
+    assert gen.token_ids == reference[:STEP_TOKENS]
+    if name != "vanilla":
+        assert gen.accept_lengths == [1] * STEP_TOKENS and sum(gen.accepted_drafts) == 0
+        assert min(gen.draft_depths[1:]) > 0, gen.draft_depths
+    info = {"method": name, "steps": STEP_TOKENS - 1}
+    if benchmark.stats is not None:
+        steps = rounds[-1][2]
+        loop = float(torch.tensor([r[0] for r in rounds]).median()) / steps
+        info["ms_per_step"] = round(loop * 1e3, 4)
+        if name == "vanilla":
+            _VANILLA_STEP["s"] = loop
+        else:
+            host = float(torch.tensor([r[0] - r[1] for r in rounds]).median()) / steps
+            info["host_ms_per_step"] = round(host * 1e3, 4)
+            if "s" in _VANILLA_STEP:
+                info["host_vs_vanilla_step"] = round(host / _VANILLA_STEP["s"], 3)
+    benchmark.extra_info.update(info)
