@@ -1,8 +1,10 @@
 """Vanilla autoregressive decoding with a KV cache: the baseline every speedup is measured against.
 
-It must be at least as fast as ``model.generate`` (benchmarked in ``tests/test_bench_vanilla.py``) and, greedy,
-produce exactly ``generate(do_sample=False)``'s tokens. The target runs through the method's runner
-(:mod:`harness.engine.runtime`): with ``runtime: eager`` that is the model itself.
+It must be at least as fast as ``model.generate`` (benchmarked in ``tests/test_bench_vanilla.py``, on the default
+model and, group ``host-overhead-token``, per token on a tiny one whose forwards cost what the loop's Python does)
+and, greedy, produce exactly ``generate(do_sample=False)``'s tokens. A step reads back only its token; the greedy
+logit margins stay on the device until the turn's end (:class:`harness.engine.sampling.LogitTrace`). The target
+runs through the method's runner (:mod:`harness.engine.runtime`): with ``runtime: eager`` that is the model itself.
 """
 
 from __future__ import annotations

@@ -420,6 +420,7 @@ class SpeculativeMethod(Method):
                 keep = ([0] + [i + 1 for i in step.path])[: len(kept)]
                 if step.logits is not None:
                     stats.trace.add(step.logits, keep)
+                    step.logits = None  # freed with the forward's output below, as before (device peak memory)
                 compact_cache(turn.cache, turn.committed, keep)
                 turn.committed += len(keep)
                 emitted.extend(kept)
