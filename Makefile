@@ -47,7 +47,9 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # pytest-benchmark over the engine's parts (tests/test_bench_engine.py), vanilla vs generate and an EAGLE-3 training
-# step (tests/test_bench_train.py); every run is saved under .benchmarks/<machine>/ and, once this checkout has a
+# step (tests/test_bench_train.py); the host-overhead budget on a tiny Llama: groups host-overhead-token (vanilla vs
+# generate vs a hand-written loop, per token) and host-overhead-step (a speculative step's host work against a vanilla
+# step; the ratios are in each entry's extra_info, docs/results.md); every run is saved under .benchmarks/<machine>/ and, once this checkout has a
 # save, compared with the previous one: a part whose mean time grew by more than 15% fails. Compare on the same,
 # otherwise idle machine; on a shared CPU, CPU time and the median are steadier:
 # make bench BENCH_FLAGS=--benchmark-timer=time.process_time BENCH_FAIL=median:15%

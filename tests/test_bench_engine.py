@@ -17,12 +17,23 @@ Groups:
   tree            EAGLE-2's dynamic tree selection over 4 levels of top-10 candidates; a 63-node static tree
   mask            the 4D mask of a 64-node tree after a 300-token prefix (``tree_mask_4d``)
   kv-compaction   compacting a SmolLM2-135M-sized cache (30 layers) after a 64-node verification
+  host-overhead-step
+                  a 64-token greedy turn of vanilla and of pld, eagle2 and eagle3 whose drafts are always rejected
+                  (tests/support/overhead.py: every step emits one token, like vanilla's), on a tiny random Llama (4
+                  layers, hidden 64), one torch thread. ``extra_info`` of each entry: ``host_ms_per_step``
+                  (the loop's CPU time less the CPU time inside the target's and the draft's forwards, per step)
+                  and ``host_vs_vanilla_step``, that over vanilla's whole step (forward included) in a vanilla turn
+                  run just before each round (the median of the rounds' ratios).
+                  Target: ``host_vs_vanilla_step`` < 1, i.e. a speculative step's host work (drafting bookkeeping,
+                  masks, the acceptance walk, the readback, compaction) costs less than one vanilla step
 
 In the normal test run (``--benchmark-disable``, the project default) every body runs once, as a test of its
 result; the parts on the real default model are ``slow``.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -43,6 +54,9 @@ from harness.engine.tree import (
 )
 from harness.registry import get_method
 from harness.run.config import load_preset_dict
+from tests.support.anymodel import tree_method
+from tests.support.overhead import PROMPT as TINY_PROMPT
+from tests.support.overhead import ForwardClock, always_rejected, method_modules, overhead_target
 
 PREFIX = 300
 TREE_SLOTS = [1, 2, 4, 8, 16, 32, 64]
@@ -226,3 +240,65 @@ def test_bench_kv_compaction(benchmark):
     cache = state["cache"]
     assert cache.get_seq_length() == PREFIX + len(keep)
     assert torch.equal(cache.layers[7].keys[:, :, PREFIX + 2], state["slot5"])
+
+
+STEP_TOKENS = 64
+STEP_METHODS = ("vanilla", "pld", "eagle2", "eagle3")
+# CPU time (one torch thread): on a shared machine wall time also counts the waits for a core
+CPU_TIME = time.process_time
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    """The host-overhead target, vanilla on it, and vanilla's greedy tokens for the tiny prompt (longer than a
+    turn)."""
+    target = overhead_target()
+    vanilla = get_method("vanilla").create(target)
+    return target, vanilla, vanilla.generate(TINY_PROMPT, STEP_TOKENS + 8, SamplingParams()).token_ids
+
+
+def _loop_seconds(method, clock: ForwardClock):
+    """One 64-token greedy turn of ``method``: (its Generation, CPU seconds of the loop after the prefill forward,
+    CPU seconds inside forwards after it)."""
+    with clock:
+        t0 = CPU_TIME()
+        gen = method.generate(TINY_PROMPT, STEP_TOKENS, SamplingParams())
+        turn_s = CPU_TIME() - t0
+    return gen, turn_s - clock.calls[0], sum(clock.calls[1:])  # calls[0]: the prefill's target forward
+
+
+@pytest.mark.benchmark(group="host-overhead-step")
+@pytest.mark.parametrize("name", STEP_METHODS)
+def test_bench_host_overhead_per_step(benchmark, overhead, one_torch_thread, name):
+    """A 64-token greedy turn of ``name`` on the tiny Llama, drafts always rejected: vanilla's tokens, and for a
+    speculative method a non-empty tree at every step and one token per step (a step that accepted a draft, or
+    proposed none, would not be the one-token step the ratio compares with vanilla's). Before each round (untimed)
+    a vanilla turn runs, so that each round's ratio pairs two turns taken side by side."""
+    target, vanilla, reference = overhead
+    method = vanilla if name == "vanilla" else always_rejected(tree_method(name, target), reference)
+    clock = ForwardClock(method_modules(method), CPU_TIME)
+    vanilla_clock = ForwardClock(method_modules(vanilla), CPU_TIME)
+    vanilla_steps: list[float] = []  # per round: vanilla's CPU seconds per step, just before it
+    host_steps: list[float] = []     # per round: the method's loop less its forwards, per step
+
+    def reference_turn():
+        gen, loop_s, _ = _loop_seconds(vanilla, vanilla_clock)
+        vanilla_steps.append(loop_s / (len(gen.accept_lengths) - 1))
+
+    def turn():
+        gen, loop_s, forward_s = _loop_seconds(method, clock)
+        host_steps.append((loop_s - forward_s) / (len(gen.accept_lengths) - 1))
+        return gen
+
+    gen = _pedantic(benchmark, turn, setup=reference_turn, rounds=20)
+    assert gen.token_ids == reference[:STEP_TOKENS]
+    if name != "vanilla":
+        assert gen.accept_lengths == [1] * STEP_TOKENS and sum(gen.accepted_drafts) == 0
+        assert min(gen.draft_depths[1:]) > 0, gen.draft_depths
+    info = {"method": name, "steps": STEP_TOKENS - 1,
+            "host_ms_per_step": round(float(torch.tensor(host_steps).median()) * 1e3, 4)}
+    if vanilla_steps:  # the reference turns ran (setup runs before every round)
+        pairs = torch.tensor(host_steps[-len(vanilla_steps):]) / torch.tensor(vanilla_steps)
+        info.update(vanilla_ms_per_step=round(float(torch.tensor(vanilla_steps).median()) * 1e3, 4),
+                    host_vs_vanilla_step=round(float(pairs.median()), 3))
+    benchmark.extra_info.update(info)

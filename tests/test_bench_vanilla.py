@@ -10,13 +10,26 @@ compiled runtime's packed linears need) would also freeze the static cache's buf
 cache per call, so a second call would read the first one's (index out of bounds, torch 2.13 / transformers 5.24).
 Compilation happens in the untimed warm-up round. In the normal test run (benchmarks disabled) each body runs once
 as a test.
+
+Group ``host-overhead-token``: the host work per token of the eager loop, on a tiny random Llama (4 layers, hidden 64,
+tests/support/overhead.py) whose forwards cost about what the loop's own Python does, one torch thread: the harness's
+vanilla against transformers' eager ``generate`` (greedy, ``DynamicCache``, the same number of new tokens) and against
+the floor, a hand-written ``model(...)`` KV-cache loop with one host read per token. Target: vanilla within 1.1x of
+``generate`` per token (``extra_info["vs_generate"]`` of the vanilla entry: the median over rounds of vanilla's CPU
+time over that of a generate turn run just before it; ``vs_floor`` beside it). The default model's decoding step
+hides this overhead on a CPU; on a GPU it is what bounds the eager loop (docs/results.md, host overhead).
 """
 
+import time
+
 import pytest
+import torch
 
 from harness.engine.runtime import RUNTIMES
 from harness.engine.sampling import SamplingParams
 from harness.registry import get_method
+from tests.support.overhead import PROMPT as TINY_PROMPT
+from tests.support.overhead import floor_decode, overhead_target
 
 N_NEW = 64
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
@@ -78,3 +91,71 @@ def test_bench_vanilla(benchmark, real_target, prompt, generate_tokens, runtime)
     assert len(tokens) == N_NEW
     assert tokens == generate_tokens
     benchmark.extra_info.update(new_tokens=len(tokens), runtime=runtime)
+
+
+TINY_NEW = 64
+TOKEN_LOOPS = ("floor", "generate", "vanilla")
+CPU_TIME = time.process_time  # the paired ratios' clock (one torch thread; wall time also counts waits for a core)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The host-overhead target and the floor's greedy tokens for the tiny prompt (the reference of all three)."""
+    target = overhead_target()
+    return target, floor_decode(target.model, TINY_PROMPT, TINY_NEW)
+
+
+def _tiny_loop(target, loop: str):
+    if loop == "floor":
+        return lambda: floor_decode(target.model, TINY_PROMPT, TINY_NEW)
+    if loop == "generate":
+        def run():
+            # the prompt holds every id: with no explicit mask generate would mask the pad id's position
+            out = target.model.generate(TINY_PROMPT, attention_mask=torch.ones_like(TINY_PROMPT),
+                                        max_new_tokens=TINY_NEW, do_sample=False, pad_token_id=0,
+                                        cache_implementation="dynamic")
+            return out[0, TINY_PROMPT.shape[1]:].tolist()
+        return run
+    vanilla = get_method("vanilla").create(target)
+    return lambda: vanilla.generate(TINY_PROMPT, TINY_NEW, SamplingParams()).token_ids
+
+
+def _cpu_seconds(fn) -> float:
+    t0 = CPU_TIME()
+    fn()
+    return CPU_TIME() - t0
+
+
+@pytest.mark.benchmark(group="host-overhead-token")
+@pytest.mark.parametrize("loop", TOKEN_LOOPS)
+def test_bench_host_overhead_per_token(benchmark, tiny, one_torch_thread, loop):
+    """64 greedy tokens on the tiny Llama by ``loop`` (floor, generate or vanilla): each must decode the floor's
+    tokens (a loop that decodes something else times other work). Vanilla's entry records ``vs_generate`` and
+    ``vs_floor``: before each of its rounds (untimed) a generate and a floor turn run, and each ratio is the median
+    over rounds of vanilla's CPU time over theirs, side by side (target: ``vs_generate`` <= 1.1)."""
+    target, reference = tiny
+    run = _tiny_loop(target, loop)
+    others = {other: _tiny_loop(target, other) for other in ("generate", "floor")} if loop == "vanilla" else {}
+    seconds: dict[str, list[float]] = {name: [] for name in (loop, *others)}
+
+    def setup():
+        for other, fn in others.items():
+            seconds[other].append(_cpu_seconds(fn))
+
+    def timed():
+        t0 = CPU_TIME()
+        tokens = run()
+        seconds[loop].append(CPU_TIME() - t0)
+        return tokens
+
+    with torch.inference_mode():
+        tokens = benchmark.pedantic(timed, setup=setup if others else None, rounds=30, iterations=1,
+                                    warmup_rounds=2)
+    assert tokens == reference
+    mine = torch.tensor(seconds[loop])
+    info = {"new_tokens": TINY_NEW, "loop": loop, "ms_per_token": round(float(mine.median()) / TINY_NEW * 1e3, 4)}
+    for other in others:
+        if seconds[other]:
+            ratio = mine[-len(seconds[other]):] / torch.tensor(seconds[other])
+            info[f"vs_{other}"] = round(float(ratio.median()), 3)
+    benchmark.extra_info.update(info)

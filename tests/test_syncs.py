@@ -27,6 +27,10 @@ PER_STEP = {"vanilla": 1, "pld": 1, "eagle1": 1, "eagle2": 1, "medusa": 1, "hydr
 # up to the first verification forward: the prefill's token, plus the first proposal's own reads (PLD, SAM,
 # SuffixDecoding, REST and Lookahead read the prompt once; Jakiro's first tree costs what every later one does)
 PREFILL = {"pld": 2, "sam": 2, "suffix": 2, "rest": 2, "jakiro": 5, "lookahead": 2}
+# after the last forward, once per turn: the greedy logit margins of every emitted token (LogitTrace.read). They used
+# to ride in each step's readback (packed with the token, the same one round trip) and now stay on the device until
+# the turn ends, so the per-step counts above are unchanged and the last step's bucket holds one more read
+TURN_END = 1
 
 
 def test_counter_counts_reads_and_uploads():
@@ -63,7 +67,8 @@ def deep_target():
 def test_host_syncs_per_step_are_bounded(deep_target, name):
     """Greedy decoding of 24 tokens on a 32-layer model: every verification step makes exactly PER_STEP[name]
     host round trips, whatever the layer count (masks, positions and acceptance are on the device, the host needs
-    one transfer, compaction uploads its index once without a stream sync)."""
+    one transfer, compaction uploads its index once without a stream sync); the turn adds TURN_END after its last
+    forward (a per-step diagnostic read would show in every step, a lost one would drop the margins)."""
     method = Vanilla(deep_target) if name == "vanilla" else tree_method(name, deep_target)
     if hasattr(method, "prepare_turn"):  # untimed work the runner does before the turn (the oracle's greedy pass)
         method.prepare_turn(PROMPT, 24)
@@ -72,12 +77,14 @@ def test_host_syncs_per_step_are_bounded(deep_target, name):
     steps = probe.per_forward[1:]
     assert len(steps) >= 4
     assert probe.per_forward[0] == PREFILL.get(name, 1), dict(probe.events)
-    assert max(steps) == PER_STEP[name], (steps, dict(probe.events))
+    assert max(steps[:-1]) == PER_STEP[name], (steps, dict(probe.events))
+    assert TURN_END <= steps[-1] <= PER_STEP[name] + TURN_END, (steps, dict(probe.events))
 
 
 def test_accepted_paths_add_no_syncs():
     """An oracle tree accepts deep, non-contiguous paths every step (compaction gathers slots in every layer,
-    sliding ones included): still one round trip per step (the oracle's own reference forwards are paused)."""
+    sliding ones included): still one round trip per step (the oracle's own reference forwards are paused), and
+    the turn's one read of its logit margins after the last."""
     target = tiny_causal_lm("mistral", 6)
     probe = StepSyncProbe(target.model)
 
@@ -89,7 +96,8 @@ def test_accepted_paths_add_no_syncs():
     with probe:
         gen = Quiet(target).generate(PROMPT, 24, GREEDY)
     assert sum(gen.accepted_drafts) >= 16
-    assert probe.per_forward[1:] == [1] * (len(gen.accept_lengths) - 1), dict(probe.events)
+    assert probe.per_forward[1:] == [1] * (len(gen.accept_lengths) - 2) + [1 + TURN_END], dict(probe.events)
+    assert len(gen.logit_margins) == len(gen.token_ids)
 
 
 def test_compaction_reads_nothing_and_uploads_once_per_device():
@@ -123,21 +131,34 @@ def test_forward_marks_split_counts_per_forward():
 
 
 def test_step_readback_layout_packs_and_unpacks_literal_values():
-    """The greedy step's one transfer: [flags(2) | depth | bonus | accepted(n) | margins | tops | runner-ups (n+1
-    each)]. A field read at the wrong offset would hand the loop a margin as a token (or a token as the depth)."""
+    """The greedy step's one transfer: [flags(2) | depth | bonus | accepted(n)]. A field read at the wrong offset
+    would hand the loop a flag as a token (or a token as the depth)."""
     from harness.engine.hostio import pack_step, step_size, unpack_step
 
-    packed = pack_step(torch.tensor([0, 0]), torch.tensor(2), torch.tensor([9]), torch.tensor([5, -1]),
-                       torch.tensor([0.5, 1.0, 0.25]), torch.tensor([3.0, 4.0, 5.0]), torch.tensor([7, 8, 9]),
-                       torch.float32)
+    packed = pack_step(torch.tensor([0, 0]), torch.tensor(2), torch.tensor([9]), torch.tensor([5, -1]), torch.float32)
     values = packed.tolist()
-    assert values == [0, 0, 2, 9, 5, -1, 0.5, 1.0, 0.25, 3.0, 4.0, 5.0, 7, 8, 9] and step_size(2) == 15
+    assert values == [0, 0, 2, 9, 5, -1] and step_size(2) == 6
     got = unpack_step(values, 2)
     assert (got.flags, got.depth, got.bonus, got.accepted) == ([0, 0], 2, 9, [5, -1])
     assert (got.path, got.path_tokens) == ([0], [5])
-    assert (got.margins, got.tops, got.runner_ups) == ([0.5, 1.0, 0.25], [3.0, 4.0, 5.0], [7, 8, 9])
-    # the prefill's readback is an empty tree's: 7 values, the bonus is the first token
-    first = unpack_step([0, 0, 0, 42, 1.5, 9.0, 3], 0)
-    assert (first.bonus, first.path, first.margins, first.runner_ups) == (42, [], [1.5], [3])
-    with pytest.raises(ValueError, match="a step readback of 2 drafts has 15 values, got 14"):
+    with pytest.raises(ValueError, match="a step readback of 2 drafts has 6 values, got 5"):
         unpack_step(values[:-1], 2)
+
+
+def test_logit_trace_reads_the_emitted_rows_once():
+    """The turn's logit margins, literal: rows 1 of the first forward and 0, 2 of the second, in that order, come
+    back as (top-1 minus top-2, top-1, the top-2 token) in one read (a per-add read, or a row taken from the wrong
+    forward, would fail here); nothing added reads nothing."""
+    from harness.engine.sampling import LogitTrace
+
+    trace = LogitTrace(torch.float32)
+    with HostSyncCounter() as c:
+        trace.add(torch.tensor([[1.0, 3.0, 2.5], [0.0, 1.0, 4.0]]), [1])
+        trace.add(torch.tensor([[2.0, 0.5, 1.0], [9.0, 9.5, 0.0], [0.25, 0.0, 0.125]]), [0, 2])
+        assert c.total == 0
+        got = trace.read()
+    assert got == ([3.0, 1.0, 0.125], [4.0, 2.0, 0.25], [1, 2, 2])
+    assert c.reads == 1, dict(c.events)
+    with HostSyncCounter() as c:
+        assert LogitTrace(torch.float32).read() == ([], [], [])
+    assert c.total == 0

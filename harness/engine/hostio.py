@@ -6,7 +6,8 @@ with ``non_blocking=True`` (CUDA copies pageable memory to a staging buffer befo
 temporary host tensor may be freed at once), which queues the copy behind the kernels instead of waiting for them.
 :func:`fetch` is the one way the engine reads device values: one call = one round trip, so the step loop batches
 what it needs into one tensor first: :func:`pack_step` on the device, :func:`unpack_step` on the host (the layout
-is named there once).
+is named there once). What the host needs only after a turn (the logit margins) stays on the device until then
+(:class:`harness.engine.sampling.LogitTrace`).
 """
 
 from __future__ import annotations
@@ -34,18 +35,14 @@ def pack_dtype(vocab_size: int) -> torch.dtype:
 
 @dataclass(frozen=True)
 class StepReadback:
-    """What the host reads after a greedy verification over a tree of ``n`` drafts, in one transfer.
-
-    The prefill is the same readback with an empty tree (``n = 0``: flags 0, depth 0, the bonus = the first token).
+    """What the host reads after a greedy verification over a tree of ``n`` drafts, in one transfer (the logit
+    margins are not in it: they stay on the device until the turn's end, :class:`harness.engine.sampling.LogitTrace`).
     """
 
     flags: list[float]       # [2] harness.engine.tree.tree_flags: nonzero = the tree failed a device-side check
-    depth: int               # the tree's depth (0 for the prefill)
+    depth: int               # the tree's depth
     bonus: int               # the target's token after the accepted path
     accepted: list[float]    # [n] per draft slot: its token when on the accepted path, else -1
-    margins: list[float]     # [n + 1] per slot, root first: top-1 minus top-2 logit
-    tops: list[float]        # [n + 1] the top-1 logit
-    runner_ups: list[int]    # [n + 1] the top-2 token
 
     @property
     def path(self) -> list[int]:
@@ -59,35 +56,28 @@ class StepReadback:
 
 
 def step_size(n: int) -> int:
-    """Length of the packed readback of a tree of ``n`` drafts: 2 flags + depth + bonus + n + 3 (n + 1) = 4n + 7."""
-    return 4 * n + 7
+    """Length of the packed readback of a tree of ``n`` drafts: 2 flags + depth + bonus + n = n + 4."""
+    return n + 4
 
 
 def pack_step(flags: torch.Tensor, depth: torch.Tensor, bonus: torch.Tensor, accepted: torch.Tensor,
-              margins: torch.Tensor, tops: torch.Tensor, runner_ups: torch.Tensor,
               dtype: torch.dtype) -> torch.Tensor:
-    """One tensor ``[4n + 7]`` on ``bonus``'s device: ``[flags(2) | depth(1) | bonus(1) | accepted(n) |
-    margins(n+1) | tops(n+1) | runner_ups(n+1)]`` in ``dtype`` (:func:`pack_dtype`), read back by :func:`unpack_step`.
+    """One tensor ``[n + 4]`` on ``bonus``'s device: ``[flags(2) | depth(1) | bonus(1) | accepted(n)]`` in ``dtype``
+    (:func:`pack_dtype`), read back by :func:`unpack_step`.
 
-    Shapes: flags [2], depth [] or [1], bonus [1], accepted [n], margins / tops / runner_ups [n + 1].
+    Shapes: flags [2], depth [] or [1], bonus [1], accepted [n].
     """
     here = bonus.device  # with a device map the logits (and the bonus) live on the last shard
-    parts = (flags, depth, bonus, accepted, margins, tops, runner_ups)
+    parts = (flags, depth, bonus, accepted)
     return torch.cat([p.reshape(-1).to(here, dtype) for p in parts])
 
 
 def unpack_step(values: list, n: int) -> StepReadback:
     """The fields of a fetched :func:`pack_step` tensor of a tree of ``n`` drafts.
 
-    Example (n = 2): [0, 0, 2, 9, 5, -1, 0.5, 1.0, 0.25, 3.0, 4.0, 5.0, 7, 8, 9] -> flags [0, 0], depth 2, bonus 9,
-    accepted [5, -1] (path [0], path tokens [5]), margins [0.5, 1.0, 0.25], tops [3.0, 4.0, 5.0], runner-ups
-    [7, 8, 9].
+    Example (n = 2): [0, 0, 2, 9, 5, -1] -> flags [0, 0], depth 2, bonus 9, accepted [5, -1] (path [0], path
+    tokens [5]).
     """
     if len(values) != step_size(n):
         raise ValueError(f"a step readback of {n} drafts has {step_size(n)} values, got {len(values)}")
-    margins = 4 + n
-    tops = margins + n + 1
-    runner_ups = tops + n + 1
-    return StepReadback(flags=values[:2], depth=int(values[2]), bonus=int(values[3]), accepted=values[4:margins],
-                        margins=values[margins:tops], tops=values[tops:runner_ups],
-                        runner_ups=[int(v) for v in values[runner_ups:]])
+    return StepReadback(flags=values[:2], depth=int(values[2]), bonus=int(values[3]), accepted=values[4:])

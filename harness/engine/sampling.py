@@ -97,3 +97,43 @@ def logit_margins(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     top = torch.topk(logits, 2, dim=-1)  # [..., 2]
     values = top.values.float()
     return values[..., 0] - values[..., 1], values[..., 0], top.indices[..., 1]
+
+
+class LogitTrace:
+    """The greedy diagnostics of a turn (:func:`logit_margins` of every emitted token) kept on the device while the
+    turn runs and read back ONCE at its end: a step only stores its logits' top two (``torch.topk``, one kernel);
+    :meth:`read` computes the margins over all steps at once and brings them to the host in one transfer.
+
+    ``packed``: the dtype that carries the runner-up ids exactly with the float values
+    (:func:`harness.engine.hostio.pack_dtype`). Example: ``add`` of logits [[1.0, 3.0, 2.5], [0.0, 1.0, 4.0]] with
+    rows [1], then ``read()`` -> ([3.0], [4.0], [1]) (margin 4 - 1 = 3, top 4, runner-up token 1).
+    """
+
+    def __init__(self, packed: torch.dtype):
+        self.packed = packed
+        self.values: list[torch.Tensor] = []   # per add: [S, 2] the top two logits of each row
+        self.indices: list[torch.Tensor] = []  # per add: [S, 2] their token ids
+        self.rows: list[int] = []              # the emitted rows, as indices into the concatenated adds
+        self.size = 0
+
+    def add(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """A forward's ``logits [S, V]`` (on the device); ``rows`` (0-based, into S) are the ones whose token was
+        emitted, in emission order."""
+        top = torch.topk(logits, 2, dim=-1)
+        self.values.append(top.values)
+        self.indices.append(top.indices)
+        self.rows.extend(self.size + r for r in rows)
+        self.size += logits.shape[0]
+
+    def read(self) -> tuple[list[float], list[float], list[int]]:
+        """``(margins, tops, runner_ups)`` of the emitted rows, margins and tops to 6 significant digits (enough to
+        tell a tie from a disagreement): one device-to-host transfer (none when nothing was added)."""
+        if not self.rows:
+            return [], [], []
+        values = torch.cat([v.to(self.values[-1].device) for v in self.values]).float()  # [R, 2]
+        indices = torch.cat([i.to(values.device) for i in self.indices])[:, 1]
+        columns = (values[:, 0] - values[:, 1], values[:, 0], indices)  # margin and top in float32, as logit_margins
+        host = torch.stack([c.to(self.packed) for c in columns], dim=1).tolist()  # [R, 3]: one read
+        picked = [host[r] for r in self.rows]
+        return ([float(f"{m:.6g}") for m, _, _ in picked], [float(f"{t:.6g}") for _, t, _ in picked],
+                [int(u) for _, _, u in picked])

@@ -60,10 +60,11 @@ What transformers 5.24 does with the inputs (checked on ``LlamaForCausalLM``, ea
 
 Host round trips: the masks, position ids and (at temperature 0) the acceptance walk are computed on the device
 (:func:`harness.engine.tree.ancestor_matrix`, :func:`harness.engine.verify.verify_greedy_on_device`), and what the
-host needs from a greedy step (the accepted tokens, the bonus, the tree's depth and validity flags, the logit
-margins) comes back in ONE transfer (:func:`harness.engine.hostio.pack_step` on the device, ``unpack_step`` on
-the host; the prefill's is the same layout for an empty tree); the compaction index goes to each device
-once, without a stream synchronisation. ``tests/test_syncs.py`` counts what is left per step.
+host needs from a greedy step (the accepted tokens, the bonus, the tree's depth and validity flags) comes back in
+ONE transfer (:func:`harness.engine.hostio.pack_step` on the device, ``unpack_step`` on the host; the prefill reads
+its one token); the logit margins of the emitted tokens stay on the device and come back once, at the turn's end
+(:class:`harness.engine.sampling.LogitTrace`); the compaction index goes to each device once, without a stream
+synchronisation. ``tests/test_syncs.py`` counts what is left per step.
 A method whose ``verify`` must also run at temperature 0 sets ``greedy_argmax = False`` (then the engine calls it
 and reads its result on the host).
 
@@ -87,7 +88,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.engine.hostio import StepReadback, fetch, pack_dtype, pack_step, unpack_step, upload
+from harness.engine.hostio import fetch, pack_dtype, pack_step, unpack_step, upload
 from harness.engine.kv import (
     attention_layout,
     check_layer_types,
@@ -95,7 +96,7 @@ from harness.engine.kv import (
     prepare_cache,
 )
 from harness.engine.method import Generation, Method, NoOptions, cut_at_stop
-from harness.engine.sampling import SamplingParams, logit_margins, next_token
+from harness.engine.sampling import LogitTrace, SamplingParams, next_token
 from harness.engine.speculationstop import SpeculationStop
 from harness.engine.tree import (
     DraftTree,
@@ -417,8 +418,9 @@ class SpeculativeMethod(Method):
                 kept, stop = cut_at_stop(new, len(emitted), max_new_tokens, eos)
                 # the last emitted token stays pending (not in the cache); a cut drops the slots after it
                 keep = ([0] + [i + 1 for i in step.path])[: len(kept)]
-                if step.readback is not None:
-                    stats.record_logits(step.readback, keep)
+                if step.logits is not None:
+                    stats.trace.add(step.logits, keep)
+                    step.logits = None  # freed with the forward's output below, as before (device peak memory)
                 compact_cache(turn.cache, turn.committed, keep)
                 turn.committed += len(keep)
                 emitted.extend(kept)
@@ -434,14 +436,14 @@ class SpeculativeMethod(Method):
                     self.accept([root] + new[:-1], hidden, step.bonus)
                     clock.mark("draft_s")
                 root, root_dev = step.bonus, step.bonus_dev
+            margins, tops, runner_ups = stats.trace.read()  # the turn's one read of its logit margins
         self.last_cache_length = int(turn.cache.get_seq_length())
         timings = {k: clock.totals.get(k, 0.0) for k in ("draft_s", "verify_s", "overhead_s")}
         counters = {**self.counters, "target_forwards": stats.target_forwards, "tree_tokens": stats.tree_tokens}
         return Generation(token_ids=emitted, accept_lengths=stats.accept_lengths, stop_reason=stop,
                           prefill_time_s=prefill_s, accepted_drafts=stats.accepted_drafts,
                           draft_depths=stats.draft_depths, timings=timings, counters=counters,
-                          logit_margins=_rounded(stats.margins), logit_tops=_rounded(stats.tops),
-                          logit_runner_ups=stats.runner_ups,
+                          logit_margins=margins, logit_tops=tops, logit_runner_ups=runner_ups,
                           timings_synchronised=clock.sync, speculation_off=off, method_notes=self.turn_notes())
 
     def _start_turn(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
@@ -455,24 +457,19 @@ class SpeculativeMethod(Method):
                      fast=sampling.greedy and self.greedy_argmax,
                      want_hidden=list(self.hidden_layers) if self.needs_hidden_states else False,
                      packed_dtype=pack_dtype(vocab), clock=_Clock(prompt_ids.device, self._profiling()),
-                     stats=_TurnStats(), committed=prompt_ids.shape[1])
+                     stats=_TurnStats(pack_dtype(vocab)), committed=prompt_ids.shape[1])
 
     def _prefill(self, turn: _Turn, prompt_ids: torch.Tensor) -> tuple[object, torch.Tensor, int]:
         """The target over the prompt ``[1, P]``: its output, the first token ``x0`` on the device (``[1]``) and on
-        the host. Greedy: ``x0`` and its logit margins come back in one transfer (a step readback of an empty tree)."""
+        the host (one read). Greedy: its logits' top two stay on the device (the turn's :class:`LogitTrace`)."""
         out = turn.runner.forward(prompt_ids, turn.cache, prefill=True, output_hidden_states=turn.want_hidden,
                                   logits_to_keep=1)
         last = out.logits[0, -1]  # [V]
         root_dev = next_token(last, turn.sampling, turn.generator).view(1)  # [1] on the logits' device
         turn.stats.target_forwards = 1
-        if not turn.sampling.greedy:
-            return out, root_dev, int(fetch(root_dev)[0])
-        margin, top, second = logit_margins(last)
-        nothing = torch.zeros(2, device=root_dev.device)
-        readback = unpack_step(fetch(pack_step(nothing, nothing[:1], root_dev, nothing[:0], margin, top, second,
-                                               turn.packed_dtype)), 0)
-        turn.stats.record_logits(readback, [0])
-        return out, root_dev, readback.bonus
+        if turn.sampling.greedy:
+            turn.stats.trace.add(last[None], [0])
+        return out, root_dev, int(fetch(root_dev)[0])
 
     def _verify_step(self, turn: _Turn, tree: DraftTree, root_dev: torch.Tensor,
                      forward: DraftTree) -> tuple[_Verified, object]:
@@ -501,11 +498,10 @@ class SpeculativeMethod(Method):
             on_path, bonus_dev, _ = verify_greedy_on_device(DraftTree(tokens, parents), logits, ancestors)
             here = logits.device  # with a device map the logits live on the last shard
             accepted = torch.where(on_path, tokens.to(here), -1)  # [N] a slot's token on the path, else -1
-            packed = pack_step(flags, depth.max(), bonus_dev, accepted, *logit_margins(logits), turn.packed_dtype)
-            readback = unpack_step(fetch(packed), n)
+            readback = unpack_step(fetch(pack_step(flags, depth.max(), bonus_dev, accepted, turn.packed_dtype)), n)
             self._raise_if_bad(readback.flags, forward, vocab)
             return _Verified(readback.path, readback.path_tokens, readback.bonus, bonus_dev.to(device),
-                             readback.depth, readback), out
+                             readback.depth, logits), out
         path, bonus = self.verify(tree, logits, turn.sampling, turn.generator)
         host = fetch(torch.cat([depth.max().view(1), tokens]))
         return _Verified(path, [host[1 + i] for i in path], bonus, upload([bonus], device), int(host[0]), None), out
@@ -550,11 +546,6 @@ def slot_top_ids(root: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
     return slot_ids, torch.topk(logits[: n + 1], k, dim=-1).indices  # [N+1, k]
 
 
-def _rounded(values: list[float]) -> list[float]:
-    """Logit margins and tops kept to 6 significant digits (enough to tell a tie from a disagreement)."""
-    return [float(f"{v:.6g}") for v in values]
-
-
 @dataclass
 class _Turn:
     """What one turn's prefill and verification steps share."""
@@ -583,27 +574,19 @@ class _Verified:
     bonus: int                 # the target's token after them (the next root)
     bonus_dev: torch.Tensor    # [1] the same on the device
     depth: int                 # the tree's depth
-    readback: StepReadback | None  # the greedy readback (logit margins per slot), None on the host path
+    logits: torch.Tensor | None  # [N+1, V] the slots' logits on the device (greedy readback path), else None
 
 
 class _TurnStats:
     """Per-turn raw counters of the loop (see :class:`harness.engine.method.Generation`)."""
 
-    def __init__(self):
+    def __init__(self, packed: torch.dtype):
         self.accept_lengths: list[int] = []
         self.accepted_drafts: list[int] = []
         self.draft_depths: list[int] = []
-        self.margins: list[float] = []
-        self.tops: list[float] = []
-        self.runner_ups: list[int] = []
+        self.trace = LogitTrace(packed)  # the emitted tokens' logit margins, on the device until the turn's end
         self.target_forwards = 0
         self.tree_tokens = 0
-
-    def record_logits(self, readback: StepReadback, slots: list[int]) -> None:
-        """The logit margins, tops and runner-ups of the emitted ``slots`` (0 = the root)."""
-        self.margins.extend(readback.margins[s] for s in slots)
-        self.tops.extend(readback.tops[s] for s in slots)
-        self.runner_ups.extend(readback.runner_ups[s] for s in slots)
 
     def step(self, tree_size: int, depth: int, accepted: int, emitted: int) -> None:
         self.target_forwards += 1
