@@ -281,7 +281,9 @@ def generate_reference(model, prompt: torch.Tensor, new_tokens: int, compiled: b
     inductor's defaults: frozen weights would also freeze the static cache's buffers, which transformers makes anew
     each call). Returns prompt and new tokens, ``[1, P + new_tokens]``."""
     pad = model.generation_config.pad_token_id
-    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0 if pad is None else pad)
+    # an explicit mask: without one generate masks every position holding the pad id (when it differs from EOS)
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0 if pad is None else pad,
+                  attention_mask=torch.ones_like(prompt))
     if not compiled:
         return model.generate(prompt, **kwargs)
     from transformers import CompileConfig

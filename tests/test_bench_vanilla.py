@@ -5,7 +5,8 @@ The ratio (vanilla tokens/s over generate tokens/s) is printed in the comparison
 inflate every speedup in the tables. Group ``vanilla-vs-generate`` compares the eager runtime with transformers'
 eager ``generate``; group ``vanilla-vs-generate-compiled`` the compiled runtime (harness/engine/runtime.py) with
 transformers' own compiled generation (``cache_implementation="static"``: the decoding step compiled with static
-shapes over a static cache, the prefill eager). That one runs with inductor's defaults: frozen weights (which the
+shapes over a static cache, the prefill eager), both through :func:`harness.gpucheck.generate_reference`, the
+reference gpu-check holds vanilla against on a GPU. On CPU that one runs with inductor's defaults: frozen weights (which the
 compiled runtime's packed linears need) would also freeze the static cache's buffers, and transformers makes a new
 cache per call, so a second call would read the first one's (index out of bounds, torch 2.13 / transformers 5.24).
 Compilation happens in the untimed warm-up round. In the normal test run (benchmarks disabled) each body runs once
@@ -27,6 +28,7 @@ import torch
 
 from harness.engine.runtime import RUNTIMES
 from harness.engine.sampling import SamplingParams
+from harness.gpucheck import generate_reference
 from harness.registry import get_method
 from tests.support.overhead import PROMPT as TINY_PROMPT
 from tests.support.overhead import floor_decode, overhead_target
@@ -43,18 +45,7 @@ def prompt(real_target):
 @pytest.fixture(scope="module")
 def generate_tokens(real_target, prompt):
     """transformers' eager greedy tokens (N_NEW) for the prompt: the reference of both runtimes' vanilla, once."""
-    return _generate(real_target.model, prompt, False)[0, prompt.shape[1]:].tolist()
-
-
-def _generate(model, prompt, compiled: bool):
-    if not compiled:
-        return model.generate(prompt, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=2)
-    from transformers import CompileConfig
-
-    config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
-    config._compile_all_devices = True  # transformers compiles generation on accelerators only unless told
-    return model.generate(prompt, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False, pad_token_id=2,
-                          cache_implementation="static", compile_config=config)
+    return generate_reference(real_target.model, prompt, N_NEW, False)[0, prompt.shape[1]:].tolist()
 
 
 @pytest.mark.slow
@@ -66,7 +57,7 @@ def test_bench_generate(benchmark, real_target, prompt, runtime):
     model = real_target.model
 
     def run():
-        out = _generate(model, prompt, runtime != "eager")
+        out = generate_reference(model, prompt, N_NEW, runtime != "eager")
         return out.shape[1] - prompt.shape[1]
 
     n = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
