@@ -506,6 +506,35 @@ def test_a_servers_password_is_sent_as_basic_auth_and_never_shown(fake):
     assert "ftp://user:***@h" in str(wrong.value) and "s3cret" not in str(wrong.value)
 
 
+def test_a_run_stores_no_password_and_a_resumed_run_takes_it_from_the_environment(fake, monkeypatch):
+    """The run configuration as the manifest stores and the digest hashes it masks a server's password (run level
+    and per entry); the configuration the run uses keeps it. A masked URL (a resumed run, rebuilt from its manifest)
+    is refused in one line naming DRAFTBENCH_SERVER_PASSWORD, and with it reaches the server with the real password.
+    Were the manifest to keep it, every shared run folder or CI artefact would publish the server's password."""
+    from harness.backends.served import PASSWORD_ENV
+    from harness.run.config import config_from_dict
+
+    state, url = fake
+    secret = url.replace("http://", "http://user:s3cret@")
+    shown = url.replace("http://", "http://user:***@")
+    config = config_from_dict({"methods": ["vanilla", {"name": "pld", "engine": "openai",
+                                                       "engine_options": {"server_url": secret}}],
+                               "suites": ["mt_bench"], "engine_options": {"server_url": secret}})
+    stored = config.to_dict()
+    assert stored["engine_options"] == {"server_url": shown}
+    assert stored["methods"][1]["engine_options"] == {"server_url": shown}
+    assert "s3cret" not in json.dumps(stored) and config.engine_options == {"server_url": secret}
+    assert config_from_dict(stored).digest() == config.digest()
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with pytest.raises(BackendError, match=re.escape(f"{shown}: the run stores server passwords masked; set "
+                                                     f"{PASSWORD_ENV} to the server's password to resume it")):
+        backend_at(shown)
+    monkeypatch.setenv(PASSWORD_ENV, "s3cret")
+    backend = backend_at(shown)
+    assert state.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"user:s3cret").decode()
+    assert backend.describe()["url"] == shown
+
+
 def test_a_stream_without_usage_is_counted_and_bytes_that_are_not_utf8_fail(fake):
     """A stream without a usage count is measured from its ids, and says so; raw bytes that are not UTF-8 fail the
     turn. Were they decoded with replacement characters, the record's text would hold characters the server never

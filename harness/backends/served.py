@@ -78,6 +78,7 @@ import contextlib
 import dataclasses
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -190,6 +191,10 @@ def option_flags(launch: str | None, options: Any, given: set[str]) -> dict[str,
 
 class _Late(BackendError):
     """An exchange that ran past its deadline (:class:`_Exchange`)."""
+
+
+# where a resumed run's server password comes from: the manifest stores every server URL masked (:func:`masked`)
+PASSWORD_ENV = "DRAFTBENCH_SERVER_PASSWORD"
 
 
 def masked(url: str) -> str:
@@ -469,6 +474,23 @@ def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
             "drafted_steps": [k] * verify}
 
 
+def unmasked(url: str) -> str:
+    """``url`` ready to be requested: as given, or, where its password is the mask ``***`` (a run resumed from its
+    manifest, which never stores a password), with the password from ``$DRAFTBENCH_SERVER_PASSWORD``; without that
+    variable, one :class:`BackendError` line saying how to give it. Example: "http://u:***@h:8000" with the variable
+    "s3cret" -> "http://u:s3cret@h:8000"."""
+    if masked(url) != url or ":***@" not in url:
+        return url
+    password = os.environ.get(PASSWORD_ENV)
+    if not password:
+        raise BackendError(f"{url}: the run stores server passwords masked; set {PASSWORD_ENV} to the server's "
+                           f"password to resume it")
+    scheme, _, rest = url.partition("://")
+    at = rest.rfind("@")
+    user = rest[:at].partition(":")[0]
+    return f"{scheme}://{user}:{urllib.parse.quote(password, safe='')}@{rest[at + 1:]}"
+
+
 class ServedBackend(Backend):
     """One method entry on a server. ``target``: the run's target name, ``target_path`` its folder (the model the
     server must serve); ``speculative``: whether the entry speculates (its turns then need the server's acceptance
@@ -480,7 +502,7 @@ class ServedBackend(Backend):
     def __init__(self, url: str, options: dict[str, Any], target: str, target_path: str, speculative: bool,
                  server=None, config: dict[str, Any] | None = None, vocab: int | None = None):
         # requests go to endpoint; url, its password masked, is what messages, the manifest and records show
-        self.endpoint = url.rstrip("/")
+        self.endpoint = unmasked(url).rstrip("/")
         self.url, self.options, self.speculative, self.server = masked(self.endpoint), options, speculative, server
         self.timeout, self.vocab = float(options["timeout_s"]), vocab
         try:

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from harness.backends.served import masked
 from harness.measure.records import runtime_label
 from harness.run.shipped import resolve_shipped, shipped_names
 from harness.schema import InputError, check, field_types, unknown_keys
@@ -253,10 +254,12 @@ class RunConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """The configuration as plain data. Fields at the defaults that runs made before they existed had (``runtime``
-        eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``, ``stratify`` false)
-        are left out, so that the digest of an unchanged configuration stays the same and comparisons with older runs
-        do not report a difference that is none."""
+        """The configuration as plain data, a server URL's password masked (``server_url``: what the manifest keeps
+        and the digest hashes; a resumed run takes the password from ``$DRAFTBENCH_SERVER_PASSWORD``,
+        :func:`harness.backends.served.unmasked`). Fields at the defaults that runs made before they existed had
+        (``runtime`` eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``,
+        ``stratify`` false) are left out, so that the digest of an unchanged configuration stays the same and
+        comparisons with older runs do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
@@ -276,6 +279,9 @@ class RunConfig:
             for key in ("runtime", "engine", "engine_options", "referee"):
                 if m.get(key) is None:
                     m.pop(key, None)
+        for options in [d.get("engine_options"), *(m.get("engine_options") for m in d["methods"])]:
+            if isinstance(options, dict) and isinstance(options.get("server_url"), str):
+                options["server_url"] = masked(options["server_url"])  # never a password in a manifest
         return d
 
     def digest(self) -> str:
