@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from harness.measure import html as H
-from harness.measure.browser import Browser, find_chromium
 from harness.measure.report import write_report
 from tests.support.ablation_run import write_run
+from tests.support.browser import Browser, find_chromium
 
 
 @pytest.fixture(scope="module")
