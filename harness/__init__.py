@@ -9,7 +9,8 @@ enforces over the import graph that a module imports only from its own layer or 
     measure/                run directory (its files, atomic writes, the manifest), metrics (every formula once),
                             trackers (time, memory, energy), provenance, records (the schema of one measured turn and
                             its durable store), tables, plots, Markdown and the report, ablations, the HTML report,
-                            host-sync counting, baselines and the regression gate
+                            host-sync counting
+    gate/                   baselines and the regression gate (two runs, baselines or exports compared cell by cell)
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
     engine/                 the speculative maths and the one verification engine every method runs on
     registry                plugin registries (methods, scorers, suite folders, data commands) and plugin loading

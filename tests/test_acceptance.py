@@ -17,9 +17,9 @@ import pytest
 
 from harness.backends.contract import acceptance_source
 from harness.cli import main
+from harness.gate.baseline import export_run, load_side
+from harness.gate.compare import compare_sides, format_text
 from harness.measure import metrics as M
-from harness.measure.baseline import export_run, load_side
-from harness.measure.compare import compare_sides, format_text
 from harness.measure.exports import read_export
 from harness.measure.markdown import acceptance_markdown
 from harness.measure.report import write_report

@@ -22,6 +22,7 @@ PLUGINS = ("methods", "suites")
 LAYERS = [
     ("harness.sandbox", "harness.schema", "harness.yamlsafe"),
     ("harness.measure",),
+    ("harness.gate",),
     ("harness.models",),
     ("harness.engine",),
     ("harness.registry",),

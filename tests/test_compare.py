@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.measure import compare
-from harness.measure import metrics as M
-from harness.measure.baseline import (
+from harness.gate import compare
+from harness.gate.baseline import (
     Side,
     device_slug,
     ids_sha256,
@@ -35,7 +34,8 @@ from harness.measure.baseline import (
     save_baseline,
     slugify,
 )
-from harness.measure.compare import Thresholds, compare_sides, format_markdown, text_context
+from harness.gate.compare import Thresholds, compare_sides, format_markdown, text_context
+from harness.measure import metrics as M
 from harness.measure.metrics import first_difference
 
 QUESTIONS = ["1", "2", "3", "4", "5", "6", "7", "8"]

@@ -23,10 +23,10 @@ import pytest
 from harness.cli import main
 from harness.cli.report import report_ending
 from harness.engine.method import build_options
-from harness.measure import compare
+from harness.gate import compare
+from harness.gate.baseline import Side, load_side, repeat_table, save_baseline
+from harness.gate.compare import Thresholds, compare_sides
 from harness.measure import metrics as M
-from harness.measure.baseline import Side, load_side, repeat_table, save_baseline
-from harness.measure.compare import Thresholds, compare_sides
 from harness.measure.markdown import collapse_warnings
 from harness.registry import get_method
 from harness.run.config import config_from_dict, load_preset_dict

@@ -198,7 +198,7 @@ def test_names_read_from_records_never_lead_a_plot_out_of_the_run(tmp_path):
 def test_export_does_not_write_through_a_linked_exports_folder(tmp_path):
     """exports/ as a symbolic link to another folder: `draftbench export` wrote its file there. It must refuse by
     name and write nothing there."""
-    from harness.measure.baseline import export_run
+    from harness.gate.baseline import export_run
     from tests.support.ablation_run import write_run
 
     elsewhere = tmp_path / "elsewhere"

@@ -1,12 +1,12 @@
 """``draftbench baseline save RUN | device``: the small committed baselines that ``draftbench compare`` reads
-(:mod:`harness.measure.baseline`)."""
+(:mod:`harness.gate.baseline`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from harness.measure.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
+from harness.gate.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
 from harness.measure.metrics import MIN_FIT_REPEATS
 
 

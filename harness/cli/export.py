@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.measure.baseline import export_run
+from harness.gate.baseline import export_run
 from harness.measure.exports import FORMATS
 
 

@@ -3,7 +3,6 @@
 (provenance), ``records`` (one measured turn: schema and durable store), ``tables`` (tidy tables from records),
 ``markdown`` (the paper table and the summary's sections), ``plots``, ``formatting`` (n/a, numbers, CIs, Markdown
 rows), ``report`` (rebuilds a run's tables, plots and pages), ``ablation`` (knob columns, the ablation table and
-plots), ``html`` (the self-contained ``report.html``), ``syncs``
-(host-device round trips per step), ``baseline`` and ``compare`` (committed baselines and the regression gate),
-``referee`` (an engine's entry held against the harness's own), ``load`` (the report of a run's load levels) and
-``exports`` (per-request acceptance records in engines' field names, and back)."""
+plots), ``html`` (the self-contained ``report.html``), ``syncs`` (host-device round trips per step), ``referee``
+(an engine's entry held against the harness's own), ``load`` (the report of a run's load levels) and ``exports``
+(per-request acceptance records in engines' field names, and back)."""

@@ -30,7 +30,7 @@ score, ``output_sha256``: sha256 of the output ids, :func:`ids_sha256`), the per
 step (``accepted_drafts``, ``draft_depths``, non-drafting steps included), the terminal step's
 ``terminal_drafts_before_cut`` and ``provenance`` (run id, target, dtype, device slug). :func:`read_export` reads
 either format back into records, so ``draftbench compare`` takes an export as BASE or NEW
-(:meth:`harness.measure.baseline.Side.from_export`).
+(:meth:`harness.gate.baseline.Side.from_export`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 confidence intervals, byte sizes, and Markdown tables.
 
 Used wherever a table becomes text: the report's ``summary.md`` (:mod:`harness.measure.markdown`), the ablation
-table (:mod:`harness.measure.ablation`), ``draftbench compare`` (:mod:`harness.measure.compare`), the comparison
+table (:mod:`harness.measure.ablation`), ``draftbench compare`` (:mod:`harness.gate.compare`), the comparison
 with a published table and the HTML pages (:mod:`harness.measure.html`).
 
 A missing value is None or NaN (how a record or a table says "not measured"); it reads :data:`NA` in Markdown

@@ -2,7 +2,7 @@
 from change.
 
 A *cell* is one (label, suite, temperature) of both runs; inside it questions are paired on their id, turns on
-(question, turn, seed, repeat). BASE and NEW are run directories or baselines (:mod:`harness.measure.baseline`).
+(question, turn, seed, repeat). BASE and NEW are run directories or baselines (:mod:`harness.gate.baseline`).
 The gate uses what a speculative-decoding run knows that a generic timing benchmark does not: at temperature 0
 on the same device and dtype the outputs and τ are deterministic, so they are gated exactly; the speed-up is a
 ratio to vanilla measured in the same run, so a uniformly slower or faster machine cancels out; per-question
@@ -11,7 +11,7 @@ pairs give a confidence interval, so timing noise is not read as a regression.
 Rules (a cell FAILS when any holds; ``compare`` then exits 1):
 
 =========== =========================================================================================================
-outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`harness.measure.baseline.ids_sha256`)
+outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`harness.gate.baseline.ids_sha256`)
             differ from BASE's turn with the same question, turn, seed and repeat. Reported: how many turns changed,
             and for the first one the first differing token position and the text around it (only when both sides
             are run directories: a baseline keeps hashes, not texts). ``--no-outputs`` turns it off.
@@ -49,7 +49,7 @@ missing     a cell or a measured question of BASE that NEW lacks.
 =========== =========================================================================================================
 
 Fitted tolerances. A baseline saved from a run of N >= :data:`harness.measure.metrics.MIN_FIT_REPEATS` repeats keeps
-each cell's figures per repeat (:func:`harness.measure.baseline.repeat_table`). Against it, when both sides ran on
+each cell's figures per repeat (:func:`harness.gate.baseline.repeat_table`). Against it, when both sides ran on
 the same device and dtype, each tolerance is derived from that spread instead of a fixed default: for a figure with
 mean x̄ and standard deviation s over BASE's n repeats, and NEW's mean over its m repeats (m = 1 for one run),
 the band is x̄ ± t_{0.995, n−1} · s · √(1/n + 1/m) (:func:`harness.measure.metrics.prediction_band`), the
@@ -88,8 +88,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.gate.baseline import CELL, TURN, Side
 from harness.measure import metrics as M
-from harness.measure.baseline import CELL, TURN, Side
 from harness.measure.formatting import NA, interval, markdown_escape, markdown_table, missing, number, size
 from harness.measure.html import write_tables_page
 from harness.measure.tables import flatten
