@@ -20,10 +20,10 @@ from harness.cli import main
 from harness.gate.baseline import export_run, load_side
 from harness.gate.compare import compare_sides, format_text
 from harness.measure import metrics as M
-from harness.measure.exports import read_export
-from harness.measure.markdown import acceptance_markdown
-from harness.measure.report import write_report
-from harness.measure.tables import HARNESS_ACCEPTANCE, summary_table, turns_table
+from harness.report.exports import read_export
+from harness.report.markdown import acceptance_markdown
+from harness.report.report import write_report
+from harness.report.tables import HARNESS_ACCEPTANCE, summary_table, turns_table
 
 EOS = {"accept_lengths": [1, 4, 2], "accepted_drafts": [3, 3], "draft_depths": [4, 5], "stop_reason": "eos"}
 BUDGET = {"accept_lengths": [1, 3, 2], "accepted_drafts": [2, 3], "draft_depths": [3, 3],

@@ -27,8 +27,8 @@ from harness.gate import compare
 from harness.gate.baseline import Side, load_side, repeat_table, save_baseline
 from harness.gate.compare import Thresholds, compare_sides
 from harness.measure import metrics as M
-from harness.measure.markdown import collapse_warnings
 from harness.registry import get_method
+from harness.report.markdown import collapse_warnings
 from harness.run.config import config_from_dict, load_preset_dict
 from tests.test_compare import MANIFEST, QUESTIONS, rec
 
@@ -237,7 +237,7 @@ def test_a_run_summary_warns_of_a_collapse_in_text_markdown_and_html(tmp_path):
                            "of drafting steps (floor 5%)")
     assert "head/target mismatch" in line
 
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     run = write_repeats(tmp_path, "dead", [0], eagle_steps=NOTHING)
     paths = write_report(run)

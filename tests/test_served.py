@@ -41,7 +41,7 @@ from harness.backends.served import ServedBackend, check_options, request_totals
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
 from harness.measure.records import read_records
-from harness.measure.report import write_report
+from harness.report.report import write_report
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import RunInterrupted, run
 from tests.support.fake_openai_server import Fake, serve

@@ -70,7 +70,7 @@ repeats"), and a note lists each fitted band.
 Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
 each side's speed-up (ratio of means, as in the report), each side's draft acceptance rate and drafted tokens per
 drafting step over the shared questions (:func:`harness.measure.metrics.draft_acceptance_rate`; n/a for a baseline
-saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.measure.exports`). A cell of
+saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.report.exports`). A cell of
 NEW that BASE lacks is listed as "new".
 Warnings say when the sides are not comparable for exact gating: another device or dtype, another configuration
 (the differing fields are named), other library versions, or the baseline label's own outputs changed (then the
@@ -90,9 +90,9 @@ import pandas as pd
 
 from harness.gate.baseline import CELL, TURN, Side
 from harness.measure import metrics as M
-from harness.measure.formatting import NA, interval, markdown_escape, markdown_table, missing, number, size
-from harness.measure.html import write_tables_page
-from harness.measure.tables import flatten
+from harness.report.formatting import NA, interval, markdown_escape, markdown_table, missing, number, size
+from harness.report.html import write_tables_page
+from harness.report.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
 ENGINE_RTOL = 0.05  # an engine's cells without --acceptance-rtol: vLLM's acceptance-length CI tolerance
@@ -738,7 +738,7 @@ FORMATS = {"table": format_text, "markdown": format_markdown,
 
 
 def write_html(cmp: Comparison, path: str | Path) -> Path:
-    """The comparison as one self-contained page (:func:`harness.measure.html.write_tables_page`): the Markdown
+    """The comparison as one self-contained page (:func:`harness.report.html.write_tables_page`): the Markdown
     report (verdict, findings, warnings) as notes, then the cells and the findings as sortable tables."""
     findings = pd.DataFrame([asdict(f) for f in cmp.findings], columns=["cell", "rule", "message", "fails"])
     verdict = "PASS" if not cmp.failures else "FAIL"

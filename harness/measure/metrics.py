@@ -991,7 +991,7 @@ def paired_rate_difference_ci(hits_a: Sequence[Sequence[float]], totals_a: Seque
     return out
 
 
-# ---- load levels (harness.measure.load): many requests in flight on one served engine ----
+# ---- load levels (harness.report.load): many requests in flight on one served engine ----
 
 def per_token_latencies(token_times_s: Sequence[float] | None) -> list[float]:
     """Per-token latencies of one streamed request: the gap between each token's arrival and the previous

@@ -3,5 +3,5 @@
 ``progress`` (the run's progress lines, compile seconds of the last run), ``sweep`` (grids of method options),
 ``chat`` (chat templates in ``templates/``), ``shipped`` (files named by a shipped name or a path), ``context``
 (suites built at target input lengths from real documents) and ``load`` (load levels: many requests in flight on a
-served engine; their report is :mod:`harness.measure.load`). Paper tables are their own wing,
+served engine; their report is :mod:`harness.report.load`). Paper tables are their own wing,
 :mod:`harness.published`."""

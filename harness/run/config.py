@@ -46,7 +46,7 @@ class MethodSpec:
     the run (:meth:`RunConfig.entries`). ``engine``: what runs the entry's turns (``harness``, or a backend of
     :mod:`harness.backends` such as ``vllm``) and ``engine_options`` what it passes to that engine; None = the
     run's. ``referee``: for an entry on another engine, the label of the harness entry its acceptance is held
-    against (:mod:`harness.measure.referee`; needed only when the automatic pairing is ambiguous)."""
+    against (:mod:`harness.report.referee`; needed only when the automatic pairing is ambiguous)."""
 
     name: str
     label: str | None = None
@@ -102,7 +102,7 @@ class RunConfig:
     context_buckets: list[int] | None = None  # input lengths (tokens) every context suite is built at instead of
     #                                       its own (harness.run.context), e.g. [512, 2048, 4096]
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
-    #                                       (harness.measure.ablation.ablated_options); the report only, not measured
+    #                                       (harness.report.ablation.ablated_options); the report only, not measured
     load: dict[str, Any] | None = None    # load levels instead of one question at a time (harness.run.load):
     #                                       {concurrency: [1, 4, 16, 64], request_rate, burstiness, num_prompts}
 

@@ -43,7 +43,7 @@ speculative entry first and 0.48-0.64x with it second, at the same acceptance).
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
 measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
-(:func:`harness.measure.load.latest_levels`).
+(:func:`harness.report.load.latest_levels`).
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ import numpy as np
 from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
 from harness.backends.served import request_totals
 from harness.measure import env
-from harness.measure.load import latest_levels, read_load_rows
 from harness.measure.records import RecordStore
 from harness.measure.rundir import LOAD_FILE
+from harness.report.load import latest_levels, read_load_rows
 from harness.run.config import ConfigError, LoadSpec, check_slots
 
 

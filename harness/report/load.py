@@ -26,8 +26,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, missing, number, ratio
 from harness.measure.rundir import LOAD_FILE, atomic_file, read_run_file, run_subdir, write_text_atomic
+from harness.report.formatting import interval, markdown_table, missing, number, ratio
 
 MIN_CI_REQUESTS = 8  # paired requests a level needs for a speed-up CI
 SPLIT_NOTE = "chunks of several tokens"  # the served client's engine_notes phrase for split chunk times

@@ -1,8 +1,8 @@
-"""The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.measure.report`):
+"""The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.report.report`):
 the paper table (labels × suites, cells "speed-up× / τ"), the per-category leaderboard pivot, the greedy
 divergence note, the note on records left out and the headroom section (ledger and time breakdown). A label that is a
 bound rather than a method (the ``oracle``) carries "‡" wherever it appears. Numbers read as
-:mod:`harness.measure.formatting` says; every number comes from the tables of :mod:`harness.measure.tables`.
+:mod:`harness.report.formatting` says; every number comes from the tables of :mod:`harness.report.tables`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.formatting import (
+from harness.measure.records import RecordsRead
+from harness.report.formatting import (
     interval,
     markdown_escape,
     markdown_table,
@@ -23,8 +24,7 @@ from harness.measure.formatting import (
     size,
     speedup_tau,
 )
-from harness.measure.records import RecordsRead
-from harness.measure.tables import max_value, sum_values, summary_runtimes
+from harness.report.tables import max_value, sum_values, summary_runtimes
 
 
 def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
@@ -218,10 +218,10 @@ def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None
 
 
 def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_label: str = "vanilla") -> str:
-    """Markdown of a run with context-length buckets (:func:`harness.measure.tables.context_table`), per (suite,
+    """Markdown of a run with context-length buckets (:func:`harness.report.tables.context_table`), per (suite,
     temperature): labels × input lengths, cells "speed-up× [95% CI] / τ" (geometric mean of per-prompt speed-ups
     with its bootstrap CI), and the input length at which the speed-up falls below 1.0
-    (:func:`harness.measure.tables.crossover_table`); then prefill and decode per input length. Empty text when the
+    (:func:`harness.report.tables.crossover_table`); then prefill and decode per input length. Empty text when the
     run has no buckets."""
     if context.empty:
         return ""
@@ -283,7 +283,7 @@ def not_deployable_mark(rows: pd.DataFrame) -> str:
 
 
 def headroom_markdown(headroom: pd.DataFrame) -> str:
-    """The report's headroom section (:func:`harness.measure.tables.headroom_table`), per row (label, suite,
+    """The report's headroom section (:func:`harness.report.tables.headroom_table`), per row (label, suite,
     temperature): the ledger, measured speed-up S, free-draft bound and oracle bound S* each with its 95% CI, then
     where the time goes (shares of the wall time; the share of verification work spent on rejected slots), energy
     per token and per accepted draft token, and the cost of a million tokens at the user's price. Definitions:

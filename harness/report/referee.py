@@ -35,11 +35,11 @@ from typing import Any
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.formatting import markdown_table, missing, number
-from harness.measure.plots import plot_referee
 from harness.measure.records import steps_ordered
 from harness.measure.rundir import atomic_file
-from harness.measure.tables import lists, max_depth, measured_rows
+from harness.report.formatting import markdown_table, missing, number
+from harness.report.plots import plot_referee
+from harness.report.tables import lists, max_depth, measured_rows
 
 HARNESS = "harness"
 COLUMNS = ["engine_label", "harness_label", "vanilla_label", "engine", "suite", "question_id", "turn", "temperature",
@@ -250,7 +250,7 @@ def referee_markdown(turns: pd.DataFrame, pairs: Sequence[Pair], table: pd.DataF
     if not pairs:
         return ""
     lines = ["**Referee: engine entries held against the harness** (same prompts; τ = tokens per target forward; "
-             "acc@i = share of steps that drafted i deep and accepted the i-th draft; `harness/measure/referee.py`)",
+             "acc@i = share of steps that drafted i deep and accepted the i-th draft; `harness/report/referee.py`)",
              ""]
     for pair in pairs:
         if pair.harness_label is None:
@@ -304,7 +304,7 @@ class RefereeReport:
 def write_referee(turns: pd.DataFrame, config: Mapping[str, Any] | None, baseline_label: str, tables: Path,
                   plots: Path) -> RefereeReport | None:
     """Pair the run's engine entries (:func:`pair_entries`), write ``tables/referee.csv`` (:func:`referee_table`,
-    lists as JSON) and ``plots/referee.png`` (:func:`harness.measure.plots.plot_referee`); None, and nothing
+    lists as JSON) and ``plots/referee.png`` (:func:`harness.report.plots.plot_referee`); None, and nothing
     written, when no entry ran on another engine."""
     entries = run_entries(turns, config)
     if not has_engines(entries):

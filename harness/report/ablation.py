@@ -43,10 +43,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
 from harness.measure.rundir import atomic_file, file_stem, run_subdir
-from harness.measure.tables import has_context
+from harness.report.formatting import interval, markdown_table, number
+from harness.report.tables import has_context
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]

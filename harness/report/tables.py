@@ -1,9 +1,9 @@
 """From a run's records to tidy tables: one row per turn, per question, per (label, method, suite, temperature),
-per category, per divergent turn and per accepted length. The report (:mod:`harness.measure.report`) writes them;
+per category, per divergent turn and per accepted length. The report (:mod:`harness.report.report`) writes them;
 ``draftbench compare`` and the comparison with a published table reduce a run with the same functions.
 
 Options that differ between entries of one method (ablation knobs) get their own ``opt.<name>`` column in the
-questions and summary tables, taken from the records' ``method_options`` (:func:`harness.measure.ablation.with_knobs`).
+questions and summary tables, taken from the records' ``method_options`` (:func:`harness.report.ablation.with_knobs`).
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
 

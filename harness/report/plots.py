@@ -1,7 +1,7 @@
-"""A run's matplotlib figures (``plots/*.png`` of :mod:`harness.measure.report`): speed-up, τ and tokens/s per
+"""A run's matplotlib figures (``plots/*.png`` of :mod:`harness.report.report`): speed-up, τ and tokens/s per
 suite as grouped bars, the accepted-length histogram, the acceptance rate per draft position, the headroom ledger and
 where the time goes. Every value comes
-from the tables of :mod:`harness.measure.tables`; a plot with nothing to show is not written (its function returns
+from the tables of :mod:`harness.report.tables`; a plot with nothing to show is not written (its function returns
 None). Figures are drawn on :class:`matplotlib.figure.Figure` directly, so no global pyplot state or display is
 needed.
 """
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from harness.measure import metrics as M
 from harness.measure.rundir import atomic_file
-from harness.measure.tables import lists, measured_rows, summary_runtimes
+from harness.report.tables import lists, measured_rows, summary_runtimes
 
 HIST_COLUMNS = 3  # panels per row of the accepted-length histogram
 
@@ -164,7 +164,7 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
 
 def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: Path) -> Path | None:
     """Acceptance per draft position of each engine entry next to the harness entry it is held against
-    (:mod:`harness.measure.referee`), one panel per pair: ``panels`` = [(title, engine rates, harness rates)]. None
+    (:mod:`harness.report.referee`), one panel per pair: ``panels`` = [(title, engine rates, harness rates)]. None
     when there is no pair or no pair drafted."""
     panels = [p for p in panels if len(p[1]) or len(p[2])]
     if not panels:
@@ -184,7 +184,7 @@ def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]],
 
 
 def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
-    """Four panels against input length (:func:`harness.measure.tables.context_table`, log-2 x axis, one line per
+    """Four panels against input length (:func:`harness.report.tables.context_table`, log-2 x axis, one line per
     label and temperature, every suite pooled into its own lines): the speed-up (geometric mean with its 95% CI as
     error bars, 1.0 dashed), τ, draft and verify milliseconds per verification step (solid and dotted), and decode
     tokens/s (prefill left out). None when the run has no buckets."""
@@ -238,7 +238,7 @@ def _headroom_rows(headroom: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 
 def plot_headroom(headroom: pd.DataFrame, path: Path) -> Path | None:
-    """The headroom ledger (:func:`harness.measure.tables.headroom_table`): per method (and suite, temperature) three
+    """The headroom ledger (:func:`harness.report.tables.headroom_table`): per method (and suite, temperature) three
     bars, the measured speed-up S, the free-draft bound and the oracle bound S*, each with its 95% CI as an error
     bar, 1.0 dashed. None when no row has a speed-up."""
     rows, names = _headroom_rows(headroom)
