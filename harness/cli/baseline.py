@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from harness.gate.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
-from harness.measure.metrics import MIN_FIT_REPEATS
+from harness.measure.noise import MIN_FIT_REPEATS
 
 
 def repeats_line(n: int) -> str:

@@ -12,14 +12,14 @@ questions       per question of a cell: accepted tokens (Σ accept_lengths) and 
                 question in the same run), score, n_errors; accepted drafts, drafted tokens and drafting steps
                 (:func:`harness.report.tables.draft_totals`, so the draft acceptance rate pools over any subset);
                 ``accepted_at`` / ``drafted_at``: the per-position acceptance counts
-                (:func:`harness.measure.metrics.acceptance_counts`; absent in baselines saved before them, then
+                (:func:`harness.measure.acceptance.acceptance_counts`; absent in baselines saved before them, then
                 per-position acceptance is not gated against it)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
 repeats         only for a run of 2 or more repeats (``repeats:`` / ``--repeats``): per cell and repeat, the cell's
                 figures measured in that repeat alone (:func:`repeat_table`): τ, acc@i, draft acceptance rate,
                 speed-up, tokens/s. Their spread is the run-to-run noise that ``compare`` fits its tolerances on
-                (:func:`harness.measure.metrics.prediction_band`); a baseline without it keeps the fixed defaults
+                (:func:`harness.measure.noise.prediction_band`); a baseline without it keeps the fixed defaults
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
                 target (without its local path), full run configuration and its digest, suites
 =============== ==================================================================================================
@@ -48,6 +48,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
 from harness.measure.records import RecordsRead, baseline_labels, load_records, record_files
 from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file, run_subdir
@@ -221,7 +222,7 @@ class Side:
                           steps=ok["accept_lengths"].map(len))
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps", *DRAFT_COLUMNS]]
                   .sum(min_count=1).reset_index())
-        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, M.acceptance_counts(
+        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, ACC.acceptance_counts(
             T.lists(g["accepted_drafts"]), T.lists(g["draft_depths"]))))}
             for key, g in ok.groupby([*CELL, "question_id"], sort=False)]
         totals = totals.merge(pd.DataFrame(positions, columns=[*CELL, "question_id", *POSITION_COLUMNS]),

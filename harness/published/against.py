@@ -13,7 +13,7 @@ Per cell and metric: ``reported``, ``measured``, ``delta`` = measured − report
 run's baseline on the same questions, with a percentile-bootstrap 95% CI over questions
 (:func:`harness.measure.metrics.speedup_ratio_ci`); a ``mean_of`` column is the equal-weight mean of its columns
 with a CI stratified by column. τ cells are recomputed in the table's own convention
-(:data:`harness.measure.metrics.TAU_CONVENTIONS`) and draftbench's τ of the same records is given beside them.
+(:data:`harness.measure.acceptance.TAU_CONVENTIONS`) and draftbench's τ of the same records is given beside them.
 
 Row matching: a run made by ``draftbench reproduce`` records ``reproduce.rows`` (label -> row id) in its manifest.
 For any other run, a row matches the label whose method is the row's method and whose recorded options include
@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
 from harness.measure.records import load_records
 from harness.measure.rundir import atomic_file, file_stem, read_manifest, run_subdir, write_text_atomic
@@ -194,8 +195,8 @@ def measure_cells(questions: pd.DataFrame, table: Table, label: str, baseline: s
                 "tokens_per_s": M.mean_tokens_per_second(list(sel["tokens_per_s"])),
                 "baseline_tokens_per_s": M.mean_tokens_per_second(list(base["tokens_per_s"])),
                 "_pairs": (_tps(sel), _tps(base))}
-        for conv in M.TAU_CONVENTIONS:
-            cell[f"tau_{conv}"] = M.tau_in_convention(conv, per_q) if per_q else math.nan
+        for conv in ACC.TAU_CONVENTIONS:
+            cell[f"tau_{conv}"] = ACC.tau_in_convention(conv, per_q) if per_q else math.nan
         out[cid] = cell
     for cid, col in table.columns.items():
         if col.mean_of is None:
@@ -203,7 +204,7 @@ def measure_cells(questions: pd.DataFrame, table: Table, label: str, baseline: s
         parts = [out[c] for c in col.mean_of]
         est, lo, hi = M.speedup_ratio_ci([p["_pairs"] for p in parts], n_boot=n_boot, seed=seed)
         cell = {"speedup": est, "ci_lo": lo, "ci_hi": hi, "n_questions": sum(p["n_questions"] for p in parts)}
-        for metric in ("tokens_per_s", "baseline_tokens_per_s", *(f"tau_{c}" for c in M.TAU_CONVENTIONS)):
+        for metric in ("tokens_per_s", "baseline_tokens_per_s", *(f"tau_{c}" for c in ACC.TAU_CONVENTIONS)):
             cell[metric] = M.suite_mean([p[metric] for p in parts])
         out[cid] = cell
     for cell in out.values():

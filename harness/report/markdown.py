@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
+from harness.measure import headroom as HR
 from harness.measure import metrics as M
 from harness.measure.records import RecordsRead
 from harness.report.formatting import (
@@ -80,18 +82,18 @@ def acceptance_markdown(summary: pd.DataFrame) -> str:
 
 def collapse_warnings(summary: pd.DataFrame) -> list[str]:
     """One line per (label, suite, temperature) of a run's summary whose speculation collapsed
-    (:func:`harness.measure.metrics.acceptance_collapsed`: drafts proposed, acc@1 under
-    :data:`harness.measure.metrics.COLLAPSE_ACC1`), naming the label and the likely causes; [] when none did.
+    (:func:`harness.measure.acceptance.acceptance_collapsed`: drafts proposed, acc@1 under
+    :data:`harness.measure.acceptance.COLLAPSE_ACC1`), naming the label and the likely causes; [] when none did.
     Example: eagle2 on tiny at T = 0 with acc@1 0.01 and 3 drafted tokens per step -> ["warning: acceptance collapse:
     eagle2 (tiny, T=0) accepted its first draft token in 1.0% of drafting steps (floor 5%) while proposing 3.00
     drafted tokens per step; ... likely causes: ..."]."""
     if "acc@1" not in summary or "drafted_per_step" not in summary:
         return []
     return [f"warning: acceptance collapse: {r['label']} ({r['suite']}, T={float(r['temperature']):g}) accepted its "
-            f"first draft token in {float(r['acc@1']):.1%} of drafting steps (floor {M.COLLAPSE_ACC1:.0%}) while "
+            f"first draft token in {float(r['acc@1']):.1%} of drafting steps (floor {ACC.COLLAPSE_ACC1:.0%}) while "
             f"proposing {float(r['drafted_per_step']):.2f} drafted tokens per step, so speculation is likely slower "
-            f"than none; likely causes: {'; '.join(M.COLLAPSE_CAUSES)}"
-            for r in summary.to_dict("records") if M.acceptance_collapsed(r["acc@1"], r["drafted_per_step"])]
+            f"than none; likely causes: {'; '.join(ACC.COLLAPSE_CAUSES)}"
+            for r in summary.to_dict("records") if ACC.acceptance_collapsed(r["acc@1"], r["drafted_per_step"])]
 
 
 def collapse_note(summary: pd.DataFrame) -> str:
@@ -298,7 +300,7 @@ def headroom_markdown(headroom: pd.DataFrame) -> str:
         ledger.append([*key, interval(r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]),
                        interval(r["free_draft_speedup"], r["free_draft_ci_lo"], r["free_draft_ci_hi"]),
                        interval(r["oracle_speedup"], r["oracle_ci_lo"], r["oracle_ci_hi"]) + oracle])
-        where.append([*key, *(number(r[f"share_{p}"], ".1%") for p in M.TIME_PARTS),
+        where.append([*key, *(number(r[f"share_{p}"], ".1%") for p in HR.TIME_PARTS),
                       number(r["rejected_verify_share"], ".1%"), number(r["energy_per_token_j"], ".3g"),
                       number(r["energy_per_accepted_token_j"], ".3g"), str(r["energy_source"]),
                       number(r["cost_per_million_tokens"], ".2f")])

@@ -722,7 +722,8 @@ def _show_speed(bar, recs: list[dict]) -> None:
         return
     ok = [r for r in recs if r["status"] == "ok"]
     if ok:
-        from harness.measure.metrics import tau, tokens_per_second
+        from harness.measure.acceptance import tau
+        from harness.measure.metrics import tokens_per_second
 
         tps = tokens_per_second(sum(r["new_tokens"] for r in ok), sum(r["wall_time_s"] for r in ok))
         bar.set_postfix(tok_s=f"{tps:.1f}", tau=f"{tau([r['accept_lengths'] for r in ok]):.2f}")
