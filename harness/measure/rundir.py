@@ -15,7 +15,7 @@ The files of a run directory::
     .lock                       held (flock) by the one process that writes records into the run (LOCK_FILE,
                                 :class:`RunLock`); it says who holds it
 
-The manifest, a JSON object (``harness.run.runner.build_manifest`` writes it; readers never require a key but
+The manifest, a JSON object (``harness.run.manifest.build_manifest`` writes it; readers never require a key but
 ``config``, which ``--resume`` needs)::
 
     run_id, created, command        the run directory's name, ISO time, the command line
