@@ -18,7 +18,8 @@ import pytest
 from harness.backends.contract import acceptance_source
 from harness.cli import main
 from harness.gate.baseline import export_run, load_side
-from harness.gate.compare import compare_sides, format_text
+from harness.gate.compare import compare_sides
+from harness.gate.formats import format_text
 from harness.measure import acceptance as ACC
 from harness.report.exports import read_export
 from harness.report.markdown import acceptance_markdown

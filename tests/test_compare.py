@@ -34,7 +34,8 @@ from harness.gate.baseline import (
     save_baseline,
     slugify,
 )
-from harness.gate.compare import Thresholds, compare_sides, format_markdown, text_context
+from harness.gate.compare import Thresholds, compare_sides, text_context
+from harness.gate.formats import format_markdown
 from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
 from harness.measure.metrics import first_difference

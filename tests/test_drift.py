@@ -26,6 +26,7 @@ from harness.engine.method import build_options
 from harness.gate import compare
 from harness.gate.baseline import Side, load_side, repeat_table, save_baseline
 from harness.gate.compare import Thresholds, compare_sides
+from harness.gate.formats import format_text
 from harness.measure import acceptance as ACC
 from harness.measure import noise as NOISE
 from harness.registry import get_method
@@ -198,7 +199,7 @@ def test_the_speed_rule_uses_the_fitted_spread_of_the_speed_up(tmp_path):
     assert by_rule(cmp) == [("eagle2 / s1 / T=0", "speed")]
     assert "outside its fitted tolerance −0.123 (6 repeats)" in cmp.failures[0].message
     assert by_rule(compare_sides(base, slow, Thresholds(gate_speed=False))) == []
-    assert "fitted: 6 repeats" in compare.format_text(cmp)
+    assert "fitted: 6 repeats" in format_text(cmp)
 
 
 def test_baseline_save_says_whether_compare_will_fit(tmp_path, capsys):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from harness.gate import compare as compare_module
 from harness.gate.baseline import load_side
-from harness.gate.compare import FORMATS, Thresholds, compare_sides, write_html
+from harness.gate.compare import Thresholds, compare_sides
+from harness.gate.formats import FORMATS, write_html
 
 
 def cmd_compare(args) -> int:
