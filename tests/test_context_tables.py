@@ -15,6 +15,7 @@ import pytest
 
 from harness.measure import metrics as M
 from harness.measure.records import RecordStore
+from harness.report import context as CT
 from harness.report import report as R
 from harness.report import tables as T
 from harness.report.markdown import context_markdown
@@ -72,7 +73,7 @@ def test_draft_kv_bytes():
 
 def test_context_table_per_bucket_numbers():
     """Every number of the module docstring; a prefill left inside decode tok/s would hide the decode loss."""
-    ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
+    ctx = CT.context_table(T.turns_table(RECORDS), n_boot=200)
     pld = ctx[ctx["label"] == "pld"].set_index("context_bucket")
     assert list(pld.index) == [512, 4096]
     assert pld.loc[512, "speedup"] == pytest.approx(2.0) and pld.loc[4096, "speedup"] == pytest.approx(0.8)
@@ -93,8 +94,8 @@ def test_context_table_per_bucket_numbers():
 def test_crossover_table_and_markdown():
     """pld crosses at 4096 with its CI wholly below 1.0, and so does its decode speed-up (2.67, then 0.67);
     vanilla, the baseline, has no row."""
-    ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
-    cross = T.crossover_table(ctx)
+    ctx = CT.context_table(T.turns_table(RECORDS), n_boot=200)
+    cross = CT.crossover_table(ctx)
     assert cross[["label", "crossover_bucket", "significant", "decode_crossover_bucket"]].values.tolist() == \
         [["pld", 4096, True, 4096]]
     md = context_markdown(ctx, cross)

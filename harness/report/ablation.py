@@ -47,8 +47,8 @@ from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
 from harness.measure.records import baseline_labels
 from harness.measure.rundir import atomic_file, file_stem, run_subdir
+from harness.report.context import has_context
 from harness.report.formatting import interval, markdown_table, number
-from harness.report.tables import has_context
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]

@@ -220,10 +220,10 @@ def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None
 
 
 def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_label: str = "vanilla") -> str:
-    """Markdown of a run with context-length buckets (:func:`harness.report.tables.context_table`), per (suite,
+    """Markdown of a run with context-length buckets (:func:`harness.report.context.context_table`), per (suite,
     temperature): labels × input lengths, cells "speed-up× [95% CI] / τ" (geometric mean of per-prompt speed-ups
     with its bootstrap CI), and the input length at which the speed-up falls below 1.0
-    (:func:`harness.report.tables.crossover_table`); then prefill and decode per input length. Empty text when the
+    (:func:`harness.report.context.crossover_table`); then prefill and decode per input length. Empty text when the
     run has no buckets."""
     if context.empty:
         return ""

@@ -186,7 +186,7 @@ def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]],
 
 
 def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
-    """Four panels against input length (:func:`harness.report.tables.context_table`, log-2 x axis, one line per
+    """Four panels against input length (:func:`harness.report.context.context_table`, log-2 x axis, one line per
     label and temperature, every suite pooled into its own lines): the speed-up (geometric mean with its 95% CI as
     error bars, 1.0 dashed), τ, draft and verify milliseconds per verification step (solid and dotted), and decode
     tokens/s (prefill left out). None when the run has no buckets."""

@@ -53,6 +53,7 @@ from harness.measure.rundir import (
     write_text_atomic,
 )
 from harness.report.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
+from harness.report.context import context_table, crossover_table, has_context
 from harness.report.html import write_html_report
 from harness.report.load import write_load_report
 from harness.report.markdown import (
@@ -78,10 +79,7 @@ from harness.report.plots import (
 from harness.report.referee import write_referee
 from harness.report.tables import (
     category_table,
-    context_table,
-    crossover_table,
     divergence_table,
-    has_context,
     headroom_table,
     histogram_table,
     measured_rows,
