@@ -37,7 +37,8 @@ from harness.backends.prometheus import (
     server_kind,
     trtllm_counters,
 )
-from harness.backends.served import ServedBackend, check_options, request_totals, sglang_steps
+from harness.backends.replies import request_totals, sglang_steps
+from harness.backends.served import ServedBackend, check_options
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
 from harness.measure.records import read_records
