@@ -6,10 +6,12 @@ enforces over the import graph that a module imports only from its own layer or 
     sandbox, schema         the fenced runner for untrusted code (HumanEval completions); the one validator of
                             plain data against dataclass annotations and its error type, InputError (both standard
                             library only; every layer reads options, configurations and tables with the validator)
-    measure/                run directory (its files, atomic writes, the manifest), metrics (every formula once),
-                            trackers (time, memory, energy), provenance, records (the schema of one measured turn and
-                            its durable store), tables, plots, Markdown and the report, ablations, the HTML report,
-                            host-sync counting, baselines and the regression gate
+    measure/                what is counted and derived: run directory (its files, atomic writes, the manifest),
+                            metrics (every formula once), trackers (time, memory, energy), provenance, records (the
+                            schema of one measured turn and its durable store), host-sync counting
+    report/                 the measurements presented: tables, plots, Markdown and the report, ablations, the HTML
+                            report, the referee and load tables, exports in engines' field names
+    gate/                   baselines and the regression gate (two runs, baselines or exports compared cell by cell)
     models                  loading target models (the embedded default, Hugging Face ids, local folders)
     engine/                 the speculative maths and the one verification engine every method runs on
     registry                plugin registries (methods, scorers, suite folders, data commands) and plugin loading

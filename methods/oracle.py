@@ -7,7 +7,7 @@ makes the pass itself, inside whatever times the call. Each step then proposes t
 continuation after the pending root as a chain, and ``slots`` > ``k`` pads the tree with children of the root that
 carry other tokens (never accepted), so that a step verifies as many draft slots as the compared method's tree:
 the oracle has that method's tree budget and a perfect, free drafter. Its speed-up over the baseline is the
-**oracle bound** S* of the report's headroom ledger (:func:`harness.measure.metrics.oracle_bound`; arXiv:2601.11580
+**oracle bound** S* of the report's headroom ledger (:func:`harness.measure.headroom.oracle_bound`; arXiv:2601.11580
 measures such a bound on vLLM). Option ``pair``: the label of the entry whose budget it mirrors (set ``k`` to that
 method's draft depth and ``slots`` to its tree size); the report holds that entry against this oracle.
 

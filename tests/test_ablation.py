@@ -3,9 +3,9 @@
 import pandas as pd
 import pytest
 
-from harness.measure import ablation as A
-from harness.measure import report as R
-from harness.measure import tables as T
+from harness.report import ablation as A
+from harness.report import report as R
+from harness.report import tables as T
 from tests.support.ablation_run import MANIFEST, RECORDS, write_run
 
 

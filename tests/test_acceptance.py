@@ -17,13 +17,14 @@ import pytest
 
 from harness.backends.contract import acceptance_source
 from harness.cli import main
-from harness.measure import metrics as M
-from harness.measure.baseline import export_run, load_side
-from harness.measure.compare import compare_sides, format_text
-from harness.measure.exports import read_export
-from harness.measure.markdown import acceptance_markdown
-from harness.measure.report import write_report
-from harness.measure.tables import HARNESS_ACCEPTANCE, summary_table, turns_table
+from harness.gate.baseline import export_run, load_side
+from harness.gate.compare import compare_sides
+from harness.gate.formats import format_text
+from harness.measure import acceptance as ACC
+from harness.report.exports import read_export
+from harness.report.markdown import acceptance_markdown
+from harness.report.report import write_report
+from harness.report.tables import HARNESS_ACCEPTANCE, summary_table, turns_table
 
 EOS = {"accept_lengths": [1, 4, 2], "accepted_drafts": [3, 3], "draft_depths": [4, 5], "stop_reason": "eos"}
 BUDGET = {"accept_lengths": [1, 3, 2], "accepted_drafts": [2, 3], "draft_depths": [3, 3],
@@ -69,37 +70,37 @@ def write_run(root):
 
 def test_terminal_steps_say_how_many_drafts_they_accepted_before_the_cut():
     """Wrong if a cut step reported its verdict (3) or the tokens it emitted including the bonus."""
-    assert M.drafts_before_cut(EOS["accept_lengths"], EOS["accepted_drafts"]) == [3, 2]
-    assert M.drafts_before_cut(BUDGET["accept_lengths"], BUDGET["accepted_drafts"]) == [2, 2]
-    assert M.drafts_before_cut(NONE["accept_lengths"], NONE["accepted_drafts"]) == [0, 0]
-    assert M.drafts_before_cut([1, 3], [2, 1]) == [2, 0]  # an engine step the budget left no token for
+    assert ACC.drafts_before_cut(EOS["accept_lengths"], EOS["accepted_drafts"]) == [3, 2]
+    assert ACC.drafts_before_cut(BUDGET["accept_lengths"], BUDGET["accepted_drafts"]) == [2, 2]
+    assert ACC.drafts_before_cut(NONE["accept_lengths"], NONE["accepted_drafts"]) == [0, 0]
+    assert ACC.drafts_before_cut([1, 3], [2, 1]) == [2, 0]  # an engine step the budget left no token for
 
 
 def test_each_metric_takes_its_stated_convention_on_terminal_steps():
     """The rates and vLLM's mean acceptance length count the verdict before the cut (6 accepted of 9 drafted in the
     EOS turn, not 5); τ counts what was emitted (7 tokens in 3 forwards). A turn that drafted nothing has no rate
     (NaN, never 0) and does not dilute the pooled ones."""
-    counts = [M.draft_counts(c["accepted_drafts"], c["draft_depths"]) for c in (EOS, BUDGET, NONE)]
+    counts = [ACC.draft_counts(c["accepted_drafts"], c["draft_depths"]) for c in (EOS, BUDGET, NONE)]
     assert counts == [(6, 9, 2), (5, 6, 2), (0, 0, 0)]
     acc, drafted, steps = zip(*counts)
-    assert M.draft_acceptance_rate([6], [9]) == pytest.approx(2 / 3)
-    assert M.drafted_per_step([9], [2]) == pytest.approx(4.5)
-    assert M.mean_acceptance_length([6], [2]) == pytest.approx(4.0)
-    assert M.tau([EOS["accept_lengths"]]) == pytest.approx(7 / 3)
-    assert math.isnan(M.draft_acceptance_rate([0], [0])) and math.isnan(M.drafted_per_step([0], [0]))
-    assert math.isnan(M.mean_acceptance_length([0], [0]))
-    assert M.draft_acceptance_rate(acc, drafted) == pytest.approx(11 / 15)
-    assert M.drafted_per_step(drafted, steps) == pytest.approx(15 / 4)
-    assert M.mean_acceptance_length(acc, steps) == pytest.approx(1 + 11 / 4)
-    assert M.draft_acceptance_rate([None, 5], [None, 6]) == pytest.approx(5 / 6)  # not measured: skipped
+    assert ACC.draft_acceptance_rate([6], [9]) == pytest.approx(2 / 3)
+    assert ACC.drafted_per_step([9], [2]) == pytest.approx(4.5)
+    assert ACC.mean_acceptance_length([6], [2]) == pytest.approx(4.0)
+    assert ACC.tau([EOS["accept_lengths"]]) == pytest.approx(7 / 3)
+    assert math.isnan(ACC.draft_acceptance_rate([0], [0])) and math.isnan(ACC.drafted_per_step([0], [0]))
+    assert math.isnan(ACC.mean_acceptance_length([0], [0]))
+    assert ACC.draft_acceptance_rate(acc, drafted) == pytest.approx(11 / 15)
+    assert ACC.drafted_per_step(drafted, steps) == pytest.approx(15 / 4)
+    assert ACC.mean_acceptance_length(acc, steps) == pytest.approx(1 + 11 / 4)
+    assert ACC.draft_acceptance_rate([None, 5], [None, 6]) == pytest.approx(5 / 6)  # not measured: skipped
 
 
 def test_engine_records_count_with_their_own_counters():
     """An engine's counters win over the per-step lists; a counter it lacks falls back to the lists; a turn with
     neither (vanilla) has no count, so it cannot read as zero acceptance."""
-    assert M.draft_counts([2, 1], [3, 3], {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 7}) == (7, 12, 4)
-    assert M.draft_counts([2, 1], [3, 3], {"drafts": None, "draft_tokens": None, "accepted_tokens": 7}) == (7, 6, 2)
-    assert M.draft_counts([], [], None) == (None, None, None)
+    assert ACC.draft_counts([2, 1], [3, 3], {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 7}) == (7, 12, 4)
+    assert ACC.draft_counts([2, 1], [3, 3], {"drafts": None, "draft_tokens": None, "accepted_tokens": 7}) == (7, 6, 2)
+    assert ACC.draft_counts([], [], None) == (None, None, None)
 
 
 def test_summary_and_turns_tables_carry_the_acceptance_columns():

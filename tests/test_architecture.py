@@ -22,6 +22,8 @@ PLUGINS = ("methods", "suites")
 LAYERS = [
     ("harness.sandbox", "harness.schema", "harness.yamlsafe"),
     ("harness.measure",),
+    ("harness.report",),
+    ("harness.gate",),
     ("harness.models",),
     ("harness.engine",),
     ("harness.registry",),

@@ -312,7 +312,7 @@ def test_an_engine_entry_is_refereed_against_the_harness_entry_its_referee_key_n
     """From the run configuration to the report: the `referee:` key travels in the manifest and pairs the engine's
     pld with the harness's (their deepest drafts differ, so only the key can pair them); every measured turn of the
     engine gets a row, held against the harness's vanilla for its output."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     fake_vllm("ok")
     suite = tmp_path / "q.jsonl"

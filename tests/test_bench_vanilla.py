@@ -6,8 +6,8 @@ inflate every speedup in the tables. Group ``vanilla-vs-generate`` compares the 
 eager ``generate``; group ``vanilla-vs-generate-compiled`` the compiled runtime (harness/engine/runtime.py) with
 transformers' own compiled generation (``cache_implementation="static"``: the decoding step compiled with static
 shapes over a static cache, the prefill eager), both through :func:`harness.gpucheck.generate_reference`, the
-reference gpu-check holds vanilla against on a GPU. On CPU that one runs with inductor's defaults: frozen weights (which the
-compiled runtime's packed linears need) would also freeze the static cache's buffers, and transformers makes a new
+reference gpu-check holds vanilla against on a GPU. On CPU that one runs with inductor's defaults: frozen weights (which
+the compiled runtime's packed linears need) would also freeze the static cache's buffers, and transformers makes a new
 cache per call, so a second call would read the first one's (index out of bounds, torch 2.13 / transformers 5.24).
 Compilation happens in the untimed warm-up round. In the normal test run (benchmarks disabled) each body runs once
 as a test.

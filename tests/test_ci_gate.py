@@ -16,7 +16,7 @@ import pytest
 
 from harness.cli import main
 from harness.engine.method import build_options
-from harness.measure.baseline import Side
+from harness.gate.baseline import Side
 from harness.registry import get_method
 from harness.run.config import config_from_dict, load_preset_dict
 

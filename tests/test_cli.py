@@ -277,7 +277,7 @@ def test_ctrl_c_while_the_report_is_written_says_the_records_are_complete(tmp_pa
                                                                            monkeypatch):
     """Ctrl-C after the last question, while the report was written, printed a bare "interrupted": it must say the
     records are complete and give the command that finishes the report (every report file is replaced whole)."""
-    import harness.measure.report as report_module
+    import harness.report.report as report_module
 
     def interrupted(run_dir, baseline_label=None, cost_per_hour=None):
         raise KeyboardInterrupt

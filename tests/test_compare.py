@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.measure import compare
-from harness.measure import metrics as M
-from harness.measure.baseline import (
+from harness.gate import compare
+from harness.gate.baseline import (
     Side,
     device_slug,
     ids_sha256,
@@ -35,7 +34,10 @@ from harness.measure.baseline import (
     save_baseline,
     slugify,
 )
-from harness.measure.compare import Thresholds, compare_sides, format_markdown, text_context
+from harness.gate.compare import Thresholds, compare_sides, text_context
+from harness.gate.formats import format_markdown
+from harness.measure import acceptance as ACC
+from harness.measure import metrics as M
 from harness.measure.metrics import first_difference
 
 QUESTIONS = ["1", "2", "3", "4", "5", "6", "7", "8"]
@@ -390,10 +392,10 @@ def test_ids_sha256_slugs_and_presets():
 
 
 def test_compare_metrics():
-    """The statistics the gate uses, on the examples of their docstrings (harness/measure/metrics.py): a wrong one
-    would gate τ or speed-up on a number other than the documented one."""
-    assert M.tau_pooled([6, 5], [3, 2]) == pytest.approx(M.tau([[1, 3, 2], [1, 4]])) == pytest.approx(2.2)
-    assert math.isnan(M.tau_pooled([], []))
+    """The statistics the gate uses, on the examples of their docstrings (harness/measure/metrics.py and
+    acceptance.py): a wrong one would gate τ or speed-up on a number other than the documented one."""
+    assert ACC.tau_pooled([6, 5], [3, 2]) == pytest.approx(ACC.tau([[1, 3, 2], [1, 4]])) == pytest.approx(2.2)
+    assert math.isnan(ACC.tau_pooled([], []))
     assert M.relative_change(1.9, 2.0) == pytest.approx(-0.05)
     assert math.isnan(M.relative_change(1.0, 0.0)) and math.isnan(M.relative_change(None, 1.0))
     assert M.per_question_speedups({"a": 30, "b": 10}, {"a": 10, "b": 20, "c": 5}).to_dict() == {"a": 3.0, "b": 0.5}
@@ -453,8 +455,8 @@ def test_acceptance_failures_hand_computed():
     # a position NEW never drafted fails; one BASE never drafted (NaN) is not gated
     assert [r for r, _ in compare.acceptance_failures(2.0, 2.0, acc, [0.7, 0.5], 0.05)] == ["position"]
     assert compare.acceptance_failures(2.0, 2.0, [0.7, math.nan], [0.7], 0.05) == []
-    assert M.acceptance_counts([[2, 0, 1]], [[3, 3, 1]]) == ([2, 1, 0], [3, 2, 2])
-    assert M.acceptance_pooled([[2, 1], [1]], [[3, 2], [1]]) == pytest.approx([0.75, 0.5])
+    assert ACC.acceptance_counts([[2, 0, 1]], [[3, 3, 1]]) == ([2, 1, 0], [3, 2, 2])
+    assert ACC.acceptance_pooled([[2, 1], [1]], [[3, 2], [1]]) == pytest.approx([0.75, 0.5])
     with pytest.raises(ValueError, match="acceptance-rtol must be in"):
         Thresholds(acceptance_rtol=1.5)
 

@@ -14,10 +14,11 @@ import math
 import pytest
 
 from harness.measure import metrics as M
-from harness.measure import report as R
-from harness.measure import tables as T
-from harness.measure.markdown import context_markdown
 from harness.measure.records import RecordStore
+from harness.report import context as CT
+from harness.report import report as R
+from harness.report import tables as T
+from harness.report.markdown import context_markdown
 
 
 def rec(label, bucket, wall, prefill, lengths, accepted=(), depths=(), timings=None, draft_kv=None):
@@ -72,7 +73,7 @@ def test_draft_kv_bytes():
 
 def test_context_table_per_bucket_numbers():
     """Every number of the module docstring; a prefill left inside decode tok/s would hide the decode loss."""
-    ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
+    ctx = CT.context_table(T.turns_table(RECORDS), n_boot=200)
     pld = ctx[ctx["label"] == "pld"].set_index("context_bucket")
     assert list(pld.index) == [512, 4096]
     assert pld.loc[512, "speedup"] == pytest.approx(2.0) and pld.loc[4096, "speedup"] == pytest.approx(0.8)
@@ -93,8 +94,8 @@ def test_context_table_per_bucket_numbers():
 def test_crossover_table_and_markdown():
     """pld crosses at 4096 with its CI wholly below 1.0, and so does its decode speed-up (2.67, then 0.67);
     vanilla, the baseline, has no row."""
-    ctx = T.context_table(T.turns_table(RECORDS), n_boot=200)
-    cross = T.crossover_table(ctx)
+    ctx = CT.context_table(T.turns_table(RECORDS), n_boot=200)
+    cross = CT.crossover_table(ctx)
     assert cross[["label", "crossover_bucket", "significant", "decode_crossover_bucket"]].values.tolist() == \
         [["pld", 4096, True, 4096]]
     md = context_markdown(ctx, cross)
@@ -138,7 +139,7 @@ def test_ablation_of_a_knob_is_per_bucket():
     """One ablation row per entry and input length, the speed-up against vanilla on that bucket's prompt: pooled over
     the buckets (one row per entry) window 0 would show τ 18 / 8 = 2.25, as window 32's 512 bucket, and hide that
     the window loses at 512 and wins at 4096; a speed-up against both buckets' vanilla would pair the wrong prompts."""
-    from harness.measure import ablation as A
+    from harness.report import ablation as A
 
     t = A.ablation_table(T.turns_table(WINDOW_RECORDS), n_boot=200)
     got = {(r["opt.draft_window"], r["context_bucket"]): [r["tau"], r["speedup"], r["acc@2"]]
@@ -154,7 +155,7 @@ def test_ablation_of_a_knob_is_per_bucket():
 
 def test_window_sweep_plots_against_both_knobs(tmp_path):
     """The report plots the knob with one line per bucket and the buckets with one line per window."""
-    from harness.measure import ablation as A
+    from harness.report import ablation as A
 
     RecordStore(tmp_path / "w").append(WINDOW_RECORDS)
     paths = A.write_ablation(tmp_path / "w", T.turns_table(WINDOW_RECORDS))

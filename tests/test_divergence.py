@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from harness.engine.sampling import SamplingParams
 from harness.measure import metrics as M
-from harness.measure.markdown import divergence_note
-from harness.measure.tables import divergence_table, summary_table, turns_table
 from harness.models import target_from_model
+from harness.report.markdown import divergence_note
+from harness.report.tables import divergence_table, summary_table, turns_table
 from methods.vanilla import Vanilla
 from tests.support.anymodel import tiny_causal_lm, tree_method
 from tests.test_engine import PROMPT, OracleBranched

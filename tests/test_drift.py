@@ -23,12 +23,14 @@ import pytest
 from harness.cli import main
 from harness.cli.report import report_ending
 from harness.engine.method import build_options
-from harness.measure import compare
-from harness.measure import metrics as M
-from harness.measure.baseline import Side, load_side, repeat_table, save_baseline
-from harness.measure.compare import Thresholds, compare_sides
-from harness.measure.markdown import collapse_warnings
+from harness.gate import compare
+from harness.gate.baseline import Side, load_side, repeat_table, save_baseline
+from harness.gate.compare import Thresholds, compare_sides
+from harness.gate.formats import format_text
+from harness.measure import acceptance as ACC
+from harness.measure import noise as NOISE
 from harness.registry import get_method
+from harness.report.markdown import collapse_warnings
 from harness.run.config import config_from_dict, load_preset_dict
 from tests.test_compare import MANIFEST, QUESTIONS, rec
 
@@ -74,16 +76,16 @@ def test_student_t_quantiles_and_the_prediction_band_hand_computed():
     2.2622, t_{0.995,1} = 63.6567); a normal quantile (2.576) would make a 5-repeat band 44% too narrow and cry wolf."""
     for p, df, t in ((0.995, 4, 4.6041), (0.995, 5, 4.0321), (0.975, 9, 2.2622), (0.995, 1, 63.6567),
                      (0.005, 4, -4.6041)):
-        assert M.student_t_quantile(p, df) == pytest.approx(t, abs=2e-4)
-    assert M.student_t_cdf(0.0, 7) == 0.5
+        assert NOISE.student_t_quantile(p, df) == pytest.approx(t, abs=2e-4)
+    assert NOISE.student_t_cdf(0.0, 7) == 0.5
     # the docstring's example: s = 0.0158, 4.604 × 0.0158 × √1.2 = 0.0797
-    mean, hw, n = M.prediction_band([2.00, 2.02, 1.98, 2.01, 1.99])
+    mean, hw, n = NOISE.prediction_band([2.00, 2.02, 1.98, 2.01, 1.99])
     assert (mean, n) == (pytest.approx(2.0), 5) and hw == pytest.approx(0.07975, abs=1e-4)
     # the mean of m = 5 new repeats is predicted more tightly: √(1/5 + 1/5) instead of √(1/5 + 1)
-    assert M.prediction_band([2.00, 2.02, 1.98, 2.01, 1.99], m=5)[1] == pytest.approx(hw * math.sqrt(0.4 / 1.2))
-    assert math.isnan(M.prediction_band([2.0, None])[1])
+    assert NOISE.prediction_band([2.00, 2.02, 1.98, 2.01, 1.99], m=5)[1] == pytest.approx(hw * math.sqrt(0.4 / 1.2))
+    assert math.isnan(NOISE.prediction_band([2.0, None])[1])
     with pytest.raises(ValueError, match="p must be in"):
-        M.student_t_quantile(1.0, 3)
+        NOISE.student_t_quantile(1.0, 3)
 
 
 def test_repeat_table_has_each_repeats_own_figures(tmp_path):
@@ -197,7 +199,7 @@ def test_the_speed_rule_uses_the_fitted_spread_of_the_speed_up(tmp_path):
     assert by_rule(cmp) == [("eagle2 / s1 / T=0", "speed")]
     assert "outside its fitted tolerance −0.123 (6 repeats)" in cmp.failures[0].message
     assert by_rule(compare_sides(base, slow, Thresholds(gate_speed=False))) == []
-    assert "fitted: 6 repeats" in compare.format_text(cmp)
+    assert "fitted: 6 repeats" in format_text(cmp)
 
 
 def test_baseline_save_says_whether_compare_will_fit(tmp_path, capsys):
@@ -220,7 +222,7 @@ def test_a_collapsed_acceptance_rate_fails_compare_naming_the_causes(tmp_path):
     assert collapse.cell == "eagle2 / s1 / T=0"
     assert collapse.message.startswith("acceptance collapse: eagle2's draft acceptance rate fell 0.583 -> 0.000")
     assert "precision" in collapse.message and "chat template" in collapse.message
-    assert not M.rate_collapsed(0.15, 0.583) and M.rate_collapsed(0.14, 0.583)
+    assert not ACC.rate_collapsed(0.15, 0.583) and ACC.rate_collapsed(0.14, 0.583)
 
 
 def test_a_run_summary_warns_of_a_collapse_in_text_markdown_and_html(tmp_path):
@@ -237,7 +239,7 @@ def test_a_run_summary_warns_of_a_collapse_in_text_markdown_and_html(tmp_path):
                            "of drafting steps (floor 5%)")
     assert "head/target mismatch" in line
 
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     run = write_repeats(tmp_path, "dead", [0], eagle_steps=NOTHING)
     paths = write_report(run)

@@ -1,4 +1,4 @@
-"""Every helper of harness.measure.formatting on literal inputs with the exact text expected: the report's summary.md,
+"""Every helper of harness.report.formatting on literal inputs with the exact text expected: the report's summary.md,
 the ablation table, ``draftbench compare`` and the comparison with a published table all read through them, so a
 change here changes every one of those files."""
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from harness.measure import formatting as F
+from harness.report import formatting as F
 
 
 def test_missing_is_none_and_nan_only():

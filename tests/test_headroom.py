@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from harness.engine.sampling import SamplingParams
-from harness.measure import markdown as MD
-from harness.measure import report as R
-from harness.measure import tables as T
 from harness.measure.trackers import Rapl, Tracker
 from harness.registry import get_method
+from harness.report import markdown as MD
+from harness.report import report as R
+from harness.report import tables as T
 from methods.oracle import oracle_tree
 from methods.vanilla import Vanilla
 from tests.support.helpers import check_generation, tiny_target

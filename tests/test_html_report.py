@@ -15,10 +15,10 @@ import subprocess
 import pandas as pd
 import pytest
 
-from harness.measure import html as H
-from harness.measure.browser import Browser, find_chromium
-from harness.measure.report import write_report
+from harness.report import html as H
+from harness.report.report import write_report
 from tests.support.ablation_run import write_run
+from tests.support.browser import Browser, find_chromium
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_page_is_self_contained_and_has_the_divergence_viewer(run):
 
 def test_divergences_literal():
     """first_token / first_char come from metrics.first_difference; an off-by-one would show the wrong spot."""
-    from harness.measure.tables import turns_table
+    from harness.report.tables import turns_table
     from tests.support.ablation_run import RECORDS
 
     div = H.divergences(turns_table(RECORDS), "vanilla")

@@ -1,4 +1,4 @@
-"""Load levels (harness/run/load.py, harness/measure/load.py, the load metrics of harness/measure/metrics.py): the
+"""Load levels (harness/run/load.py, harness/report/load.py, the load metrics of harness/measure/metrics.py): the
 metrics on literal per-token timestamps, the fake server's batching model turned into literal levels where a
 speculative engine pays at concurrency 1 and stops paying at 16, vLLM's arrival process, the prompts of each level,
 the ``load:`` block's checks, and one load run end to end against two fake servers (shape, resume, report)."""
@@ -13,8 +13,8 @@ import pytest
 
 from harness.backends.contract import EngineTurn
 from harness.measure import metrics as M
-from harness.measure.load import latest_levels, load_markdown, load_table, read_load_rows
-from harness.measure.report import write_report
+from harness.report.load import latest_levels, load_markdown, load_table, read_load_rows
+from harness.report.report import write_report
 from harness.run.config import ConfigError, MethodSpec, RunConfig, check_slots, config_from_dict
 from harness.run.load import _row, arrival_offsets, level_questions, load_order
 from harness.run.runner import run

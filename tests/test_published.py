@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.measure.tables import turns_table
 from harness.published.against import (
     AgainstError,
     compare_load,
@@ -20,6 +19,7 @@ from harness.published.against import (
     plot_against,
 )
 from harness.published.tables import TableError, load_table, table_from_dict, table_names
+from harness.report.tables import turns_table
 from harness.run import suites
 from harness.run.chat import resolve_chat_template
 from harness.run.suites import DataError, fetch_suite, load_suite, suite_info

@@ -133,7 +133,7 @@ def measured(qid, turn, n_turns, new=4, wall=1.0, **extra):
 def test_report_counts_every_question_after_a_corrupt_line_and_names_the_line(tmp_path):
     """Four one-turn questions with a corrupt line after the first: the report must measure all four (it showed 1)
     and say in summary.md which line it skipped."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     run = tmp_path / "run"
     run.mkdir()
@@ -150,7 +150,7 @@ def test_report_counts_every_question_after_a_corrupt_line_and_names_the_line(tm
 def test_report_leaves_out_an_incomplete_question(tmp_path):
     """q2 has turn 0 of its two turns: measuring it would mix a half question into the means (q1: 8 tokens in
     2 s = 4 tok/s; q2's lone turn 4 tokens in 0.1 s would lift the mean to 22)."""
-    from harness.measure.tables import summary_table, turns_table
+    from harness.report.tables import summary_table, turns_table
 
     recs = [measured("1", 0, 2), measured("1", 1, 2, wall=1.0), measured("2", 0, 2, wall=0.1)]
     row = summary_table(turns_table(recs)).iloc[0]
@@ -161,7 +161,7 @@ def test_report_leaves_out_an_incomplete_question(tmp_path):
 def test_quality_is_not_averaged_over_the_answers_that_happened_to_score(tmp_path):
     """q1 scored 1.0 and q2's scorer failed: a quality of 1.0 would hide the failure; it must be NaN, with the
     failure counted and q2 still measured for speed (its generation is fine)."""
-    from harness.measure.tables import questions_table, summary_table, turns_table
+    from harness.report.tables import questions_table, summary_table, turns_table
 
     recs = [measured("1", 0, 1, score=1.0, score_name="exact"),
             measured("2", 0, 1, score_name="exact", score_error="RuntimeError: scorer exploded")]
@@ -205,7 +205,7 @@ BROKEN = [  # (what is changed in question 2's record, the reason the reader mus
 def test_a_hand_broken_record_is_one_named_line_and_the_report_still_runs(tmp_path, change, reason):
     """Each of these used to end in a traceback, a silently dropped question (changing the other labels' speed-ups
     with no note), a row labelled nan, or counters that contradict each other passing unnoticed."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     run = tmp_path / "run"
     run.mkdir()
@@ -281,7 +281,7 @@ def test_a_lone_surrogate_or_nul_in_a_turns_text_is_stored_and_read_back(tmp_pat
 def test_a_record_holding_a_lone_surrogate_does_not_stop_the_report(tmp_path):
     """A record whose text held an escaped lone surrogate made `report` (and `compare`) refuse the whole run with
     "'utf-8' codec can't encode character '\\ud800'": the report must be built and show the text escaped."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     write_lines(tmp_path / "records.jsonl", [json.dumps(measured("1", 0, 1, output_text="x\ud800")).encode()])
     paths = write_report(tmp_path)

@@ -1,4 +1,4 @@
-"""The referee (harness/measure/referee.py): an engine entry held against the harness's own method on literal records.
+"""The referee (harness/report/referee.py): an engine entry held against the harness's own method on literal records.
 
 The run (suite s1, greedy, bfloat16, one-turn questions q1 and q2):
 
@@ -23,9 +23,9 @@ import pytest
 
 from harness.measure import metrics as M
 from harness.measure import records as R
-from harness.measure import referee as RF
-from harness.measure import tables as T
-from harness.measure.report import write_report
+from harness.report import referee as RF
+from harness.report import tables as T
+from harness.report.report import write_report
 from harness.run.config import ConfigError, config_from_dict
 from tests.test_report import MANIFEST, rec, write_run
 

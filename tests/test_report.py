@@ -25,9 +25,9 @@ import math
 import pandas as pd
 import pytest
 
-from harness.measure import markdown as MD
-from harness.measure import report as R
-from harness.measure import tables as T
+from harness.report import markdown as MD
+from harness.report import report as R
+from harness.report import tables as T
 
 MANIFEST = {
     "run_id": "run-1",
@@ -183,7 +183,7 @@ def test_write_report_names_missing_records(tmp_path):
 def test_parquet_accepts_a_column_mixing_names_and_rank_paths(tmp_path):
     # option "tree" is a name for one method and explicit rank paths for another: the tables must still be written
     # (Arrow refuses such a column; the 80-question MT-bench run lost its report to this) and keep both values
-    from harness.measure.report import _write_table
+    from harness.report.report import _write_table
 
     # (suffix's ``tree`` is a boolean in the same column: the every-method preset lost its report to that)
     df = pd.DataFrame({"label": ["eagle1", "medusa", "suffix", "vanilla"],
@@ -203,7 +203,7 @@ def test_a_pipe_in_a_label_does_not_break_summary_md_rows(tmp_path):
     paths = R.write_report(write_run(tmp_path, records))
     md = paths["summary_md"].read_text()
     assert "| medusa\\|typical † | 4.00× / 2.00 |" in md
-    from harness.measure.formatting import markdown_cells
+    from harness.report.formatting import markdown_cells
 
     tables: list[list[str]] = []
     for line in md.splitlines():

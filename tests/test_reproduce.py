@@ -267,7 +267,7 @@ def test_an_engine_table_reproduced_against_running_servers(tmp_path, capsys):
     accepted (speed-up 1.75 at concurrency 1 by the fake's model, tests/support/fake_openai_server.py). The run must
     write one load row per request at each batch size, the manifest's reproduction, and the comparison with the
     throughput ratios of tables/load.csv; `report RUN --against` must find the same rows again."""
-    from harness.measure.load import read_load_rows
+    from harness.report.load import read_load_rows
 
     made = [serve(Fake("step_ms=20,batch_cost=0.05")), serve(Fake("step_ms=20,batch_cost=0.05,spec=3,accept=1"))]
     try:
@@ -309,7 +309,7 @@ def test_an_engine_table_reproduced_in_launched_servers(tmp_path, monkeypatch, c
     another configuration than the table's."""
     from harness.backends import launch
     from harness.backends import vllm as V
-    from harness.measure.load import read_load_rows
+    from harness.report.load import read_load_rows
 
     fake = str(REPO / "tests" / "support" / "fake_openai_server.py")
     seen = []

@@ -165,7 +165,7 @@ def test_report_files_follow_the_umask(tmp_path):
 def test_report_does_not_write_through_a_linked_tables_folder(tmp_path):
     """tables/ as a symbolic link to another folder: `report` wrote its CSV and parquet files into that folder. It
     must refuse by name and write nothing there."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -184,7 +184,7 @@ def test_report_does_not_write_through_a_linked_tables_folder(tmp_path):
 def test_names_read_from_records_never_lead_a_plot_out_of_the_run(tmp_path):
     """An ablation plot is named after the records' method: a method "../../../escaped" wrote
     ablation_../../../escaped_mode.png three folders up, outside the run. Every plot must land in the run's plots/."""
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
     from tests.support.ablation_run import RECORDS, write_run
 
     hostile = [{**r, "method": "../../../escaped"} if r["method"] == "jakiro" else r for r in RECORDS]
@@ -198,7 +198,7 @@ def test_names_read_from_records_never_lead_a_plot_out_of_the_run(tmp_path):
 def test_export_does_not_write_through_a_linked_exports_folder(tmp_path):
     """exports/ as a symbolic link to another folder: `draftbench export` wrote its file there. It must refuse by
     name and write nothing there."""
-    from harness.measure.baseline import export_run
+    from harness.gate.baseline import export_run
     from tests.support.ablation_run import write_run
 
     elsewhere = tmp_path / "elsewhere"

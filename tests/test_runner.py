@@ -310,11 +310,11 @@ def test_new_run_dir_is_created_at_once_with_a_unique_name(tmp_path, monkeypatch
     """Two runs started in the same second chose the same name before either created it (both exited 0, one
     manifest overwritten). Choosing must create the directory exclusively, the second one getting "-2"."""
     from harness.measure import env
-    from harness.run import runner
+    from harness.run.manifest import new_run_dir
 
     monkeypatch.setattr(env, "now_iso", lambda: "2025-01-01T00:00:00+00:00")
     cfg = RunConfig(output_dir=str(tmp_path / "results"))
-    a, b = runner.new_run_dir(cfg), runner.new_run_dir(cfg)
+    a, b = new_run_dir(cfg), new_run_dir(cfg)
     assert a.name == f"20250101T000000Z-{cfg.digest()}" and b.name == f"{a.name}-2"
     assert a.is_dir() and b.is_dir()
 
@@ -390,7 +390,7 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_holder(tmp_path, suite_f
 def test_a_run_killed_while_its_model_loaded_says_there_is_nothing_to_resume(tmp_path):
     """kill -9 during model load leaves a run directory with no manifest (and the lock file): --resume called it
     "not a run directory", which reads like a typo in the path."""
-    from harness.run.runner import resume_manifest
+    from harness.run.manifest import resume_manifest
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / ".lock").write_text("draftbench pid 1 on host since 2026-12-01T00:00:00+00:00\n")

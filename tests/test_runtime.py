@@ -37,10 +37,10 @@ from harness.engine.runtime import (
     target_runner,
 )
 from harness.engine.tree import ancestor_matrix, slot_depths
-from harness.measure import markdown as MD
-from harness.measure import tables as T
-from harness.measure.ablation import ablation_table
 from harness.measure.records import baseline_labels
+from harness.report import markdown as MD
+from harness.report import tables as T
+from harness.report.ablation import ablation_table
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from tests.support.helpers import (
     GREEDY,

@@ -37,11 +37,12 @@ from harness.backends.prometheus import (
     server_kind,
     trtllm_counters,
 )
-from harness.backends.served import ServedBackend, check_options, request_totals, sglang_steps
+from harness.backends.replies import request_totals, sglang_steps
+from harness.backends.served import ServedBackend, check_options
 from harness.cli import build_parser
 from harness.cli.run import config_from_args
 from harness.measure.records import read_records
-from harness.measure.report import write_report
+from harness.report.report import write_report
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import RunInterrupted, run
 from tests.support.fake_openai_server import Fake, serve
@@ -511,7 +512,7 @@ def test_a_run_stores_no_password_and_a_resumed_run_takes_it_from_the_environmen
     and per entry); the configuration the run uses keeps it. A masked URL (a resumed run, rebuilt from its manifest)
     is refused in one line naming DRAFTBENCH_SERVER_PASSWORD, and with it reaches the server with the real password.
     Were the manifest to keep it, every shared run folder or CI artefact would publish the server's password."""
-    from harness.backends.served import PASSWORD_ENV
+    from harness.backends.exchange import PASSWORD_ENV
     from harness.run.config import config_from_dict
 
     state, url = fake

@@ -17,8 +17,8 @@ from harness.engine.speculationstop import SpeculationStop
 from harness.engine.speculative import SpeculativeMethod, with_engine_options
 from harness.engine.tree import chain_tree
 from harness.measure.records import read_records
-from harness.measure.tables import turns_table
 from harness.registry import get_method
+from harness.report.tables import turns_table
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
 from methods.eagle.checkpoint import save_eagle_head

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.measure.report import write_report
+from harness.report.report import write_report
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import run
 from harness.run.suites import DataError, fetch_suite, load_suite, suite_info

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness.cli import main
-from harness.measure.metrics import paired_rate_difference_ci
+from harness.measure.noise import paired_rate_difference_ci
 from harness.train.evaluate import eval_heads, show
 from harness.train.features import build_dataset, file_sha256
 from harness.train.loop import TrainConfig, train

@@ -9,8 +9,9 @@ selects one (:func:`create_backend`); ``engine: harness``, the default, runs the
 
 Modules: ``contract`` (the per-turn data every backend returns, the engines and their acceptance conventions),
 ``vllm`` (vLLM in process, through ``worker``, a JSON-lines worker process, running ``vllm_worker`` in vLLM's own
-venv), ``served`` (any OpenAI-compatible server), ``prometheus`` (a server's ``/metrics`` counters) and ``launch``
-(a server started for a run and stopped at its end).
+venv), ``served`` (any OpenAI-compatible server; ``exchange``, its bounded HTTP exchanges, and ``replies``, what a
+server answers, checked), ``prometheus`` (a server's ``/metrics`` counters) and ``launch`` (a server started for a
+run and stopped at its end).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def create_backend(engine: str, method: str, options: Any, given: set[str], targ
 def _served_backend(method: str, options: Any, given: set[str], target: str, target_path: str, dtype: str,
                     engine_options: dict[str, Any] | None, positions: int | None,
                     window: int | None = None, vocab: int | None = None) -> Backend:
-    from harness.backends.served import OPTIONS, ServedBackend, masked, option_flags
+    from harness.backends.exchange import masked
+    from harness.backends.served import OPTIONS, ServedBackend, option_flags
 
     opts, spec, speculative = _served_options(method, options, given, target, engine_options)
     if opts.get("launch") is None:

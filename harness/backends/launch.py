@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.backends.contract import BackendError, EngineError
-from harness.backends.served import wait_ready
+from harness.backends.exchange import wait_ready
 from harness.backends.vllm_worker import CPU_DEFAULTS
 
 STARTUP_TIMEOUT_S = 900.0  # loading takes about a minute on 2 CPU cores; a first CPU compile can take longer

@@ -26,7 +26,7 @@ The counters, by engine (the names the engines' own documentation and source giv
   ``srt/observability/metrics_collector.py``): ``sglang:spec_accept_length`` and ``sglang:spec_accept_rate`` are
   gauges (running means), which cannot be diffed around one request, and ``sglang:spec_verify_calls_total``
   counts verification forwards with no accepted tokens beside it: n/a here; the served client reads each request's
-  own ``spec_tokens_details`` instead (:func:`harness.backends.served.sglang_steps`);
+  own ``spec_tokens_details`` instead (:func:`harness.backends.replies.sglang_steps`);
 * ``trtllm-serve`` (NVIDIA/TensorRT-LLM; read in its source and tested against a fake server only
   (tests/support/fake_openai_server.py), not run here: it needs an NVIDIA GPU): its
   ``/metrics`` is not the exposition format but a JSON array of engine iterations (:func:`read_trtllm`), those

@@ -65,25 +65,17 @@ longer what it was when the run started.
 A server's numbers are measured, not believed (:meth:`ServedBackend.stream`): the turn's tokens are the ids or
 chunks of text that arrived, each id an integer within the target's vocabulary; ``usage.completion_tokens`` is
 checked against them and the request's budget; a stream past the budget is an error, read no further; per-request
-counts are checked against the turn's tokens (:func:`_checked_per_request`); counters are finite whole numbers that
+counts are checked against the turn's tokens (:func:`checked_per_request`); counters are finite whole numbers that
 never go backwards, their ``position`` labels below :data:`harness.backends.prometheus.MAX_DRAFT_POSITIONS`. Each
-exchange is bounded as a whole (:class:`_Exchange`): ``timeout_s`` the turn, ``startup_timeout_s`` the wait for the
+exchange is bounded as a whole (:class:`Exchange`): ``timeout_s`` the turn, ``startup_timeout_s`` the wait for the
 server; and so is what is read (:data:`LINE_MAX_BYTES`, :data:`STREAM_MAX_BYTES`, :data:`BODY_MAX_BYTES`).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
-import http.client
 import json
-import os
-import socket
-import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.backends.contract import (
@@ -94,10 +86,19 @@ from harness.backends.contract import (
     TurnRequest,
     steps_from_counters,
 )
+from harness.backends.exchange import (
+    LINE_MAX_BYTES,
+    STREAM_MAX_BYTES,
+    Exchange,
+    Late,
+    http_get,
+    masked,
+    unmasked,
+    wait_ready,
+)
 from harness.backends.prometheus import (
     COUNTERS,
     ITERATIONS,
-    MAX_DRAFT_POSITIONS,
     TRTLLM,
     TRTLLM_FIELDS,
     CounterError,
@@ -109,6 +110,7 @@ from harness.backends.prometheus import (
     server_kind,
     trtllm_counters,
 )
+from harness.backends.replies import checked_count, checked_field, checked_per_request, request_totals, sglang_steps
 from harness.measure.records import UNORDERED_STEPS
 
 OPTIONS = ("server_url", "launch", "model", "api", "timeout_s", "startup_timeout_s", "gguf")  # this backend's own
@@ -121,12 +123,6 @@ FLAG_OPTIONS = {"sglang": {"head": "speculative_draft_model_path"}}
 APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TIMEOUT_S = 900.0        # a turn (its request, its stream and its counter readings) not over by then failed
 READY_TIMEOUT_S = 30.0   # a server at server_url that is still loading: how long to wait for /health
-# what the harness reads of a server at most: one streamed line, one turn's stream, one GET answer's body (/metrics,
-# /v1/models...); past any, the exchange fails at once, read no further (memory bounded whatever a server sends).
-# A line has room for llama.cpp's last verbose chunk, which echoes the prompt (a long-context one, JSON-escaped)
-LINE_MAX_BYTES = 4 << 20
-STREAM_MAX_BYTES = 256 << 20
-BODY_MAX_BYTES = 8 << 20
 SETTLE_S = 0.05          # counters are re-read until two readings this far apart agree (a server updates them late)
 SETTLE_MAX_S = 2.0
 # llama.cpp's own request field: each streamed chunk of /v1/completions carries its token id (``__verbose.tokens``)
@@ -187,308 +183,6 @@ def option_flags(launch: str | None, options: Any, given: set[str]) -> dict[str,
     values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
     return {flag: values[option] for option, flag in FLAG_OPTIONS.get(launch, {}).items()
             if option in given and values.get(option) is not None}
-
-
-class _Late(BackendError):
-    """An exchange that ran past its deadline (:class:`_Exchange`)."""
-
-
-# where a resumed run's server password comes from: the manifest stores every server URL masked (:func:`masked`)
-PASSWORD_ENV = "DRAFTBENCH_SERVER_PASSWORD"
-
-
-def masked(url: str) -> str:
-    """``url`` with the password of its user part, if any, as ``***``: what every message, manifest and record
-    shows. Everything between the first ``:`` of the user part and the last ``@`` counts as the password, so that
-    one with an unescaped ``/`` or ``@`` is masked too.
-    Examples: "http://user:pass@h:8000" -> "http://user:***@h:8000"; "http://h:8000" -> "http://h:8000"."""
-    scheme, sep, rest = url.partition("://")
-    at = rest.rfind("@")
-    if not sep or at < 0:
-        return url
-    user, colon, _ = rest[:at].partition(":")
-    return f"{scheme}://{user}:***@{rest[at + 1:]}" if colon else url
-
-
-class _Exchange:
-    """One HTTP request to a server, bounded as a whole by ``deadline`` (:func:`time.monotonic` seconds): the
-    connection, the request, the answer's headers and every read of its body. A watchdog shuts the socket down at
-    the deadline, so a server that drips its bytes (headers, a body, a stream) cannot hold a read past it; a
-    socket timeout alone bounds one read, not the exchange. The user part of ``url`` (``http://user:pass@host``)
-    is sent as HTTP basic authentication and shown masked (:func:`masked`). No proxy: the harness talks to the
-    server itself (a proxy in between would be measured too). ``limit_s``: the bound, for the message."""
-
-    def __init__(self, method: str, url: str, deadline: float, limit_s: float, body: bytes | None = None,
-                 headers: dict[str, str] | None = None):
-        self.what, self.limit_s, self.expired = f"{method} {masked(url)}", limit_s, False
-        self.conn = self.sock = self.response = self.timer = self.password = None
-        try:
-            parts = urllib.parse.urlsplit(url)
-            port = parts.port
-        except ValueError:
-            raise BackendError(f"{self.what}: not a URL the harness can reach (its host or port)") from None
-        self.password = urllib.parse.unquote(parts.password or "") or None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise BackendError(f"{self.what}: not an http:// or https:// URL with a host")
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise self.late()
-        auth = {}
-        if parts.username is not None:
-            user = f"{urllib.parse.unquote(parts.username)}:{self.password or ''}"
-            auth["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = kind(parts.hostname, port, timeout=remaining)
-        self.timer = threading.Timer(remaining, self._expire)
-        self.timer.daemon = True
-        self.timer.start()
-        try:
-            self.conn.connect()
-            self.sock = self.conn.sock  # the response keeps using it after the connection lets go of it
-            if self.expired:  # the watchdog fired while connecting, before it had a socket to shut
-                raise self.late()
-            self.conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body=body,
-                              headers={**auth, **(headers or {})})
-            self.response = self.conn.getresponse()
-        except BaseException as e:
-            self.close()
-            if isinstance(e, Exception):
-                raise self.failure(e) from None
-            raise
-
-    def _expire(self) -> None:
-        self.expired = True
-        with contextlib.suppress(OSError, AttributeError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
-    def late(self) -> _Late:
-        return _Late(f"{self.what}: no answer within {self.limit_s:g} s")
-
-    def failure(self, exc: Exception) -> BackendError:
-        """One line for a failed exchange (never the password, even where an exception quotes the URL)."""
-        if self.expired or isinstance(exc, (TimeoutError, socket.timeout)):
-            return self.late()
-        if isinstance(exc, BackendError):
-            return exc
-        if isinstance(exc, ConnectionRefusedError):
-            return BackendError(f"{self.what}: connection refused (is the server running?)")
-        text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        if isinstance(exc, http.client.HTTPException):
-            text = f"{type(exc).__name__}: {text}"
-        if self.password:
-            text = text.replace(self.password, "***")
-        return BackendError(f"{self.what}: {text[:200]}")
-
-    def read1(self) -> bytes:
-        """The next bytes of the body (b"" at its end)."""
-        try:
-            data = self.response.read1(65536)
-        except Exception as e:
-            raise self.failure(e) from None
-        if self.expired:
-            raise self.late()
-        return data
-
-    def body(self, limit: int, cut: bool = False) -> bytes:
-        """The whole body, at most ``limit`` bytes: a longer one is a BackendError, or with ``cut`` its start."""
-        out = bytearray()
-        while data := self.read1():
-            out += data
-            if len(out) > limit:
-                if cut:
-                    return bytes(out[:limit])
-                raise BackendError(f"{self.what} answered a body over {limit} bytes: refused")
-        return bytes(out)
-
-    def lines(self, line_limit: int, total_limit: int) -> Iterator[bytes]:
-        """The body's lines (without their newline), none longer than ``line_limit`` bytes and all of them at most
-        ``total_limit`` bytes: past either, a BackendError, read no further."""
-        buf, total = bytearray(), 0
-        while data := self.read1():
-            total += len(data)
-            if total > total_limit:
-                raise BackendError(f"{self.what} streamed over {total_limit} bytes: refused, read no further")
-            scanned = len(buf)
-            buf += data
-            start = 0
-            while (end := buf.find(b"\n", max(start, scanned))) >= 0:
-                yield bytes(buf[start:end])
-                start = end + 1
-            del buf[:start]
-            if len(buf) > line_limit:
-                raise BackendError(f"{self.what} streamed a line over {line_limit} bytes without its end: refused, "
-                                   "read no further")
-        if buf:
-            yield bytes(buf)
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        for part in (self.response, self.conn):
-            if part is not None:
-                with contextlib.suppress(Exception):
-                    part.close()
-
-
-def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """GET ``url``, the whole exchange within ``timeout`` s: (status, body); an HTTP error status is returned, not
-    raised; no answer in time, or a body over :data:`BODY_MAX_BYTES`, is a BackendError."""
-    exchange = _Exchange("GET", url, time.monotonic() + timeout, timeout)
-    try:
-        status = exchange.response.status
-        return status, exchange.body(BODY_MAX_BYTES, cut=status != 200).decode(errors="replace")
-    finally:
-        exchange.close()
-
-
-def wait_ready(url: str, timeout: float, alive: Callable[[], None] | None = None) -> None:
-    """Wait until ``url``/health answers 200 (a server without /health: until /v1/models does), within ``timeout``
-    s as a whole (each try gets what is left, at most 10 s: a server that drips its answer cannot stretch it).
-    ``alive``: for a server the harness started, called between tries, raises when its process has died; a refused
-    connection is then retried (a starting server does not listen yet), while for a server started elsewhere it is
-    the error at once. Any other failure is retried until ``timeout``; the last one is the error."""
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while True:
-        if alive is not None:
-            alive()
-        try:
-            left = deadline - time.monotonic()
-            if left > 0:
-                status, body = http_get(url + "/health", min(10.0, left))
-                if status == 404:
-                    status, body = http_get(url + "/v1/models", min(10.0, max(deadline - time.monotonic(), 0.01)))
-                if status == 200:
-                    return
-                last = f"GET /health answered HTTP {status} {body.strip()[:80]}".rstrip()
-        except BackendError as e:
-            if alive is None and "connection refused" in str(e):
-                raise
-            last = str(e)
-        if time.monotonic() >= deadline:
-            raise BackendError(f"the server at {masked(url)} is not ready after {timeout:g} s: {last}")
-        time.sleep(min(0.25, max(deadline - time.monotonic(), 0.0)))
-
-
-def _field(value: Any, kind: type, field: str, what: str) -> Any:
-    """``value`` where it is a ``kind``, else a BackendError naming the server (``what``) and the field."""
-    if not isinstance(value, kind) or isinstance(value, bool):
-        wanted = {list: "a list", dict: "an object", str: "text"}.get(kind, kind.__name__)
-        sent = json.dumps(value) if _jsonable(value) else repr(value)
-        raise BackendError(f"{what} sent {field} {sent[:60]}, not {wanted}")
-    return value
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def _count(value: Any, field: str, what: str, most: int | None = None) -> int:
-    """``value`` where it is a count (an integer >= 0, not a float or a boolean) of at most ``most``, else a
-    BackendError naming the server (``what``) and the field."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BackendError(f"{what} sent {field} {str(value)[:40]}, not a count (an integer >= 0)")
-    if most is not None and value > most:
-        raise BackendError(f"{what} sent {field} {value}, more than {most} (the turn's tokens or the deepest draft "
-                           "position): not this turn's count")
-    return value
-
-
-def _checked_per_request(per_request: dict[str, Any], tokens: int, what: str) -> dict[str, Any]:
-    """A turn's per-request metrics (:meth:`ServedBackend.stream`), every count checked: whole numbers >= 0 (not
-    floats, booleans or NaN), no more steps or verification forwards than the turn's ``tokens`` (each yields at
-    least one), no step deeper than :data:`MAX_DRAFT_POSITIONS`, no more accepted than drafted tokens. A count
-    that is not one is a BackendError naming the server (``what``) and the field; a list or histogram is never
-    expanded from a server's number before it is checked."""
-    spec = "metrics.speculative_decoding"
-    for key in ("per_step_accepted", "per_step_drafted"):
-        if per_request.get(key) is not None:
-            steps = _field(per_request[key], list, f"{spec}.{key}", what)
-            _count(len(steps), f"{spec}.{key}'s length", what, tokens)
-            for v in steps:
-                _count(v, f"{spec}.{key}[]", what, MAX_DRAFT_POSITIONS)
-    timings = per_request.get("timings")
-    if isinstance(timings, dict) and (timings.get("draft_n") is not None or timings.get("draft_n_accepted")
-                                      is not None):
-        drafted = _count(timings.get("draft_n"), "timings.draft_n", what)
-        _count(timings.get("draft_n_accepted"), "timings.draft_n_accepted", what, drafted)
-    details = per_request.get("sglang")
-    if details is not None:
-        where = "sglext.spec_tokens_details"
-        for key in ("spec_verify_ct", "spec_num_proposed_drafts", "spec_num_correct_drafts"):
-            if details.get(key) is not None:
-                _count(details[key], f"{where}.{key}", what, tokens if key == "spec_verify_ct" else None)
-        if details.get("spec_correct_drafts_histogram") is not None:
-            hist = _field(details["spec_correct_drafts_histogram"], list, f"{where}.spec_correct_drafts_histogram",
-                          what)
-            _count(len(hist), f"{where}.spec_correct_drafts_histogram's length", what, MAX_DRAFT_POSITIONS + 1)
-            _count(sum(_count(h, f"{where}.spec_correct_drafts_histogram[]", what) for h in hist),
-                   f"{where}.spec_correct_drafts_histogram's sum", what, tokens)
-    return per_request
-
-
-def request_totals(per_request: dict[str, Any]) -> tuple[int, int] | None:
-    """(drafted, accepted) tokens of one request from llama.cpp's per-request ``timings`` (``draft_n``,
-    ``draft_n_accepted``, which llama-server sends on the last chunk of a request that drafted); None where either
-    is missing (n/a, never 0). Example: {"timings": {"predicted_n": 16, "draft_n": 12, "draft_n_accepted": 9}} ->
-    (12, 9); {"timings": {"predicted_n": 16}} -> None."""
-    timings = per_request.get("timings")
-    drafted, accepted = (timings.get("draft_n"), timings.get("draft_n_accepted")) if isinstance(timings, dict) else (
-        None, None)
-    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (drafted, accepted)):
-        return drafted, accepted
-    return None
-
-
-def sglang_steps(details: dict[str, Any]) -> dict[str, Any] | None:
-    """A turn's acceptance from SGLang's per-request ``spec_tokens_details`` (its ``sglext`` with
-    ``return_spec_tokens_details``): ``spec_verify_ct`` verification forwards, ``spec_num_proposed_drafts`` drafted
-    tokens (verify_ct x (num_draft_tokens - 1), SGLang's own count), ``spec_num_correct_drafts`` accepted ones (the
-    bonus token not counted) and ``spec_correct_drafts_histogram`` (h[j]: forwards that accepted exactly j drafts),
-    from which the per-step accepted counts follow, listed from most to fewest accepted (SGLang does not send
-    their order). None where the four disagree (n/a, never a guess), checked before any list is built from them
-    (a histogram whose forwards are not ``spec_verify_ct`` is None; the served client has checked both against
-    the turn's tokens, :func:`_checked_per_request`, so no list is longer than the turn).
-
-    Example: {"spec_verify_ct": 3, "spec_num_proposed_drafts": 9, "spec_num_correct_drafts": 4,
-    "spec_correct_drafts_histogram": [1, 0, 2]} -> {"drafts": 3, "draft_tokens": 9, "accepted_tokens": 4,
-    "accepted_per_pos": [2, 2, 0], "accepted_steps": [2, 2, 0], "drafted_steps": [3, 3, 3]}.
-    """
-    verify, proposed, correct, hist = (details.get(k) for k in (
-        "spec_verify_ct", "spec_num_proposed_drafts", "spec_num_correct_drafts", "spec_correct_drafts_histogram"))
-    if not (isinstance(verify, int) and isinstance(proposed, int) and isinstance(correct, int)
-            and isinstance(hist, list) and verify > 0 and proposed % verify == 0):
-        return None
-    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hist) or sum(hist) != verify:
-        return None  # checked before the steps are listed: no list as long as a server's number
-    steps = [j for j in range(len(hist) - 1, -1, -1) for _ in range(hist[j])]
-    if len(steps) != verify or sum(steps) != correct or any(j > proposed // verify for j in steps):
-        return None
-    k = proposed // verify
-    return {"drafts": verify, "draft_tokens": proposed, "accepted_tokens": correct,
-            "accepted_per_pos": [sum(j > i for j in steps) for i in range(k)], "accepted_steps": steps,
-            "drafted_steps": [k] * verify}
-
-
-def unmasked(url: str) -> str:
-    """``url`` ready to be requested: as given, or, where its password is the mask ``***`` (a run resumed from its
-    manifest, which never stores a password), with the password from ``$DRAFTBENCH_SERVER_PASSWORD``; without that
-    variable, one :class:`BackendError` line saying how to give it. Example: "http://u:***@h:8000" with the variable
-    "s3cret" -> "http://u:s3cret@h:8000"."""
-    if masked(url) != url or ":***@" not in url:
-        return url
-    password = os.environ.get(PASSWORD_ENV)
-    if not password:
-        raise BackendError(f"{url}: the run stores server passwords masked; set {PASSWORD_ENV} to the server's "
-                           f"password to resume it")
-    scheme, _, rest = url.partition("://")
-    at = rest.rfind("@")
-    user = rest[:at].partition(":")[0]
-    return f"{scheme}://{user}:{urllib.parse.quote(password, safe='')}@{rest[at + 1:]}"
 
 
 class ServedBackend(Backend):
@@ -794,7 +488,7 @@ class ServedBackend(Backend):
         Measured, not believed: the turn's tokens are those that arrived (ids, or chunks of text), each id an
         integer within the target's vocabulary (``vocab``); the server's ``usage.completion_tokens`` is checked
         against them and against the request's budget, and every per-request count against the turn's tokens
-        (:func:`_checked_per_request`). A stream that goes past the budget is read no further and the turn is an
+        (:func:`checked_per_request`). A stream that goes past the budget is read no further and the turn is an
         error, not a turn cut to the budget: the server did not run the request it was sent (``max_tokens``), goes
         on generating after the harness stops reading, and its counters then hold tokens no record has, so its
         speed and acceptance would belong to another turn. Every failure is a BackendError naming the server (its
@@ -814,7 +508,7 @@ class ServedBackend(Backend):
         start = time.perf_counter()
         exchange = None
         try:
-            exchange = _Exchange("POST", self.endpoint + path, deadline, self.timeout,
+            exchange = Exchange("POST", self.endpoint + path, deadline, self.timeout,
                                  json.dumps(self.payload(request)).encode(),
                                  {"Content-Type": "application/json", "Accept": "text/event-stream"})
             response = exchange.response
@@ -843,7 +537,7 @@ class ServedBackend(Backend):
                     raise BackendError(f"{what} sent an error mid-stream after {len(times)} tokens: "
                                        f"{json.dumps(err)[:200]}")
                 if chunk.get("usage") is not None:
-                    usage = _field(chunk["usage"], dict, "usage", what)
+                    usage = checked_field(chunk["usage"], dict, "usage", what)
                 verbose = chunk.get("__verbose")  # llama.cpp: a partial chunk's own token ids (the last's: [])
                 verbose_ids = verbose.get("tokens") if isinstance(verbose, dict) else None
                 metrics = chunk.get("metrics")
@@ -854,13 +548,13 @@ class ServedBackend(Backend):
                 sglext = chunk.get("sglext")  # SGLang: the request's own statistics, in a chunk of their own
                 if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
                     per_request = {**per_request, "sglang": sglext["spec_tokens_details"]}
-                for choice in _field(chunk.get("choices") or [], list, "choices", what):
-                    choice = _field(choice, dict, "choices[]", what)
+                for choice in checked_field(chunk.get("choices") or [], list, "choices", what):
+                    choice = checked_field(choice, dict, "choices[]", what)
                     key = "text" if "text" in choice else "delta.content"
-                    piece = choice.get("text") if "text" in choice else _field(
+                    piece = choice.get("text") if "text" in choice else checked_field(
                         choice.get("delta") or {}, dict, "choices[].delta", what).get("content")
                     if piece is not None:
-                        _field(piece, str, f"choices[].{key}", what)
+                        checked_field(piece, str, f"choices[].{key}", what)
                     field = "token_ids" if choice.get("token_ids") else "__verbose.tokens"
                     new = self._token_ids(choice.get("token_ids") or verbose_ids, field, what)
                     if (new or piece) and ttft is None:  # the first chunk's tokens all arrive with it
@@ -888,8 +582,8 @@ class ServedBackend(Backend):
                     if new or piece:
                         prev = now
                     if choice.get("finish_reason"):
-                        finish = _field(choice["finish_reason"], str, "choices[].finish_reason", what)
-        except _Late:
+                        finish = checked_field(choice["finish_reason"], str, "choices[].finish_reason", what)
+        except Late:
             arrived = len(ids) or len(chunk_times)
             if ttft is None and not arrived:
                 raise BackendError(f"{what}: no answer within {self.timeout:g} s") from None
@@ -905,14 +599,14 @@ class ServedBackend(Backend):
                                f"{'tokens' if ids else 'chunks'} ({missing})")
         completion = None
         if usage is not None and usage.get("completion_tokens") is not None:
-            completion = _count(usage["completion_tokens"], "usage.completion_tokens", what)
+            completion = checked_count(usage["completion_tokens"], "usage.completion_tokens", what)
         with_ids = with_ids and bool(ids or not text)
         arrived = len(ids) if with_ids else len(chunk_times)
         if completion is not None and (completion > budget or completion < arrived):
             raise BackendError(f"{what}: the server claimed {completion} completion tokens (usage.completion_tokens), "
                                f"{arrived} arrived ({'token ids' if with_ids else 'chunks of text'}) for a budget of "
                                f"{budget}: its count is not the turn's")
-        per_request = _checked_per_request(per_request, completion if completion is not None else arrived, what)
+        per_request = checked_per_request(per_request, completion if completion is not None else arrived, what)
         lost = with_ids and completion is not None and len(ids) != completion
         if with_ids and not lost:
             if completion is None:
@@ -937,7 +631,7 @@ class ServedBackend(Backend):
         vocabulary (0 to ``vocab`` - 1; any integer >= 0 where the vocabulary is unknown)."""
         if not new:
             return []
-        for t in _field(new, list, field, what):
+        for t in checked_field(new, list, field, what):
             if isinstance(t, bool) or not isinstance(t, int):
                 raise BackendError(f"{what} streamed the token id {str(t)[:40]} ({field}), not an integer")
             if t < 0 or (self.vocab is not None and t >= self.vocab):

@@ -1,13 +1,13 @@
 """``draftbench baseline save RUN | device``: the small committed baselines that ``draftbench compare`` reads
-(:mod:`harness.measure.baseline`)."""
+(:mod:`harness.gate.baseline`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from harness.measure.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
-from harness.measure.metrics import MIN_FIT_REPEATS
+from harness.gate.baseline import BASELINE_FILE, BASELINES_ROOT, Side, current_device_slug, save_baseline
+from harness.measure.noise import MIN_FIT_REPEATS
 
 
 def repeats_line(n: int) -> str:

@@ -1,4 +1,4 @@
-"""``draftbench compare BASE NEW``: two runs or baselines compared cell by cell (:mod:`harness.measure.compare`);
+"""``draftbench compare BASE NEW``: two runs or baselines compared cell by cell (:mod:`harness.gate.compare`);
 exit 0 pass, 1 regression, 2 error."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.measure import compare as compare_module
-from harness.measure.baseline import load_side
-from harness.measure.compare import FORMATS, Thresholds, compare_sides, write_html
+from harness.gate import compare as compare_module
+from harness.gate.baseline import load_side
+from harness.gate.compare import Thresholds, compare_sides
+from harness.gate.formats import FORMATS, write_html
 
 
 def cmd_compare(args) -> int:
@@ -35,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compare", help="compare two runs or baselines; exit 0 pass, 1 regression, 2 error",
                        description=compare_module.__doc__.split("\n\n")[0],
                        epilog="BASE and NEW: run directories (results/<run_id>) or baseline directories "
-                              "(results/baselines/<device>/<preset>). The rules: `harness/measure/compare.py`.")
+                              "(results/baselines/<device>/<preset>). The rules: `harness/gate/compare.py`.")
     c.add_argument("base")
     c.add_argument("new")
     c.add_argument("--tau-rtol", type=float, default=0.01, help="allowed relative drop of τ (default %(default)s)")

@@ -1,12 +1,12 @@
 """``draftbench export RUN_DIR --format aiperf|vllm``: a run's per-request acceptance records in AIPerf's or vLLM's
-field names (:mod:`harness.measure.exports`); ``draftbench compare`` reads such a file back as BASE or NEW."""
+field names (:mod:`harness.report.exports`); ``draftbench compare`` reads such a file back as BASE or NEW."""
 
 from __future__ import annotations
 
 import argparse
 
-from harness.measure.baseline import export_run
-from harness.measure.exports import FORMATS
+from harness.gate.baseline import export_run
+from harness.report.exports import FORMATS
 
 
 def cmd_export(args) -> int:

@@ -26,12 +26,12 @@ def add_paths_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def print_report(run_dir: Path, paths: bool = False, cost_per_hour: float | None = None) -> None:
-    """Write the run's report (:func:`harness.measure.report.write_report`, ``cost_per_hour``: the user's price for
+    """Write the run's report (:func:`harness.report.report.write_report`, ``cost_per_hour``: the user's price for
     the cost per million tokens) and print its ending (:func:`report_ending`); ``paths``: then every file written,
     one per line."""
     import pandas as pd
 
-    from harness.measure.report import write_report
+    from harness.report.report import write_report
 
     written = write_report(run_dir, cost_per_hour=cost_per_hour)
     if "load_csv" in written:  # a run of load levels: its Load section
@@ -55,8 +55,8 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
     "resume: draftbench run --resume RUN", "every table and plot: draftbench report RUN --paths"."""
     import shlex
 
-    from harness.measure.formatting import interval
-    from harness.measure.markdown import collapse_warnings, not_deployable, paper_table
+    from harness.report.formatting import interval
+    from harness.report.markdown import collapse_warnings, not_deployable, paper_table
 
     bases = list(dict.fromkeys(summary["baseline"].dropna())) if "baseline" in summary else []
     base = " / ".join(bases) or "vanilla"

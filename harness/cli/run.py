@@ -159,8 +159,8 @@ def cmd_run(args) -> int:
 def failed_entries_exit(run_dir: Path) -> int:
     """1, with one line per entry, when some entry of the run has no successful turn (it measured nothing; for a
     run of load levels, no successful request in their latest attempts); else 0."""
-    from harness.measure.load import latest_levels, read_load_rows
     from harness.measure.records import failed_entries, read_records
+    from harness.report.load import latest_levels, read_load_rows
 
     load_rows = [r for level in latest_levels(read_load_rows(run_dir)).values() for r in level]  # a load run's
     failed = failed_entries(read_records(run_dir) + load_rows)

@@ -1,9 +1,7 @@
-"""Measurement: ``rundir`` (a run directory's files, atomic writes, the manifest's reader and schema), ``metrics``
-(every metric defined once, formulas in docstrings), ``trackers`` (synchronised wall time, memory, energy), ``env``
-(provenance), ``records`` (one measured turn: schema and durable store), ``tables`` (tidy tables from records),
-``markdown`` (the paper table and the summary's sections), ``plots``, ``formatting`` (n/a, numbers, CIs, Markdown
-rows), ``report`` (rebuilds a run's tables, plots and pages), ``ablation`` (knob columns, the ablation table and
-plots), ``html`` and ``browser`` (the self-contained ``report.html`` and a headless-Chromium check of it), ``syncs``
-(host-device round trips per step), ``baseline`` and ``compare`` (committed baselines and the regression gate),
-``referee`` (an engine's entry held against the harness's own), ``load`` (the report of a run's load levels) and
-``exports`` (per-request acceptance records in engines' field names, and back)."""
+"""Measurement, what is counted and derived: ``rundir`` (a run directory's files, atomic writes, the manifest's reader
+and schema), the metrics, every one defined once with its formula in its docstring (``metrics``: throughput,
+speed-ups and their CIs, memory, quality, losslessness and divergence, load levels; ``acceptance``: τ and acceptance;
+``headroom``: headroom, time, energy and cost; ``noise``: run-to-run noise, prediction bands), ``trackers``
+(synchronised wall time, memory, energy), ``env`` (provenance), ``records`` (one measured turn: schema and durable
+store) and ``syncs`` (host-device round trips per step). Their presentation is :mod:`harness.report`, the gate
+:mod:`harness.gate`."""

@@ -9,13 +9,13 @@ The files of a run directory::
                                 run's process r writes records.rank<r>.jsonl (records_file_name); readers take every
                                 records*.jsonl (RECORDS_GLOB)
     load.jsonl                  a run with load levels (config ``load``) has these instead: one row per request
-                                (LOAD_FILE; harness.run.load writes a level's rows together, harness.measure.load)
-    tables/, plots/             what ``draftbench report`` rebuilds from the records (harness.measure.report);
+                                (LOAD_FILE; harness.run.load writes a level's rows together, harness.report.load)
+    tables/, plots/             what ``draftbench report`` rebuilds from the records (harness.report.report);
                                 tables/summary.md (SUMMARY_MD) is also copied by ``draftbench baseline save``
     .lock                       held (flock) by the one process that writes records into the run (LOCK_FILE,
                                 :class:`RunLock`); it says who holds it
 
-The manifest, a JSON object (``harness.run.runner.build_manifest`` writes it; readers never require a key but
+The manifest, a JSON object (``harness.run.manifest.build_manifest`` writes it; readers never require a key but
 ``config``, which ``--resume`` needs)::
 
     run_id, created, command        the run directory's name, ISO time, the command line
@@ -66,7 +66,7 @@ from harness.schema import InputError
 MANIFEST_FILE = "manifest.json"
 RECORDS_FILE = "records.jsonl"
 RECORDS_GLOB = "records*.jsonl"
-LOAD_FILE = "load.jsonl"  # a run with load levels: one row per request (harness.run.load, harness.measure.load)
+LOAD_FILE = "load.jsonl"  # a run with load levels: one row per request (harness.run.load, harness.report.load)
 SUMMARY_MD = Path("tables", "summary.md")
 LOCK_FILE = ".lock"
 

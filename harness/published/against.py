@@ -13,7 +13,7 @@ Per cell and metric: ``reported``, ``measured``, ``delta`` = measured − report
 run's baseline on the same questions, with a percentile-bootstrap 95% CI over questions
 (:func:`harness.measure.metrics.speedup_ratio_ci`); a ``mean_of`` column is the equal-weight mean of its columns
 with a CI stratified by column. τ cells are recomputed in the table's own convention
-(:data:`harness.measure.metrics.TAU_CONVENTIONS`) and draftbench's τ of the same records is given beside them.
+(:data:`harness.measure.acceptance.TAU_CONVENTIONS`) and draftbench's τ of the same records is given beside them.
 
 Row matching: a run made by ``draftbench reproduce`` records ``reproduce.rows`` (label -> row id) in its manifest.
 For any other run, a row matches the label whose method is the row's method and whose recorded options include
@@ -22,7 +22,7 @@ equal to the row id wins a tie.
 
 An engine table (``engine:``, measured at batch sizes) is compared with a run of load levels (``load.jsonl``,
 :mod:`harness.run.load`; ``draftbench reproduce`` makes one) by :func:`compare_load`: each column is the level at its
-``batch_size`` (the concurrency), and its numbers are the load report's own (:func:`harness.measure.load.load_table`,
+``batch_size`` (the concurrency), and its numbers are the load report's own (:func:`harness.report.load.load_table`,
 nothing recomputed here): ``throughput_ratio`` = the level's output tokens/s over the baseline entry's at the same
 concurrency, ``speedup`` = mean per-request tokens/s over the baseline's, paired by prompt, with its bootstrap CI,
 ``tokens_per_s`` / ``baseline_tokens_per_s`` = the two levels' output tokens/s.
@@ -39,19 +39,20 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_row, number
-from harness.measure.html import write_tables_page
-from harness.measure.load import load_table as load_levels
-from harness.measure.load import read_load_rows
 from harness.measure.records import load_records
 from harness.measure.rundir import atomic_file, file_stem, read_manifest, run_subdir, write_text_atomic
-from harness.measure.tables import turns_table
 from harness.published.tables import Column, Table
+from harness.report.formatting import interval, markdown_row, number
+from harness.report.html import write_tables_page
+from harness.report.load import load_table as load_levels
+from harness.report.load import read_load_rows
+from harness.report.tables import turns_table
 
 METRIC_LABELS = {"speedup": "speed-up (×)", "tokens_per_s": "tokens/s", "baseline_tokens_per_s": "vanilla tokens/s",
                  "throughput_ratio": "throughput ratio (×, output tokens/s over the same engine without speculation)"}
-# an engine table's cell metric -> the load report's column it is compared with (harness.measure.load.load_table)
+# an engine table's cell metric -> the load report's column it is compared with (harness.report.load.load_table)
 LOAD_METRICS = {"throughput_ratio": "throughput_ratio", "speedup": "speedup", "tokens_per_s": "output_tok_s"}
 COLUMNS = ["table", "row", "row_label", "label", "method", "column", "column_label", "metric", "convention",
            "reported", "measured", "delta", "ratio", "ci_lo", "ci_hi", "tau_draftbench", "n_questions",
@@ -194,8 +195,8 @@ def measure_cells(questions: pd.DataFrame, table: Table, label: str, baseline: s
                 "tokens_per_s": M.mean_tokens_per_second(list(sel["tokens_per_s"])),
                 "baseline_tokens_per_s": M.mean_tokens_per_second(list(base["tokens_per_s"])),
                 "_pairs": (_tps(sel), _tps(base))}
-        for conv in M.TAU_CONVENTIONS:
-            cell[f"tau_{conv}"] = M.tau_in_convention(conv, per_q) if per_q else math.nan
+        for conv in ACC.TAU_CONVENTIONS:
+            cell[f"tau_{conv}"] = ACC.tau_in_convention(conv, per_q) if per_q else math.nan
         out[cid] = cell
     for cid, col in table.columns.items():
         if col.mean_of is None:
@@ -203,7 +204,7 @@ def measure_cells(questions: pd.DataFrame, table: Table, label: str, baseline: s
         parts = [out[c] for c in col.mean_of]
         est, lo, hi = M.speedup_ratio_ci([p["_pairs"] for p in parts], n_boot=n_boot, seed=seed)
         cell = {"speedup": est, "ci_lo": lo, "ci_hi": hi, "n_questions": sum(p["n_questions"] for p in parts)}
-        for metric in ("tokens_per_s", "baseline_tokens_per_s", *(f"tau_{c}" for c in M.TAU_CONVENTIONS)):
+        for metric in ("tokens_per_s", "baseline_tokens_per_s", *(f"tau_{c}" for c in ACC.TAU_CONVENTIONS)):
             cell[metric] = M.suite_mean([p[metric] for p in parts])
         out[cid] = cell
     for cell in out.values():
@@ -283,7 +284,7 @@ def compare_load(rows: list[dict[str, Any]], table: Table, manifest: Mapping[str
     """An engine table against a run's load rows (``load.jsonl``): the tidy comparison (:data:`COLUMNS`), one row
     per (matched table row, column, metric) for the metrics the table reports, and always ``throughput_ratio`` and
     ``speedup`` for a row that speculates. A column is the level at its ``batch_size``; the measured numbers are the
-    load report's (:func:`harness.measure.load.load_table`, :data:`LOAD_METRICS`), the mean of a ``mean_of`` column
+    load report's (:func:`harness.report.load.load_table`, :data:`LOAD_METRICS`), the mean of a ``mean_of`` column
     the equal-weight mean of its columns'. Raises :class:`AgainstError` when no row matches."""
     manifest = manifest or {}
     config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}

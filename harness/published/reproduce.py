@@ -345,8 +345,8 @@ def reproduce(table: Table, rows: list[str] | None = None, limit: int | None = N
     """Run every part of a reproduction, write each run's report and comparison; return, per part,
     ``{"run_dir", "frame", "markdown", "paths"}``. ``target`` (an in-process Target) is for tests only;
     ``server_urls`` and ``engine_options``: an engine table's ``--server-url`` and ``--engine-option``."""
-    from harness.measure.report import write_report
     from harness.published.against import compare_run
+    from harness.report.report import write_report
     from harness.run.runner import run
 
     model_dir = model_dir or {}

@@ -27,7 +27,7 @@ Fields (every one is checked; an error names the file and the field, e.g.
       temperature: 0.0
       warmup: 3
       repeats: 1
-      tau_convention: eagle_script   # a name in harness.measure.metrics.TAU_CONVENTIONS: what the `tau` cells mean
+      tau_convention: eagle_script   # a name in harness.measure.acceptance.TAU_CONVENTIONS: what the `tau` cells mean
       notes: ...                     # known protocol differences, or null
       columns:                       # column id -> which questions it aggregates
         mt_bench: {label: MT-bench, suite: mt_bench}
@@ -102,7 +102,7 @@ from typing import Any
 import yaml
 
 from harness.engine.method import OptionsError, build_options
-from harness.measure.metrics import TAU_CONVENTIONS
+from harness.measure.acceptance import TAU_CONVENTIONS
 from harness.registry import METHODS, UnknownNameError
 from harness.run.chat import ChatTemplateError, resolve_chat_template
 from harness.run.shipped import resolve_shipped, shipped_names

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from harness.backends.served import masked
+from harness.backends.exchange import masked
 from harness.measure.records import runtime_label
 from harness.run.shipped import resolve_shipped, shipped_names
 from harness.schema import InputError, check, field_types, unknown_keys
@@ -47,7 +47,7 @@ class MethodSpec:
     the run (:meth:`RunConfig.entries`). ``engine``: what runs the entry's turns (``harness``, or a backend of
     :mod:`harness.backends` such as ``vllm``) and ``engine_options`` what it passes to that engine; None = the
     run's. ``referee``: for an entry on another engine, the label of the harness entry its acceptance is held
-    against (:mod:`harness.measure.referee`; needed only when the automatic pairing is ambiguous)."""
+    against (:mod:`harness.report.referee`; needed only when the automatic pairing is ambiguous)."""
 
     name: str
     label: str | None = None
@@ -103,7 +103,7 @@ class RunConfig:
     context_buckets: list[int] | None = None  # input lengths (tokens) every context suite is built at instead of
     #                                       its own (harness.run.context), e.g. [512, 2048, 4096]
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
-    #                                       (harness.measure.ablation.ablated_options); the report only, not measured
+    #                                       (harness.report.ablation.ablated_options); the report only, not measured
     load: dict[str, Any] | None = None    # load levels instead of one question at a time (harness.run.load):
     #                                       {concurrency: [1, 4, 16, 64], request_rate, burstiness, num_prompts}
 
@@ -256,7 +256,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data, a server URL's password masked (``server_url``: what the manifest keeps
         and the digest hashes; a resumed run takes the password from ``$DRAFTBENCH_SERVER_PASSWORD``,
-        :func:`harness.backends.served.unmasked`). Fields at the defaults that runs made before they existed had
+        :func:`harness.backends.exchange.unmasked`). Fields at the defaults that runs made before they existed had
         (``runtime`` eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``,
         ``stratify`` false) are left out, so that the digest of an unchanged configuration stays the same and
         comparisons with older runs do not report a difference that is none."""

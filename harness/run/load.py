@@ -25,7 +25,7 @@ read before the level's first request and after its last (:meth:`ServedBackend.s
 they moved by (:meth:`ServedBackend.counters_between`; from trtllm-serve, the sums of its iterations read between
 the two) is stored with every row of the level (``level_counters``); per-request steps are kept where the server
 sends them (vLLM's ``--per-request-spec-decode-metrics detailed``), and so are a request's own drafted and
-accepted totals (llama.cpp's per-request ``timings``, :func:`harness.backends.served.request_totals`) as the row's
+accepted totals (llama.cpp's per-request ``timings``, :func:`harness.backends.replies.request_totals`) as the row's
 ``engine_counters`` (None where the server sends none).
 
 A llama.cpp server decodes at most its slots' requests at once (``llama-server --parallel N``, ``total_slots`` in
@@ -43,7 +43,7 @@ speculative entry first and 0.48-0.64x with it second, at the same acceptance).
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
 measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
-(:func:`harness.measure.load.latest_levels`).
+(:func:`harness.report.load.latest_levels`).
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from typing import Any
 import numpy as np
 
 from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
-from harness.backends.served import request_totals
+from harness.backends.replies import request_totals
 from harness.measure import env
-from harness.measure.load import latest_levels, read_load_rows
 from harness.measure.records import RecordStore
 from harness.measure.rundir import LOAD_FILE
+from harness.report.load import latest_levels, read_load_rows
 from harness.run.config import ConfigError, LoadSpec, check_slots
 
 

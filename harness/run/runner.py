@@ -27,8 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import itertools
-import json
 import math
 import os
 import shlex
@@ -52,11 +50,8 @@ from harness.measure.metrics import kv_cache_bytes
 from harness.measure.records import RecordStore, question_key
 from harness.measure.rundir import (
     LOCK_FILE,
-    MANIFEST_FILE,
-    ManifestError,
     RunInUseError,
     RunLock,
-    read_manifest,
     write_manifest,
 )
 from harness.measure.trackers import Tracker, model_devices, release_cached_memory
@@ -71,9 +66,10 @@ from harness.models import (
 )
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
-from harness.run.config import ConfigError, RunConfig, config_from_dict
+from harness.run.config import ConfigError, RunConfig
 from harness.run.context import ContextError, check_buckets, context_fields, engine_positions
 from harness.run.load import level_questions, run_load
+from harness.run.manifest import build_manifest, check_suites_unchanged, new_run_dir, resume_manifest, resumed_config
 from harness.run.progress import Progress, QuestionLines
 from harness.run.suites import Suite, build_context_suite, load_suite
 from harness.run.suites import score as score_answer
@@ -113,66 +109,6 @@ class TurnContext:
 def question_seed(seed: int, question_id: str) -> int:
     """Per-question RNG seed, independent of run order (so a resumed run samples what an uninterrupted one would)."""
     return (seed * 1_000_003 + zlib.crc32(str(question_id).encode())) % (2**63)
-
-
-def new_run_dir(config: RunConfig) -> Path:
-    """Create and return a new, empty run directory ``<output_dir>/<timestamp>-<digest>[-n]``.
-
-    The directory is created with an exclusive ``mkdir``, so two runs started in the same second get different
-    directories (the second one gets ``-2``) and never share or overwrite a run. An output directory that cannot hold
-    run directories (a file, not writable) raises :class:`ConfigError` naming it.
-    """
-    base = Path(config.output_dir).expanduser()
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"output directory {base} (--output-dir): cannot create it: {e.strerror or e}") from None
-    if not base.is_dir():
-        raise ConfigError(f"output directory {base} (--output-dir): not a directory")
-    stamp = env.now_iso().replace(":", "").replace("+0000", "Z").replace("-", "")
-    name = f"{stamp}-{config.digest()}"
-    for n in itertools.count(1):
-        run_dir = base / (name if n == 1 else f"{name}-{n}")
-        try:
-            run_dir.mkdir()
-        except FileExistsError:
-            continue  # never overwrite a run: another run took this name
-        except OSError as e:
-            raise ConfigError(f"output directory {base} (--output-dir): cannot create a run directory there: "
-                              f"{e.strerror or e}") from None
-        return run_dir
-    raise AssertionError("unreachable")
-
-
-def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: list, methods: dict[str, Method]) -> dict:
-    source = Path(target.path) / "draftbench_source.json"
-    return {
-        "run_id": run_dir.name,
-        "created": env.now_iso(),
-        "command": env.command_line(),
-        **env.git_info(),
-        "versions": env.versions(),
-        "device": env.device_info(target.device),
-        "config": config.to_dict(),
-        "config_digest": config.digest(),
-        "target": {"name": target.name, "path": target.path, "dtype": str(target.dtype).replace("torch.", ""),
-                   "model_type": getattr(target.config, "model_type", None),
-                   "attn_implementation": getattr(target.config, "_attn_implementation", None),
-                   "devices": [str(d) for d in model_devices(target.model, target.device)],
-                   "num_parameters": sum(p.numel() for p in target.model.parameters()),
-                   "source": json.loads(source.read_text()) if source.exists() else None},
-        "suites": {s.name: {"version": s.version, "source": str(s.source), "sha256": s.sha256,
-                            "questions": len(s.questions),
-                            # a context suite's recipe and what it built: bucket, exact tokens, documents, cut
-                            **({"context": {"recipe": s.context.to_dict(),
-                                            "prompts": {q.question_id: q.context for q in s.questions}}}
-                               if s.context is not None else {})} for s in suites},
-        # an entry a server ran shows what the server ran (harness.backends.contract.entry_options)
-        "methods": {label: {**m.describe(), "options": entry_options(m.describe()["options"], m.backend)}
-                    for label, m in methods.items()},
-        # how each runtime of the run calls the target (backend, cache, shapes, CUDA graphs, linear kernels)
-        "runtimes": {m.runtime: m.target_runner.describe() for m in methods.values()},
-    }
 
 
 def _tokenizable(text: str) -> str:
@@ -342,46 +278,6 @@ def _free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def resume_manifest(run_dir: Path) -> dict:
-    """The manifest of the run to resume; a missing one (not a run directory), an unreadable or invalid one, or one
-    without a ``config`` object raises :class:`ConfigError` naming the file."""
-    try:
-        manifest = read_manifest(run_dir)
-    except ManifestError as e:
-        raise ConfigError(f"{e}; cannot resume") from None
-    if manifest is None:
-        if Path(run_dir).is_dir() and {p.name for p in Path(run_dir).iterdir()} <= {LOCK_FILE}:  # killed in load
-            raise ConfigError(f"{run_dir} is empty: its run was stopped before it started (while the model loaded), "
-                              "so there is nothing to resume; start the run again (and remove the empty folder)")
-        raise ConfigError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
-    if not isinstance(manifest.get("config"), dict):
-        raise ConfigError(f"{Path(run_dir) / MANIFEST_FILE}: corrupt manifest: expected a \"config\" object; "
-                          "cannot resume")
-    return manifest
-
-
-def check_suites_unchanged(manifest: dict, suites: list[Suite], run_dir: Path) -> None:
-    """Refuse to resume when a suite's questions file is not the one the run started with (sha256 in the manifest):
-    new answers to changed prompts would be mixed with the old ones."""
-    recorded = manifest.get("suites") if isinstance(manifest.get("suites"), dict) else {}
-    for suite in suites:
-        old = (recorded.get(suite.name) or {}).get("sha256") if isinstance(recorded.get(suite.name), dict) else None
-        if old is None:
-            raise ConfigError(f"--resume {run_dir}: the manifest records no checksum for suite {suite.name!r}; "
-                              "cannot tell whether its questions changed, start a new run")
-        if old != suite.sha256:
-            raise ConfigError(f"--resume {run_dir}: suite {suite.name!r} changed since the run started: "
-                              f"{suite.source} has sha256 {suite.sha256}, the manifest recorded {old}; resuming "
-                              "would mix answers to different questions (restore the file or start a new run)")
-
-
-def _resumed_config(manifest: dict, run_dir: Path) -> RunConfig:
-    try:
-        return config_from_dict(dict(manifest["config"]))
-    except ConfigError as e:
-        raise ConfigError(f"{Path(run_dir) / MANIFEST_FILE}: {e}") from None
-
-
 @dataclass
 class Distributed:
     """This process's place in a data-parallel run (rank 0 of 1 when not launched by accelerate)."""
@@ -429,7 +325,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     if resume is not None:
         run_dir = Path(resume)
         manifest = resume_manifest(run_dir)
-        stored = _resumed_config(manifest, run_dir)
+        stored = resumed_config(manifest, run_dir)
         if config is not None and config.digest() != stored.digest():
             raise ConfigError(f"--resume {run_dir}: the given configuration differs from the run's "
                               f"(digest {config.digest()} != {stored.digest()}); resume without changing it")
@@ -722,7 +618,8 @@ def _show_speed(bar, recs: list[dict]) -> None:
         return
     ok = [r for r in recs if r["status"] == "ok"]
     if ok:
-        from harness.measure.metrics import tau, tokens_per_second
+        from harness.measure.acceptance import tau
+        from harness.measure.metrics import tokens_per_second
 
         tps = tokens_per_second(sum(r["new_tokens"] for r in ok), sum(r["wall_time_s"] for r in ok))
         bar.set_postfix(tok_s=f"{tps:.1f}", tau=f"{tau([r['accept_lengths'] for r in ok]):.2f}")

@@ -22,7 +22,7 @@ line before anything is written.
 
 **Comparison.** With several heads, each is scored on the same split and every head after the first gets its
 difference to the first per draft position, acc_B - acc_A, with a paired percentile-bootstrap 95% CI
-(:func:`harness.measure.metrics.paired_rate_difference_ci`): the held-out conversations are resampled, the same
+(:func:`harness.measure.noise.paired_rate_difference_ci`): the held-out conversations are resampled, the same
 ones for both heads, because the positions of one conversation are correlated (resampling positions would give too
 narrow an interval). The hits and positions per conversation come from the same evaluation pass
 (``evaluate(..., per_conversation=True)``, which counts a batch's rows one at a time; the totals are their sums).
@@ -50,7 +50,7 @@ from torch import nn
 
 from harness.engine.draftvocab import COUNTS_FILE, load_counts
 from harness.measure.env import git_info
-from harness.measure.metrics import paired_rate_difference_ci
+from harness.measure.noise import paired_rate_difference_ci
 from harness.models import Target
 from harness.train.features import file_sha256, read_manifest
 from harness.train.loop import TrainConfig, check_data, evaluate, held_out_split

@@ -163,7 +163,7 @@ def measure_tau(target: Target, head: Path, spec: TauSpec, method: str, folder: 
     """τ and acceptance per draft position of ``method`` with ``head`` (:class:`TauSpec`), through the harness
     runner into ``folder/tau-run/``; an interrupted measurement resumes its run directory."""
     from harness.measure.records import read_records
-    from harness.measure.tables import summary_table, turns_table
+    from harness.report.tables import summary_table, turns_table
     from harness.run.config import MethodSpec, RunConfig
     from harness.run.runner import run
 
@@ -206,7 +206,7 @@ def write_outputs(out: Path, objective_name: str, info: dict[str, Any]) -> list[
     the plot from every objective's finished points; returns the tidy rows."""
     import pandas as pd
 
-    from harness.measure.plots import plot_scaling
+    from harness.report.plots import plot_scaling
 
     path = out / INDEX
     index = json.loads(path.read_text()) if path.is_file() else {"objectives": {}}

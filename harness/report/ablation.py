@@ -9,12 +9,13 @@ checkpoint's N). Knobs are found from the records only, never parsed back from l
 (``context_bucket``) in a run with context-length buckets (:mod:`harness.run.context`), where the input length is a
 knob of the table like the options (an x axis and a line of the plots: ``draft_window`` against the buckets, issue
 #23 item 4): the knob values, τ with
-its bootstrap CI (:func:`harness.measure.metrics.tau_ci`), the speed-up (ratio of means) with its paired bootstrap CI
+its bootstrap CI (:func:`harness.measure.acceptance.tau_ci`), the speed-up (ratio of means) with its paired bootstrap CI
 (:func:`harness.measure.metrics.speedup_ratio_ci`) against the baseline of the entry's own runtime
 (:func:`harness.measure.records.baseline_labels`: ``vanilla@compiled`` for an entry measured compiled), acceptance
 per draft position with its CI
-(:func:`harness.measure.metrics.acceptance_per_position_ci`), and per verification step the
-draft forwards and the draft / verify / overhead milliseconds (:func:`harness.measure.metrics.per_verification_step`).
+(:func:`harness.measure.acceptance.acceptance_per_position_ci`), and per verification step the
+draft forwards and the draft / verify / overhead milliseconds
+(:func:`harness.measure.acceptance.per_verification_step`).
 
 Plots put a knob X on the x axis, with one line per value of a second knob L where that gives two lines of at least
 two points. Which entries a plot shows (:func:`plot_slice`): every other knob R must be at its reference value, where
@@ -42,11 +43,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, number
 from harness.measure.records import baseline_labels
 from harness.measure.rundir import atomic_file, file_stem, run_subdir
-from harness.measure.tables import has_context
+from harness.report.context import has_context
+from harness.report.formatting import interval, markdown_table, number
 
 OPT = "opt."
 GROUP = ["label", "method", "suite", "temperature"]
@@ -171,7 +173,7 @@ def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot:
         base_tps = {q: M.tokens_per_second(list(x["new_tokens"]), list(x["wall_time_s"]))
                     for q, x in base.groupby("question_id", sort=False)}
         per_q = [_lists(x["accept_lengths"]) for _, x in g.groupby("question_id", sort=False)]
-        tau, tau_lo, tau_hi = M.tau_ci(per_q, n_boot=n_boot, seed=seed)
+        tau, tau_lo, tau_hi = ACC.tau_ci(per_q, n_boot=n_boot, seed=seed)
         sp, sp_lo, sp_hi = M.speedup_ratio_ci([(tps, base_tps)], n_boot=n_boot, seed=seed)
         lengths = _lists(g["accept_lengths"])
         ms = {name: [None if v is None or (isinstance(v, float) and math.isnan(v)) else 1000.0 * v
@@ -183,12 +185,12 @@ def ablation_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot:
                "tau": tau, "tau_ci_lo": tau_lo, "tau_ci_hi": tau_hi,
                "speedup": sp, "speedup_ci_lo": sp_lo, "speedup_ci_hi": sp_hi,
                "tokens_per_s": M.mean_tokens_per_second(tps),
-               "draft_forwards_per_step": M.per_verification_step(_column(g, "counter.draft_forwards"), lengths),
-               "draft_ms_per_step": M.per_verification_step(ms["draft"], lengths),
-               "verify_ms_per_step": M.per_verification_step(ms["verify"], lengths),
-               "overhead_ms_per_step": M.per_verification_step(ms["overhead"], lengths)}
+               "draft_forwards_per_step": ACC.per_verification_step(_column(g, "counter.draft_forwards"), lengths),
+               "draft_ms_per_step": ACC.per_verification_step(ms["draft"], lengths),
+               "verify_ms_per_step": ACC.per_verification_step(ms["verify"], lengths),
+               "overhead_ms_per_step": ACC.per_verification_step(ms["overhead"], lengths)}
         by_q = list(g.groupby("question_id", sort=False))
-        acc = M.acceptance_per_position_ci([_lists(x["accepted_drafts"]) for _, x in by_q],
+        acc = ACC.acceptance_per_position_ci([_lists(x["accepted_drafts"]) for _, x in by_q],
                                            [_lists(x["draft_depths"]) for _, x in by_q], max_pos=depth,
                                            n_boot=n_boot, seed=seed)
         row.update({f"acc@{i + 1}": v for i, (v, _, _) in enumerate(acc)})

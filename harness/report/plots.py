@@ -1,7 +1,7 @@
-"""A run's matplotlib figures (``plots/*.png`` of :mod:`harness.measure.report`): speed-up, τ and tokens/s per
+"""A run's matplotlib figures (``plots/*.png`` of :mod:`harness.report.report`): speed-up, τ and tokens/s per
 suite as grouped bars, the accepted-length histogram, the acceptance rate per draft position, the headroom ledger and
 where the time goes. Every value comes
-from the tables of :mod:`harness.measure.tables`; a plot with nothing to show is not written (its function returns
+from the tables of :mod:`harness.report.tables`; a plot with nothing to show is not written (its function returns
 None). Figures are drawn on :class:`matplotlib.figure.Figure` directly, so no global pyplot state or display is
 needed.
 """
@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from harness.measure import metrics as M
+from harness.measure import acceptance as ACC
+from harness.measure import headroom as HR
 from harness.measure.rundir import atomic_file
-from harness.measure.tables import lists, measured_rows, summary_runtimes
+from harness.report.tables import lists, measured_rows, summary_runtimes
 
 HIST_COLUMNS = 3  # panels per row of the accepted-length histogram
 
@@ -108,13 +109,13 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
     """Share of verification steps by tokens appended (accepted + bonus), all suites pooled: one panel per drafting
     method (label and temperature), up to :data:`HIST_COLUMNS` panels a row, all on the same axes so that the panels
     read side by side; each panel titled with its method and the histogram's mean (tokens per verification step,
-    :func:`harness.measure.metrics.tau_spec_bench`)."""
+    :func:`harness.measure.acceptance.tau_spec_bench`)."""
     ok, series, temps = _drafting(turns)
     if not series:
         return None
     turn_lengths = {s: lists(ok[(ok["label"] == s[0]) & (ok["temperature"] == s[1])]["accept_lengths"])
                     for s in series}
-    hists = {s: M.accept_length_histogram(turn_lengths[s]) for s in series}
+    hists = {s: ACC.accept_length_histogram(turn_lengths[s]) for s in series}
     lengths = list(range(1, max(n for h in hists.values() for n in h) + 1)) if any(hists.values()) else [1]
     cols = min(len(series), HIST_COLUMNS)
     rows = -(-len(series) // cols)
@@ -125,7 +126,7 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
         total = sum(hists[s].values())
         shares = [hists[s].get(n, 0) / total if total else 0.0 for n in lengths]  # [L]
         ax.bar(lengths, shares, 0.8, color=colors(i % colors.N))
-        mean = M.tau_spec_bench({0: turn_lengths[s]})  # the histogram's mean: tokens per verification step
+        mean = ACC.tau_spec_bench({0: turn_lengths[s]})  # the histogram's mean: tokens per verification step
         ax.set_title(f"{_series_name(*s, temps)}  (mean {mean:.2f})", fontsize=11)
         ax.set_xticks(lengths)
         ax.tick_params(labelsize=10)
@@ -142,7 +143,8 @@ def plot_accept_histogram(turns: pd.DataFrame, path: Path) -> Path | None:
 
 
 def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None:
-    """Per-position acceptance rate (harness.measure.metrics.acceptance_per_position), one line per drafting method."""
+    """Per-position acceptance rate (harness.measure.acceptance.acceptance_per_position), one line per drafting
+    method."""
     ok, series, temps = _drafting(turns)
     if not series:
         return None
@@ -151,7 +153,7 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
     _style_series(ax, len(series))
     for label, temp in series:
         g = ok[(ok["label"] == label) & (ok["temperature"] == temp)]
-        rates = M.acceptance_per_position(lists(g["accepted_drafts"]), lists(g["draft_depths"]))
+        rates = ACC.acceptance_per_position(lists(g["accepted_drafts"]), lists(g["draft_depths"]))
         ax.plot(range(1, len(rates) + 1), rates, marker="o", label=_series_name(label, temp, temps))
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position")
@@ -164,7 +166,7 @@ def plot_acceptance_per_position(turns: pd.DataFrame, path: Path) -> Path | None
 
 def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: Path) -> Path | None:
     """Acceptance per draft position of each engine entry next to the harness entry it is held against
-    (:mod:`harness.measure.referee`), one panel per pair: ``panels`` = [(title, engine rates, harness rates)]. None
+    (:mod:`harness.report.referee`), one panel per pair: ``panels`` = [(title, engine rates, harness rates)]. None
     when there is no pair or no pair drafted."""
     panels = [p for p in panels if len(p[1]) or len(p[2])]
     if not panels:
@@ -184,7 +186,7 @@ def plot_referee(panels: Sequence[tuple[str, Sequence[float], Sequence[float]]],
 
 
 def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanilla") -> Path | None:
-    """Four panels against input length (:func:`harness.measure.tables.context_table`, log-2 x axis, one line per
+    """Four panels against input length (:func:`harness.report.context.context_table`, log-2 x axis, one line per
     label and temperature, every suite pooled into its own lines): the speed-up (geometric mean with its 95% CI as
     error bars, 1.0 dashed), τ, draft and verify milliseconds per verification step (solid and dotted), and decode
     tokens/s (prefill left out). None when the run has no buckets."""
@@ -238,7 +240,7 @@ def _headroom_rows(headroom: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 
 def plot_headroom(headroom: pd.DataFrame, path: Path) -> Path | None:
-    """The headroom ledger (:func:`harness.measure.tables.headroom_table`): per method (and suite, temperature) three
+    """The headroom ledger (:func:`harness.report.tables.headroom_table`): per method (and suite, temperature) three
     bars, the measured speed-up S, the free-draft bound and the oracle bound S*, each with its 95% CI as an error
     bar, 1.0 dashed. None when no row has a speed-up."""
     rows, names = _headroom_rows(headroom)
@@ -265,7 +267,7 @@ def plot_headroom(headroom: pd.DataFrame, path: Path) -> Path | None:
 
 
 def plot_time_breakdown(headroom: pd.DataFrame, path: Path) -> Path | None:
-    """Where the time goes (:func:`harness.measure.metrics.time_breakdown`): one stacked bar per method (and suite,
+    """Where the time goes (:func:`harness.measure.headroom.time_breakdown`): one stacked bar per method (and suite,
     temperature) with a synchronised split, the shares of prefill, draft, verify, host overhead and other; above each
     bar the share of verified slots that were rejected. None when no row has a split (n/a is never drawn as 0)."""
     rows, names = _headroom_rows(headroom)
@@ -277,7 +279,7 @@ def plot_time_breakdown(headroom: pd.DataFrame, path: Path) -> Path | None:
     fig = Figure(figsize=(max(6.0, 1.0 * len(rows) + 2.5), 4.2))
     ax = fig.subplots()
     bottom = np.zeros(len(rows))                                             # [R]
-    for part in M.TIME_PARTS:
+    for part in HR.TIME_PARTS:
         share = rows[f"share_{part}"].to_numpy(dtype=float)                  # [R]
         ax.bar(x, share, 0.6, bottom=bottom, label=part)
         bottom += share

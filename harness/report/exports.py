@@ -18,8 +18,8 @@ vllm        ``{"request": {...}, "usage": {"completion_tokens"}, "metrics": {"sp
 The numbers follow those engines' conventions (:mod:`harness.measure.metrics`): a step is a *drafting* step (a
 verification step that drafted nothing is not counted, so the per-step arrays hold drafting steps only), accepted
 counts exclude the bonus token and take a terminal step's verdict before a cut at EOS or the budget
-(:func:`harness.measure.metrics.drafts_before_cut`), drafted tokens are a step's draft depth
-(:func:`harness.measure.metrics.draft_counts`; an engine record's own counters where it has them). A turn with no
+(:func:`harness.measure.acceptance.drafts_before_cut`), drafted tokens are a step's draft depth
+(:func:`harness.measure.acceptance.draft_counts`; an engine record's own counters where it has them). A turn with no
 drafting step gets the engines' zero-step values (mean acceptance length 1.0, rate 0.0); a turn of a method that
 never drafts (vanilla) gets ``null``, as a server without speculation sends no such object.
 
@@ -30,7 +30,7 @@ score, ``output_sha256``: sha256 of the output ids, :func:`ids_sha256`), the per
 step (``accepted_drafts``, ``draft_depths``, non-drafting steps included), the terminal step's
 ``terminal_drafts_before_cut`` and ``provenance`` (run id, target, dtype, device slug). :func:`read_export` reads
 either format back into records, so ``draftbench compare`` takes an export as BASE or NEW
-(:meth:`harness.measure.baseline.Side.from_export`).
+(:meth:`harness.gate.baseline.Side.from_export`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.measure import metrics as M
+from harness.measure import acceptance as ACC
 from harness.measure.rundir import dumps_json, write_text_atomic
 
 FORMATS = ("aiperf", "vllm")
@@ -67,7 +67,7 @@ def acceptance(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     new_tokens 9 -> num_spec_steps 2, num_accepted_draft_tokens 5, num_draft_tokens 6, mean_acceptance_length 3.5,
     draft_acceptance_rate 0.833, acceptance_histogram {2: 1, 3: 1}, per_step_accepted [2, 3]."""
     acc, depth = list(rec.get("accepted_drafts") or []), list(rec.get("draft_depths") or [])
-    accepted, drafted, steps = M.draft_counts(acc, depth, rec.get("engine_counters"))
+    accepted, drafted, steps = ACC.draft_counts(acc, depth, rec.get("engine_counters"))
     if accepted is None or drafted is None or steps is None:
         return None
     per_acc = [a for a, d in zip(acc, depth) if d > 0]
@@ -77,8 +77,8 @@ def acceptance(rec: Mapping[str, Any]) -> dict[str, Any] | None:
         histogram[a] = histogram.get(a, 0) + 1
     return {
         "engine": rec.get("engine") or "draftbench",
-        "mean_acceptance_length": M.mean_acceptance_length([accepted], [steps]) if steps else 1.0,
-        "draft_acceptance_rate": M.draft_acceptance_rate([accepted], [drafted]) if drafted else 0.0,
+        "mean_acceptance_length": ACC.mean_acceptance_length([accepted], [steps]) if steps else 1.0,
+        "draft_acceptance_rate": ACC.draft_acceptance_rate([accepted], [drafted]) if drafted else 0.0,
         "acceptance_histogram": dict(sorted(histogram.items())),
         "num_accepted_draft_tokens": accepted,
         "num_draft_tokens": drafted,
@@ -99,7 +99,7 @@ def export_line(rec: Mapping[str, Any], fmt: str, provenance: Mapping[str, Any])
     request = {k: rec.get(k) for k in REQUEST_FIELDS}
     request["question_id"] = str(rec["question_id"])
     request["output_sha256"] = ids_sha256(ids) if ids is not None else rec.get("output_sha256")
-    request["terminal_drafts_before_cut"] = M.drafts_before_cut(lengths, acc)[-1] if acc else None
+    request["terminal_drafts_before_cut"] = ACC.drafts_before_cut(lengths, acc)[-1] if acc else None
     request["provenance"] = dict(provenance)
     record = acceptance(rec)
     if fmt == "aiperf":

@@ -17,16 +17,16 @@
     tables/context.csv, crossover.csv,       for a run with context-length buckets (harness.run.context) only: every
     plots/context.png                        number per input length, where each speed-up falls below 1.0, the plot
     tables/ablation.csv, plots/ablation_*    for the options the run swept (``sweep:``) or names (``ablate:``) when they
-                                             differ between entries of a method (harness.measure.ablation)
+                                             differ between entries of a method (harness.report.ablation)
     tables/referee.csv, plots/referee.png    runs with entries on another engine only: each engine entry held
-                                             against the harness's own (harness.measure.referee)
-    report.html                              all of it on one self-contained page (harness.measure.html)
+                                             against the harness's own (harness.report.referee)
+    report.html                              all of it on one self-contained page (harness.report.html)
 
 A run of load levels (``load:``, harness.run.load) has ``load.jsonl`` instead of records: its report is
-``tables/load.csv``, ``tables/summary.md`` with the Load section and ``plots/load_*.png`` (harness.measure.load).
+``tables/load.csv``, ``tables/summary.md`` with the Load section and ``plots/load_*.png`` (harness.report.load).
 
-The tables are computed by :mod:`harness.measure.tables` (which turns are measured, and how, is said there), the
-Markdown by :mod:`harness.measure.markdown`, the figures by :mod:`harness.measure.plots`; this module reads the run
+The tables are computed by :mod:`harness.report.tables` (which turns are measured, and how, is said there), the
+Markdown by :mod:`harness.report.markdown`, the figures by :mod:`harness.report.plots`; this module reads the run
 and writes the files. Unreadable record lines, superseded attempts and incomplete questions are listed in
 ``summary.md``'s header.
 """
@@ -41,31 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.measure.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
-from harness.measure.html import write_html_report
-from harness.measure.load import write_load_report
-from harness.measure.markdown import (
-    acceptance_markdown,
-    category_markdown,
-    collapse_note,
-    context_markdown,
-    divergence_note,
-    headroom_markdown,
-    paper_table,
-    records_note,
-)
-from harness.measure.plots import (
-    plot_accept_histogram,
-    plot_acceptance_per_position,
-    plot_context,
-    plot_headroom,
-    plot_speedup,
-    plot_tau,
-    plot_time_breakdown,
-    plot_tokens_per_s,
-)
 from harness.measure.records import load_records, record_files
-from harness.measure.referee import write_referee
 from harness.measure.rundir import (
     LOAD_FILE,
     MANIFEST_FILE,
@@ -76,12 +52,34 @@ from harness.measure.rundir import (
     run_subdir,
     write_text_atomic,
 )
-from harness.measure.tables import (
+from harness.report.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
+from harness.report.context import context_table, crossover_table, has_context
+from harness.report.html import write_html_report
+from harness.report.load import write_load_report
+from harness.report.markdown import (
+    acceptance_markdown,
+    category_markdown,
+    collapse_note,
+    context_markdown,
+    divergence_note,
+    headroom_markdown,
+    paper_table,
+    records_note,
+)
+from harness.report.plots import (
+    plot_accept_histogram,
+    plot_acceptance_per_position,
+    plot_context,
+    plot_headroom,
+    plot_speedup,
+    plot_tau,
+    plot_time_breakdown,
+    plot_tokens_per_s,
+)
+from harness.report.referee import write_referee
+from harness.report.tables import (
     category_table,
-    context_table,
-    crossover_table,
     divergence_table,
-    has_context,
     headroom_table,
     histogram_table,
     measured_rows,

@@ -1,9 +1,9 @@
 """From a run's records to tidy tables: one row per turn, per question, per (label, method, suite, temperature),
-per category, per divergent turn and per accepted length. The report (:mod:`harness.measure.report`) writes them;
+per category, per divergent turn and per accepted length. The report (:mod:`harness.report.report`) writes them;
 ``draftbench compare`` and the comparison with a published table reduce a run with the same functions.
 
 Options that differ between entries of one method (ablation knobs) get their own ``opt.<name>`` column in the
-questions and summary tables, taken from the records' ``method_options`` (:func:`harness.measure.ablation.with_knobs`).
+questions and summary tables, taken from the records' ``method_options`` (:func:`harness.report.ablation.with_knobs`).
 
 Every number is computed by a :mod:`harness.measure.metrics` function; this module only selects and groups rows.
 
@@ -26,6 +26,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
+from harness.measure import headroom as HR
 from harness.measure import metrics as M
 from harness.measure.records import baseline_labels, label_engines, label_runtimes, runtime_label
 
@@ -103,11 +105,11 @@ def _turn_row(rec: Mapping[str, Any], prov: Mapping[str, Any]) -> dict[str, Any]
     row["tokens_per_s"] = (M.tokens_per_second(row.get("new_tokens"), row.get("wall_time_s"))
                            if ok else math.nan)
     lengths = row.get("accept_lengths")
-    row["tau_turn"] = M.tau([lengths]) if ok and lengths is not None else math.nan
-    accepted, drafted, steps = M.draft_counts(rec.get("accepted_drafts"), rec.get("draft_depths"),
+    row["tau_turn"] = ACC.tau([lengths]) if ok and lengths is not None else math.nan
+    accepted, drafted, steps = ACC.draft_counts(rec.get("accepted_drafts"), rec.get("draft_depths"),
                                               rec.get("engine_counters")) if ok else (None, None, None)
-    row["draft_acceptance_rate_turn"] = M.draft_acceptance_rate([accepted], [drafted])
-    row["drafted_per_step_turn"] = M.drafted_per_step([drafted], [steps])
+    row["draft_acceptance_rate_turn"] = ACC.draft_acceptance_rate([accepted], [drafted])
+    row["drafted_per_step_turn"] = ACC.drafted_per_step([drafted], [steps])
     return row
 
 
@@ -117,7 +119,7 @@ def turns_table(records: Iterable[Mapping[str, Any]], manifest: Mapping[str, Any
     ``git_hash``, ``device_name``, ``torch_version``, ...), and derived ``tokens_per_s`` and ``tau_turn``
     (NaN on error rows). Provenance and derived columns come first, then the record fields, then the turn's
     ``draft_acceptance_rate_turn`` and ``drafted_per_step_turn`` (NaN when it drafted nothing,
-    :func:`harness.measure.metrics.draft_counts`)."""
+    :func:`harness.measure.acceptance.draft_counts`)."""
     prov = provenance(manifest or {})
     rows = [_turn_row(r, prov) for r in records]
     df = pd.DataFrame(rows)
@@ -173,7 +175,7 @@ def questions_table(turns: pd.DataFrame) -> pd.DataFrame:
             "new_tokens": int(ok["new_tokens"].sum()) if len(ok) else 0,
             "wall_time_s": float(ok["wall_time_s"].sum()) if len(ok) else 0.0,
             "tokens_per_s": M.tokens_per_second(ok["new_tokens"], ok["wall_time_s"]) if len(ok) else math.nan,
-            "tau": M.tau(ok["accept_lengths"]) if len(ok) else math.nan,
+            "tau": ACC.tau(ok["accept_lengths"]) if len(ok) else math.nan,
             "score": M.quality(ok["score"]) if not n_score_errors else math.nan,
             "complete": bool(complete.loc[q.index].all()),
             "n_score_errors": n_score_errors,
@@ -207,17 +209,17 @@ def max_depth(turns: pd.DataFrame) -> int:
 
 def draft_totals(turns: pd.DataFrame) -> pd.DataFrame:
     """Per row of a turns table, the turn's ``accepted_drafts_total``, ``drafted_tokens`` and ``draft_steps``
-    (:func:`harness.measure.metrics.draft_counts`: an engine's counters where its records carry them; NaN where a
+    (:func:`harness.measure.acceptance.draft_counts`: an engine's counters where its records carry them; NaN where a
     turn has none), and ``drafts_cut``: accepted drafts its terminal step lost to a cut at EOS or the budget
-    (Σ accepted_drafts − Σ :func:`harness.measure.metrics.drafts_before_cut`)."""
+    (Σ accepted_drafts − Σ :func:`harness.measure.acceptance.drafts_before_cut`)."""
     counters = turns["engine_counters"] if "engine_counters" in turns else [None] * len(turns)
     rows = []
     for acc, depth, lengths, engine in zip(lists(turns["accepted_drafts"]), lists(turns["draft_depths"]),
                                            lists(turns["accept_lengths"]), counters):
         engine = engine if isinstance(engine, dict) else None
-        a, d, n = M.draft_counts(acc, depth, engine)
+        a, d, n = ACC.draft_counts(acc, depth, engine)
         rows.append({"accepted_drafts_total": a, "drafted_tokens": d, "draft_steps": n,
-                     "drafts_cut": sum(acc) - sum(M.drafts_before_cut(lengths, acc)) if depth else None})
+                     "drafts_cut": sum(acc) - sum(ACC.drafts_before_cut(lengths, acc)) if depth else None})
     return pd.DataFrame(rows, index=turns.index, columns=["accepted_drafts_total", "drafted_tokens", "draft_steps",
                                                           "drafts_cut"], dtype=float)
 
@@ -236,8 +238,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
     Columns: n_questions (measured), n_turns (measured), n_errors (error records), n_incomplete (questions with a
     missing turn record, left out), n_score_errors (answers whose scorer failed); tokens_per_s (mean over
     questions), tau, tau_script (the EAGLE/Jakiro scripts' convention,
-    :func:`harness.measure.metrics.tau_eagle_script`); speedup (ratio of means) and speedup_gmean with its bootstrap CI
-    (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
+    :func:`harness.measure.acceptance.tau_eagle_script`); speedup (ratio of means) and speedup_gmean with its
+    bootstrap CI (speedup_ci_lo/hi) vs ``baseline_label`` on the same suite, temperature and questions (NaN without a
     baseline); quality (NaN when n_score_errors > 0); lossless_share (temperature 0 only, vs the baseline's
     output ids); energy_per_token_j;
     divergent_turns and divergent_ties (temperature 0: turns that differ from the baseline, and how many of them
@@ -290,8 +292,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "n_incomplete": int((~q["complete"]).sum()),
             "n_score_errors": int(score_failed.loc[g.index].sum()),
             "tokens_per_s": M.mean_tokens_per_second(tps),
-            "tau": M.tau(lists(ok["accept_lengths"])),
-            "tau_script": M.tau_eagle_script(_turns_per_question(ok)),
+            "tau": ACC.tau(lists(ok["accept_lengths"])),
+            "tau_script": ACC.tau_eagle_script(_turns_per_question(ok)),
             "speedup": M.speedup_ratio_of_means(tps, base_tps),
             "speedup_gmean": gmean,
             "speedup_ci_lo": lo,
@@ -300,7 +302,7 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "lossless_share": (M.lossless_share(ok.to_dict("records"), base_ok.to_dict("records"))
                                if float(temp) == 0.0 else math.nan),
             **_divergence_counts(ok, base_ok, temp),
-            "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
+            "energy_per_token_j": HR.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
             "peak_memory_bytes": M.peak_memory(list(rss), list(ok["cuda_peak_allocated_bytes"])),
             "peak_reserved_bytes": M.peak_reserved(list(ok["cuda_peak_reserved_bytes"])),
             "lossless": _lossless_flag(g["lossless"]),
@@ -316,8 +318,8 @@ def summary_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: 
             "turn_compile_s": sum_values(ok["turn_compile_s"]),
         }
         row.update(_acceptance(ok))
-        acc = M.acceptance_per_position(accepted, depths, max_pos=depth)
-        cond = M.conditional_acceptance_per_position(accepted, depths, max_pos=depth)
+        acc = ACC.acceptance_per_position(accepted, depths, max_pos=depth)
+        cond = ACC.conditional_acceptance_per_position(accepted, depths, max_pos=depth)
         row.update({f"acc@{i + 1}": v for i, v in enumerate(acc)})
         row.update({f"acc_cond@{i + 1}": v for i, v in enumerate(cond)})
         rows.append(row)
@@ -343,7 +345,7 @@ HEADROOM_COLUMNS = [
     "speedup", "speedup_ci_lo", "speedup_ci_hi",
     "free_draft_speedup", "free_draft_ci_lo", "free_draft_ci_hi",
     "oracle_label", "oracle_speedup", "oracle_ci_lo", "oracle_ci_hi",
-    *(f"share_{part}" for part in M.TIME_PARTS), "rejected_verify_share", "timing_note",
+    *(f"share_{part}" for part in HR.TIME_PARTS), "rejected_verify_share", "timing_note",
     "energy_per_token_j", "energy_per_accepted_token_j", "energy_source", "cost_per_hour", "cost_per_million_tokens",
 ]
 NO_SPLIT = "n/a: no synchronised draft/verify split (profile off, another engine, or a method without one)"
@@ -384,13 +386,13 @@ def headroom_table(turns: pd.DataFrame, baseline_label: str = "vanilla", cost_pe
 
     ``speedup`` is the measured S (ratio of mean tokens/s vs the row's baseline on the same questions, the paper
     table's), ``free_draft_speedup`` the free-draft bound (the same turns with their drafting time removed,
-    :func:`harness.measure.metrics.free_draft_tokens_per_second`), ``oracle_speedup`` the oracle bound S* of the
+    :func:`harness.measure.headroom.free_draft_tokens_per_second`), ``oracle_speedup`` the oracle bound S* of the
     not-deployable entry that holds it (``oracle_label``: the ``oracle`` entry whose option ``pair`` names the row's
-    label, else the run's only unpaired one; temperature 0 only, :func:`harness.measure.metrics.oracle_bound`); each
+    label, else the run's only unpaired one; temperature 0 only, :func:`harness.measure.headroom.oracle_bound`); each
     with its percentile-bootstrap 95% CI over questions (:func:`harness.measure.metrics.speedup_ratio_ci`).
-    ``share_<part>``: where the wall time goes (:func:`harness.measure.metrics.time_breakdown`),
+    ``share_<part>``: where the wall time goes (:func:`harness.measure.headroom.time_breakdown`),
     ``rejected_verify_share``: the verification work spent on rejected slots
-    (:func:`harness.measure.metrics.rejected_verification_share`); without a synchronised split these are NaN and
+    (:func:`harness.measure.headroom.rejected_verification_share`); without a synchronised split these are NaN and
     ``timing_note`` says why. Energy per token and per accepted draft token (NVML on CUDA, RAPL on CPU, the records'
     ``energy_source``), and the cost of a million tokens at ``cost_per_hour`` (the user's price; NaN without it).
     """
@@ -420,14 +422,14 @@ def headroom_table(turns: pd.DataFrame, baseline_label: str = "vanilla", cost_pe
         s = M.speedup_ratio_ci([(tps, base_tps)], n_boot=n_boot, seed=seed)
         draft = _synchronised(ok, "timing.draft_s")
         draft_of = dict(zip(ok.index, draft))
-        free = {qid: M.free_draft_tokens_per_second(list(q["new_tokens"]), list(q["wall_time_s"]),
+        free = {qid: HR.free_draft_tokens_per_second(list(q["new_tokens"]), list(q["wall_time_s"]),
                                                     [draft_of[i] for i in q.index])
                 for qid, q in ok.groupby("question_id", sort=False)}
         f = M.speedup_ratio_ci([(pd.Series(free, dtype=float), base_tps)], n_boot=n_boot, seed=seed)
         oracle = _oracle_for(label, suite, temp, labels) if float(temp) == 0.0 else None
-        o = (M.oracle_bound(tps_of(oracle, suite, temp), tps_of(bases.get(oracle, baseline_label), suite, temp),
+        o = (HR.oracle_bound(tps_of(oracle, suite, temp), tps_of(bases.get(oracle, baseline_label), suite, temp),
                             n_boot=n_boot, seed=seed) if oracle else (math.nan,) * 3)
-        shares = M.time_breakdown(list(ok["wall_time_s"]), list(ok["prefill_time_s"]), draft,
+        shares = HR.time_breakdown(list(ok["wall_time_s"]), list(ok["prefill_time_s"]), draft,
                                   _synchronised(ok, "timing.verify_s"), _synchronised(ok, "timing.overhead_s"))
         tree = _values(ok, "counter.tree_tokens")
         steps = [max(len(a) - 1, 0) for a in lists(ok["accept_lengths"])]
@@ -442,14 +444,14 @@ def headroom_table(turns: pd.DataFrame, baseline_label: str = "vanilla", cost_pe
             "free_draft_speedup": f[0], "free_draft_ci_lo": f[1], "free_draft_ci_hi": f[2],
             "oracle_label": oracle, "oracle_speedup": o[0], "oracle_ci_lo": o[1], "oracle_ci_hi": o[2],
             **{f"share_{part}": v for part, v in shares.items()},
-            "rejected_verify_share": M.rejected_verification_share(tree, accepted, steps),
+            "rejected_verify_share": HR.rejected_verification_share(tree, accepted, steps),
             "timing_note": NO_SPLIT if math.isnan(shares["draft"]) else None,
-            "energy_per_token_j": M.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
-            "energy_per_accepted_token_j": M.energy_per_accepted_token(list(ok["energy_j"]), accepted),
+            "energy_per_token_j": HR.energy_per_token(list(ok["energy_j"]), list(ok["new_tokens"])),
+            "energy_per_accepted_token_j": HR.energy_per_accepted_token(list(ok["energy_j"]), accepted),
             "energy_source": "; ".join(sources) if sources else ("nvml" if ok["energy_j"].notna().any()
                                                                   else "n/a: not recorded"),
             "cost_per_hour": cost_per_hour if cost_per_hour is not None else math.nan,
-            "cost_per_million_tokens": M.cost_per_million_tokens(cost_per_hour, mean_tps),
+            "cost_per_million_tokens": HR.cost_per_million_tokens(cost_per_hour, mean_tps),
         })
     df = pd.DataFrame(rows, columns=HEADROOM_COLUMNS)
     for col in ("energy_per_token_j", "cost_per_hour"):
@@ -482,9 +484,9 @@ def _acceptance(ok: pd.DataFrame) -> dict[str, float]:
     t = draft_totals(ok)
     acc, drafted, steps = list(t["accepted_drafts_total"]), list(t["drafted_tokens"]), list(t["draft_steps"])
     cut = t["drafts_cut"].dropna()
-    return {"draft_acceptance_rate": M.draft_acceptance_rate(acc, drafted),
-            "drafted_per_step": M.drafted_per_step(drafted, steps),
-            "mean_acceptance_length": M.mean_acceptance_length(acc, steps),
+    return {"draft_acceptance_rate": ACC.draft_acceptance_rate(acc, drafted),
+            "drafted_per_step": ACC.drafted_per_step(drafted, steps),
+            "mean_acceptance_length": ACC.mean_acceptance_length(acc, steps),
             "drafts_cut": float(cut.sum()) if len(cut) else math.nan}
 
 
@@ -528,7 +530,7 @@ def category_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.D
                 rows.append({"label": label, "method": method, "suite": suite, "temperature": temp,
                              "category": cat, "n_questions": int(q["tokens_per_s"].notna().sum()),
                              "speedup": M.speedup_ratio_of_means(_per_question_tps(q), _per_question_tps(b)),
-                             "tau": M.tau(lists(ok["accept_lengths"]))})
+                             "tau": ACC.tau(lists(ok["accept_lengths"]))})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -564,11 +566,11 @@ def divergence_table(turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd
 
 def histogram_table(turns: pd.DataFrame) -> pd.DataFrame:
     """Tidy accepted-length histogram: (label, method, suite, temperature, accept_length, steps), verification
-    steps of measured turns only (:func:`harness.measure.metrics.accept_length_histogram`)."""
+    steps of measured turns only (:func:`harness.measure.acceptance.accept_length_histogram`)."""
     measured = measured_rows(turns)
     rows = []
     for key, g in turns[measured].groupby(GROUP, dropna=False, sort=False):
-        for length, count in M.accept_length_histogram(lists(g["accept_lengths"])).items():
+        for length, count in ACC.accept_length_histogram(lists(g["accept_lengths"])).items():
             rows.append({**dict(zip(GROUP, key)), "accept_length": length, "steps": count})
     return pd.DataFrame(rows, columns=[*GROUP, "accept_length", "steps"])
 
@@ -579,103 +581,3 @@ def summary_runtimes(summary: pd.DataFrame) -> list[str]:
         return ["eager"]
     found = list(dict.fromkeys(r if isinstance(r, str) else "eager" for r in summary["runtime"]))
     return sorted(found, key=lambda r: r != "eager")
-
-
-def has_context(turns: pd.DataFrame) -> bool:
-    """Whether a run measured context-length buckets (records with ``context_bucket``, :mod:`harness.run.context`)."""
-    return "context_bucket" in turns and bool(turns["context_bucket"].notna().any())
-
-
-CONTEXT_COLUMNS = [
-    *GROUP, "context_bucket", "prompt_tokens", "n_questions", "tau", "draft_ms_per_step", "verify_ms_per_step",
-    "prefill_s", "tokens_per_s", "decode_tokens_per_s", "speedup", "speedup_gmean", "speedup_ci_lo", "speedup_ci_hi",
-    "decode_speedup", "kv_cache_bytes", "draft_kv_bytes", "peak_memory_bytes",
-]
-
-
-def _step_ms(ok: pd.DataFrame, column: str) -> float:
-    """Milliseconds of ``timing.<column>`` per verification step
-    (:func:`harness.measure.metrics.per_verification_step`); NaN when the turns carry no such timing (vanilla)."""
-    if column not in ok:
-        return math.nan
-    totals = [v * 1000 if v is not None and not (isinstance(v, float) and math.isnan(v)) else None for v in ok[column]]
-    return M.per_verification_step(totals, lists(ok["accept_lengths"]))
-
-
-def _decode_tps(ok: pd.DataFrame) -> pd.Series:
-    """question_id -> decode tokens/s [Q] (prefill left out, :func:`harness.measure.metrics.decode_tokens_per_second`)
-    of one group's measured turns, pooled over each question's turns."""
-    out = {qid: M.decode_tokens_per_second(list(q["new_tokens"]), list(q["wall_time_s"]), list(q["prefill_time_s"]))
-           for qid, q in ok.groupby("question_id", sort=False)}
-    return pd.Series(out, dtype=float)
-
-
-def context_table(turns: pd.DataFrame, baseline_label: str = "vanilla", n_boot: int = 2000,
-                  seed: int = 0) -> pd.DataFrame:
-    """One row per (label, method, suite, temperature, context_bucket) of a run with context-length buckets: every
-    bucket's numbers as :func:`summary_table` computes them for a suite (``tau``, ``acc@i``, ``tokens_per_s``,
-    ``speedup`` and ``speedup_gmean`` with its bootstrap CI vs the baseline on the same prompts, peak memory),
-    plus the mean ``prompt_tokens``, draft and verify milliseconds per verification step (``timings``), the mean
-    ``prefill_s`` per turn, ``decode_tokens_per_s`` (mean over questions, prefill left out) and its
-    ``decode_speedup`` (ratio of means), ``kv_cache_bytes`` (the target's KV cache at the longest turn's
-    prompt + answer) and ``draft_kv_bytes`` (the drafter's own, the same way; NaN for a method without one).
-    Empty when the run has no buckets."""
-    if not has_context(turns):
-        return pd.DataFrame(columns=CONTEXT_COLUMNS)
-    measured = measured_rows(turns)
-    bases = baseline_labels(turns, baseline_label)
-    parts = []
-    for bucket, sub in turns[turns["context_bucket"].notna()].groupby("context_bucket", sort=True):
-        summary = summary_table(sub, baseline_label, n_boot=n_boot, seed=seed)
-        ok_all = sub[measured.loc[sub.index]]
-        extra = []
-        for key, ok in ok_all.groupby(GROUP, dropna=False, sort=False):
-            label, _, suite, temp = key
-            base = ok_all[(ok_all["label"] == bases.get(label, baseline_label)) & (ok_all["suite"] == suite)
-                          & (ok_all["temperature"] == temp)]
-            decode = _decode_tps(ok)
-            extra.append({
-                **dict(zip(GROUP, key)),
-                "prompt_tokens": float(pd.to_numeric(ok["prompt_tokens"]).mean()),
-                "draft_ms_per_step": _step_ms(ok, "timing.draft_s"),
-                "verify_ms_per_step": _step_ms(ok, "timing.verify_s"),
-                "prefill_s": float(pd.to_numeric(ok["prefill_time_s"]).mean()),
-                "decode_tokens_per_s": M.mean_tokens_per_second(decode),
-                "decode_speedup": M.speedup_ratio_of_means(decode, _decode_tps(base)),
-                "kv_cache_bytes": max_value(ok["kv_cache_bytes"]) if "kv_cache_bytes" in ok else math.nan,
-                "draft_kv_bytes": max_value(ok["draft_kv_bytes"]) if "draft_kv_bytes" in ok else math.nan,
-            })
-        extra_columns = [*GROUP, *(c for c in CONTEXT_COLUMNS if c not in summary and c != "context_bucket")]
-        merged = summary.merge(pd.DataFrame(extra, columns=extra_columns), on=GROUP, how="left")
-        merged.insert(len(GROUP), "context_bucket", int(bucket))
-        parts.append(merged)
-    table = pd.concat(parts, ignore_index=True)
-    acc = [c for c in table.columns if c.startswith("acc@")]
-    split = CONTEXT_COLUMNS.index("tau") + 1
-    return table[[*CONTEXT_COLUMNS[:split], *acc, *CONTEXT_COLUMNS[split:], "baseline"]]
-
-
-def crossover_table(context: pd.DataFrame) -> pd.DataFrame:
-    """One row per (label, method, suite, temperature) of a context table, its baseline label left out: the input
-    length at which its speed-up (``speedup_gmean``) falls below 1.0 for good
-    (:func:`harness.measure.metrics.crossover_context`; None: not within the buckets measured) with that bucket's
-    speed-up and 95% CI, whether the CI lies wholly below 1.0 there (``significant``), and the same crossing of the
-    decode speed-up, prefill left out (``decode_crossover_bucket``): a long prompt's prefill, the same for every
-    method, pulls every speed-up towards 1.0."""
-    cols = [*GROUP, "crossover_bucket", "speedup_gmean", "speedup_ci_lo", "speedup_ci_hi", "significant",
-            "decode_crossover_bucket"]
-    rows = []
-    for key, g in context.groupby(GROUP, dropna=False, sort=False):
-        if (g["label"] == g["baseline"]).all():
-            continue
-        g = g.sort_values("context_bucket")
-        bucket = M.crossover_context(list(g["context_bucket"]), list(g["speedup_gmean"]))
-        at = g[g["context_bucket"] == bucket].iloc[0] if bucket is not None else None
-        rows.append({**dict(zip(GROUP, key)), "crossover_bucket": bucket,
-                     "speedup_gmean": at["speedup_gmean"] if at is not None else math.nan,
-                     "speedup_ci_lo": at["speedup_ci_lo"] if at is not None else math.nan,
-                     "speedup_ci_hi": at["speedup_ci_hi"] if at is not None else math.nan,
-                     "significant": bool(at["speedup_ci_hi"] < 1.0) if at is not None else False,
-                     "decode_crossover_bucket": M.crossover_context(list(g["context_bucket"]),
-                                                                    list(g["decode_speedup"]))})
-    return pd.DataFrame(rows, columns=cols)

@@ -5,7 +5,7 @@ Self-contained: inline CSS and a few lines of vanilla JavaScript, plots embedded
 (no CDN, no web font, an inline favicon), so the file opens from disk or from a CI artifact. Sections of a run's
 page: provenance (from ``manifest.json``), the paper table (the same text as ``tables/summary.md``), every plot,
 the headroom ledger and where the time goes (``tables/headroom.csv`` with its two plots), the ablation pivots
-(:mod:`harness.measure.ablation`) when the run has knobs, the referee (:mod:`harness.measure.referee`) when entries
+(:mod:`harness.report.ablation`) when the run has knobs, the referee (:mod:`harness.report.referee`) when entries
 ran on another engine, sortable and filterable summary and
 per-question tables, and the losslessness audit with a divergence viewer (for every turn whose ``output_ids``
 differ from the baseline's at temperature 0: the first differing token, and the two texts side by side around the
@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from harness.measure import metrics as M
-from harness.measure.ablation import ablation_pivots, ablation_table, knob_names
-from harness.measure.formatting import html_number, markdown_cells, missing
-from harness.measure.markdown import collapse_note
 from harness.measure.rundir import write_text_atomic
+from harness.report.ablation import ablation_pivots, ablation_table, knob_names
+from harness.report.formatting import html_number, markdown_cells, missing
+from harness.report.markdown import collapse_note
 
 REPORT_FILE = "report.html"
 CONTEXT_CHARS = 160           # text shown on each side of a divergence
@@ -113,7 +113,7 @@ def table_html(df: pd.DataFrame, table_id: str, sortable: bool = True, filterabl
 
 
 def markdown_tables_html(text: str) -> str:
-    """The paper table's Markdown (:func:`harness.measure.markdown.paper_table`) as HTML: ``|`` rows become a table,
+    """The paper table's Markdown (:func:`harness.report.markdown.paper_table`) as HTML: ``|`` rows become a table,
     ``**bold**`` lines headings, other lines paragraphs."""
     out, rows = [], []
 
@@ -312,7 +312,7 @@ def ablation_html(turns: pd.DataFrame, baseline_label: str) -> str | None:
     table = ablation_table(turns, baseline_label)
     parts = [f"<p>Knobs (options that differ between entries of a method, from the records): "
              f"{', '.join(f'<code>{html.escape(k)}</code>' for k in knobs)}. Other knobs are held at their reference "
-             "value in each pivot (see <code>harness/measure/ablation.py</code>).</p>"]
+             "value in each pivot (see <code>harness/report/ablation.py</code>).</p>"]
     for i, (title, pivot) in enumerate(ablation_pivots(table) if not table.empty else []):
         parts.append(f"<h3>{html.escape(title)}</h3>{table_html(pivot, f'pivot-{i}', sortable=False, index=True)}")
     if not table.empty:
@@ -327,10 +327,10 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
                       headroom: tuple[str, pd.DataFrame, Mapping[str, Path]] | None = None) -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
     mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
-    measured turns with the ablated knobs only (:func:`harness.measure.ablation.ablation_turns`); ``referee``: the
-    :class:`harness.measure.referee.RefereeReport` of a run with engine entries (a section of its own), else None;
+    measured turns with the ablated knobs only (:func:`harness.report.ablation.ablation_turns`); ``referee``: the
+    :class:`harness.report.referee.RefereeReport` of a run with engine entries (a section of its own), else None;
     ``headroom``: the headroom section's Markdown, its table and its plots (the ledger and where the time goes,
-    :func:`harness.measure.tables.headroom_table`), else None."""
+    :func:`harness.report.tables.headroom_table`), else None."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"

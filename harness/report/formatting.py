@@ -1,9 +1,9 @@
 """How numbers read in every text draftbench writes: one rule for a missing value ("n/a"), numbers, ratios, 95%
 confidence intervals, byte sizes, and Markdown tables.
 
-Used wherever a table becomes text: the report's ``summary.md`` (:mod:`harness.measure.markdown`), the ablation
-table (:mod:`harness.measure.ablation`), ``draftbench compare`` (:mod:`harness.measure.compare`), the comparison
-with a published table and the HTML pages (:mod:`harness.measure.html`).
+Used wherever a table becomes text: the report's ``summary.md`` (:mod:`harness.report.markdown`), the ablation
+table (:mod:`harness.report.ablation`), ``draftbench compare`` (:mod:`harness.gate.compare`), the comparison
+with a published table and the HTML pages (:mod:`harness.report.html`).
 
 A missing value is None or NaN (how a record or a table says "not measured"); it reads :data:`NA` in Markdown
 and terminal text, and as an empty cell in HTML (:func:`html_number`).

@@ -7,7 +7,7 @@ loads here loads from a file or a CI artifact.
 
 Command line (the report screenshot in docs/)::
 
-    python -m harness.measure.browser results/<run>/report.html --screenshot docs/report-screenshot.png
+    python -m tests.support.browser results/<run>/report.html --screenshot docs/report-screenshot.png
 
 Chromium: Debian's ``chromium`` package (``apt-get install -y chromium``), or ``$DRAFTBENCH_CHROMIUM``.
 """
@@ -199,7 +199,7 @@ class Browser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.measure.browser", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.support.browser", description=__doc__.split("\n\n")[0])
     p.add_argument("page", help="an HTML file (e.g. results/<run>/report.html)")
     p.add_argument("--screenshot", help="write a PNG here")
     p.add_argument("--width", type=int, default=1280)

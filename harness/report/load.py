@@ -5,8 +5,8 @@ failures; output tokens/s over the level's wall window (:func:`harness.measure.m
 first token p50/p99; per-token latency p50/p95/p99 from every request's per-token arrival times
 (:func:`harness.measure.metrics.per_token_latencies`, pooled over the level's requests; not per chunk) and how many
 requests had chunk times split over several tokens; acceptance from the server's counters diffed around the whole
-level (draft acceptance rate and vLLM's mean acceptance length, :func:`harness.measure.metrics.draft_acceptance_rate`
-and :func:`harness.measure.metrics.mean_acceptance_length`); and, for every entry that speculates, the speed-up over
+level (draft acceptance rate and vLLM's mean acceptance length, :func:`harness.measure.acceptance.draft_acceptance_rate`
+and :func:`harness.measure.acceptance.mean_acceptance_length`); and, for every entry that speculates, the speed-up over
 the ``vanilla`` entry at the same concurrency: the ratio of mean per-request tokens/s over the prompts both
 measured, paired by prompt, with a bootstrap 95% CI from :data:`MIN_CI_REQUESTS` pairs up
 (:func:`harness.measure.metrics.speedup_ratio_ci`), beside the ratio of the two levels' throughputs. The concurrency
@@ -25,9 +25,10 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure.formatting import interval, markdown_table, missing, number, ratio
 from harness.measure.rundir import LOAD_FILE, atomic_file, read_run_file, run_subdir, write_text_atomic
+from harness.report.formatting import interval, markdown_table, missing, number, ratio
 
 MIN_CI_REQUESTS = 8  # paired requests a level needs for a speed-up CI
 SPLIT_NOTE = "chunks of several tokens"  # the served client's engine_notes phrase for split chunk times
@@ -95,9 +96,9 @@ def load_table(rows: list[dict[str, Any]], baseline_label: str = "vanilla") -> p
                **dict(zip(("token_latency_p50_s", "token_latency_p95_s", "token_latency_p99_s"),
                           M.latency_percentiles(gaps), strict=True)),
                "split_requests": sum(any(SPLIT_NOTE in n for n in r.get("engine_notes") or []) for r in ok),
-               "acceptance_rate": M.draft_acceptance_rate([counters.get("accepted_tokens")],
+               "acceptance_rate": ACC.draft_acceptance_rate([counters.get("accepted_tokens")],
                                                           [counters.get("draft_tokens")]),
-               "mean_acceptance_length": M.mean_acceptance_length([counters.get("accepted_tokens")],
+               "mean_acceptance_length": ACC.mean_acceptance_length([counters.get("accepted_tokens")],
                                                                   [counters.get("drafts")]),
                "baseline": None, "speedup": math.nan, "speedup_lo": math.nan, "speedup_hi": math.nan,
                "throughput_ratio": math.nan}

@@ -10,23 +10,23 @@ cells           label, method, lossless flag, suite, temperature, n_questions, n
 questions       per question of a cell: accepted tokens (Σ accept_lengths) and steps (so τ pools exactly over any
                 subset), new tokens, wall time, tokens/s, speed-up (its tokens/s ÷ the baseline label's on the same
                 question in the same run), score, n_errors; accepted drafts, drafted tokens and drafting steps
-                (:func:`harness.measure.tables.draft_totals`, so the draft acceptance rate pools over any subset);
+                (:func:`harness.report.tables.draft_totals`, so the draft acceptance rate pools over any subset);
                 ``accepted_at`` / ``drafted_at``: the per-position acceptance counts
-                (:func:`harness.measure.metrics.acceptance_counts`; absent in baselines saved before them, then
+                (:func:`harness.measure.acceptance.acceptance_counts`; absent in baselines saved before them, then
                 per-position acceptance is not gated against it)
 turns           per (question, turn, seed, repeat): new_tokens, stop_reason and ``sha256`` of the output token ids
                 (:func:`ids_sha256`)
 repeats         only for a run of 2 or more repeats (``repeats:`` / ``--repeats``): per cell and repeat, the cell's
                 figures measured in that repeat alone (:func:`repeat_table`): τ, acc@i, draft acceptance rate,
                 speed-up, tokens/s. Their spread is the run-to-run noise that ``compare`` fits its tolerances on
-                (:func:`harness.measure.metrics.prediction_band`); a baseline without it keeps the fixed defaults
+                (:func:`harness.measure.noise.prediction_band`); a baseline without it keeps the fixed defaults
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
                 target (without its local path), full run configuration and its digest, suites
 =============== ==================================================================================================
 
 :class:`Side` is the in-memory form of either source: a run directory is reduced by the report's own table
-builders (:mod:`harness.measure.tables`, so every number comes from :mod:`harness.measure.metrics`), a baseline
-is read back as the same three tables plus provenance, an export (:mod:`harness.measure.exports`) is read back
+builders (:mod:`harness.report.tables`, so every number comes from :mod:`harness.measure.metrics`), a baseline
+is read back as the same three tables plus provenance, an export (:mod:`harness.report.exports`) is read back
 into records and reduced like a run. Only a run directory keeps ``output_ids`` and ``output_text`` (used to show
 where an output changed).
 
@@ -48,11 +48,12 @@ from typing import Any
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure import tables as T
-from harness.measure.exports import ids_sha256, read_export, write_export
 from harness.measure.records import RecordsRead, baseline_labels, load_records, record_files
 from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file, run_subdir
+from harness.report import tables as T
+from harness.report.exports import ids_sha256, read_export, write_export
 
 BASELINE_FILE = "baseline.json"
 BASELINE_FORMAT = "draftbench-baseline"
@@ -74,7 +75,7 @@ REPEAT_COLUMNS = [*CELL, "repeat", *SPREAD_FIGURES, "acc_at"]  # acc_at: acc@1, 
 
 def repeat_table(turns: pd.DataFrame, label: str) -> pd.DataFrame:
     """Per (label, suite, temperature) cell and repeat, the cell's figures measured in that repeat alone, with the
-    report's own summary (:func:`harness.measure.tables.summary_table` on the repeat's turns; speed-ups against
+    report's own summary (:func:`harness.report.tables.summary_table` on the repeat's turns; speed-ups against
     ``label`` in the same repeat): :data:`SPREAD_FIGURES` and ``acc_at`` (acc@1..depth, [] when the label never
     drafts). Each repeat measures every question once, so the rows of a cell are replicates of the same commit.
     Example: a run of 5 repeats of vanilla and eagle2 on one suite at T = 0 -> 10 rows."""
@@ -136,7 +137,7 @@ class Side:
     :data:`POSITION_COLUMNS` (measured questions only: a question with an error turn has NaN figures and its
     ``n_errors``; the draft and position counts are n/a in a baseline saved before they existed), ``turns``
     :data:`TURN_COLUMNS` (measured turns; a run directory adds ``output_ids`` and ``output_text``). ``kind`` is
-    "run", "baseline" or "export" (:mod:`harness.measure.exports`)."""
+    "run", "baseline" or "export" (:mod:`harness.report.exports`)."""
 
     path: Path
     kind: str
@@ -194,7 +195,7 @@ class Side:
     @classmethod
     def from_export(cls, path: str | Path, baseline_label: str = "vanilla", n_boot: int = 2000,
                     seed: int = 0) -> Side:
-        """Reduce an export file (:func:`harness.measure.exports.read_export`, either format) like a run: its
+        """Reduce an export file (:func:`harness.report.exports.read_export`, either format) like a run: its
         ``request`` parts are the records; outputs are compared by their ``output_sha256``."""
         records, provenance = read_export(path)
         return cls.from_records(Path(path), "export", records, {}, provenance, baseline_label, n_boot, seed)
@@ -221,7 +222,7 @@ class Side:
                           steps=ok["accept_lengths"].map(len))
                   .groupby([*CELL, "question_id"], sort=False)[["accepted_tokens", "steps", *DRAFT_COLUMNS]]
                   .sum(min_count=1).reset_index())
-        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, M.acceptance_counts(
+        positions = [{**dict(zip([*CELL, "question_id"], key)), **dict(zip(POSITION_COLUMNS, ACC.acceptance_counts(
             T.lists(g["accepted_drafts"]), T.lists(g["draft_depths"]))))}
             for key, g in ok.groupby([*CELL, "question_id"], sort=False)]
         totals = totals.merge(pd.DataFrame(positions, columns=[*CELL, "question_id", *POSITION_COLUMNS]),
@@ -350,7 +351,7 @@ def run_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_side(path: str | Path, n_boot: int = 2000, seed: int = 0) -> Side:
     """A run directory (manifest.json + records*.jsonl), a baseline (its folder or its baseline.json) or an export
-    (a ``.jsonl`` file of :mod:`harness.measure.exports`)."""
+    (a ``.jsonl`` file of :mod:`harness.report.exports`)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run or baseline directory")
@@ -449,7 +450,7 @@ def current_device_slug(device: str = "auto") -> str:
 
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> Path:
-    """Write a run's complete measured records as an export of format ``fmt`` (:mod:`harness.measure.exports`);
+    """Write a run's complete measured records as an export of format ``fmt`` (:mod:`harness.report.exports`);
     returns the file (default ``RUN_DIR/exports/<fmt>.jsonl``)."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)

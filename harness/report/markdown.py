@@ -1,8 +1,8 @@
-"""The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.measure.report`):
+"""The Markdown of a run's ``tables/summary.md`` (besides its provenance header, :mod:`harness.report.report`):
 the paper table (labels × suites, cells "speed-up× / τ"), the per-category leaderboard pivot, the greedy
 divergence note, the note on records left out and the headroom section (ledger and time breakdown). A label that is a
 bound rather than a method (the ``oracle``) carries "‡" wherever it appears. Numbers read as
-:mod:`harness.measure.formatting` says; every number comes from the tables of :mod:`harness.measure.tables`.
+:mod:`harness.report.formatting` says; every number comes from the tables of :mod:`harness.report.tables`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
+from harness.measure import headroom as HR
 from harness.measure import metrics as M
-from harness.measure.formatting import (
+from harness.measure.records import RecordsRead
+from harness.report.formatting import (
     interval,
     markdown_escape,
     markdown_table,
@@ -23,8 +26,7 @@ from harness.measure.formatting import (
     size,
     speedup_tau,
 )
-from harness.measure.records import RecordsRead
-from harness.measure.tables import max_value, sum_values, summary_runtimes
+from harness.report.tables import max_value, sum_values, summary_runtimes
 
 
 def category_markdown(categories: pd.DataFrame, summary: pd.DataFrame, baseline_label: str = "vanilla") -> str:
@@ -80,18 +82,18 @@ def acceptance_markdown(summary: pd.DataFrame) -> str:
 
 def collapse_warnings(summary: pd.DataFrame) -> list[str]:
     """One line per (label, suite, temperature) of a run's summary whose speculation collapsed
-    (:func:`harness.measure.metrics.acceptance_collapsed`: drafts proposed, acc@1 under
-    :data:`harness.measure.metrics.COLLAPSE_ACC1`), naming the label and the likely causes; [] when none did.
+    (:func:`harness.measure.acceptance.acceptance_collapsed`: drafts proposed, acc@1 under
+    :data:`harness.measure.acceptance.COLLAPSE_ACC1`), naming the label and the likely causes; [] when none did.
     Example: eagle2 on tiny at T = 0 with acc@1 0.01 and 3 drafted tokens per step -> ["warning: acceptance collapse:
     eagle2 (tiny, T=0) accepted its first draft token in 1.0% of drafting steps (floor 5%) while proposing 3.00
     drafted tokens per step; ... likely causes: ..."]."""
     if "acc@1" not in summary or "drafted_per_step" not in summary:
         return []
     return [f"warning: acceptance collapse: {r['label']} ({r['suite']}, T={float(r['temperature']):g}) accepted its "
-            f"first draft token in {float(r['acc@1']):.1%} of drafting steps (floor {M.COLLAPSE_ACC1:.0%}) while "
+            f"first draft token in {float(r['acc@1']):.1%} of drafting steps (floor {ACC.COLLAPSE_ACC1:.0%}) while "
             f"proposing {float(r['drafted_per_step']):.2f} drafted tokens per step, so speculation is likely slower "
-            f"than none; likely causes: {'; '.join(M.COLLAPSE_CAUSES)}"
-            for r in summary.to_dict("records") if M.acceptance_collapsed(r["acc@1"], r["drafted_per_step"])]
+            f"than none; likely causes: {'; '.join(ACC.COLLAPSE_CAUSES)}"
+            for r in summary.to_dict("records") if ACC.acceptance_collapsed(r["acc@1"], r["drafted_per_step"])]
 
 
 def collapse_note(summary: pd.DataFrame) -> str:
@@ -218,10 +220,10 @@ def records_note(found: RecordsRead, run_dir: Path, summary: pd.DataFrame | None
 
 
 def context_markdown(context: pd.DataFrame, crossover: pd.DataFrame, baseline_label: str = "vanilla") -> str:
-    """Markdown of a run with context-length buckets (:func:`harness.measure.tables.context_table`), per (suite,
+    """Markdown of a run with context-length buckets (:func:`harness.report.context.context_table`), per (suite,
     temperature): labels × input lengths, cells "speed-up× [95% CI] / τ" (geometric mean of per-prompt speed-ups
     with its bootstrap CI), and the input length at which the speed-up falls below 1.0
-    (:func:`harness.measure.tables.crossover_table`); then prefill and decode per input length. Empty text when the
+    (:func:`harness.report.context.crossover_table`); then prefill and decode per input length. Empty text when the
     run has no buckets."""
     if context.empty:
         return ""
@@ -283,7 +285,7 @@ def not_deployable_mark(rows: pd.DataFrame) -> str:
 
 
 def headroom_markdown(headroom: pd.DataFrame) -> str:
-    """The report's headroom section (:func:`harness.measure.tables.headroom_table`), per row (label, suite,
+    """The report's headroom section (:func:`harness.report.tables.headroom_table`), per row (label, suite,
     temperature): the ledger, measured speed-up S, free-draft bound and oracle bound S* each with its 95% CI, then
     where the time goes (shares of the wall time; the share of verification work spent on rejected slots), energy
     per token and per accepted draft token, and the cost of a million tokens at the user's price. Definitions:
@@ -298,7 +300,7 @@ def headroom_markdown(headroom: pd.DataFrame) -> str:
         ledger.append([*key, interval(r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]),
                        interval(r["free_draft_speedup"], r["free_draft_ci_lo"], r["free_draft_ci_hi"]),
                        interval(r["oracle_speedup"], r["oracle_ci_lo"], r["oracle_ci_hi"]) + oracle])
-        where.append([*key, *(number(r[f"share_{p}"], ".1%") for p in M.TIME_PARTS),
+        where.append([*key, *(number(r[f"share_{p}"], ".1%") for p in HR.TIME_PARTS),
                       number(r["rejected_verify_share"], ".1%"), number(r["energy_per_token_j"], ".3g"),
                       number(r["energy_per_accepted_token_j"], ".3g"), str(r["energy_source"]),
                       number(r["cost_per_million_tokens"], ".2f")])

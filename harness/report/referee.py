@@ -9,7 +9,7 @@ Leviathan et al. 2023, arXiv 2211.17192, §2.3). Three questions per turn:
   first differing token is classified as in the losslessness audit (:func:`harness.measure.metrics.divergence`,
   one-sided: an engine exposes no logits, so the harness's margin decides between a near tie and a disagreement);
 * τ and the acceptance per draft position of the engine next to the harness entry's
-  (:func:`harness.measure.metrics.tau`, :func:`harness.measure.metrics.acceptance_per_position`);
+  (:func:`harness.measure.acceptance.tau`, :func:`harness.measure.acceptance.acceptance_per_position`);
 * at T = 0, the first drafting step whose accepted count differs (:func:`step_difference`): from there on the
   two no longer draft from the same context. Only where the engine gives its steps in order: a server that
   reports how many steps accepted how many drafts but not their order (llama.cpp's and SGLang's counters; the
@@ -34,12 +34,13 @@ from typing import Any
 
 import pandas as pd
 
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure.formatting import markdown_table, missing, number
-from harness.measure.plots import plot_referee
 from harness.measure.records import steps_ordered
 from harness.measure.rundir import atomic_file
-from harness.measure.tables import lists, max_depth, measured_rows
+from harness.report.formatting import markdown_table, missing, number
+from harness.report.plots import plot_referee
+from harness.report.tables import lists, max_depth, measured_rows
 
 HARNESS = "harness"
 COLUMNS = ["engine_label", "harness_label", "vanilla_label", "engine", "suite", "question_id", "turn", "temperature",
@@ -166,7 +167,7 @@ def _key(rec: Mapping[str, Any]) -> tuple:
 def _per_turn(rec: Mapping[str, Any], depth: int) -> tuple[float, list[float]]:
     """τ and acceptance per position 1..depth of one turn."""
     accepted, depths = [list(rec.get("accepted_drafts") or [])], [list(rec.get("draft_depths") or [])]
-    return M.tau([rec["accept_lengths"]]), M.acceptance_per_position(accepted, depths, max_pos=depth)
+    return ACC.tau([rec["accept_lengths"]]), ACC.acceptance_per_position(accepted, depths, max_pos=depth)
 
 
 def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
@@ -223,8 +224,8 @@ def referee_table(turns: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
 
 def pair_summary(turns: pd.DataFrame, pair: Pair) -> dict[str, Any]:
     """A pair's pooled numbers over the prompts both entries measured: ``tau_engine`` / ``tau_harness``
-    (:func:`harness.measure.metrics.tau`), ``acc_engine`` / ``acc_harness`` per position 1..the deeper draft
-    (:func:`harness.measure.metrics.acceptance_per_position`) and ``turns`` (how many prompts)."""
+    (:func:`harness.measure.acceptance.tau`), ``acc_engine`` / ``acc_harness`` per position 1..the deeper draft
+    (:func:`harness.measure.acceptance.acceptance_per_position`) and ``turns`` (how many prompts)."""
     ok = turns[measured_rows(turns)]
     engine, harness = ok[ok["label"] == pair.engine_label], ok[ok["label"] == pair.harness_label]
     shared = set(map(_key, engine.to_dict("records"))) & set(map(_key, harness.to_dict("records")))
@@ -232,8 +233,8 @@ def pair_summary(turns: pd.DataFrame, pair: Pair) -> dict[str, Any]:
     depth = max(max_depth(engine), max_depth(harness))
     for side, g in (("engine", engine), ("harness", harness)):
         g = g[[_key(r) in shared for r in g.to_dict("records")]]
-        out[f"tau_{side}"] = M.tau(lists(g["accept_lengths"]))
-        out[f"acc_{side}"] = M.acceptance_per_position(lists(g["accepted_drafts"]), lists(g["draft_depths"]),
+        out[f"tau_{side}"] = ACC.tau(lists(g["accept_lengths"]))
+        out[f"acc_{side}"] = ACC.acceptance_per_position(lists(g["accepted_drafts"]), lists(g["draft_depths"]),
                                                        max_pos=depth)
     return out
 
@@ -250,7 +251,7 @@ def referee_markdown(turns: pd.DataFrame, pairs: Sequence[Pair], table: pd.DataF
     if not pairs:
         return ""
     lines = ["**Referee: engine entries held against the harness** (same prompts; τ = tokens per target forward; "
-             "acc@i = share of steps that drafted i deep and accepted the i-th draft; `harness/measure/referee.py`)",
+             "acc@i = share of steps that drafted i deep and accepted the i-th draft; `harness/report/referee.py`)",
              ""]
     for pair in pairs:
         if pair.harness_label is None:
@@ -304,7 +305,7 @@ class RefereeReport:
 def write_referee(turns: pd.DataFrame, config: Mapping[str, Any] | None, baseline_label: str, tables: Path,
                   plots: Path) -> RefereeReport | None:
     """Pair the run's engine entries (:func:`pair_entries`), write ``tables/referee.csv`` (:func:`referee_table`,
-    lists as JSON) and ``plots/referee.png`` (:func:`harness.measure.plots.plot_referee`); None, and nothing
+    lists as JSON) and ``plots/referee.png`` (:func:`harness.report.plots.plot_referee`); None, and nothing
     written, when no entry ran on another engine."""
     entries = run_entries(turns, config)
     if not has_engines(entries):

@@ -2,7 +2,7 @@
 from change.
 
 A *cell* is one (label, suite, temperature) of both runs; inside it questions are paired on their id, turns on
-(question, turn, seed, repeat). BASE and NEW are run directories or baselines (:mod:`harness.measure.baseline`).
+(question, turn, seed, repeat). BASE and NEW are run directories or baselines (:mod:`harness.gate.baseline`).
 The gate uses what a speculative-decoding run knows that a generic timing benchmark does not: at temperature 0
 on the same device and dtype the outputs and τ are deterministic, so they are gated exactly; the speed-up is a
 ratio to vanilla measured in the same run, so a uniformly slower or faster machine cancels out; per-question
@@ -11,12 +11,12 @@ pairs give a confidence interval, so timing noise is not read as a regression.
 Rules (a cell FAILS when any holds; ``compare`` then exits 1):
 
 =========== =========================================================================================================
-outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`harness.measure.baseline.ids_sha256`)
+outputs     T = 0 only: a turn of NEW whose output token ids (sha256, :func:`harness.gate.baseline.ids_sha256`)
             differ from BASE's turn with the same question, turn, seed and repeat. Reported: how many turns changed,
             and for the first one the first differing token position and the text around it (only when both sides
             are run directories: a baseline keeps hashes, not texts). ``--no-outputs`` turns it off.
 tau         τ of NEW < τ of BASE × (1 − ``tau_rtol``), both pooled over the questions the two runs share
-            (:func:`harness.measure.metrics.tau_pooled`). A rise beyond ``tau_rtol`` is reported as "improved" and
+            (:func:`harness.measure.acceptance.tau_pooled`). A rise beyond ``tau_rtol`` is reported as "improved" and
             does not fail (refresh the baseline to keep it). Where exact gating does not apply and a tolerance is
             set, the two acceptance rules below replace it.
 acceptance  tolerance gating, as the engines' own CI does (vLLM's acceptance-length test: mean within rtol of the
@@ -27,7 +27,7 @@ acceptance  tolerance gating, as the engines' own CI does (vLLM's acceptance-len
             the τ rule when none is given. Fails when |τ NEW / τ BASE − 1| > rtol (a rise too: counting or
             drafting changed; refresh the baseline if that is intended).
 position    with the acceptance rule: acc@i of NEW < acc@i of BASE × (1 − rtol) at a position i BASE drafted,
-            both pooled over the shared questions (:func:`harness.measure.metrics.acceptance_pooled` of each
+            both pooled over the shared questions (:func:`harness.measure.acceptance.acceptance_pooled` of each
             question's counts); not gated against a baseline saved before it kept those counts.
 speed       Δ speed-up = :func:`harness.measure.metrics.paired_change` of the per-question speed-ups (each run's own
             tokens/s ÷ its own baseline label's on the same question, :func:`harness.measure.metrics.
@@ -41,18 +41,18 @@ tps         opt-in (``--tps-tol``): the same rule on per-question absolute token
 lossless    NEW's lossless share (T = 0: share of its turns equal to its own vanilla's) is below 1 for a label
             whose method declares itself lossless.
 quality     NEW's mean quality score < BASE's − ``quality_tol``, both over the questions scored on both sides.
-collapse    NEW's draft acceptance rate is under :data:`harness.measure.metrics.COLLAPSE_SHARE` (a quarter) of BASE's:
-            speculation collapsed (the message names the likely causes: precision, head/target mismatch, chat
-            template); a tolerance never absorbs that.
+collapse    NEW's draft acceptance rate is under :data:`harness.measure.acceptance.COLLAPSE_SHARE` (a quarter) of
+            BASE's: speculation collapsed (the message names the likely causes: precision, head/target mismatch,
+            chat template); a tolerance never absorbs that.
 errors      NEW has error turns in the cell.
 missing     a cell or a measured question of BASE that NEW lacks.
 =========== =========================================================================================================
 
-Fitted tolerances. A baseline saved from a run of N >= :data:`harness.measure.metrics.MIN_FIT_REPEATS` repeats keeps
-each cell's figures per repeat (:func:`harness.measure.baseline.repeat_table`). Against it, when both sides ran on
+Fitted tolerances. A baseline saved from a run of N >= :data:`harness.measure.noise.MIN_FIT_REPEATS` repeats keeps
+each cell's figures per repeat (:func:`harness.gate.baseline.repeat_table`). Against it, when both sides ran on
 the same device and dtype, each tolerance is derived from that spread instead of a fixed default: for a figure with
 mean x̄ and standard deviation s over BASE's n repeats, and NEW's mean over its m repeats (m = 1 for one run),
-the band is x̄ ± t_{0.995, n−1} · s · √(1/n + 1/m) (:func:`harness.measure.metrics.prediction_band`), the
+the band is x̄ ± t_{0.995, n−1} · s · √(1/n + 1/m) (:func:`harness.measure.noise.prediction_band`), the
 normal-theory prediction interval that a rerun of the same commit leaves with probability 1% (0.5% below a
 floor). Each repeat's figure is a mean over every question and step of the cell, so it is close to normal, and t
 rather than a normal quantile pays for s being estimated from a handful of repeats. A bootstrap is not used: from
@@ -69,8 +69,8 @@ repeats"), and a note lists each fitted band.
 
 Not gated, reported: absolute tokens/s and its paired change (CI machines differ), peak memory, energy per token,
 each side's speed-up (ratio of means, as in the report), each side's draft acceptance rate and drafted tokens per
-drafting step over the shared questions (:func:`harness.measure.metrics.draft_acceptance_rate`; n/a for a baseline
-saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.measure.exports`). A cell of
+drafting step over the shared questions (:func:`harness.measure.acceptance.draft_acceptance_rate`; n/a for a baseline
+saved before they were). BASE or NEW may also be an export of a run (:mod:`harness.report.exports`). A cell of
 NEW that BASE lacks is listed as "new".
 Warnings say when the sides are not comparable for exact gating: another device or dtype, another configuration
 (the differing fields are named), other library versions, or the baseline label's own outputs changed (then the
@@ -79,20 +79,19 @@ target's numerics changed, and the methods' output changes follow from it).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness.gate.baseline import CELL, TURN, Side
+from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
-from harness.measure.baseline import CELL, TURN, Side
-from harness.measure.formatting import NA, interval, markdown_escape, markdown_table, missing, number, size
-from harness.measure.html import write_tables_page
-from harness.measure.tables import flatten
+from harness.measure import noise as NOISE
+from harness.report.formatting import missing, number
+from harness.report.tables import flatten
 
 CONTEXT_CHARS = 30  # characters of text shown on each side of the first differing position
 ENGINE_RTOL = 0.05  # an engine's cells without --acceptance-rtol: vLLM's acceptance-length CI tolerance
@@ -379,7 +378,7 @@ class Band:
 
 def fit_source(base: Side, new: Side, key: tuple, th: Thresholds) -> tuple[int, str | None]:
     """(BASE's repeats of the cell, why no tolerance is fitted or None when one is). A tolerance is fitted when BASE
-    has at least :data:`harness.measure.metrics.MIN_FIT_REPEATS` repeats of the cell, both sides ran on the same
+    has at least :data:`harness.measure.noise.MIN_FIT_REPEATS` repeats of the cell, both sides ran on the same
     device and dtype (repeats on one device measure its rerun noise, not the shift to another), and ``th.fit``.
     Example: an old baseline -> (0, "baseline without repeats")."""
     n = len(base.spread(key))
@@ -388,8 +387,8 @@ def fit_source(base: Side, new: Side, key: tuple, th: Thresholds) -> tuple[int, 
         return n, "--no-fit"
     if n == 0:
         return n, "baseline without repeats"
-    if n < M.MIN_FIT_REPEATS:
-        return n, f"baseline of {n} repeats, fewer than {M.MIN_FIT_REPEATS}"
+    if n < NOISE.MIN_FIT_REPEATS:
+        return n, f"baseline of {n} repeats, fewer than {NOISE.MIN_FIT_REPEATS}"
     if pb.get("device_slug") != pn.get("device_slug"):
         return n, "devices differ: BASE's repeats measure its own device's noise"
     if (pb.get("target") or {}).get("dtype") != (pn.get("target") or {}).get("dtype"):
@@ -415,12 +414,12 @@ def fitted_bands(base: Side, new: Side, key: tuple, pooled: Mapping[str, Any]) -
     bands = []
     for figure, name, floor in (("tau", "τ", False), ("draft_acceptance_rate", "draft acc. rate", True),
                                 ("speedup", "speed-up", True), ("tokens_per_s", "tokens/s", True)):
-        mean, hw, n = M.prediction_band(list(sb[figure]), m)
+        mean, hw, n = NOISE.prediction_band(list(sb[figure]), m)
         if not missing(mean) and not missing(new_values[figure]):
             bands.append(Band(name, mean, float(new_values[figure]), hw, n, m, floor))
     acc_b = [list(a) for a in sb["acc_at"]]
     for i in range(max((len(a) for a in acc_b), default=0)):
-        mean, hw, n = M.prediction_band([a[i] for a in acc_b if len(a) > i], m)
+        mean, hw, n = NOISE.prediction_band([a[i] for a in acc_b if len(a) > i], m)
         if not missing(mean):
             bands.append(Band(f"acc@{i + 1}", mean, new_acc[i] if i < len(new_acc) else math.nan, hw, n, m))
     return bands
@@ -431,7 +430,7 @@ def _acceptance(questions: pd.DataFrame) -> list[float]:
     counts); [] when the side keeps no counts."""
     if "accepted_at" not in questions:
         return []
-    return M.acceptance_pooled(questions["accepted_at"], questions["drafted_at"])
+    return ACC.acceptance_pooled(questions["accepted_at"], questions["drafted_at"])
 
 
 def acceptance_failures(tau_base: float, tau_new: float, acc_base: list[float], acc_new: list[float],
@@ -475,10 +474,11 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
     if lacking:
         findings.append(Finding(name, "missing", f"NEW lacks measured question(s) {lacking} of BASE"))
 
-    tau_b, tau_n = M.tau_pooled(sb["accepted_tokens"], sb["steps"]), M.tau_pooled(sn["accepted_tokens"], sn["steps"])
+    tau_b = ACC.tau_pooled(sb["accepted_tokens"], sb["steps"])
+    tau_n = ACC.tau_pooled(sn["accepted_tokens"], sn["steps"])
     tau_change = M.relative_change(tau_n, tau_b)
-    rate_b, rate_n = (M.draft_acceptance_rate(q["accepted_drafts_total"], q["drafted_tokens"]) for q in (sb, sn))
-    drafted_b, drafted_n = (M.drafted_per_step(q["drafted_tokens"], q["draft_steps"]) for q in (sb, sn))
+    rate_b, rate_n = (ACC.draft_acceptance_rate(q["accepted_drafts_total"], q["drafted_tokens"]) for q in (sb, sn))
+    drafted_b, drafted_n = (ACC.drafted_per_step(q["drafted_tokens"], q["draft_steps"]) for q in (sb, sn))
     inexact = inexact_reasons(base, new, label, float(temp))
     on_engine = bool(inexact) and inexact[-1].startswith("engine ")
     rtol = th.acceptance_rtol if th.acceptance_rtol is not None else ENGINE_RTOL if on_engine else None
@@ -499,10 +499,9 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
     if bands:
         tolerance = {"gate": "fitted", "fit_repeats": n_repeats,
                      "bands": {k: asdict(b) for k, b in bands.items()}}
-        findings.append(Finding(name, "tolerance", f"fitted: {n_repeats} repeats ({M.PREDICTION_LEVEL:.0%} prediction "
-                                                   "band of one rerun): " + "; ".join(b.describe() for b in
-                                                                                      bands.values()),
-                                fails=False))
+        fitted = "; ".join(b.describe() for b in bands.values())
+        findings.append(Finding(name, "tolerance", f"fitted: {n_repeats} repeats ({NOISE.PREDICTION_LEVEL:.0%} "
+                                                   f"prediction band of one rerun): {fitted}", fails=False))
         rules = {"τ": "acceptance", "draft acc. rate": "acceptance", "speed-up": "speed", "tokens/s": "tps"}
         for b in bands.values():
             if b.fails:
@@ -529,7 +528,7 @@ def _compare_cell(key: tuple, base: Side, new: Side, th: Thresholds) -> tuple[di
         findings.append(Finding(name, "tau", f"τ rose {tau_b:.3f} -> {tau_n:.3f} ({tau_change:+.1%}): improved; "
                                              "refresh the baseline to keep it", fails=False))
 
-    if M.rate_collapsed(rate_n, rate_b):
+    if ACC.rate_collapsed(rate_n, rate_b):
         findings.append(Finding(name, "collapse", collapse_message(label, rate_b, rate_n)))
 
     sp = (math.nan,) * 3 if is_reference else _change(sn["speedup"], sb["speedup"], th)
@@ -609,139 +608,7 @@ def _fixed_tolerance(th: Thresholds, acceptance_gated: bool, rtol: float | None,
 
 
 def collapse_message(label: str, rate_base: float, rate_new: float) -> str:
-    """The line that names a collapsed label (:func:`harness.measure.metrics.rate_collapsed`) and the likely causes."""
+    """The line that names a collapsed label (:func:`harness.measure.acceptance.rate_collapsed`) and the likely
+    causes."""
     return (f"acceptance collapse: {label}'s draft acceptance rate fell {rate_base:.3f} -> {rate_new:.3f}, under "
-            f"{M.COLLAPSE_SHARE:g} of BASE's; likely causes: {'; '.join(M.COLLAPSE_CAUSES)}")
-
-
-# ---- output ------------------------------------------------------------------------------------------------------
-def _arrow(b: Any, n: Any, spec: str, suffix: str = "") -> str:
-    """BASE → NEW. Example: _arrow(3.1, 3.25, ".3f") -> "3.100 → 3.250"."""
-    return f"{number(b, spec, suffix)} → {number(n, spec, suffix)}"
-
-
-def _ci(g: Any, lo: Any, hi: Any) -> str:
-    """A change with its CI, "n/a" alone when there is none.
-    Example: _ci(1.02, 0.98, 1.07) -> "1.020 [0.980, 1.070]"."""
-    return NA if missing(g) else interval(g, lo, hi, ".3f")
-
-
-COLUMNS = ("cell", "method", "q", "τ BASE → NEW", "Δτ", "acc. rate BASE → NEW", "drafted/step BASE → NEW",
-           "speed-up BASE → NEW", "Δ speed-up [95% CI]",
-           "tok/s BASE → NEW", "Δ tok/s [95% CI]", "lossless", "quality", "outputs changed", "peak mem NEW",
-           "J/token NEW", "tolerance", "verdict")
-
-
-def table_rows(cmp: Comparison) -> list[list[str]]:
-    """The cells as text rows in :data:`COLUMNS` order (the terminal and Markdown tables)."""
-    out = []
-    for r in cmp.rows:
-        if r["status"] in ("missing", "new"):
-            out.append([r["cell"], *["-"] * (len(COLUMNS) - 2), r["status"]])
-            continue
-        outputs = ("not gated" if r["turns_compared"] is None
-                   else f"{r['turns_changed']}/{r['turns_compared']} turns")
-        verdict = r["status"] + (f" ({', '.join(r['rules_failed'])})" if r["rules_failed"] else "")
-        out.append([
-            r["cell"], str(r["method"]), str(r["n_questions"]), _arrow(r["tau_base"], r["tau_new"], ".3f"),
-            number(r["tau_change"] * 100 if not missing(r["tau_change"]) else None, "+.1f", "%"),
-            _arrow(r["draft_acceptance_rate_base"], r["draft_acceptance_rate_new"], ".3f"),
-            _arrow(r["drafted_per_step_base"], r["drafted_per_step_new"], ".2f"),
-            _arrow(r["speedup_base"], r["speedup_new"], ".2f", "×"),
-            _ci(r["speedup_change"], r["speedup_change_lo"], r["speedup_change_hi"]),
-            _arrow(r["tokens_per_s_base"], r["tokens_per_s_new"], ".1f"),
-            _ci(r["tokens_per_s_change"], r["tokens_per_s_change_lo"], r["tokens_per_s_change_hi"]),
-            number(r["lossless_share_new"], ".2f"), _arrow(r["quality_base"], r["quality_new"], ".3f"),
-            outputs, size(r["peak_memory_bytes_new"]), number(r["energy_per_token_j_new"], ".3g"),
-            str(r.get("tolerance") or NA), verdict,
-        ])
-    return out
-
-
-def _gated(th: Thresholds) -> str:
-    parts = [f"outputs{'' if th.gate_outputs else ' (off: --no-outputs)'}", f"τ (drop > {th.tau_rtol:.1%})",
-             f"speed-up (CI upper end < {1 - th.speed_tol:g})" if th.gate_speed else "not speed-up (--no-speed)",
-             "lossless share", f"quality (drop > {th.quality_tol:g})", "errors", "missing cells/questions"]
-    if th.tps_tol is not None:
-        parts.append(f"tok/s (CI upper end < {1 - th.tps_tol:g})")
-    parts.append(f"tolerances fitted on BASE's repeats where it has >= {M.MIN_FIT_REPEATS}" if th.fit
-                 else "fixed tolerances only (--no-fit)")
-    if th.acceptance_rtol is not None:
-        parts.append(f"acceptance within ±{th.acceptance_rtol:.1%} and per-position floors where exact gating does "
-                     "not apply (other device or dtype, T > 0, engines)")
-    return ", ".join(parts)
-
-
-def _verdict(cmp: Comparison) -> str:
-    n = len(cmp.failures)
-    return "PASS" if not n else f"FAIL: {n} regression{'s' if n > 1 else ''}"
-
-
-def format_text(cmp: Comparison) -> str:
-    """Terminal report: sides, what is gated, the cell table, findings, warnings, verdict."""
-    rows = [list(COLUMNS), *table_rows(cmp)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = [f"BASE  {cmp.base.path}  ({cmp.base.describe()})", f"NEW   {cmp.new.path}  ({cmp.new.describe()})",
-             f"gated on: {_gated(cmp.thresholds)}", ""]
-    for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    lines.append("")
-    for f in cmp.findings:
-        lines.append(f"{'FAIL' if f.fails else 'note'}  {f.cell}  {f.rule}: {f.message}")
-    for w in cmp.warnings:
-        lines.append(f"warning: {w}")
-    lines.append(_verdict(cmp))
-    return "\n".join(lines) + "\n"
-
-
-def format_markdown(cmp: Comparison) -> str:
-    """Markdown for a pull-request comment or ``$GITHUB_STEP_SUMMARY``."""
-    lines = [f"### draftbench compare: {_verdict(cmp)}", "",
-             f"- BASE `{cmp.base.path}`: {markdown_escape(cmp.base.describe())}",
-             f"- NEW `{cmp.new.path}`: {markdown_escape(cmp.new.describe())}",
-             f"- gated on: {markdown_escape(_gated(cmp.thresholds))}", "",
-             *markdown_table(COLUMNS, [[markdown_escape(c) for c in r] for r in table_rows(cmp)], left=len(COLUMNS))]
-    if cmp.findings:
-        lines += ["", "**Findings**", ""]
-        lines += [f"- {'❌ FAIL' if f.fails else 'ℹ️ note'} `{f.cell}` {f.rule}: {markdown_escape(f.message)}"
-                  for f in cmp.findings]
-    if cmp.warnings:
-        lines += ["", "**Warnings**", ""] + [f"- {markdown_escape(w)}" for w in cmp.warnings]
-    return "\n".join(lines) + "\n"
-
-
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, str):
-        v = v.item()
-    return None if isinstance(v, float) and math.isnan(v) else v
-
-
-def to_json(cmp: Comparison) -> dict[str, Any]:
-    """Everything as one JSON object: verdict, exit code, sides, thresholds, cells, findings, warnings."""
-    side = lambda s: {"path": str(s.path), "kind": s.kind, "provenance": s.provenance,  # noqa: E731
-                      "baseline_label": s.baseline_label}
-    return _json_safe({
-        "verdict": "pass" if not cmp.failures else "fail", "exit_code": cmp.exit_code,
-        "base": side(cmp.base), "new": side(cmp.new), "thresholds": asdict(cmp.thresholds),
-        "cells": cmp.rows, "findings": [asdict(f) for f in cmp.findings], "warnings": cmp.warnings,
-    })
-
-
-FORMATS = {"table": format_text, "markdown": format_markdown,
-           "json": lambda cmp: json.dumps(to_json(cmp), indent=1, ensure_ascii=False) + "\n"}
-
-
-def write_html(cmp: Comparison, path: str | Path) -> Path:
-    """The comparison as one self-contained page (:func:`harness.measure.html.write_tables_page`): the Markdown
-    report (verdict, findings, warnings) as notes, then the cells and the findings as sortable tables."""
-    findings = pd.DataFrame([asdict(f) for f in cmp.findings], columns=["cell", "rule", "message", "fails"])
-    verdict = "PASS" if not cmp.failures else "FAIL"
-    return write_tables_page(path, f"draftbench compare: {verdict}", {"Cells": pd.DataFrame(cmp.rows),
-                                                                      "Findings": findings},
-                             notes=format_markdown(cmp), subtitle=f"BASE {cmp.base.path} vs NEW {cmp.new.path}")
+            f"{ACC.COLLAPSE_SHARE:g} of BASE's; likely causes: {'; '.join(ACC.COLLAPSE_CAUSES)}")
