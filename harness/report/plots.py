@@ -229,24 +229,25 @@ def plot_context(context: pd.DataFrame, path: Path, baseline_label: str = "vanil
     return _save(fig, path)
 
 
-def _headroom_rows(headroom: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The rows of a headroom table other than the baselines', and an x label for each ("label [suite, T]" where
-    the run has several suites or temperatures; "‡" on a label that is not deployable)."""
+def _headroom_rows(headroom: pd.DataFrame, column: str) -> pd.DataFrame | None:
+    """The rows of a headroom table other than the baselines' whose ``column`` has a value, each with its x label
+    in ``name`` ("label [suite, T]" where the run has several suites or temperatures; "‡" on a label that is not
+    deployable); None when no row has one (n/a is never drawn as 0)."""
     rows = headroom[headroom["label"] != headroom["baseline"]]
     several = rows["suite"].nunique() > 1 or rows["temperature"].nunique() > 1
     names = [f"{r['label']}{'' if bool(r['deployable']) else ' ‡'}"
              + (f"\n{r['suite']}, T={float(r['temperature']):g}" if several else "") for _, r in rows.iterrows()]
-    return rows, names
+    rows = rows.assign(name=names)
+    rows = rows[rows[column].notna()]
+    return None if rows.empty else rows
 
 
 def plot_headroom(headroom: pd.DataFrame, path: Path) -> Path | None:
     """The headroom ledger (:func:`harness.report.tables.headroom_table`): per method (and suite, temperature) three
     bars, the measured speed-up S, the free-draft bound and the oracle bound S*, each with its 95% CI as an error
     bar, 1.0 dashed. None when no row has a speed-up."""
-    rows, names = _headroom_rows(headroom)
-    rows = rows.assign(name=names)
-    rows = rows[rows["speedup"].notna()]
-    if rows.empty:
+    rows = _headroom_rows(headroom, "speedup")
+    if rows is None:
         return None
     x = np.arange(len(rows))                                                 # [R]
     fig = Figure(figsize=(max(6.0, 1.1 * len(rows) + 2.0), 4.2))
@@ -270,10 +271,8 @@ def plot_time_breakdown(headroom: pd.DataFrame, path: Path) -> Path | None:
     """Where the time goes (:func:`harness.measure.headroom.time_breakdown`): one stacked bar per method (and suite,
     temperature) with a synchronised split, the shares of prefill, draft, verify, host overhead and other; above each
     bar the share of verified slots that were rejected. None when no row has a split (n/a is never drawn as 0)."""
-    rows, names = _headroom_rows(headroom)
-    rows = rows.assign(name=names)
-    rows = rows[rows["share_draft"].notna()]
-    if rows.empty:
+    rows = _headroom_rows(headroom, "share_draft")
+    if rows is None:
         return None
     x = np.arange(len(rows))                                                 # [R]
     fig = Figure(figsize=(max(6.0, 1.0 * len(rows) + 2.5), 4.2))
