@@ -122,3 +122,14 @@ def test_sentinel_workflow_shape():
     assert bisect["if"] == f"failure() && steps.{gate['id']}.outcome == 'failure'"
     uploads = [s["with"]["path"] for s in steps(wf) if str(s.get("uses", "")).startswith("actions/upload-artifact")]
     assert uploads == ["results/gate/", "results/baselines/"]
+
+
+def test_the_lease_script_parses_and_names_its_calls():
+    """.ci/lease (a lent GPU machine's calls, docs/gpus.md) is valid bash, and a call it does not know is one usage
+    line naming the calls and exit 2, never a half-run lease on a machine that costs minutes to start."""
+    script = Path(__file__).resolve().parent.parent / ".ci" / "lease"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    proc = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("usage: .ci/lease prepare | part-a | part-b | checks | quick "
+                                   "(see the header of .ci/lease)")
