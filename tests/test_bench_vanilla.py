@@ -100,13 +100,7 @@ def _tiny_loop(target, loop: str):
     if loop == "floor":
         return lambda: floor_decode(target.model, TINY_PROMPT, TINY_NEW)
     if loop == "generate":
-        def run():
-            # the prompt holds every id: with no explicit mask generate would mask the pad id's position
-            out = target.model.generate(TINY_PROMPT, attention_mask=torch.ones_like(TINY_PROMPT),
-                                        max_new_tokens=TINY_NEW, do_sample=False, pad_token_id=0,
-                                        cache_implementation="dynamic")
-            return out[0, TINY_PROMPT.shape[1]:].tolist()
-        return run
+        return lambda: generate_reference(target.model, TINY_PROMPT, TINY_NEW, False)[0, TINY_PROMPT.shape[1]:].tolist()
     vanilla = get_method("vanilla").create(target)
     return lambda: vanilla.generate(TINY_PROMPT, TINY_NEW, SamplingParams()).token_ids
 
