@@ -13,7 +13,7 @@ import pytest
 
 from harness.backends.contract import EngineTurn
 from harness.measure import metrics as M
-from harness.report.load import latest_levels, load_markdown, load_table, read_load_rows
+from harness.report.load import frontier_markdown, latest_levels, load_markdown, load_table, read_load_rows
 from harness.report.report import write_report
 from harness.run.config import ConfigError, MethodSpec, RunConfig, check_slots, config_from_dict
 from harness.run.load import _row, arrival_offsets, level_questions, load_order
@@ -96,6 +96,19 @@ def test_a_speculative_engine_pays_at_one_and_stops_paying_at_sixteen():
     assert "`eagle3`: speculation stops paying at concurrency 16 (speed-up 0.86×; its CI lies below 1)" in md
     assert "16 of 32 requests had chunks of several tokens" in md
     assert "| vanilla | 16 | 8 | 444.4 | 18.0 / 18.0 | 18.0 / 18.0 / 18.0 | n/a | n/a |  |" in md  # the baseline
+
+
+def test_the_frontier_puts_throughput_beside_tokens_per_user_and_marks_the_crossover():
+    """Interactivity is 1 / mean per-token latency: vanilla at 16 waits 18 ms a token (55.6 tokens/s per user) and
+    eagle3 21 ms between its 4 tokens' arrivals (47.6); a frontier without it, or with the crossover on the wrong
+    level, would misplace where speculation stops paying."""
+    table = load_table(literal_levels()).set_index(["label", "concurrency"])
+    assert table.loc[("vanilla", 16), "tokens_per_user"] == pytest.approx(1 / 0.018)
+    assert table.loc[("eagle3", 1), "tokens_per_user"] == pytest.approx(1 / 0.006)
+    md = frontier_markdown(load_table(literal_levels()))
+    assert "| 16 | eagle3 | 381.0 | 47.6 | 21.0 / 21.0 | 21.0 / 21.0 | 0.86× | stops paying |" in md, md
+    assert "| 1 | eagle3 | 1333.3 | 166.7 | 6.0 / 6.0 | 6.0 / 6.0 | 1.75× |  |" in md, md
+    assert "| 16 | vanilla | 444.4 | 55.6 | 18.0 / 18.0 | 18.0 / 18.0 |  |  |" in md, md
 
 
 def test_too_few_requests_give_no_ci():
@@ -227,9 +240,15 @@ def test_a_load_run_end_to_end_resumed_and_reported(tmp_path, servers):
     assert all(r["status"] == "ok" for level in latest_levels(again).values() for r in level)
     written = write_report(run_dir)
     md = Path(written["summary_md"]).read_text()
-    assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Load") and "| pld-served | 4 | 4 |" in md
-    assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup"} <= set(written)
-    assert Path(written["load_csv"]).is_file()
+    assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Validity") and "| pld-served | 4 | 4 |" in md
+    assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup", "plot_load_frontier"} <= set(written)
+    assert Path(written["load_csv"]).is_file() and "### Frontier" in md
+    # 6 questions over levels of 4 and 4 requests: the second level wraps round to questions 0 and 1, which the
+    # prompts check must name as a failure in the summary and the page
+    assert "- FAIL prompts: 4 prompt(s) sent more than once by one entry" in md, md
+    page = Path(written["report_html"]).read_text()
+    assert 'alt="load_frontier"' in page and "FAIL prompts" in page and "<h3>Frontier</h3>" in page
+    assert 'id="validity-table"' in page and 'id="load-table"' in page
 
 
 def test_levels_run_entry_by_entry_or_interleaved_with_the_order_alternating():

@@ -114,7 +114,7 @@ def table_html(df: pd.DataFrame, table_id: str, sortable: bool = True, filterabl
 
 def markdown_tables_html(text: str) -> str:
     """The paper table's Markdown (:func:`harness.report.markdown.paper_table`) as HTML: ``|`` rows become a table,
-    ``**bold**`` lines headings, other lines paragraphs."""
+    ``#`` lines and ``**bold**`` lines headings, other lines paragraphs."""
     out, rows = [], []
 
     def flush():
@@ -135,6 +135,9 @@ def markdown_tables_html(text: str) -> str:
             continue
         flush()
         if not s:
+            continue
+        if s.startswith("#"):  # a Markdown heading: a sub-heading of the section
+            out.append(f"<h3>{html.escape(s.lstrip('#').strip())}</h3>")
             continue
         s = html.escape(s)
         while s.count("**") >= 2:

@@ -155,7 +155,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
         manifest = read_manifest(run_dir) or {}
         config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
         return write_load_report(run_dir, baseline_label or config.get("baseline") or "vanilla",
-                                 f"# draftbench results: {run_dir.name}\n\n")
+                                 f"# draftbench results: {run_dir.name}\n\n", manifest)
     if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
     manifest = read_manifest(run_dir) or {}  # no manifest: the report says provenance unknown
