@@ -326,3 +326,24 @@ def test_a_level_whose_counters_go_backwards_is_error_rows_not_an_aborted_run(tm
     assert served[0]["error"] == (f"BackendError: the level's counters: GET {made[1][1]}/metrics: the counter drafts "
                                   "went backwards, from 98 to 90 between two readings (the server restarted, or "
                                   "reset its counters): no request's count")
+
+
+def test_a_levels_server_statistics_are_read_and_diffed():
+    """The prefix-cache and queue checks read vLLM's counters diffed around a level: summed over engines, None where
+    the server lacks one (n/a, never 0), and None where a counter went backwards (a restarted server)."""
+    from harness.backends.prometheus import read_server_stats
+    from harness.run.load import stats_between
+
+    text = ('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120\n'
+            'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 80\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16\n'
+            'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25\n'
+            'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 5\n')
+    assert read_server_stats(text) == {"prefix_cache_queries": 200.0, "prefix_cache_hits": 16.0,
+                                       "queue_time_s": 0.25, "queued_requests": 5.0}
+    assert read_server_stats("llamacpp:tokens_predicted_total 3\n") == dict.fromkeys(
+        ("prefix_cache_queries", "prefix_cache_hits", "queue_time_s", "queued_requests"))
+    before = {"prefix_cache_hits": 16.0, "queue_time_s": None, "queued_requests": 9.0}
+    after = {"prefix_cache_hits": 48.0, "queue_time_s": 0.5, "queued_requests": 2.0}
+    assert stats_between(before, after) == {"prefix_cache_hits": 32.0, "queue_time_s": None, "queued_requests": None}
+    assert stats_between(None, after) is None
