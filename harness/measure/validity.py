@@ -342,15 +342,17 @@ def failed(checks: Iterable[Check]) -> list[Check]:
     return [c for c in checks if c.failed]
 
 
-def validity_markdown(checks: Sequence[Check]) -> str:
+def validity_markdown(checks: Sequence[Check], gated: bool = True) -> str:
     """The summary's "Validity" section: how many checks passed, failed, were n/a, then one line per failed check
-    and one per check that was n/a (its scopes counted, its first reason), so a reader sees what was not checked."""
+    and one per check that was n/a (its scopes counted, its first reason), so a reader sees what was not checked.
+    ``gated``: the run is one ``draftbench compare`` reads (a harness run), whose refusal the section states."""
     if not checks:
         return ""
     count = {s: sum(c.status == s for c in checks) for s in (PASS, FAIL, NA)}
+    refusal = ("; `draftbench compare` refuses to gate speed on a run that failed one unless given --allow-invalid"
+               if gated else "")
     lines = ["## Validity", "",
-             f"{count[PASS]} checks passed, {count[FAIL]} failed, {count[NA]} n/a (harness.measure.validity; "
-             "`draftbench compare` refuses to gate speed on a run that failed one unless given --allow-invalid).",
+             f"{count[PASS]} checks passed, {count[FAIL]} failed, {count[NA]} n/a (harness.measure.validity{refusal}).",
              ""]
     lines += [f"- {c.line()}" for c in checks if c.failed]
     unchecked: dict[str, list[Check]] = {}
