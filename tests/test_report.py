@@ -176,6 +176,9 @@ def test_a_failed_validity_check_is_a_line_of_the_summary_and_the_page(tmp_path)
     assert "- FAIL machine load: 1-min load average 3.50 to 3.50 on 2 logical CPUs (at most 2)" in md, md
     page = paths["report_html"].read_text()
     assert 'id="validity"' in page and "FAIL machine load" in page and "FAIL warmup" in page
+    verdicts = pd.read_csv(paths["validity_csv"], keep_default_na=False)  # "n/a" is a verdict, not NaN
+    assert dict(zip(verdicts["name"], verdicts["status"])) == {
+        "warmup": "fail", "compile": "n/a", "machine load": "fail", "interleaving": "pass"}
 
 
 def test_write_report_without_baseline_single_method(tmp_path):

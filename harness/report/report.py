@@ -7,6 +7,7 @@
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
     tables/categories.csv                    per category, for suites with several (category_table)
     tables/accept_hist.csv                   accepted-length histogram (histogram_table)
+    tables/validity.csv                      every validity check's verdict (harness.measure.validity)
     tables/summary.md                        provenance header + the Validity section (harness.measure.validity's
                                              run checks: what failed or could not be checked) + paper_table
                                              (+ divergence note, + the acceptance figures as engines report them
@@ -204,7 +205,12 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
         headroom.to_csv(tmp, index=False)
     paths["headroom_csv"] = tables / "headroom.csv"
     headroom_md = headroom_markdown(headroom)
-    validity_md = validity_markdown(run_checks(records, manifest))
+    checks = run_checks(records, manifest)
+    validity_md = validity_markdown(checks)
+    with atomic_file(tables / "validity.csv") as tmp:
+        pd.DataFrame([c.as_dict() for c in checks], columns=["name", "status", "detail", "scope"]).to_csv(
+            tmp, index=False)
+    paths["validity_csv"] = tables / "validity.csv"
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
