@@ -106,7 +106,6 @@ from harness.backends.prometheus import (
     diff,
     read_counters,
     read_iterations,
-    read_server_stats,
     read_trtllm,
     server_kind,
     trtllm_counters,
@@ -314,18 +313,6 @@ class ServedBackend(Backend):
         """The settled acceptance counters (:meth:`settled_reading`); a load level reads them before and after all
         its requests (:meth:`counters_between`)."""
         return self.settled_reading()[0]
-
-    def server_stats(self) -> dict[str, float | None] | None:
-        """The server's prefix-cache and queue-time statistics now (:func:`read_server_stats`), for a load level's
-        validity checks; None where they cannot be read (no ``/metrics``, trtllm-serve's JSON, an error): n/a,
-        never a failed level."""
-        if not self.has_metrics or self.server_kind == TRTLLM:
-            return None
-        try:
-            status, text = http_get(self.endpoint + "/metrics", self.timeout)
-            return read_server_stats(text) if status == 200 else None
-        except (BackendError, ValueError):
-            return None
 
     def counters_between(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """The acceptance counters moved between two readings: their difference (:func:`diff`), or from

@@ -41,9 +41,9 @@ drifts, the entry measured last is otherwise the one the drift hits (a llama.cpp
 speculative entry first and 0.48-0.64x with it second, at the same acceptance).
 
 Every level's rows also keep what its validity checks read (:mod:`harness.measure.validity`): the server's
-prefix-cache and queue-time statistics diffed around the level (``level_server``, :func:`stats_between`; None where
-the server has none), the machine's 1-minute load average before and after it (``load_avg_1m``) and the run's
-``warmup``.
+prefix-cache and queue-time statistics diffed around the level (``level_server``, :func:`server_stats`,
+:func:`stats_between`; None where the server has none), the machine's 1-minute load average before and after it
+(``load_avg_1m``) and the run's ``warmup``.
 
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
@@ -62,6 +62,8 @@ from typing import Any
 import numpy as np
 
 from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
+from harness.backends.exchange import http_get
+from harness.backends.prometheus import TRTLLM, read_server_stats
 from harness.backends.replies import request_totals
 from harness.measure import env
 from harness.measure.records import RecordStore
@@ -131,11 +133,10 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
                                         suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
                                         config.top_k, seed_of(q.question_id)))
         offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
-        stats = getattr(method.backend, "server_stats", lambda: None)  # a served engine's; else n/a
-        before, load_before = stats(), load_average()
+        before, load_before = server_stats(method.backend), load_average()
         with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
             results, window, counters = run_level(method.backend, requests, c, offsets)
-        server = stats_between(before, stats())
+        server = stats_between(before, server_stats(method.backend))
         common = {
             "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
             "lossless": method.lossless, "turn": 0,
@@ -151,8 +152,22 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
                       for result, (suite, q) in zip(results, picked, strict=True)])
 
 
+def server_stats(backend) -> dict[str, float | None] | None:
+    """A served engine's prefix-cache and queue-time statistics now
+    (:func:`harness.backends.prometheus.read_server_stats` of its ``/metrics``), for a level's validity checks;
+    None (n/a, never a failed level) for a backend without Prometheus counters (trtllm-serve's JSON iterations
+    included) or a reading that fails."""
+    if not getattr(backend, "has_metrics", False) or getattr(backend, "server_kind", None) == TRTLLM:
+        return None
+    try:
+        status, text = http_get(backend.endpoint + "/metrics", backend.timeout)
+        return read_server_stats(text) if status == 200 else None
+    except (BackendError, ValueError):
+        return None
+
+
 def stats_between(before: dict | None, after: dict | None) -> dict[str, float | None] | None:
-    """What a server's statistics (:meth:`harness.backends.served.ServedBackend.server_stats`) moved by around a
+    """What a server's statistics (:func:`server_stats`) moved by around a
     level: ``after - before`` per statistic, None where either reading lacks it or it went backwards (a server
     restarted: no level's figure); None without two readings.
     Example: ({"prefix_cache_hits": 16.0, "queue_time_s": None}, {"prefix_cache_hits": 48.0, "queue_time_s": 0.5})
