@@ -111,10 +111,11 @@ def test_machine_load():
 
 def test_interleaving():
     """Entries measured one after another on a drifting machine: the drift falls on whichever ran last."""
-    assert status(V.interleaving(2, False, [1.0, 1.4])) == V.PASS, "a steady machine needs no interleaving"
-    assert status(V.interleaving(2, False, [1.0, 2.6])) == V.FAIL, "a 1.6 drift without interleaving must fail"
-    assert status(V.interleaving(3, True, [])) == V.PASS, "an interleaved run passes"
-    assert status(V.interleaving(2, False, [])) == V.NA, "no load readings: drift unknown"
+    assert status(V.interleaving(2, False, [1.0, 1.4], 2)) == V.PASS, "a steady machine needs no interleaving"
+    assert status(V.interleaving(2, False, [1.0, 2.6], 2)) == V.FAIL, "a 1.6 drift on 2 CPUs must fail"
+    assert status(V.interleaving(2, False, [1.0, 2.6], 16)) == V.PASS, "1.6 more threads on 16 CPUs take no core"
+    assert status(V.interleaving(3, True, [], 2)) == V.PASS, "an interleaved run passes"
+    assert status(V.interleaving(2, False, [], 2)) == V.NA, "no load readings: drift unknown"
 
 
 def test_run_and_load_checks_and_markdown():

@@ -31,8 +31,8 @@ queue               :func:`server_queue_time`: requests waited in the server's q
 Every run, harness or load, is checked for its own conditions: :func:`warmup_done` (the run warmed every entry up),
 :func:`compile_outside` (no measured turn still compiled), :func:`machine_load` (the machine's 1-minute load
 average stayed at or under :data:`LOAD_PER_CPU` per logical CPU) and :func:`interleaving` (several entries measured
-one after another only on a machine whose load held steady within :data:`LOAD_DRIFT`); a harness run with repeats
-also :func:`repeat_spread` of each label's tokens/s.
+one after another only on a machine whose load held steady within :data:`LOAD_DRIFT` per CPU); a harness run with
+repeats also :func:`repeat_spread` of each label's tokens/s.
 
 A failed check is a line in the run's summary and report (:func:`validity_markdown`), and ``draftbench compare``
 refuses to gate speed on a run that failed one unless given ``--allow-invalid`` (:mod:`harness.gate.compare`).
@@ -60,7 +60,7 @@ WAVE_GAP_S = 0.01            # sends closer than 10 ms belong to one wave (one e
 PREFIX_HIT_SHARE = 0.25      # a quarter of prompt tokens from cache: more than a shared chat-template prefix
 QUEUE_SHARE = 0.10           # queueing over a tenth of a request's latency: the server ran fewer than `concurrency`
 LOAD_PER_CPU = 1.0           # load average above the logical CPUs: runnable threads waited for a core (proc(5))
-LOAD_DRIFT = 1.0             # the load average moved by a whole runnable thread during a run measured entry by entry
+LOAD_DRIFT = 0.5             # per CPU: the load average moved by half the cores during a run measured entry by entry
 
 
 @dataclass(frozen=True)
@@ -264,20 +264,22 @@ def machine_load(load_avg: Sequence[float | None], cpu_count: int | None) -> Che
                                          f"CPUs (at most {LOAD_PER_CPU * cpu_count:g})")
 
 
-def interleaving(labels: int, interleaved: bool, load_avg: Sequence[float | None]) -> Check:
+def interleaving(labels: int, interleaved: bool, load_avg: Sequence[float | None], cpu_count: int | None) -> Check:
     """Several entries measured one after another (not ``interleave``) only while the machine's load held steady:
-    the 1-minute load average's range <= :data:`LOAD_DRIFT` (a drift otherwise falls on whichever entry ran last).
-    Pass for one entry or an interleaved run; n/a without load readings. Example: (2, False, [1.0, 1.4]) -> pass;
+    the 1-minute load average's range <= :data:`LOAD_DRIFT` x ``cpu_count`` (a drift otherwise falls on whichever
+    entry ran last; per CPU, since a few more threads on a many-core host take no core from the run). Pass for one
+    entry or an interleaved run; n/a without load readings. Example on 2 CPUs: (2, False, [1.0, 1.4]) -> pass;
     (2, False, [1.0, 2.6]) -> fail; (3, True, []) -> pass."""
     if labels < 2 or interleaved:
         return Check("interleaving", PASS, "interleaved" if labels >= 2 else "one entry")
     vals = [float(x) for x in load_avg if x is not None]
-    if not vals:
+    if not vals or not cpu_count:
         return Check("interleaving", NA, f"{labels} entries one after another, no load average to tell drift")
-    drift = max(vals) - min(vals)
-    status = PASS if drift <= LOAD_DRIFT else FAIL
+    drift, limit = max(vals) - min(vals), LOAD_DRIFT * cpu_count
+    status = PASS if drift <= limit else FAIL
     return Check("interleaving", status, f"{labels} entries one after another while the load average moved by "
-                                         f"{drift:.2f} (at most {LOAD_DRIFT:g}; interleave: true avoids it)")
+                                         f"{drift:.2f} on {cpu_count} logical CPUs (at most {limit:g}; interleave: "
+                                         "true avoids it)")
 
 
 # ---- a whole run -------------------------------------------------------------------------------------------------
@@ -298,7 +300,7 @@ def run_checks(records: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any]
     loads = [r.get("load_avg_1m") for r in ok]
     checks = [warmup_done(config.get("warmup")), compile_outside([r.get("turn_compile_s") for r in ok]),
               machine_load(loads, _cpus(manifest)),
-              interleaving(len({r["label"] for r in ok}), bool(config.get("interleave")), loads)]
+              interleaving(len({r["label"] for r in ok}), bool(config.get("interleave")), loads, _cpus(manifest))]
     by_repeat: dict[str, dict[Any, list[tuple[float, float]]]] = {}
     for r in ok:
         by_repeat.setdefault(r["label"], {}).setdefault(r.get("repeat", 0), []).append(
@@ -321,7 +323,8 @@ def load_checks(rows: Sequence[Mapping[str, Any]], levels: Mapping[tuple[str, in
     loads = [x for r in latest for x in (r.get("load_avg_1m") or [])]
     warmup = config.get("warmup", next((r.get("warmup") for r in latest if "warmup" in r), None))
     checks = [warmup_done(warmup), machine_load(loads, _cpus(manifest)),
-              interleaving(len({label for label, _ in levels}), bool(config.get("interleave")), loads),
+              interleaving(len({label for label, _ in levels}), bool(config.get("interleave")), loads,
+                           _cpus(manifest)),
               prompts_reused(latest)]
     for (label, c), level in levels.items():
         scope = f"{label} @ {c}"
