@@ -139,6 +139,34 @@ def test_a_ten_percent_slowdown_fails_naming_the_cell(tmp_path, base):
     assert run_compare(base, new, gate_speed=False).exit_code == 0  # --no-speed: outputs and τ only
 
 
+def test_compare_refuses_to_gate_speed_on_an_invalid_run_unless_told(tmp_path, base, capsys):
+    """NEW ran without warm-up on a machine loaded past its CPUs (load average 3.5 on 2): its speed-ups are not a
+    steady-state measurement. Gating them would read that machine as a regression or a win; compare must refuse
+    (a failed `validity` finding per failed check, speed left out), pass with --no-speed (nothing to refuse), and
+    gate speed with --allow-invalid (the 10% slowdown then fails on speed, the checks become warnings)."""
+    invalid = {"config": {**MANIFEST["config"], "warmup": 0},
+               "device": {**MANIFEST["device"], "cpu_count": 2}}
+    new = write_run(tmp_path, "new", NOISE_C, NOISE_D, slowdown=1.1, manifest=invalid,
+                    edit=lambda label, q, r: {**r, "load_avg_1m": 3.5})
+    cmp = run_compare(base, new)
+    assert failing(cmp) == [("run", "validity"), ("run", "validity")], failing(cmp)
+    assert "NEW (new) failed the validity check machine load: 1-min load average 3.50 to 3.50 on 2" in " ".join(
+        f.message for f in cmp.failures)
+    assert not any(f.rule == "speed" for f in cmp.findings), "speed must not be gated on an invalid run"
+    assert run_compare(base, new, gate_speed=False).exit_code == 0
+    allowed = run_compare(base, new, allow_invalid=True)
+    assert failing(allowed) == [("eagle2 / s1 / T=0", "speed")]
+    assert any("failed the validity check warmup" in w and "--allow-invalid" in w for w in allowed.warnings)
+    assert main(["compare", str(base), str(new)]) == 1
+    assert "validity: NEW (new) failed the validity check warmup" in capsys.readouterr().out
+    assert main(["compare", str(base), str(new), "--allow-invalid", "--labels", "vanilla"]) == 0
+    # a baseline saved from the invalid run keeps its failed checks: the refusal survives the save
+    saved = save_baseline(new, root=tmp_path / "baselines")
+    assert [c["name"] for c in json.loads((saved / "baseline.json").read_text())["provenance"]["validity"]] == [
+        "warmup", "machine load"]
+    assert failing(run_compare(saved, base)) == [("run", "validity"), ("run", "validity")]
+
+
 def test_a_changed_token_fails_and_shows_where(tmp_path, base):
     """Question 3's greedy output changes at token 5 for both labels (so the method stays lossless): both cells
     fail on outputs, the message gives the first differing token and the text around it, and a warning says the

@@ -13,7 +13,7 @@ import pytest
 
 from harness.backends.contract import EngineTurn
 from harness.measure import metrics as M
-from harness.report.load import latest_levels, load_markdown, load_table, read_load_rows
+from harness.report.load import frontier_markdown, latest_levels, load_markdown, load_table, read_load_rows
 from harness.report.report import write_report
 from harness.run.config import ConfigError, MethodSpec, RunConfig, check_slots, config_from_dict
 from harness.run.load import _row, arrival_offsets, level_questions, load_order
@@ -96,6 +96,19 @@ def test_a_speculative_engine_pays_at_one_and_stops_paying_at_sixteen():
     assert "`eagle3`: speculation stops paying at concurrency 16 (speed-up 0.86×; its CI lies below 1)" in md
     assert "16 of 32 requests had chunks of several tokens" in md
     assert "| vanilla | 16 | 8 | 444.4 | 18.0 / 18.0 | 18.0 / 18.0 / 18.0 | n/a | n/a |  |" in md  # the baseline
+
+
+def test_the_frontier_puts_throughput_beside_tokens_per_user_and_marks_the_crossover():
+    """Interactivity is 1 / mean per-token latency: vanilla at 16 waits 18 ms a token (55.6 tokens/s per user) and
+    eagle3 21 ms between its 4 tokens' arrivals (47.6); a frontier without it, or with the crossover on the wrong
+    level, would misplace where speculation stops paying."""
+    table = load_table(literal_levels()).set_index(["label", "concurrency"])
+    assert table.loc[("vanilla", 16), "tokens_per_user"] == pytest.approx(1 / 0.018)
+    assert table.loc[("eagle3", 1), "tokens_per_user"] == pytest.approx(1 / 0.006)
+    md = frontier_markdown(load_table(literal_levels()))
+    assert "| 16 | eagle3 | 381.0 | 47.6 | 21.0 / 21.0 | 21.0 / 21.0 | 0.86× | stops paying |" in md, md
+    assert "| 1 | eagle3 | 1333.3 | 166.7 | 6.0 / 6.0 | 6.0 / 6.0 | 1.75× |  |" in md, md
+    assert "| 16 | vanilla | 444.4 | 55.6 | 18.0 / 18.0 | 18.0 / 18.0 |  |  |" in md, md
 
 
 def test_too_few_requests_give_no_ci():
@@ -227,9 +240,15 @@ def test_a_load_run_end_to_end_resumed_and_reported(tmp_path, servers):
     assert all(r["status"] == "ok" for level in latest_levels(again).values() for r in level)
     written = write_report(run_dir)
     md = Path(written["summary_md"]).read_text()
-    assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Load") and "| pld-served | 4 | 4 |" in md
-    assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup"} <= set(written)
-    assert Path(written["load_csv"]).is_file()
+    assert md.startswith(f"# draftbench results: {run_dir.name}\n\n## Validity") and "| pld-served | 4 | 4 |" in md
+    assert {"plot_load_throughput", "plot_load_latency", "plot_load_speedup", "plot_load_frontier"} <= set(written)
+    assert Path(written["load_csv"]).is_file() and "### Frontier" in md
+    # 6 questions over levels of 4 and 4 requests: the second level wraps round to questions 0 and 1, which the
+    # prompts check must name as a failure in the summary and the page
+    assert "- FAIL prompts: 4 prompt(s) sent more than once by one entry" in md, md
+    page = Path(written["report_html"]).read_text()
+    assert 'alt="load_frontier"' in page and "FAIL prompts" in page and "<h3>Frontier</h3>" in page
+    assert 'id="validity-table"' in page and 'id="load-table"' in page
 
 
 def test_levels_run_entry_by_entry_or_interleaved_with_the_order_alternating():
@@ -307,3 +326,24 @@ def test_a_level_whose_counters_go_backwards_is_error_rows_not_an_aborted_run(tm
     assert served[0]["error"] == (f"BackendError: the level's counters: GET {made[1][1]}/metrics: the counter drafts "
                                   "went backwards, from 98 to 90 between two readings (the server restarted, or "
                                   "reset its counters): no request's count")
+
+
+def test_a_levels_server_statistics_are_read_and_diffed():
+    """The prefix-cache and queue checks read vLLM's counters diffed around a level: summed over engines, None where
+    the server lacks one (n/a, never 0), and None where a counter went backwards (a restarted server)."""
+    from harness.backends.prometheus import read_server_stats
+    from harness.run.load import stats_between
+
+    text = ('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 120\n'
+            'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 80\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16\n'
+            'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25\n'
+            'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 5\n')
+    assert read_server_stats(text) == {"prefix_cache_queries": 200.0, "prefix_cache_hits": 16.0,
+                                       "queue_time_s": 0.25, "queued_requests": 5.0}
+    assert read_server_stats("llamacpp:tokens_predicted_total 3\n") == dict.fromkeys(
+        ("prefix_cache_queries", "prefix_cache_hits", "queue_time_s", "queued_requests"))
+    before = {"prefix_cache_hits": 16.0, "queue_time_s": None, "queued_requests": 9.0}
+    after = {"prefix_cache_hits": 48.0, "queue_time_s": 0.5, "queued_requests": 2.0}
+    assert stats_between(before, after) == {"prefix_cache_hits": 32.0, "queue_time_s": None, "queued_requests": None}
+    assert stats_between(None, after) is None

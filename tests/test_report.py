@@ -164,6 +164,23 @@ def test_write_report_writes_every_file(tmp_path):
     assert "abc123" in md and "torch 2.13.0" in md and "| medusa-typical † | 4.00× / 2.00 |" in md
 
 
+def test_a_failed_validity_check_is_a_line_of_the_summary_and_the_page(tmp_path):
+    """A run without warm-up, on a machine whose load average (3.5) exceeded its 2 CPUs, measured speeds that do not
+    mean what they say: the summary and report.html must each carry a line per failed check, not hide them."""
+    records = [{**r, "load_avg_1m": 3.5} for r in RECORDS]
+    manifest = {**MANIFEST, "config": {**MANIFEST["config"], "warmup": 0, "interleave": True},
+                "device": {**MANIFEST["device"], "cpu_count": 2}}
+    paths = R.write_report(write_run(tmp_path, records, manifest))
+    md = paths["summary_md"].read_text()
+    assert "## Validity" in md and "- FAIL warmup: 0 untimed warm-up question(s) per entry" in md, md
+    assert "- FAIL machine load: 1-min load average 3.50 to 3.50 on 2 logical CPUs (at most 2)" in md, md
+    page = paths["report_html"].read_text()
+    assert 'id="validity"' in page and "FAIL machine load" in page and "FAIL warmup" in page
+    verdicts = pd.read_csv(paths["validity_csv"], keep_default_na=False)  # "n/a" is a verdict, not NaN
+    assert dict(zip(verdicts["name"], verdicts["status"])) == {
+        "warmup": "fail", "compile": "n/a", "machine load": "fail", "interleaving": "pass"}
+
+
 def test_write_report_without_baseline_single_method(tmp_path):
     # only the medusa records: speed-ups cannot exist, everything else still does
     run = write_run(tmp_path, [r for r in RECORDS if r["label"] == "medusa-typical"])

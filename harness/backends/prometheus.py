@@ -46,7 +46,12 @@ The counters, by engine (the names the engines' own documentation and source giv
   but fed only the latest iteration of each drain of that same queue (``_iteration_stats_collector_loop``), so
   they undercount, and that collector takes iterations from ``/metrics`` too; not read.
 
-Besides the acceptance counters, :func:`read_iterations` reads vLLM's engine iterations: the histogram
+Besides the acceptance counters, :func:`read_server_stats` reads what a load level's validity checks need
+(:mod:`harness.measure.validity`) from vLLM (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``): the prefix
+cache's ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (prompt tokens looked up and found
+in the cache) and the histogram ``vllm:request_queue_time_seconds`` (``_sum``, ``_count``: seconds requests waited
+in the scheduler's queue before their first step). Other servers: None (n/a). And :func:`read_iterations` reads
+vLLM's engine iterations: the histogram
 ``vllm:iteration_tokens_total`` (vLLM 0.32's ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``, labels
 ``model_name`` and ``engine``), whose ``vllm:iteration_tokens_total_count`` sample counts the engine steps that gave
 some request a token: ``record`` observes it only with the step's ``IterationStats``, which the server's output
@@ -233,6 +238,24 @@ def read_iterations(text: str) -> int | None:
     'vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 97.0\n' -> 41."""
     counts = [_counted(name, labels, value) for name, labels, value in _samples(text, frozenset([ITERATIONS]))]
     return _whole(ITERATIONS, sum(counts)) if counts else None
+
+
+# a load level's server statistic -> the vLLM sample that carries it (summed over engines and models)
+SERVER_STATS = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
+                "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+                "queue_time_s": "vllm:request_queue_time_seconds_sum",
+                "queued_requests": "vllm:request_queue_time_seconds_count"}
+
+
+def read_server_stats(text: str) -> dict[str, float | None]:
+    """The server statistics of one ``/metrics`` reading (:data:`SERVER_STATS`), each summed over its label sets;
+    None for one the reading lacks; a :class:`CounterError` for a value that cannot be a count or a sum of seconds.
+    Example: 'vllm:prefix_cache_queries_total{engine="0"} 120\nvllm:prefix_cache_hits_total{engine="0"} 16\n' ->
+    {"prefix_cache_queries": 120.0, "prefix_cache_hits": 16.0, "queue_time_s": None, "queued_requests": None}."""
+    found: dict[str, float] = {}
+    for name, labels, value in _samples(text, frozenset(SERVER_STATS.values())):
+        found[name] = found.get(name, 0.0) + _counted(name, labels, value)
+    return {key: found.get(name) for key, name in SERVER_STATS.items()}
 
 
 class TrtllmIteration(NamedTuple):

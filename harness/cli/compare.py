@@ -16,7 +16,7 @@ def cmd_compare(args) -> int:
     th = Thresholds(tau_rtol=args.tau_rtol, speed_tol=args.speed_tol, gate_speed=not args.no_speed,
                     tps_tol=args.tps_tol, quality_tol=args.quality_tol, gate_outputs=not args.no_outputs,
                     n_boot=args.n_boot, seed=args.seed, acceptance_rtol=args.acceptance_rtol,
-                    fit=not args.no_fit)
+                    fit=not args.no_fit, allow_invalid=args.allow_invalid)
     base = load_side(args.base, n_boot=th.n_boot, seed=th.seed)
     new = load_side(args.new, n_boot=th.n_boot, seed=th.seed)
     cmp = compare_sides(base, new, th, args.labels, allow_mismatch=args.allow_mismatch)
@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "acc@i >= BASE's × (1 − R) instead of the τ rule (default: engines 0.05, others the τ rule)")
     c.add_argument("--no-fit", action="store_true",
                    help="ignore a baseline's repeats: the fixed tolerances, as for a baseline without repeats")
+    c.add_argument("--allow-invalid", action="store_true",
+                   help="gate speed even on a side that failed a validity check (harness.measure.validity); "
+                        "refused otherwise")
     c.add_argument("--allow-mismatch", action="store_true",
                    help="compare sides of different targets or dtypes (an error otherwise), with a warning")
     c.add_argument("--labels", type=lambda t: [x for x in t.split(",") if x],

@@ -39,15 +39,19 @@ def print_report(run_dir: Path, paths: bool = False, cost_per_hour: float | None
         print(f"\nrun:  {run_dir}")
     else:
         summary = pd.read_parquet(written["summary_parquet"])
-        print(report_ending(summary, Path(run_dir), Path(written["report_html"])))
+        checks = pd.read_csv(written["validity_csv"], keep_default_na=False)
+        failed = [f"FAIL {r['name']}" + (f" ({r['scope']})" if r["scope"] else "") + f": {r['detail']}"
+                  for r in checks.to_dict("records") if r["status"] == "fail"]
+        print(report_ending(summary, Path(run_dir), Path(written["report_html"]), failed))
     if paths:
         for name, path in sorted(written.items()):
             print(f"{name + ':':<22}{path}")
 
 
-def report_ending(summary, run_dir: Path, report_html: Path) -> str:
+def report_ending(summary, run_dir: Path, report_html: Path, failed_checks: list[str] | None = None) -> str:
     """What a person reads at the end of a run: the paper table, the speed-ups' 95% CIs, one line on what the
-    numbers mean, then the report page (and how to open it), the run directory and the resume command.
+    numbers mean, a line per failed validity check (``failed_checks``, :mod:`harness.measure.validity`), then the
+    report page (and how to open it), the run directory and the resume command.
 
     Example (one entry against vanilla): the table, "95% CI of the speed-up (paired bootstrap over questions):",
     "  pld  mt_bench 1.50 [1.20, 1.80]", "speed-up = tokens/s ÷ vanilla's on the same questions; ...", "report:  RUN/
@@ -78,6 +82,7 @@ def report_ending(summary, run_dir: Path, report_html: Path) -> str:
         differ = int(summary["divergent_turns"].fillna(0).sum())
         lines.append(f"losslessness: {differ} greedy turn(s) differ from the baseline; see report.html"
                      if differ else "losslessness: every greedy output is identical to the baseline's")
+    lines += [f"validity: {line}" for line in failed_checks or []]  # harness.measure.validity: speed not gated
     run, page = shlex.quote(str(run_dir)), shlex.quote(str(report_html))
     lines += ["",
               f"report:  {report_html}",

@@ -21,7 +21,8 @@ repeats         only for a run of 2 or more repeats (``repeats:`` / ``--repeats`
                 speed-up, tokens/s. Their spread is the run-to-run noise that ``compare`` fits its tolerances on
                 (:func:`harness.measure.noise.prediction_band`); a baseline without it keeps the fixed defaults
 provenance      run id, creation time, command, git hash and dirty flag, library versions, device (and its slug),
-                target (without its local path), full run configuration and its digest, suites
+                target (without its local path), full run configuration and its digest, suites; ``validity``: the
+                run's failed checks (:func:`harness.measure.validity.run_checks`; absent in older baselines)
 =============== ==================================================================================================
 
 :class:`Side` is the in-memory form of either source: a run directory is reduced by the report's own table
@@ -52,6 +53,7 @@ from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
 from harness.measure.records import RecordsRead, baseline_labels, load_records, record_files
 from harness.measure.rundir import MANIFEST_FILE, SUMMARY_MD, read_manifest, read_run_file, run_subdir
+from harness.measure.validity import failed, run_checks
 from harness.report import tables as T
 from harness.report.exports import ids_sha256, read_export, write_export
 
@@ -209,6 +211,8 @@ class Side:
             first = next((str(r.get("error")) for r in records if r.get("error")), "unknown error")
             raise ValueError(f"{path}: every turn of its {len(records)} record(s) failed (first: {first}); it measured "
                              "nothing to compare")
+        # the run's failed validity checks travel with its provenance (into a saved baseline too)
+        provenance = {**provenance, "validity": [c.as_dict() for c in failed(run_checks(records, manifest))]}
         turns = T.turns_table(records, manifest)
         turns["question_id"] = turns["question_id"].astype(str)
         qt = T.questions_table(turns)

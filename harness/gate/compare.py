@@ -44,6 +44,11 @@ quality     NEW's mean quality score < BASE's − ``quality_tol``, both over the
 collapse    NEW's draft acceptance rate is under :data:`harness.measure.acceptance.COLLAPSE_SHARE` (a quarter) of
             BASE's: speculation collapsed (the message names the likely causes: precision, head/target mismatch,
             chat template); a tolerance never absorbs that.
+validity    BASE or NEW failed a validity check (:mod:`harness.measure.validity`: no warm-up, compilation inside
+            measured turns, the machine's load above its CPUs, entries one after another on a drifting machine,
+            repeats more than 5% apart; a baseline keeps its run's in its provenance): speed is then not gated, and
+            each failed check is a failure of its own, unless ``--allow-invalid`` (then a warning, and speed is
+            gated) or ``--no-speed`` (nothing to refuse).
 errors      NEW has error turns in the cell.
 missing     a cell or a measured question of BASE that NEW lacks.
 =========== =========================================================================================================
@@ -79,6 +84,7 @@ target's numerics changed, and the methods' output changes follow from it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -103,7 +109,8 @@ CONFIG_IGNORED = ("output_dir", "data_dir", "repeats")
 @dataclass
 class Thresholds:
     """The gate's knobs (the ``compare`` flags of the same names; ``fit`` False is ``--no-fit``: the fixed
-    tolerances even against a baseline with repeats)."""
+    tolerances even against a baseline with repeats; ``allow_invalid`` is ``--allow-invalid``: gate speed on a side
+    that failed a validity check)."""
 
     tau_rtol: float = 0.01
     speed_tol: float = 0.05
@@ -115,6 +122,7 @@ class Thresholds:
     seed: int = 0
     acceptance_rtol: float | None = None
     fit: bool = True
+    allow_invalid: bool = False
 
     def __post_init__(self):
         for name in ("tau_rtol", "speed_tol", "quality_tol", "acceptance_rtol"):
@@ -272,7 +280,19 @@ def compare_sides(base: Side, new: Side, thresholds: Thresholds | None = None,
         raise ValueError(f"compare: BASE and NEW differ in {different}; their outputs and τ are not comparable "
                          "(--allow-mismatch compares them anyway)")
     th = thresholds or Thresholds()
-    cmp = Comparison(base, new, th, warnings=comparability_warnings(base, new))
+    invalid = [f"{who} ({side.path.name}) failed the validity check {c['name']}"
+               + (f" ({c['scope']})" if c.get("scope") else "") + f": {c['detail']}"
+               for who, side in (("BASE", base), ("NEW", new)) for c in side.provenance.get("validity") or []]
+    refused = bool(invalid) and th.gate_speed and not th.allow_invalid
+    cmp = Comparison(base, new, dataclasses.replace(th, gate_speed=False) if refused else th,
+                     warnings=comparability_warnings(base, new))
+    if invalid and th.gate_speed:
+        if refused:
+            cmp.findings += [Finding("run", "validity", f"{line}; speed is not gated on it (--allow-invalid gates it "
+                                                        "anyway, --no-speed leaves speed out)") for line in invalid]
+        else:
+            cmp.warnings += [f"{line}; speed gated anyway (--allow-invalid)" for line in invalid]
+    th = cmp.thresholds
     bc, nc = base.cells, new.cells
     if labels:
         unknown = sorted(set(labels) - set(bc["label"]) - set(nc["label"]))

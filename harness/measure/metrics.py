@@ -492,6 +492,18 @@ def latency_percentiles(values: Sequence[float], percentiles: Sequence[float] = 
     return [float(x) for x in np.percentile(np.asarray(values, dtype=float), list(percentiles))]
 
 
+def tokens_per_user(per_token_latencies_s: Sequence[float]) -> float:
+    """Interactivity of a load level: tokens/s per user = 1 / mean per-token latency (in seconds; 1000 / mean ITL
+    in ms, as vllm-project/speculators' throughput-interactivity frontier plots it), the mean over every gap pooled
+    over the level's requests (:func:`per_token_latencies`; exact even where a chunk's time was split). The first
+    token's wait (TTFT) is not in it. NaN without a gap. Example: [0.05, 0.05, 0.1, 0.0] -> 1 / 0.05 = 20.0;
+    [] -> nan."""
+    if not len(per_token_latencies_s):
+        return math.nan
+    mean = float(np.mean(np.asarray(per_token_latencies_s, dtype=float)))
+    return 1.0 / mean if mean > 0 else math.nan
+
+
 def level_throughput(new_tokens: Sequence[Number], sent_s: Sequence[Number], finished_s: Sequence[Number]) -> float:
     """Output tokens/s of a load level: Σ new tokens of its requests ÷ the level's wall window, from the first
     request sent to the last one finished (``sent_s`` / ``finished_s``: per request, seconds from the level's

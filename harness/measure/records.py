@@ -54,6 +54,9 @@ cuda_peak_allocated_bytes, cuda_peak_reserved_bytes, nvml_used_bytes   GPU memor
 energy_j, mean_power_w      NVML energy over the turn (on CPU: RAPL package energy where readable) and energy /
                             wall time (None when neither can be read)
 energy_source               ``nvml`` or ``rapl``, or ``n/a: <why>`` (harness.measure.trackers); absent in older runs
+load_avg_1m                 the machine's 1-minute load average at the turn's end (``os.getloadavg``, every process
+                            counted; harness.measure.validity's machine-load check); None where unreadable; absent
+                            in older runs
 deployable                  ``false`` for a method that is a bound, not a method (the ``oracle``); absent otherwise
 nvml_devices                PCI bus ids of the NVML boards read (None without NVML)
 runtime                     how the target's forward ran: ``eager`` or ``compiled`` (harness/engine/runtime.py;

@@ -38,6 +38,7 @@ class Measurement:
     mean_power_w: float | None = None       # energy_j / wall_time_s
     nvml_devices: list[str] | None = None   # PCI bus ids of the boards NVML read
     energy_source: str | None = None        # what energy_j was read from ("nvml", "rapl"), or why none: "n/a: <why>"
+    load_avg_1m: float | None = None        # the machine's 1-minute load average at the turn's end (None: unreadable)
 
 
 def pci_bus_id(properties) -> str | None:
@@ -211,6 +212,7 @@ class Tracker:
                 m.nvml_used_bytes = self.nvml.used_bytes() if self.nvml else None
                 m.nvml_devices = list(self.nvml.devices) if self.nvml and self.nvml.devices else None
             m.rss_bytes = _rss_bytes()
+            m.load_avg_1m = load_average()
             m.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -224,6 +226,16 @@ def release_cached_memory(devices: list[torch.device]) -> None:
         if d.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(d)
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (``os.getloadavg``: runnable and uninterruptible threads, an
+    exponentially decayed mean over about a minute, every process counted), rounded to 0.01; None where the system
+    has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _rss_bytes() -> int | None:

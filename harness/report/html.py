@@ -3,7 +3,8 @@ reproduction against published numbers).
 
 Self-contained: inline CSS and a few lines of vanilla JavaScript, plots embedded as base64 PNG, no network request
 (no CDN, no web font, an inline favicon), so the file opens from disk or from a CI artifact. Sections of a run's
-page: provenance (from ``manifest.json``), the paper table (the same text as ``tables/summary.md``), every plot,
+page: provenance (from ``manifest.json``), the validity checks' failures (:mod:`harness.measure.validity`), the
+paper table (the same text as ``tables/summary.md``), every plot,
 the headroom ledger and where the time goes (``tables/headroom.csv`` with its two plots), the ablation pivots
 (:mod:`harness.report.ablation`) when the run has knobs, the referee (:mod:`harness.report.referee`) when entries
 ran on another engine, sortable and filterable summary and
@@ -114,7 +115,7 @@ def table_html(df: pd.DataFrame, table_id: str, sortable: bool = True, filterabl
 
 def markdown_tables_html(text: str) -> str:
     """The paper table's Markdown (:func:`harness.report.markdown.paper_table`) as HTML: ``|`` rows become a table,
-    ``**bold**`` lines headings, other lines paragraphs."""
+    ``#`` lines and ``**bold**`` lines headings, other lines paragraphs."""
     out, rows = [], []
 
     def flush():
@@ -135,6 +136,9 @@ def markdown_tables_html(text: str) -> str:
             continue
         flush()
         if not s:
+            continue
+        if s.startswith("#"):  # a Markdown heading: a sub-heading of the section
+            out.append(f"<h3>{html.escape(s.lstrip('#').strip())}</h3>")
             continue
         s = html.escape(s)
         while s.count("**") >= 2:
@@ -324,13 +328,15 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
                       measured: pd.Series, questions: pd.DataFrame, summary: pd.DataFrame, paper_md: str,
                       baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path],
                       referee: Any = None,
-                      headroom: tuple[str, pd.DataFrame, Mapping[str, Path]] | None = None) -> Path:
+                      headroom: tuple[str, pd.DataFrame, Mapping[str, Path]] | None = None,
+                      validity_md: str = "") -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
     mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
     measured turns with the ablated knobs only (:func:`harness.report.ablation.ablation_turns`); ``referee``: the
     :class:`harness.report.referee.RefereeReport` of a run with engine entries (a section of its own), else None;
     ``headroom``: the headroom section's Markdown, its table and its plots (the ledger and where the time goes,
-    :func:`harness.report.tables.headroom_table`), else None."""
+    :func:`harness.report.tables.headroom_table`), else None; ``validity_md``: the Validity section's Markdown
+    (:func:`harness.measure.validity.validity_markdown`), a section of its own when not empty."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"
@@ -339,6 +345,8 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
                 f"{manifest.get('created', '')}")
     collapsed = collapse_note(summary)
     sections = [("collapse", "Warning: acceptance collapse", markdown_tables_html(collapsed))] if collapsed else []
+    if validity_md:
+        sections.append(("validity", "Validity", markdown_tables_html(validity_md.partition("\n")[2])))
     sections += [("paper", "Paper table", markdown_tables_html(paper_md)),
                  ("plots", "Plots", plots_html(plots))]
     if headroom is not None and not headroom[1].empty:

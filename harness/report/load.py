@@ -11,6 +11,15 @@ the ``vanilla`` entry at the same concurrency: the ratio of mean per-request tok
 measured, paired by prompt, with a bootstrap 95% CI from :data:`MIN_CI_REQUESTS` pairs up
 (:func:`harness.measure.metrics.speedup_ratio_ci`), beside the ratio of the two levels' throughputs. The concurrency
 at which speculation stops paying is :func:`harness.measure.metrics.stops_paying` of those speed-ups.
+
+The throughput-interactivity frontier (vllm-project/speculators' plot): per level, output tokens/s against tokens/s
+per user (:func:`harness.measure.metrics.tokens_per_user`, 1 / mean per-token latency), one curve per entry with
+vanilla's, each point labelled with its concurrency and the level where an entry's speculation stops paying
+marked (:func:`frontier_markdown`, :func:`plot_frontier`). A speculative entry's curve above and right of
+vanilla's gives both more throughput and more interactivity; the crossover is where it falls inside.
+
+The load report also checks the run's validity (:func:`harness.measure.validity.load_checks`: the eight load
+conditions and the run's own) and writes ``report.html`` (:func:`write_load_report`).
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from matplotlib.figure import Figure
 
 from harness.measure import acceptance as ACC
 from harness.measure import metrics as M
+from harness.measure import validity as V
 from harness.measure.rundir import LOAD_FILE, atomic_file, read_run_file, run_subdir, write_text_atomic
 from harness.report.formatting import interval, markdown_table, missing, number, ratio
+from harness.report.html import REPORT_FILE, markdown_tables_html, plots_html, provenance_html, render_page, table_html
 
 MIN_CI_REQUESTS = 8  # paired requests a level needs for a speed-up CI
 SPLIT_NOTE = "chunks of several tokens"  # the served client's engine_notes phrase for split chunk times
@@ -92,6 +103,7 @@ def load_table(rows: list[dict[str, Any]], baseline_label: str = "vanilla") -> p
         row = {"label": label, "method": level[0]["method"], "engine": level[0]["engine"], "concurrency": c,
                "request_rate": level[0]["request_rate"], "burstiness": level[0]["burstiness"],
                "requests": len(level), "failed": len(level) - len(ok), "output_tok_s": tput,
+               "tokens_per_user": M.tokens_per_user(gaps),
                "ttft_p50_s": M.latency_percentiles(ttft, (50,))[0], "ttft_p99_s": M.latency_percentiles(ttft, (99,))[0],
                **dict(zip(("token_latency_p50_s", "token_latency_p95_s", "token_latency_p99_s"),
                           M.latency_percentiles(gaps), strict=True)),
@@ -123,6 +135,23 @@ def crossings(table: pd.DataFrame) -> dict[str, tuple[int, bool] | None]:
         out[label] = M.stops_paying(list(zip(rows["concurrency"], rows["speedup"], rows["speedup_lo"],
                                              rows["speedup_hi"], strict=True)))
     return out
+
+
+def frontier_markdown(table: pd.DataFrame) -> str:
+    """The report's "Frontier" subsection: per concurrency and entry, output tokens/s and tokens/s per user with
+    TTFT and per-token latency percentiles beside them, the level where an entry stops paying marked."""
+    stops = {label: where[0] for label, where in crossings(table).items() if where is not None}
+    head = ["concurrency", "entry", "output tok/s", "tok/s per user", "TTFT p50 / p99 (ms)",
+            "per-token p50 / p99 (ms)", "speed-up", ""]
+    rows = [[str(r["concurrency"]), r["label"], number(r["output_tok_s"], ".1f"), number(r["tokens_per_user"], ".1f"),
+             f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
+             f"{_ms(r['token_latency_p50_s'])} / {_ms(r['token_latency_p99_s'])}",
+             "" if missing(r["baseline"]) else ratio(r["speedup"]),
+             "stops paying" if stops.get(r["label"]) == r["concurrency"] else ""]
+            for r in table.sort_values(["concurrency", "label"], kind="stable").to_dict("records")]
+    return "\n".join(["### Frontier", "", "Output tokens/s (throughput) against tokens/s per user (interactivity, "
+                      "1000 / mean per-token latency in ms) at each level; plots/load_frontier.png draws one curve "
+                      "per entry.", "", *markdown_table(head, rows, left=2), ""]) + "\n"
 
 
 def _ms(x: Any) -> str:
@@ -209,13 +238,74 @@ def plot_load(table: pd.DataFrame, plots: Path) -> dict[str, Path]:
     return paths
 
 
-def write_load_report(run_dir: Path, baseline_label: str, title: str) -> dict[str, Path]:
-    """``tables/load.csv``, the plots and ``tables/summary.md`` (``title``, then the Load section) of a run with
-    load levels; name -> path written."""
-    table = load_table(read_load_rows(run_dir), baseline_label)
+def plot_frontier(table: pd.DataFrame, path: Path) -> Path | None:
+    """The throughput-interactivity frontier: output tokens/s (y) against tokens/s per user (x), one curve per
+    entry through its levels in concurrency order, each point labelled with its concurrency, the level where an
+    entry stops paying ringed; None when no level has both figures."""
+    data = table[table["output_tok_s"].notna() & table["tokens_per_user"].notna()]
+    if data.empty:
+        return None
+    stops = {label: where[0] for label, where in crossings(table).items() if where is not None}
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    for i, (label, rows) in enumerate(data.sort_values("concurrency").groupby("label", sort=False)):
+        color = matplotlib.colormaps["tab10"](i % 10)
+        ax.plot(rows["tokens_per_user"], rows["output_tok_s"], marker="o", color=color, label=label)
+        for r in rows.to_dict("records"):
+            ax.annotate(str(r["concurrency"]), (r["tokens_per_user"], r["output_tok_s"]), fontsize=7,
+                        textcoords="offset points", xytext=(4, 4), color=color)
+            if stops.get(label) == r["concurrency"]:
+                ax.scatter([r["tokens_per_user"]], [r["output_tok_s"]], s=160, facecolors="none",
+                           edgecolors="red", linewidths=1.5, zorder=3)
+    if stops:
+        ax.scatter([], [], s=160, facecolors="none", edgecolors="red", label="stops paying")
+    ax.set_xlabel("tokens/s per user (1000 / mean per-token latency, ms)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("throughput-interactivity frontier (labels: concurrency)", fontsize=10)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    return path
+
+
+def _body(md: str) -> str:
+    """A section's Markdown without its own first ``## `` heading (the page's section heading says it)."""
+    first, _, rest = md.partition("\n")
+    return rest if first.startswith("## ") else md
+
+
+def write_load_report(run_dir: Path, baseline_label: str, title: str,
+                      manifest: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """``tables/load.csv``, ``tables/validity.csv``, the plots (the frontier among them), ``tables/summary.md``
+    (``title``, the Validity section, then the Load section with its Frontier) and ``report.html`` of a run with
+    load levels; name -> path written. ``manifest``: the run's (its configuration and device, for the checks)."""
+    manifest = manifest or {}
+    rows = read_load_rows(run_dir)
+    table = load_table(rows, baseline_label)
+    checks = V.load_checks(rows, latest_levels(rows), manifest)
     tables, plots = run_subdir(run_dir, "tables"), run_subdir(run_dir, "plots")
     with atomic_file(tables / "load.csv") as tmp:
         table.to_csv(tmp, index=False)
+    validity = pd.DataFrame([c.as_dict() for c in checks], columns=["name", "status", "detail", "scope"])
+    with atomic_file(tables / "validity.csv") as tmp:
+        validity.to_csv(tmp, index=False)
     md = tables / "summary.md"
-    write_text_atomic(md, f"{title}{load_markdown(table)}")
-    return {"load_csv": tables / "load.csv", "summary_md": md, **plot_load(table, plots)}
+    validity_md = V.validity_markdown(checks, gated=False)  # compare reads harness runs, not load levels
+    load_md = load_markdown(table) + "\n" + frontier_markdown(table)
+    write_text_atomic(md, f"{title}{validity_md}\n{load_md}")
+    written = {"plot_load_frontier": plot_frontier(table, plots / "load_frontier.png"), **plot_load(table, plots)}
+    written = {k: v for k, v in written.items() if v is not None}
+    config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    subtitle = (f"target {config.get('target', '?')} · load levels · baseline {baseline_label} · "
+                f"git {manifest.get('git_hash') or '?'} · {manifest.get('created', '')}")
+    sections = [("validity", "Validity", markdown_tables_html(_body(validity_md))
+                 + table_html(validity, "validity-table")),
+                ("load", "Load", markdown_tables_html(_body(load_md))), ("plots", "Plots", plots_html(written)),
+                ("table", "Every level", table_html(table.astype(object).where(table.notna(), None), "load-table",
+                                                     filterable=len(table) > 15)),
+                ("provenance", "Provenance", provenance_html(manifest))]
+    page = run_dir / REPORT_FILE
+    write_text_atomic(page, render_page(f"draftbench: {run_dir.name}", subtitle, sections))
+    return {"load_csv": tables / "load.csv", "validity_csv": tables / "validity.csv", "summary_md": md,
+            "report_html": page, **written}

@@ -7,8 +7,11 @@
     tables/summary.parquet, summary.csv      one row per (label, method, suite, temperature) (summary_table)
     tables/categories.csv                    per category, for suites with several (category_table)
     tables/accept_hist.csv                   accepted-length histogram (histogram_table)
-    tables/summary.md                        provenance header + paper_table (+ divergence note, + the acceptance
-                                             figures as engines report them when a method drafts)
+    tables/validity.csv                      every validity check's verdict (harness.measure.validity)
+    tables/summary.md                        provenance header + the Validity section (harness.measure.validity's
+                                             run checks: what failed or could not be checked) + paper_table
+                                             (+ divergence note, + the acceptance figures as engines report them
+                                             when a method drafts)
     tables/divergence.csv                    greedy turns that differ from the baseline (divergence_table)
     tables/headroom.csv                      the headroom ledger (measured speed-up, free-draft bound, oracle bound S*
                                              with their CIs) and where the time goes, energy and cost (headroom_table);
@@ -23,7 +26,8 @@
     report.html                              all of it on one self-contained page (harness.report.html)
 
 A run of load levels (``load:``, harness.run.load) has ``load.jsonl`` instead of records: its report is
-``tables/load.csv``, ``tables/summary.md`` with the Load section and ``plots/load_*.png`` (harness.report.load).
+``tables/load.csv``, ``tables/validity.csv``, ``tables/summary.md`` with the Validity and Load sections (the
+frontier among them), ``plots/load_*.png`` and ``report.html`` (harness.report.load).
 
 The tables are computed by :mod:`harness.report.tables` (which turns are measured, and how, is said there), the
 Markdown by :mod:`harness.report.markdown`, the figures by :mod:`harness.report.plots`; this module reads the run
@@ -52,6 +56,7 @@ from harness.measure.rundir import (
     run_subdir,
     write_text_atomic,
 )
+from harness.measure.validity import run_checks, validity_markdown
 from harness.report.ablation import ablated_options, ablation_markdown, ablation_turns, with_knobs, write_ablation
 from harness.report.context import context_table, crossover_table, has_context
 from harness.report.html import write_html_report
@@ -155,7 +160,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
         manifest = read_manifest(run_dir) or {}
         config = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
         return write_load_report(run_dir, baseline_label or config.get("baseline") or "vanilla",
-                                 f"# draftbench results: {run_dir.name}\n\n")
+                                 f"# draftbench results: {run_dir.name}\n\n", manifest)
     if not record_files(run_dir):
         raise FileNotFoundError(f"{run_dir / RECORDS_FILE}: no records; is {run_dir} a draftbench run directory?")
     manifest = read_manifest(run_dir) or {}  # no manifest: the report says provenance unknown
@@ -200,10 +205,16 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
         headroom.to_csv(tmp, index=False)
     paths["headroom_csv"] = tables / "headroom.csv"
     headroom_md = headroom_markdown(headroom)
+    checks = run_checks(records, manifest)
+    validity_md = validity_markdown(checks)
+    with atomic_file(tables / "validity.csv") as tmp:
+        pd.DataFrame([c.as_dict() for c in checks], columns=["name", "status", "detail", "scope"]).to_csv(
+            tmp, index=False)
+    paths["validity_csv"] = tables / "validity.csv"
     md = run_dir / SUMMARY_MD
     accepted = acceptance_markdown(summary)
     write_text_atomic(md, f"# draftbench results: {run_dir.name}\n\n{provenance_header(manifest, turns)}"
-                      f"{records_note(found, run_dir, summary)}\n{collapse_note(summary)}"
+                      f"{records_note(found, run_dir, summary)}\n{collapse_note(summary)}{validity_md}\n"
                       f"{paper_table(summary, baseline)}"
                       f"{divergence_note(divergence)}" + (f"\n{accepted}" if accepted else "")
                       + f"\n{ablation_markdown(ablated, baseline)}"
@@ -233,5 +244,5 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
     paths["report_html"] = write_html_report(run_dir, manifest, turns, measured_rows(turns), questions, summary,
                                              paper_table(summary, baseline), baseline, ablated,
                                              {k: v for k, v in paths.items() if k.startswith("plot_")}, referee,
-                                             (headroom_md, headroom, headroom_plots))
+                                             (headroom_md, headroom, headroom_plots), validity_md)
     return paths

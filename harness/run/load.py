@@ -40,6 +40,11 @@ by level with the entries' order reversed on every other level (:func:`load_orde
 drifts, the entry measured last is otherwise the one the drift hits (a llama.cpp sweep measured 0.98-1.05x with the
 speculative entry first and 0.48-0.64x with it second, at the same acceptance).
 
+Every level's rows also keep what its validity checks read (:mod:`harness.measure.validity`): the server's
+prefix-cache and queue-time statistics diffed around the level (``level_server``, :func:`server_stats`,
+:func:`stats_between`; None where the server has none), the machine's 1-minute load average before and after it
+(``load_avg_1m``) and the run's ``warmup``.
+
 Rows go to ``load.jsonl`` (:data:`harness.measure.rundir.LOAD_FILE`), one per request, a level's rows written
 together once it ends; a level whose rows are not all successful (a failed request, or a run stopped mid-level) is
 measured again on ``--resume`` as a new attempt, and the report reads each level's latest attempt
@@ -57,10 +62,13 @@ from typing import Any
 import numpy as np
 
 from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
+from harness.backends.exchange import http_get
+from harness.backends.prometheus import TRTLLM, read_server_stats
 from harness.backends.replies import request_totals
 from harness.measure import env
 from harness.measure.records import RecordStore
 from harness.measure.rundir import LOAD_FILE
+from harness.measure.trackers import load_average
 from harness.report.load import latest_levels, read_load_rows
 from harness.run.config import ConfigError, LoadSpec, check_slots
 
@@ -125,8 +133,10 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
                                         suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
                                         config.top_k, seed_of(q.question_id)))
         offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
+        before, load_before = server_stats(method.backend), load_average()
         with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
             results, window, counters = run_level(method.backend, requests, c, offsets)
+        server = stats_between(before, server_stats(method.backend))
         common = {
             "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
             "lossless": method.lossless, "turn": 0,
@@ -134,11 +144,38 @@ def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up,
             "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
             "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
             "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
-            "level_wall_s": window, "level_counters": counters,
+            "level_wall_s": window, "level_counters": counters, "level_server": server,
+            "load_avg_1m": [load_before, load_average()], "warmup": config.warmup,
             **engine_fields(method.backend, method.backend.speculative),
         }
         store.append([{**common, **_row(result, suite, q, target)}
                       for result, (suite, q) in zip(results, picked, strict=True)])
+
+
+def server_stats(backend) -> dict[str, float | None] | None:
+    """A served engine's prefix-cache and queue-time statistics now
+    (:func:`harness.backends.prometheus.read_server_stats` of its ``/metrics``), for a level's validity checks;
+    None (n/a, never a failed level) for a backend without Prometheus counters (trtllm-serve's JSON iterations
+    included) or a reading that fails."""
+    if not getattr(backend, "has_metrics", False) or getattr(backend, "server_kind", None) == TRTLLM:
+        return None
+    try:
+        status, text = http_get(backend.endpoint + "/metrics", backend.timeout)
+        return read_server_stats(text) if status == 200 else None
+    except (BackendError, ValueError):
+        return None
+
+
+def stats_between(before: dict | None, after: dict | None) -> dict[str, float | None] | None:
+    """What a server's statistics (:func:`server_stats`) moved by around a
+    level: ``after - before`` per statistic, None where either reading lacks it or it went backwards (a server
+    restarted: no level's figure); None without two readings.
+    Example: ({"prefix_cache_hits": 16.0, "queue_time_s": None}, {"prefix_cache_hits": 48.0, "queue_time_s": 0.5})
+    -> {"prefix_cache_hits": 32.0, "queue_time_s": None}."""
+    if before is None or after is None:
+        return None
+    return {k: None if before.get(k) is None or v is None or v < before[k] else v - before[k]
+            for k, v in after.items()}
 
 
 def load_order(labels: list[str], concurrency: list[int], plan: list[list], interleave: bool) -> list[tuple]:

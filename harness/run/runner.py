@@ -54,7 +54,7 @@ from harness.measure.rundir import (
     RunLock,
     write_manifest,
 )
-from harness.measure.trackers import Tracker, model_devices, release_cached_memory
+from harness.measure.trackers import Tracker, load_average, model_devices, release_cached_memory
 from harness.models import (
     EMBEDDED_TARGETS,
     Target,
@@ -173,7 +173,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     sampling.top_k, question_seed(ctx.seed, question.question_id)))
                 # a server that sent text without token ids: its text (output_ids stay null)
                 answer = turn_rec.text if turn_rec.token_ids is None else target.decode(turn_rec.token_ids)
-                rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer,
+                rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer, load_avg_1m=load_average(),
                            **turn_fields(turn_rec, method.backend))
                 if question.context:  # the engine's own caches are not visible from here: n/a, never 0
                     rec.update(kv_cache_bytes=None, draft_kv_bytes=None)
@@ -193,6 +193,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
                     cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
                     cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
                     energy_j=m.energy_j, mean_power_w=m.mean_power_w, energy_source=m.energy_source,
+                    load_avg_1m=m.load_avg_1m,
                     timings=gen.timings, counters=gen.counters,
                     timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
                     logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
