@@ -351,6 +351,7 @@ def test_a_failing_scorer_is_recorded_not_ignored(target):
     from harness.engine.sampling import SamplingParams
     from harness.measure.trackers import Tracker
     from harness.registry import SCORERS, register_scorer
+    from harness.run.entries import HarnessEntry
     from harness.run.runner import TurnContext, run_question
     from harness.run.suites import Question, Suite
 
@@ -360,9 +361,9 @@ def test_a_failing_scorer_is_recorded_not_ignored(target):
             raise RuntimeError("scorer exploded")
 
     suite = Suite("s", "1", [Question("1", None, ["2+2?"], ["4"])], scorer="exploding_test_scorer")
-    method = Scripted.create(target, {})
-    recs = run_question(method, target, TurnContext("r", "scripted_test", suite, 0.0, 0, 0), suite.questions[0],
-                        SamplingParams(0.0, 1.0, 0), 4, Tracker(target.device), score=True)
+    entry = HarnessEntry("scripted_test", Scripted.create(target, {}), target, Tracker(target.device))
+    recs = run_question(entry, target, TurnContext("r", "scripted_test", suite, 0.0, 0, 0), suite.questions[0],
+                        SamplingParams(0.0, 1.0, 0), 4, score=True)
     assert len(recs) == 1
     assert (recs[0]["status"], recs[0]["error"], recs[0]["score"]) == ("ok", None, None)
     assert recs[0]["score_name"] == "exploding_test_scorer"
