@@ -140,8 +140,7 @@ class Method:
     name: ClassVar[str] = "?"
     Options: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
-    runtime: str = "eager"  # how the target's forward runs (harness.engine.runtime.RUNTIMES); the harness sets it
-    backend: Any = None  # the runner sets it when another engine runs this entry's turns (harness.backends)
+    runtime: str = "eager"  # how the target's forward runs (harness.engine.runtime.RUNTIMES); the run sets it
 
     def __init__(self, target: Target, options=None):
         self.target = target
