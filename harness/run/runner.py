@@ -1,9 +1,12 @@
 """The one run loop: method x temperature x seed x repeat x suite x question, one record per turn.
 
-Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every method entry runs under
-its runtime (``RunConfig.entries``: eager, or the target's compiled forward, :mod:`harness.engine.runtime`); a
-compiled runtime builds its graphs at their first call, which is warm-up too: a question during which a graph still
-compiled is measured again, and the records report compilation separately (``compile_s``, ``turn_compile_s``).
+Every turn goes through its entry's one door (:mod:`harness.run.entries`: the entries are planned and checked once,
+before the target loads, and asked for a turn the same way whatever engine runs them), so ``run_question`` does not
+branch on the engine. Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every
+method entry runs under its runtime (``RunConfig.entries``: eager, or the target's compiled forward,
+:mod:`harness.engine.runtime`); a compiled runtime builds its graphs at their first call, which is warm-up too: a
+question during which a graph still compiled is measured again, and the records report compilation separately
+(``compile_s``, ``turn_compile_s``).
 Every timed turn is bracketed by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn
 (exception or out-of-memory) becomes an error record and the run goes on; a failing scorer becomes the record's
 ``score_error``. Records of a question are appended together, so a killed or interrupted run can be resumed
