@@ -20,6 +20,7 @@ target's window, for measured turns, the warm-up, load levels and the context an
 
 from __future__ import annotations
 
+import abc
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ class Turn:
     context: bool = False
 
 
-class Entry:
+class Entry(abc.ABC):
     """A method entry of a run, built once (:func:`open_entries`) and asked for each turn (:meth:`turn`, the fields
     of the turn's record that its engine measured, ``output_text`` among them); :meth:`close` stops whatever it
     started. ``name``, ``lossless``, ``deployable``: the method's; ``runtime``: how the harness calls the target
@@ -106,19 +107,21 @@ class Entry:
     def method_options(self) -> dict[str, Any]:
         return self.describe()["options"]
 
-    def turn(self, turn: Turn) -> dict[str, Any]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def turn(self, turn: Turn) -> dict[str, Any]: ...
 
+    @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """The entry in the manifest (``methods``): the method, lossless, its options as the records show them
         (:func:`harness.backends.contract.entry_options`) and the runtime."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def forget(self) -> None:
-        """Drop what a stateful method learned (the warm-up's answers); nothing to drop on another engine."""
+        """Drop what a stateful method learned (the warm-up's answers)."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        """Stop whatever the entry started (an engine); nothing for the harness's own."""
+        """Stop whatever the entry started (an engine)."""
 
 
 class HarnessEntry(Entry):
@@ -169,6 +172,9 @@ class HarnessEntry(Entry):
     def forget(self) -> None:
         self.method.forget()
 
+    def close(self) -> None:
+        pass  # the harness's method holds nothing to stop (the target is the run's)
+
 
 class BackendEntry(Entry):
     """An entry another engine runs (``backend``, :mod:`harness.backends`); the harness method is never built: what
@@ -195,6 +201,9 @@ class BackendEntry(Entry):
         if turn.context:  # the engine's own caches are not visible from here: n/a, never 0
             fields.update(kv_cache_bytes=None, draft_kv_bytes=None)
         return fields
+
+    def forget(self) -> None:
+        pass  # the engine holds no state of draftbench's method
 
     def close(self) -> None:
         self.backend.close()
