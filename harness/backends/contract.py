@@ -39,6 +39,25 @@ class BackendError(OSError):
     one line (an OSError, like a refused connection)."""
 
 
+@dataclass(frozen=True)
+class EnginePlan:
+    """A method entry's engine, checked once before anything loads (:func:`harness.backends.check_engine`), with
+    what the engine needs of the entry derived once: ``speculative``, vLLM's ``speculative_config`` (engine ``vllm``,
+    or a ``vllm serve`` that engine ``openai`` launches; None: no speculation); ``served``, engine ``openai``'s own
+    options with their defaults (:func:`harness.backends.served.check_options`); ``speculates``, whether the entry's
+    turns speculate. ``options``: the method's options dataclass; ``given``: the option names the run set."""
+
+    engine: str
+    method: str
+    options: Any
+    given: frozenset[str]
+    target: str
+    engine_options: dict[str, Any]
+    speculative: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
+    speculates: bool = False
+
+
 @dataclass
 class TurnRequest:
     """One turn: the conversation so far (``messages``, ending with the user's turn), the harness's token ids of it

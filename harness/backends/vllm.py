@@ -232,7 +232,7 @@ def llm_options(engine_options: dict[str, Any] | None, positions: int | None = N
     ``distributed_executor_backend`` (``mp`` on one machine, ``ray`` across a Ray cluster), ``nnodes`` /
     ``node_rank`` / ``master_addr``. A malformed parallelism option is an :class:`EngineError`.
 
-    ``positions``: what a run of long prompts needs (:func:`harness.run.context.engine_positions`); beyond the
+    ``positions``: what a run of long prompts needs (:func:`harness.run.entries.engine_positions`); beyond the
     worker's default ``max_model_len`` (2048, :data:`~harness.backends.vllm_worker.CPU_DEFAULTS`), under which vLLM
     refuses a 2048-token prompt and stops a shorter one's answer at 2048 positions, it becomes ``max_model_len``
     unless the engine options set one, with room for the drafter of ``speculative`` (:func:`drafter_room`), within

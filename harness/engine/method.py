@@ -112,6 +112,14 @@ def build_options(options_cls: type, values: dict[str, Any] | None, where: str):
         raise OptionsError(f"{where}: {e}") from e
 
 
+def recorded_options(options) -> dict[str, Any]:
+    """A method's options as the manifest and every record show them (``method_options``): the dataclass's fields,
+    in the order its ``recorded()`` gives where it has one (EAGLE-2's options, head and tree shape first).
+    Example: PldOptions() -> {"num_draft_tokens": 10, "min_ngram": 1, "max_ngram": 3, ...}."""
+    recorded = getattr(options, "recorded", None)
+    return recorded() if callable(recorded) else dataclasses.asdict(options)
+
+
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Run the block with the CPU random generator seeded by ``seed`` and restore its state afterwards (random
@@ -132,8 +140,7 @@ class Method:
     name: ClassVar[str] = "?"
     Options: ClassVar[type] = NoOptions
     needs_hidden_states: ClassVar[bool] = False
-    runtime: str = "eager"  # how the target's forward runs (harness.engine.runtime.RUNTIMES); the harness sets it
-    backend: Any = None  # the runner sets it when another engine runs this entry's turns (harness.backends)
+    runtime: str = "eager"  # how the target's forward runs (harness.engine.runtime.RUNTIMES); the run sets it
 
     def __init__(self, target: Target, options=None):
         self.target = target
@@ -154,9 +161,16 @@ class Method:
         """
         return cls.create(target, options)
 
+    @classmethod
+    def lossless_with(cls, options) -> bool:
+        """Whether the method with ``options`` is lossless (the instance's :attr:`lossless`), known without building
+        it (an entry another engine runs never builds the method, :mod:`harness.run.entries`). A method whose
+        options can break losslessness overrides this."""
+        return True
+
     @property
     def lossless(self) -> bool:
-        return True
+        return self.lossless_with(self.options)
 
     @property
     def target_runner(self) -> TargetRunner:
@@ -178,7 +192,7 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         """What goes into the manifest and every table row: the options, the lossless flag and the runtime."""
-        return {"method": self.name, "lossless": self.lossless, "options": dataclasses.asdict(self.options),
+        return {"method": self.name, "lossless": self.lossless, "options": recorded_options(self.options),
                 "runtime": self.runtime}
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,

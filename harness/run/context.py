@@ -114,16 +114,6 @@ def check_buckets(buckets: Sequence[int], window: int | None, target: str) -> No
                            f"use buckets below {window}")
 
 
-def engine_positions(buckets: Sequence[int], max_new_tokens: int, window: int | None) -> int:
-    """The positions an engine that reserves its context up front (vLLM's ``max_model_len``) must hold for a
-    bucket's prompt and its answer: the longest bucket plus the answer's budget, within the target's window (the
-    runner cuts an answer's budget to the window anyway).
-    Examples: buckets (512, 2048), 64 new tokens, window 8192 -> 2112; buckets (7168,), 2048 new tokens, the same
-    window -> 8192."""
-    needed = max(buckets) + max_new_tokens
-    return min(needed, window) if window else needed
-
-
 def recipe_digest(source_sha256: str, recipe: Recipe) -> str:
     """The sha256 a context suite is known by: over its source file's digest and its recipe (canonical JSON)."""
     text = json.dumps({"source_sha256": source_sha256, "recipe": recipe.to_dict()}, sort_keys=True)

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields, entry_options
+from harness.backends.contract import STOP_REASONS, BackendError, TurnRequest, engine_fields
 from harness.backends.exchange import http_get
 from harness.backends.prometheus import TRTLLM, read_server_stats
 from harness.backends.replies import request_totals
@@ -71,6 +71,7 @@ from harness.measure.rundir import LOAD_FILE
 from harness.measure.trackers import load_average
 from harness.report.load import latest_levels, read_load_rows
 from harness.run.config import ConfigError, LoadSpec, check_slots
+from harness.run.entries import token_budget
 
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
@@ -104,49 +105,51 @@ def level_questions(spec: LoadSpec, questions: list) -> list[list]:
     return out
 
 
-def run_load(config, run_dir, target, suites: list, methods: dict, say, warm_up, seed_of) -> None:
+def run_load(config, run_dir, target, suites: list, entries: dict, say, warm_up, seed_of) -> None:
     """Every load level of the run not yet complete in ``run_dir``, in :func:`load_order` (entry by entry, or with
-    the run's ``interleave`` level by level; every entry warmed up first with ``warm_up(method)``, through the same
-    client); ``seed_of(question_id)``: a request's sampling seed (:func:`harness.run.runner.question_seed`)."""
+    the run's ``interleave`` level by level; every entry (:class:`harness.run.entries.BackendEntry`) warmed up first
+    with ``warm_up(entry)``, through the same client); ``seed_of(question_id)``: a request's sampling seed
+    (:func:`harness.run.runner.question_seed`). A request's budget is :func:`harness.run.entries.token_budget`'s."""
     spec = config.load_spec()
     # the slots a llama.cpp server reported (/props), given or not: before any level is measured
-    check_slots(max(spec.concurrency), {label: getattr(m.backend, "slots", None) for label, m in methods.items()})
+    check_slots(max(spec.concurrency), {label: getattr(e.backend, "slots", None) for label, e in entries.items()})
     questions = [(suite, q) for suite in suites for q in suite.questions]
     plan = level_questions(spec, questions)
     store = RecordStore(run_dir, file_name=LOAD_FILE)
     done = {key for key, rows in latest_levels(read_load_rows(run_dir)).items()
             if all(r["status"] == "ok" for r in rows) and len(rows) == spec.requests_at(key[1])}
     temperature, seed = config.temperatures[0], config.seeds[0]
-    pending = [label for label in methods if not all((label, c) in done for c in spec.concurrency)]
+    pending = [label for label in entries if not all((label, c) in done for c in spec.concurrency)]
     for label in pending:
         with say.phase(f"warming up {label}"):
-            warm_up(methods[label])
+            warm_up(entries[label])
     for label, level, c, picked in load_order(pending, spec.concurrency, plan, config.interleave):
         if (label, c) in done:
             continue
-        method = methods[label]
+        entry = entries[label]
         requests = []
         for suite, q in picked:
             user = [{"role": "user", "content": q.turns[0]}]
             system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
-            requests.append(TurnRequest(system + user, target.render_chat(user, suite.system_prompt)[0].tolist(),
-                                        suite.max_new_tokens or config.max_new_tokens, temperature, config.top_p,
-                                        config.top_k, seed_of(q.question_id)))
+            prompt_ids = target.render_chat(user, suite.system_prompt)[0].tolist()
+            budget = token_budget(config.max_new_tokens, suite.max_new_tokens, len(prompt_ids),
+                                  getattr(target.config, "max_position_embeddings", None))
+            requests.append(TurnRequest(system + user, prompt_ids, budget, temperature, config.top_p, config.top_k,
+                                        seed_of(q.question_id)))
         offsets = arrival_offsets(len(requests), spec.request_rate, spec.burstiness, seed + level)
-        before, load_before = server_stats(method.backend), load_average()
+        before, load_before = server_stats(entry.backend), load_average()
         with say.phase(f"{label}: concurrency {c}, {len(requests)} requests"):
-            results, window, counters = run_level(method.backend, requests, c, offsets)
-        server = stats_between(before, server_stats(method.backend))
+            results, window, counters = run_level(entry.backend, requests, c, offsets)
+        server = stats_between(before, server_stats(entry.backend))
         common = {
-            "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": method.name, "label": label,
-            "lossless": method.lossless, "turn": 0,
-            "method_options": entry_options(method.describe()["options"], method.backend),
+            "run_id": run_dir.name, "attempt": uuid.uuid4().hex[:16], "method": entry.name, "label": label,
+            "lossless": entry.lossless, "turn": 0, "method_options": entry.method_options,
             "target": target.name, "temperature": temperature, "top_p": config.top_p, "seed": seed,
             "concurrency": c, "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
             "burstiness": spec.burstiness, "level": level, "num_prompts": len(requests),
             "level_wall_s": window, "level_counters": counters, "level_server": server,
             "load_avg_1m": [load_before, load_average()], "warmup": config.warmup,
-            **engine_fields(method.backend, method.backend.speculative),
+            **engine_fields(entry.backend, entry.backend.speculative),
         }
         store.append([{**common, **_row(result, suite, q, target)}
                       for result, (suite, q) in zip(results, picked, strict=True)])

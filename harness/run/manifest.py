@@ -8,13 +8,12 @@ import itertools
 import json
 from pathlib import Path
 
-from harness.backends.contract import entry_options
-from harness.engine.method import Method
 from harness.measure import env
 from harness.measure.rundir import LOCK_FILE, MANIFEST_FILE, ManifestError, read_manifest
 from harness.measure.trackers import model_devices
 from harness.models import Target
 from harness.run.config import ConfigError, RunConfig, config_from_dict
+from harness.run.entries import Entry
 from harness.run.suites import Suite
 
 
@@ -47,7 +46,7 @@ def new_run_dir(config: RunConfig) -> Path:
     raise AssertionError("unreachable")
 
 
-def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: list, methods: dict[str, Method]) -> dict:
+def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: list, entries: dict[str, Entry]) -> dict:
     source = Path(target.path) / "draftbench_source.json"
     return {
         "run_id": run_dir.name,
@@ -71,10 +70,9 @@ def build_manifest(config: RunConfig, run_dir: Path, target: Target, suites: lis
                                             "prompts": {q.question_id: q.context for q in s.questions}}}
                                if s.context is not None else {})} for s in suites},
         # an entry a server ran shows what the server ran (harness.backends.contract.entry_options)
-        "methods": {label: {**m.describe(), "options": entry_options(m.describe()["options"], m.backend)}
-                    for label, m in methods.items()},
+        "methods": {label: entry.describe() for label, entry in entries.items()},
         # how each runtime of the run calls the target (backend, cache, shapes, CUDA graphs, linear kernels)
-        "runtimes": {m.runtime: m.target_runner.describe() for m in methods.values()},
+        "runtimes": {entry.runtime: entry.runner.describe() for entry in entries.values()},
     }
 
 

@@ -1,9 +1,12 @@
 """The one run loop: method x temperature x seed x repeat x suite x question, one record per turn.
 
-Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every method entry runs under
-its runtime (``RunConfig.entries``: eager, or the target's compiled forward, :mod:`harness.engine.runtime`); a
-compiled runtime builds its graphs at their first call, which is warm-up too: a question during which a graph still
-compiled is measured again, and the records report compilation separately (``compile_s``, ``turn_compile_s``).
+Every turn goes through its entry's one door (:mod:`harness.run.entries`: the entries are planned and checked once,
+before the target loads, and asked for a turn the same way whatever engine runs them), so ``run_question`` does not
+branch on the engine. Warm-up goes through exactly the same ``run_question`` path, untimed and unrecorded. Every
+method entry runs under its runtime (``RunConfig.entries``: eager, or the target's compiled forward,
+:mod:`harness.engine.runtime`); a compiled runtime builds its graphs at their first call, which is warm-up too: a
+question during which a graph still compiled is measured again, and the records report compilation separately
+(``compile_s``, ``turn_compile_s``).
 Every timed turn is bracketed by device synchronisation (:class:`harness.measure.trackers.Tracker`). A failing turn
 (exception or out-of-memory) becomes an error record and the run goes on; a failing scorer becomes the record's
 ``score_error``. Records of a question are appended together, so a killed or interrupted run can be resumed
@@ -41,12 +44,9 @@ from typing import Any
 
 import torch
 
-from harness.backends import check_engine, create_backend, target_vocab
-from harness.backends.contract import BackendError, TurnRequest, entry_options, turn_fields
-from harness.engine.method import Method, build_options
+from harness.backends.contract import BackendError
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
-from harness.measure.metrics import kv_cache_bytes
 from harness.measure.records import RecordStore, question_key
 from harness.measure.rundir import (
     LOCK_FILE,
@@ -54,20 +54,19 @@ from harness.measure.rundir import (
     RunLock,
     write_manifest,
 )
-from harness.measure.trackers import Tracker, load_average, model_devices, release_cached_memory
+from harness.measure.trackers import Tracker, model_devices, release_cached_memory
 from harness.models import (
     EMBEDDED_TARGETS,
     Target,
     embedded_converted,
-    kv_shape,
     load_target,
     materialize_embedded,
     target_window,
 )
-from harness.registry import get_method
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig
-from harness.run.context import ContextError, check_buckets, context_fields, engine_positions
+from harness.run.context import ContextError, check_buckets, context_fields
+from harness.run.entries import Entry, Turn, engine_positions, open_entries, plan_entries, token_budget
 from harness.run.load import level_questions, run_load
 from harness.run.manifest import build_manifest, check_suites_unchanged, new_run_dir, resume_manifest, resumed_config
 from harness.run.progress import Progress, QuestionLines
@@ -127,28 +126,32 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def run_question(method: Method, target: Target, ctx: TurnContext, question, sampling: SamplingParams,
-                 max_new_tokens: int, tracker: Tracker, score: bool) -> list[dict[str, Any]]:
-    """Generate every turn of ``question`` (later turns see the model's own earlier answers); one record per turn.
-    A method with ``prepare_turn(prompt_ids, budget)`` has it called before each timed turn, outside the tracker:
-    untimed work the turn needs first (the ``oracle``'s greedy pass, methods/oracle.py)."""
-    generator = torch.Generator(device=target.device).manual_seed(question_seed(ctx.seed, question.question_id))
+def run_question(entry: Entry, target: Target, ctx: TurnContext, question, sampling: SamplingParams,
+                 max_new_tokens: int, score: bool, warm_up: bool = False) -> list[dict[str, Any]]:
+    """Generate every turn of ``question`` through ``entry``'s one door (:meth:`harness.run.entries.Entry.turn`,
+    whatever engine runs it; later turns see the model's own earlier answers); one record per turn.
+    ``max_new_tokens``: the run's; each turn's budget is :func:`harness.run.entries.token_budget`'s (the suite's
+    own, the warm-up's cap, cut to the target's window)."""
+    seed = question_seed(ctx.seed, question.question_id)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
     suite = ctx.suite
+    window = getattr(target.config, "max_position_embeddings", None)
+    uncut = token_budget(max_new_tokens, suite.max_new_tokens, warm_up=warm_up)
+    system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
     messages: list[dict] = []
     records = []
     failed: str | None = None
     attempt = uuid.uuid4().hex[:16]  # shared by this attempt's records (see harness.measure.records)
     for turn, text in enumerate(question.turns):
         rec = {
-            "run_id": ctx.run_id, "status": "ok", "error": None, "attempt": attempt, "method": method.name,
-            "label": ctx.label, "lossless": method.lossless,
-            "method_options": entry_options(method.describe()["options"], method.backend),
+            "run_id": ctx.run_id, "status": "ok", "error": None, "attempt": attempt, "method": entry.name,
+            "label": ctx.label, "lossless": entry.lossless, "method_options": entry.method_options,
             "suite": suite.name, "suite_version": suite.version, "question_id": str(question.question_id),
             "category": question.category, "turn": turn, "question_turns": len(question.turns), "target": target.name,
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
-            "runtime": method.runtime, **context_fields(question.context),
-            **({} if getattr(method, "deployable", True) else {"deployable": False}),
+            "runtime": entry.runtime, **context_fields(question.context),
+            **({} if entry.deployable else {"deployable": False}),
         }
         if failed:
             rec.update(status="error", error=f"skipped: an earlier turn failed ({failed})")
@@ -157,57 +160,13 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
         messages.append({"role": "user", "content": text})
         try:
             prompt_ids = target.render_chat(messages, suite.system_prompt)
-            budget = max_new_tokens
-            limit = getattr(target.config, "max_position_embeddings", None)
-            if limit and prompt_ids.shape[1] + budget > limit:
-                budget = limit - prompt_ids.shape[1]
-                if budget <= 0:
-                    raise ValueError(f"prompt of {prompt_ids.shape[1]} tokens leaves no room in the model's "
-                                     f"{limit}-token context")
-                if question.context:  # a context prompt says that its answer was cut to fit the window
-                    rec["max_new_tokens_cut_to"] = budget
-            if method.backend is not None:  # another engine runs the turn (harness.backends)
-                system = [{"role": "system", "content": suite.system_prompt}] if suite.system_prompt else []
-                turn_rec = method.backend.generate(TurnRequest(
-                    system + messages, prompt_ids[0].tolist(), budget, sampling.temperature, sampling.top_p,
-                    sampling.top_k, question_seed(ctx.seed, question.question_id)))
-                # a server that sent text without token ids: its text (output_ids stay null)
-                answer = turn_rec.text if turn_rec.token_ids is None else target.decode(turn_rec.token_ids)
-                rec.update(prompt_tokens=int(prompt_ids.shape[1]), output_text=answer, load_avg_1m=load_average(),
-                           **turn_fields(turn_rec, method.backend))
-                if question.context:  # the engine's own caches are not visible from here: n/a, never 0
-                    rec.update(kv_cache_bytes=None, draft_kv_bytes=None)
-            else:
-                prepare = getattr(method, "prepare_turn", None)  # untimed work a method needs first (the oracle's)
-                if prepare is not None:
-                    prepare(prompt_ids, budget)
-                with tracker.track() as m:
-                    gen = method.generate(prompt_ids, budget, sampling, generator)
-                answer = target.decode(gen.token_ids)
-                rec.update(
-                    prompt_tokens=int(prompt_ids.shape[1]), new_tokens=len(gen.token_ids), steps=gen.steps,
-                    accept_lengths=gen.accept_lengths, accepted_drafts=gen.accepted_drafts,
-                    draft_depths=gen.draft_depths, wall_time_s=m.wall_time_s, prefill_time_s=gen.prefill_time_s,
-                    stop_reason=gen.stop_reason, output_text=answer, output_ids=gen.token_ids,
-                    rss_bytes=m.rss_bytes, peak_rss_bytes=m.peak_rss_bytes,
-                    cuda_peak_allocated_bytes=m.cuda_peak_allocated_bytes,
-                    cuda_peak_reserved_bytes=m.cuda_peak_reserved_bytes, nvml_used_bytes=m.nvml_used_bytes,
-                    energy_j=m.energy_j, mean_power_w=m.mean_power_w, energy_source=m.energy_source,
-                    load_avg_1m=m.load_avg_1m,
-                    timings=gen.timings, counters=gen.counters,
-                    timings_synchronised=gen.timings_synchronised, nvml_devices=m.nvml_devices,
-                    logit_margins=gen.logit_margins or None, logit_tops=gen.logit_tops or None,
-                    logit_runner_ups=gen.logit_runner_ups or None,
-                )
-                if question.context:
-                    positions = rec["prompt_tokens"] + rec["new_tokens"]
-                    rec["kv_cache_bytes"] = target_kv_bytes(target, positions)
-                    rec["draft_kv_bytes"] = method.draft_kv_bytes(positions)
-                if gen.speculation_off is not None:  # the turn stopped speculating (absent otherwise)
-                    rec["speculation_off"] = gen.speculation_off
-                if gen.method_notes is not None:  # what the method chose in the turn (absent otherwise)
-                    rec["method_notes"] = gen.method_notes
-            messages.append({"role": "assistant", "content": _tokenizable(answer)})
+            budget = token_budget(max_new_tokens, suite.max_new_tokens, int(prompt_ids.shape[1]), window, warm_up)
+            if budget < uncut and question.context:  # a context prompt says that its answer was cut to fit the window
+                rec["max_new_tokens_cut_to"] = budget
+            rec["prompt_tokens"] = int(prompt_ids.shape[1])
+            rec.update(entry.turn(Turn(system + messages, prompt_ids, budget, sampling, seed, generator,
+                                       bool(question.context))))
+            messages.append({"role": "assistant", "content": _tokenizable(rec["output_text"])})
         except Exception as exc:
             failed = _error_text(exc)
             rec.update(status="error", error=failed)
@@ -225,15 +184,6 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
         rec["timestamp"] = env.now_iso()
         records.append(rec)
     return records
-
-
-def target_kv_bytes(target: Target, positions: int) -> int | None:
-    """Bytes of the target's KV cache holding ``positions`` tokens in its dtype
-    (:func:`harness.measure.metrics.kv_cache_bytes`); None when its config does not give the shape."""
-    layers, kv_heads, head_dim, _ = kv_shape(target.config.to_dict())
-    if None in (layers, kv_heads, head_dim):
-        return None
-    return kv_cache_bytes(layers, kv_heads, head_dim, positions, target.dtype.itemsize)
 
 
 def check_context_windows(suites: list[Suite], target_name: str, target: Target | None) -> None:
@@ -347,22 +297,13 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                           "start the run without accelerate launch")
     if config.load is not None:  # a level that needs more distinct prompts than the suites have fails here
         level_questions(config.load_spec(), [q for s in suites for q in s.questions])
-    # unknown method names and bad options fail here, before anything heavy is loaded
-    entries = config.entries()
-    classes = {spec.label: get_method(spec.name) for spec in entries}
-    for spec in entries:
-        options = build_options(classes[spec.label].Options, spec.options, f"method {spec.name!r}")
-        check_engine(spec.engine, spec.name, options, set(spec.options), config.target, spec.engine_options)
-        if dist.world > 1 and spec.engine != "harness":  # every process would start its own engine on the same GPUs
-            raise ConfigError(f"entry {spec.label!r} runs on engine {spec.engine}, which parallelises itself: run it "
-                              "in one process (not accelerate launch / torchrun) with engine_options such as "
-                              "{tensor_parallel_size: 2, pipeline_parallel_size: 2}")
+    plans = plan_entries(config, dist.world)  # unknown methods, bad options or engines fail here, before loading
     check_context_windows(suites, config.target, target)
     if resume is None:
         run_dir = _shared_run_dir(config, dist)
     lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
     started = manifest is not None  # the run has a manifest: it can be resumed
-    methods: dict[str, Method] = {}
+    entries: dict[str, Entry] = {}
     try:
         if target is None:
             device = process_device(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
@@ -381,33 +322,23 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
         suites = built_suites(suites, target)
-        window = getattr(target.config, "max_position_embeddings", None)
-        positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens, window)
-                         for s in suites if s.context is not None), default=None)
-        methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
-        for spec in entries:
-            methods[spec.label].profile = PROFILE[config.profile]
-            methods[spec.label].runtime = spec.runtime
-            methods[spec.label].backend = create_backend(
-                spec.engine, spec.name, methods[spec.label].options, set(spec.options), target.name, target.path,
-                str(target.dtype).replace("torch.", ""), spec.engine_options, positions, window, target_vocab(target))
-            if hasattr(methods[spec.label].target_runner, "on_compile"):
-                methods[spec.label].target_runner.on_compile = say.on_compile
+        positions = engine_positions(suites, config.max_new_tokens, getattr(target.config, "max_position_embeddings",
+                                                                            None))
+        tracker = Tracker(target.device, model_devices(target.model, target.device))
+        entries = open_entries(plans, target, config.profile, positions, tracker, say.on_compile)
         if manifest is None and dist.rank == 0:
-            engines = {label: m.backend.describe() for label, m in methods.items() if m.backend is not None}
-            manifest = {**build_manifest(config, run_dir, target, suites, methods), "processes": dist.world,
+            engines = {label: e.backend.describe() for label, e in entries.items() if e.backend is not None}
+            manifest = {**build_manifest(config, run_dir, target, suites, entries), "processes": dist.world,
                         # which engine ran which entry (absent when the harness ran them all)
                         **({"engines": engines} if engines else {}), **(manifest_extra or {})}
             write_manifest(run_dir, manifest)
         dist.barrier()
         started = True
         if config.load is not None:  # load levels instead of one question at a time (harness.run.load)
-            tracker = Tracker(target.device, model_devices(target.model, target.device))
-            run_load(config, run_dir, target, suites, methods, say,
-                     lambda m: _warm_up(m, target, config, suites, tracker),
+            run_load(config, run_dir, target, suites, entries, say, lambda e: _warm_up(e, target, config, suites),
                      lambda qid: question_seed(config.seeds[0], qid))
         else:
-            _run_all(config, run_dir, dist, target, suites, methods, say, on_question)
+            _run_all(config, run_dir, dist, target, suites, entries, say, on_question)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir if started else None) from None
     except (OSError, UnicodeError) as e:  # a full disk, a file that cannot be written: the records so far are kept
@@ -415,9 +346,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             raise
         raise RunStopped(run_dir, e) from None
     finally:
-        for m in methods.values():
-            if m.backend is not None:
-                m.backend.close()
+        for entry in entries.values():
+            entry.close()
         if lock is not None:
             lock.release()
         if not started and resume is None and dist.rank == 0:
@@ -464,35 +394,33 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 
 def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target, suites: list[Suite],
-             methods: dict[str, Method], say: Progress, on_question: Callable | None) -> None:
+             entries: dict[str, Entry], say: Progress, on_question: Callable | None) -> None:
     """Every pending question of the run: those without a complete attempt in the run's records."""
     store = RecordStore(run_dir, rank=dist.rank if dist.world > 1 else None)  # repairs this process's torn tail
     dist.barrier()
     done = store.done_keys({(s.name, q.question_id): len(q.turns) for s in suites for q in s.questions})
     dist.barrier()  # every process has read the same records before any appends: they split the same pending list
     devices = model_devices(target.model, target.device)
-    tracker = Tracker(target.device, devices)
 
     def measure(spec, compiling, ctx, q, sampling, bar) -> None:
         say.entry = spec.label  # a question that still compiles a graph says whose
         recs = compiling.measure(functools.partial(
-            run_question, methods[spec.label], target, ctx, q, sampling,
-            ctx.suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
+            run_question, entries[spec.label], target, ctx, q, sampling, config.max_new_tokens, config.score))
         store.append(recs)
         done.add(_key(ctx, q))
         _show_speed(bar, recs)
         if on_question is not None:
             on_question(recs)
 
-    entries = config.entries()
+    specs = config.entries()
 
     def warmed_up(spec) -> _Compiling:
         release_cached_memory(devices)  # a method's peak memory must not include the cache earlier ones left
-        runner = methods[spec.label].target_runner
+        runner = entries[spec.label].runner
         compiling = _Compiling(runner)
-        place = f"{entries.index(spec) + 1}/{len(entries)}"
+        place = f"{specs.index(spec) + 1}/{len(specs)}"
         with compiling.warm_up(), say.warm_up(spec.label, place, runner):
-            _warm_up(methods[spec.label], target, config, suites, tracker)
+            _warm_up(entries[spec.label], target, config, suites)
         return compiling
 
     def cells():  # (temperature, sampling, seed, repeat, suite) in the run's order
@@ -504,20 +432,20 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                         yield temperature, sampling, seed, repeat, suite
 
     if config.interleave:  # question-major: every entry answers a question before the next question starts
-        compilings = {spec.label: warmed_up(spec) for spec in entries}
+        compilings = {spec.label: warmed_up(spec) for spec in specs}
         for temperature, sampling, seed, repeat, suite in cells():
             ctxs = {spec.label: TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
-                    for spec in entries}
+                    for spec in specs}
             todo = [q for q in suite.questions
                     if any(_key(c, q) not in done for c in ctxs.values())][dist.rank::dist.world]
             bar = _progress(todo, f"interleaved {suite.name} T={temperature}", say)
             for q in bar:
-                for spec in entries:
+                for spec in specs:
                     if _key(ctxs[spec.label], q) not in done:
                         release_cached_memory(devices)
                         measure(spec, compilings[spec.label], ctxs[spec.label], q, sampling, bar)
         return
-    for spec in entries:  # entry-major: each entry answers every question before the next entry starts
+    for spec in specs:  # entry-major: each entry answers every question before the next entry starts
         compiling = warmed_up(spec)
         for temperature, sampling, seed, repeat, suite in cells():
             ctx = TurnContext(run_dir.name, spec.label, suite, temperature, seed, repeat)
@@ -527,7 +455,6 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
                 measure(spec, compiling, ctx, q, sampling, bar)
 
 
-PROFILE = {"auto": None, "on": True, "off": False}  # RunConfig.profile -> SpeculativeMethod.profile
 COMPILE_RETRIES = 2  # a question that compiled a new graph is measured again, at most this many times
 
 
@@ -589,7 +516,7 @@ def _key(ctx: TurnContext, q) -> tuple:
                          "temperature": ctx.temperature, "seed": ctx.seed, "repeat": ctx.repeat})
 
 
-def _warm_up(method: Method, target: Target, config: RunConfig, suites: list, tracker: Tracker) -> None:
+def _warm_up(entry: Entry, target: Target, config: RunConfig, suites: list) -> None:
     """Untimed questions through the same path as measured ones (fills caches, autotuning, allocator pools)."""
     if not config.warmup:
         return
@@ -597,9 +524,8 @@ def _warm_up(method: Method, target: Target, config: RunConfig, suites: list, tr
     ctx = TurnContext("warmup", "warmup", suite, config.temperatures[0], config.seeds[0], 0)
     sampling = SamplingParams(config.temperatures[0], config.top_p, config.top_k)
     for q in suite.questions[: config.warmup]:
-        run_question(method, target, ctx, q, sampling, min(64, suite.max_new_tokens or config.max_new_tokens),
-                     tracker, score=False)
-    method.forget()  # the measured questions must not find the warm-up's answers in a stateful method's memory
+        run_question(entry, target, ctx, q, sampling, config.max_new_tokens, score=False, warm_up=True)
+    entry.forget()  # the measured questions must not find the warm-up's answers in a stateful method's memory
 
 
 def _progress(items: list, desc: str, say: Progress):

@@ -124,7 +124,8 @@ class DynamicTreeOptions:
                              "charge them a draft: set one of them")
 
     def recorded(self) -> dict[str, Any]:
-        """The options as a dict in :attr:`RECORDED_ORDER` (what :meth:`Eagle2.describe` records)."""
+        """The options as a dict in :attr:`RECORDED_ORDER` (what the records show,
+        :func:`harness.engine.method.recorded_options`)."""
         values = dataclasses.asdict(self)
         return {name: values[name] for name in (*self.RECORDED_ORDER, *values)}
 
@@ -193,11 +194,6 @@ class Eagle2(EagleMethodBase):
         if not (o.max_spec_context or o.stop_unprofitable):
             return None
         return SpeculationStop(o.max_spec_context, o.stop_unprofitable, self.sizer)
-
-    def describe(self) -> dict[str, Any]:
-        """:meth:`harness.engine.method.Method.describe` with the options in their recorded order
-        (:meth:`DynamicTreeOptions.recorded`)."""
-        return {**super().describe(), "options": self.options.recorded()}
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         super().begin(prompt_ids, hidden)

@@ -170,9 +170,9 @@ class JakiroStar(MoEDraft, Eagle1):
             head = JakiroHead.for_target(target, kind="jakiro_star", num_experts=n, experts_per_tok=min(2, n))
         return cls(target, opts, head=head.eval().requires_grad_(False))
 
-    @property
-    def lossless(self) -> bool:
-        return self.options.variant == "corrected"
+    @classmethod
+    def lossless_with(cls, options) -> bool:
+        return options.variant == "corrected"
 
     def draft_vocab(self) -> int:
         """0: Jakiro*'s experts score the target's whole vocabulary (its joint softmax is over (expert, token)

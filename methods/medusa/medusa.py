@@ -150,9 +150,9 @@ class Medusa(SpeculativeMethod):
         heads = heads.to(device=target.output_device, dtype=target.dtype).eval().requires_grad_(False)
         return cls(target, opts, heads=heads)
 
-    @property
-    def lossless(self) -> bool:
-        return self.options.acceptance == "rejection"
+    @classmethod
+    def lossless_with(cls, options) -> bool:
+        return options.acceptance == "rejection"
 
     def begin(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None) -> None:
         self.feature = hidden[-1]  # [H] feature of the last prompt token
