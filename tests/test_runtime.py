@@ -24,13 +24,13 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+from harness.engine.compilecache import clear_compile_cache
 from harness.engine.kv import attention_layout, compact_cache, static_cache_length, verification_masks
 from harness.engine.runtime import (
     CompiledRunner,
     bucket_slots,
     cache_root,
     check_runtime,
-    clear_compile_cache,
     compile_cache_key,
     pad_mask_columns,
     pad_tree_slots,
