@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,9 +30,9 @@ from harness.engine.compilecache import (
     outcome,
 )
 from harness.run.progress import read_compile_entries, write_compile_timing
+from tests.support.compiled_run import run_in_process
 from tests.support.helpers import tiny_llama
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPECTED = {"torch": "2.13.0+cpu", "torch_git": "abc", "cpu": "AVX2", "model": "0123456789ab", "dtype": "float32",
             "device": "cpu", "flavour": "dynamic"}
 
@@ -128,15 +126,6 @@ def test_cache_show_says_per_entry_what_was_loaded_and_compiled(tmp_path, monkey
 # ------------------------------------------------------------------------------------------------ across processes
 
 
-def _run(cache, flavour="static") -> dict:
-    env = {**os.environ, "DRAFTBENCH_CACHE": str(cache), "PYTHONPATH": REPO + os.pathsep
-           + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-m", "tests.support.compiled_run", flavour], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_a_second_process_loads_every_graph_and_survives_corrupt_and_foreign_artefacts(tmp_path):
     """Process 1 compiles vanilla's and pld's graphs on the tiny target (static flavour: no frozen weights); process
@@ -144,9 +133,9 @@ def test_a_second_process_loads_every_graph_and_survives_corrupt_and_foreign_art
     with every cached file then overwritten by literal garbage, process 3 must compile again and give the same tokens
     (a crash or a wrong token would be wrong); with a foreign identity record, process 4 must say so in one line and
     compile everything again."""
-    first = _run(tmp_path)
+    first = run_in_process(tmp_path)
     assert first["graphs"] == 3 and first["loaded"] == 0 and first["note"] is None
-    second = _run(tmp_path)
+    second = run_in_process(tmp_path)
     assert second["tokens"] == first["tokens"]
     assert second["graphs"] == second["loaded"] == 3, second["events"]
     assert [e[3] for e in second["events"] if e[0] == "end"] == [True, True, True]
@@ -156,13 +145,13 @@ def test_a_second_process_loads_every_graph_and_survives_corrupt_and_foreign_art
             if f != IDENTITY_FILE:
                 with open(os.path.join(root, f), "wb") as out:
                     out.write(b"\x00garbage\xff")
-    third = _run(tmp_path)
+    third = run_in_process(tmp_path)
     assert third["tokens"] == first["tokens"]
     assert third["graphs"] == 3 and third["loaded"] == 0, third["events"]
     record = Path(folder) / IDENTITY_FILE
     found = json.loads(record.read_text())
     record.write_text(json.dumps(found | {"cpu": "SOME_OTHER_ISA"}))
-    fourth = _run(tmp_path)
+    fourth = run_in_process(tmp_path)
     assert fourth["note"].endswith(f"made for cpu SOME_OTHER_ISA, this is {found['cpu']}: removed, compiling again")
     assert ["reset", 0, "", False, fourth["note"]] in fourth["events"]
     assert fourth["graphs"] == 3 and fourth["loaded"] == 0 and fourth["tokens"] == first["tokens"]

@@ -44,6 +44,7 @@ import torch
 from harness.backends import check_engine, create_backend, target_vocab
 from harness.backends.contract import BackendError, TurnRequest, entry_options, turn_fields
 from harness.engine.method import Method, build_options
+from harness.engine.runtime import CompiledRunner
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
 from harness.measure.metrics import kv_cache_bytes
@@ -383,6 +384,10 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         window = getattr(target.config, "max_position_embeddings", None)
         positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens, window)
                          for s in suites if s.context is not None), default=None)
+        if any(spec.runtime == "compiled" for spec in entries) and "compiled" not in target.runners:
+            # compile_weights inputs: graphs a next run loads whole (frozen: the runtime's default, see runtime.py)
+            target.runners["compiled"] = CompiledRunner(
+                target, freeze=False if config.compile_weights == "inputs" else None)
         methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
         for spec in entries:
             methods[spec.label].profile = PROFILE[config.profile]
