@@ -36,7 +36,9 @@ demo: setup
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): 1,077 s against 2,663 s in one process on 2 CPU
 # cores (2026-12-04, every test passed both ways). The tests that start vLLM (up to 11 GB: tests/test_vllm_engine.py)
 # share the xdist group "vllm", so one worker runs them one after another; the run's peak was 20 GB of 24.
-# TEST_WORKERS=0: one process.
+# TEST_WORKERS=0: one process. Both workers, and every later `make test`, share the compile cache
+# (~/.cache/draftbench/compile, harness/engine/compilecache.py): a graph that takes its weights as inputs compiles once
+# and is loaded after; the tests that count compilations give their runner a folder of their own (tmp_path).
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup

@@ -103,3 +103,17 @@ def test_compiled_runtime_across_turns_methods_and_inference_mode_on_cuda():
                     got = method.generate(prompt, 20, GREEDY).token_ids
                 assert got == expected, (type(method).__name__, inside)
     assert runner.graphs >= 2 and runner._static_cache is not None
+
+
+def test_a_second_process_loads_the_compiled_cuda_graphs(tmp_path):
+    """The compile cache on CUDA (static flavour, CUDA graphs): a second process with the same cache folder must
+    load every graph the first compiled (FX-graph cache hits: the Triton kernels are reused, nothing is lowered),
+    capture its CUDA graphs again and give the first process's tokens; a graph compiled again, or a wrong token
+    (a CUDA graph replayed over stale addresses), would be wrong."""
+    from tests.support.compiled_run import run_in_process
+
+    first = run_in_process(tmp_path, "static", "cuda")
+    assert first["cudagraphs"] and first["graphs"] >= 2 and first["loaded"] == 0
+    second = run_in_process(tmp_path, "static", "cuda")
+    assert second["tokens"] == first["tokens"]
+    assert second["graphs"] == second["loaded"] == first["graphs"], second["events"]

@@ -66,7 +66,37 @@ def test_every_phase_prints_its_line_with_seconds_and_last_runs_compile_time(tmp
     assert lines[-3:] == ["[  150s] interleaved mt_bench T=0: 2 question(s) ...",
                           "[  160s] interleaved mt_bench T=0: 1/2 tok_s=25.0 tau=1.00",
                           "[  170s] interleaved mt_bench T=0: 2/2 tok_s=25.0 tau=1.00"]
-    assert json.loads((tmp_path / "cache" / "timings.json").read_text()) == {"entries": {"vanilla@compiled": 70.5}}
+    assert json.loads((tmp_path / "cache" / "timings.json").read_text()) == {
+        "entries": {"vanilla@compiled": {"seconds": 70.5, "graphs": 1, "loaded": 0}}}
+
+
+def test_a_graph_loaded_from_the_cache_and_a_removed_folder_say_so(tmp_path):
+    """A second run's graph that came whole from the compile cache must say "loaded from cache" (not "compiled"),
+    the warm-up's end how many of its graphs were loaded and compiled, and a cache folder removed as foreign its
+    one line; the entry's record keeps the loaded count for `draftbench cache`."""
+    clock, out = FakeClock(), io.StringIO()
+    say = Progress(stream=out, clock=clock, heartbeat_s=None)
+    runner = FakeRunner(tmp_path / "cache")
+    runner.loaded = 0
+    with say.warm_up("pld@compiled", "2/3", runner):
+        say.on_compile(CompileEvent("reset", 0, 0.0, note="compile cache k: made for cpu X, this is Y: removed, "
+                                                              "compiling again"))
+        say.on_compile(CompileEvent("start", 0, 0.1))
+        clock.now += 0.4
+        runner.graphs, runner.loaded, runner.compile_s = 1, 1, 0.4
+        say.on_compile(CompileEvent("end", 1, 0.4, "hit", loaded=True))
+        say.on_compile(CompileEvent("start", 1, 0.1))
+        clock.now += 50.0
+        runner.graphs, runner.compile_s = 2, 50.4
+        say.on_compile(CompileEvent("end", 2, 50.0, "miss"))
+    lines = out.getvalue().splitlines()
+    assert lines[1] == ("[    0s]   pld@compiled (2/3): compile cache k: made for cpu X, this is Y: removed, "
+                        "compiling again")
+    assert lines[3] == "[    0s]   pld@compiled (2/3): graph 1 loaded from cache in 0.4 s"
+    assert lines[5] == "[   50s]   pld@compiled (2/3): graph 2 compiled in 50.0 s, inductor cache miss"
+    assert lines[6] == ("[   50s] pld@compiled (2/3): warm-up done in 50.4 s, 2 new graph(s) (1 loaded from cache, "
+                        "1 compiled) in 50.4 s")
+    assert read_compile_timings(tmp_path / "cache") == {"pld@compiled": 50.4}
 
 
 def test_no_progress_prints_nothing():

@@ -24,13 +24,13 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+from harness.engine.compilecache import clear_compile_cache
 from harness.engine.kv import attention_layout, compact_cache, static_cache_length, verification_masks
 from harness.engine.runtime import (
     CompiledRunner,
     bucket_slots,
     cache_root,
     check_runtime,
-    clear_compile_cache,
     compile_cache_key,
     pad_mask_columns,
     pad_tree_slots,
@@ -103,6 +103,26 @@ def test_default_configuration_dict_has_no_runtime_keys():
 
 
 # ------------------------------------------------------------------------------------------------ padding maths
+
+
+def test_compile_weights_chooses_frozen_or_reusable_graphs():
+    """compile_weights: a typo fails in one line; the default (frozen) stays out of the configuration's dict (so old
+    digests hold); inputs reaches the compiled runner as freeze=False (graphs a next run loads), frozen as the
+    runtime's default (frozen on CPU). A silent fall back to frozen would recompile every run unnoticed."""
+    with pytest.raises(ConfigError, match=r"^run\.compile_weights: unknown choice 'packed'; use frozen or inputs$"):
+        RunConfig(compile_weights="packed")
+    assert "compile_weights" not in RunConfig().to_dict()
+    assert RunConfig(compile_weights="inputs").to_dict()["compile_weights"] == "inputs"
+    from harness.cli import build_parser
+    from harness.cli.run import config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["run", "--runtime", "compiled", "--compile-weights", "inputs"]))
+    assert cfg.compile_weights == "inputs"
+    target = tiny_target(eos=False)
+    assert CompiledRunner(target).freezing and not CompiledRunner(target, freeze=False).freezing
+    assert CompiledRunner(target, freeze=False).cache_dir != CompiledRunner(target).cache_dir
+    with pytest.raises(ValueError, match="freeze=True needs the dynamic flavour on CPU"):
+        CompiledRunner(target, static=True, freeze=True)
 
 
 def test_bucket_and_cache_length_examples():

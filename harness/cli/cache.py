@@ -1,11 +1,13 @@
 """``draftbench cache [show|clear]``: where the compiled artefacts of past runs are kept
-(:func:`harness.engine.runtime.cache_root`), or remove them."""
+(:func:`harness.engine.compilecache.cache_root`), what each entry's last compiling run reused and compiled, or
+remove them."""
 
 from __future__ import annotations
 
 import argparse
 
-from harness.engine.runtime import CACHE_ENV, cache_root, clear_compile_cache
+from harness.engine.compilecache import CACHE_ENV, cache_root, clear_compile_cache, read_identity
+from harness.run.progress import read_compile_entries
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,5 +25,14 @@ def cmd_cache(args) -> int:
     print(f"{folder} ({CACHE_ENV} moves it; `draftbench cache clear` empties it)")
     for entry in entries:
         size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-        print(f"  {entry.name}  {size / 2**20:.1f} MiB")
+        ident = read_identity(entry)
+        made = f"  ({ident.get('flavour')}, cpu {ident.get('cpu')})" if ident else ""
+        print(f"  {entry.name}  {size / 2**20:.1f} MiB{made}")
+        for label, e in sorted(read_compile_entries(entry).items()):
+            if "graphs" not in e:
+                print(f"    {label}: {e['seconds']:.1f} s")
+                continue
+            graphs, loaded = int(e["graphs"]), int(e.get("loaded", 0))
+            print(f"    {label}: last run {graphs} graph(s), {loaded} loaded from cache, {graphs - loaded} compiled, "
+                  f"{e['seconds']:.1f} s")
     return 0

@@ -25,6 +25,7 @@ RUN_FLAGS = {  # flag -> (config field, how to parse the text)
     "top_p": ("top_p", float), "top_k": ("top_k", int), "repeats": ("repeats", int), "warmup": ("warmup", int),
     "output_dir": ("output_dir", str), "data_dir": ("data_dir", str), "threads": ("threads", int),
     "attn_implementation": ("attn_implementation", str), "profile": ("profile", str), "engine": ("engine", str),
+    "compile_weights": ("compile_weights", str),
 }
 
 

@@ -36,31 +36,36 @@ compiles. The rest of the gain is the per-op framework overhead that a compiled 
 Compiling once: every method of one runtime calls the target through one runner (:func:`target_runner`, one per
 target and runtime), so entries that run the same forward at the same shapes share its graphs (vanilla's prefill
 serves every method's prefill; a second entry of a method compiles nothing). Across runs, inductor's artefacts live
-in the runner's ``cache_dir``, ``$DRAFTBENCH_CACHE/compile/<key>`` (else ``~/.cache/draftbench/compile/<key>``; the
-key, :func:`compile_cache_key`, names the torch version, the model, its dtype, the device type and the linear-kernel
-choice, so another torch, model or dtype never reads them); ``draftbench cache clear`` (:func:`clear_compile_cache`)
-removes them. What a second run reuses depends on the flavour: the dynamic CPU flavour freezes the weights and packs
-them for oneDNN, which inductor's FX-graph and AOTAutograd caches refuse (packed oneDNN weights cannot be pickled;
-AOTAutograd does not cache frozen graphs), so it reuses the compiled C++ kernels only and traces and lowers every
-graph again; the static flavour (no freezing) reuses whole graphs through both caches.
+in the runner's ``cache_dir`` (:mod:`harness.engine.compilecache`: ``$DRAFTBENCH_CACHE/compile/<key>``, checked
+against this torch, CPU, model architecture, dtype and flavour before use; ``draftbench cache clear`` removes them).
+What a second run reuses depends on whether the weights are frozen (``freeze``, :data:`FREEZE_CPU`): a frozen graph
+holds packed oneDNN weights, which inductor's FX-graph and AOTAutograd caches refuse (packed oneDNN weights cannot be
+pickled; AOTAutograd does not cache frozen graphs), so it reuses the compiled C++ kernels only and traces and lowers
+every graph again; a graph that takes the weights as inputs (the static flavour, or ``freeze=False``) is loaded whole
+from both caches by the next run (a runner counts those in ``loaded``; each "end" :class:`CompileEvent` says so).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
-import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import DynamicCache, StaticCache
 
+from harness.engine.compilecache import (
+    LOADED,
+    cache_counts,
+    cache_root,
+    check_folder,
+    compile_cache_key,
+    identity,
+    inductor_cache_dir,
+    outcome,
+)
 from harness.engine.kv import attention_layout, static_cache_length, verification_masks
 from harness.models import Target
 
@@ -72,10 +77,10 @@ TREE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PACK_BATCH_HINT = 64
 # fewest slots of a verification forward in the dynamic flavour (a size-1 dimension would get its own graph)
 DYNAMIC_MIN_SLOTS = 2
+# whether the dynamic CPU flavour freezes and packs the weights by default (CompiledRunner's ``freeze``)
+FREEZE_CPU = True
 # the smallest static cache (positions); longer turns get the next power of two
 STATIC_MIN_CACHE = 1024
-# the environment variable naming draftbench's cache folder (default: $XDG_CACHE_HOME/draftbench, ~/.cache/draftbench)
-CACHE_ENV = "DRAFTBENCH_CACHE"
 
 
 def check_runtime(name: Any) -> str:
@@ -132,50 +137,22 @@ def pad_mask_columns(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([mask, blocked], dim=-1)
 
 
-def cache_root() -> Path:
-    """draftbench's cache folder: ``$DRAFTBENCH_CACHE``, else ``$XDG_CACHE_HOME/draftbench``, else
-    ``~/.cache/draftbench``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "draftbench"
-
-
-def compile_cache_key(model: str, path: str, dtype: torch.dtype, device_type: str, linear: str) -> str:
-    """The folder name of one target's compile cache: readable parts, then a digest of everything that shapes the
-    compiled code and is not already in inductor's own keys (the model's folder, the linear-kernel choice). Example:
-    ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "onednn64") -> "smollm2-135m-float32-cpu-torch<version>-"
-    followed by 12 hex digits."""
-    ident = "\n".join([model, path, str(dtype), device_type, linear, torch.__version__])
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    readable = re.sub(r"[^A-Za-z0-9._+-]+", "_", f"{model}-{str(dtype).removeprefix('torch.')}-{device_type}-"
-                                                  f"torch{torch.__version__}")
-    return f"{readable}-{digest}"
-
-
-def clear_compile_cache(root: Path | None = None) -> int:
-    """Remove every compiled artefact under ``root`` (default :func:`cache_root`) ``/compile``; returns how many
-    target folders were removed (0 when there was no cache)."""
-    folder = (cache_root() if root is None else Path(root)) / "compile"
-    if not folder.is_dir():
-        return 0
-    removed = sum(1 for p in folder.iterdir() if p.is_dir())
-    shutil.rmtree(folder)
-    return removed
-
-
 @dataclass(frozen=True)
 class CompileEvent:
     """A compiled runner's report that a call started compiling (``phase`` "start": dynamo began tracing a shape it
-    had no graph for) or finished (``phase`` "end"). ``graph``: the runner's graph count when the event fires,
-    ``seconds``: since the call began (at "end": tracing + compilation + one run, what ``compile_s`` adds),
-    ``cache``: at "end", what inductor's FX-graph cache did for the call's graphs ("hit", "miss" or "bypass", joined
-    by "+" when they differ; "" at "start")."""
+    had no graph for) or finished (``phase`` "end"), or that its cache folder was unusable (``phase`` "reset",
+    ``note`` the one line saying why; it was removed and everything compiles again). ``graph``: the runner's graph
+    count when the event fires, ``seconds``: since the call began (at "end": tracing + compilation or loading + one
+    run, what ``compile_s`` adds), ``cache``: at "end", what inductor's FX-graph cache did for the call's graphs
+    ("hit", "miss" or "bypass", joined by "+" when they differ; "" at "start"), ``loaded``: at "end", True when
+    every graph of the call was loaded whole from the cache (nothing lowered or built)."""
 
     phase: str
     graph: int
     seconds: float
     cache: str = ""
+    loaded: bool = False
+    note: str = ""
 
 
 class TargetRunner:
@@ -191,8 +168,9 @@ class TargetRunner:
     def __init__(self, target: Target):
         self.target = target
         self.model = target.model
-        self.graphs = 0        # graphs compiled so far (always 0 here)
-        self.compile_s = 0.0   # seconds spent compiling them
+        self.graphs = 0        # graphs compiled or loaded from the compile cache so far (always 0 here)
+        self.loaded = 0        # how many of them were loaded whole from the compile cache
+        self.compile_s = 0.0   # seconds spent compiling or loading them
 
     def new_cache(self, tokens: int):
         """An empty cache for a turn that will hold at most ``tokens`` positions (tree slots included)."""
@@ -215,11 +193,13 @@ class TargetRunner:
 
 class CompiledRunner(TargetRunner):
     """The compiled runtime (see the module docstring). ``static``: None = by device (static on CUDA, dynamic
-    elsewhere); True/False forces a flavour (tests run the static flavour on CPU, without CUDA graphs)."""
+    elsewhere); True/False forces a flavour (tests run the static flavour on CPU, without CUDA graphs). ``freeze``
+    (dynamic flavour on CPU only): None = :data:`FREEZE_CPU`; True freezes and packs the weights (fastest forward,
+    compiled again every run), False keeps them graph inputs (whole graphs reused by the next run)."""
 
     runtime = "compiled"
 
-    def __init__(self, target: Target, static: bool | None = None):
+    def __init__(self, target: Target, static: bool | None = None, freeze: bool | None = None):
         super().__init__(target)
         self.on_compile: Callable[[CompileEvent], None] | None = None  # told when a call starts and ends compiling
         device = target.device
@@ -230,7 +210,10 @@ class CompiledRunner(TargetRunner):
         self.cudagraphs = self.static and device.type == "cuda"
         # freezing makes the weights graph constants (and lets inductor pack them); it would freeze a static cache's
         # buffers too (dynamo lifts static-address tensors like parameters), so the static flavour does without
-        self.freezing = device.type == "cpu" and not self.static
+        can_freeze = device.type == "cpu" and not self.static
+        if freeze and not can_freeze:
+            raise ValueError("freeze=True needs the dynamic flavour on CPU (a static cache's buffers would freeze)")
+        self.freezing = can_freeze and (FREEZE_CPU if freeze is None else bool(freeze))
         self.onednn = self.freezing and onednn_packing_available()
         linear = f"onednn{PACK_BATCH_HINT}" if self.onednn else "default"
         self.cache_dir = cache_root() / "compile" / compile_cache_key(target.name, target.path, target.dtype,
@@ -247,6 +230,8 @@ class CompiledRunner(TargetRunner):
                                        fullgraph=True)
         self._static_cache: StaticCache | None = None
         self._hooks_ready = False
+        self._folder_checked = False
+        self.cache_note: str | None = None  # why the cache folder was removed before compiling (None: it was not)
 
     # ---- compilation --------------------------------------------------------------------------------------------
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Any:
@@ -284,25 +269,38 @@ class CompiledRunner(TargetRunner):
             _mark_dynamic(ids, cache, kwargs)
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        cached: dict[str, int] = {}  # inductor's FX-graph cache outcomes when compilation started (if told)
-        with (torch.inference_mode(), _no_duck_shapes(), self._options(), _inductor_cache_dir(self.cache_dir),
-              self._telling_start(t0, cached)):
+        if not self._folder_checked:
+            self._check_folder()
+        before = cache_counts()  # torch's cache outcomes so far
+        with (torch.inference_mode(), _no_duck_shapes(), self._options(), inductor_cache_dir(self.cache_dir),
+              self._telling_start(t0)):
             out = fn(ids, cache=cache, use_cache=True, **kwargs)
-        if self.graphs != graphs:  # this call compiled: its time (tracing + compilation + one run) is compile time
+        if self.graphs != graphs:  # this call compiled or loaded: its time (+ one run) is compile time
             if ids.device.type == "cuda":
                 torch.cuda.synchronize(ids.device)
             seconds = time.perf_counter() - t0
             self.compile_s += seconds
+            kind, detail = outcome(before, cache_counts())
+            if kind == LOADED:
+                self.loaded += self.graphs - graphs
             if self.on_compile is not None:
-                now = _fx_cache_counts()
-                outcome = "+".join(k for k in now if now[k] > cached.get(k, now[k]))
-                self.on_compile(CompileEvent("end", self.graphs, seconds, outcome))
+                self.on_compile(CompileEvent("end", self.graphs, seconds, detail, loaded=kind == LOADED))
         return out
 
+    def _check_folder(self) -> None:
+        """Before the first compilation: make sure :attr:`cache_dir` holds only artefacts made for this torch, CPU,
+        model, dtype and flavour (:func:`harness.engine.compilecache.check_folder`); a folder that does not is
+        removed, and :attr:`on_compile` is told why in one line (a "reset" event; :attr:`cache_note` keeps it)."""
+        flavour = ("static" if self.static else "dynamic") + ("+frozen" if self.freezing else "")
+        self.cache_note = check_folder(self.cache_dir, identity(self.model, self.target.dtype,
+                                                                self.target.device.type, flavour))
+        self._folder_checked = True
+        if self.cache_note and self.on_compile is not None:
+            self.on_compile(CompileEvent("reset", self.graphs, 0.0, note=self.cache_note))
+
     @contextlib.contextmanager
-    def _telling_start(self, t0: float, cached: dict[str, int]) -> Iterator[None]:
-        """While a call runs: tell :attr:`on_compile` once when dynamo starts compiling (a shape without a graph),
-        and fill ``cached`` with inductor's FX-graph cache outcomes at that moment."""
+    def _telling_start(self, t0: float) -> Iterator[None]:
+        """While a call runs: tell :attr:`on_compile` once when dynamo starts compiling (a shape without a graph)."""
         if self.on_compile is None:
             yield
             return
@@ -313,7 +311,6 @@ class CompiledRunner(TargetRunner):
         def started(_args=None) -> None:
             if not told:
                 told.append(True)
-                cached.update(_fx_cache_counts())
                 self.on_compile(CompileEvent("start", self.graphs, time.perf_counter() - t0))
 
         callback_handler.register_start_callback(started)
@@ -381,28 +378,6 @@ def target_runner(target: Target, runtime: str = "eager") -> TargetRunner:
 
 
 # ------------------------------------------------------------------------------------------------ inductor knobs
-
-
-def _fx_cache_counts() -> dict[str, int]:
-    """inductor's FX-graph cache outcomes so far in this process (hit, miss, bypass)."""
-    from torch._dynamo.utils import counters
-
-    return {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
-
-
-@contextlib.contextmanager
-def _inductor_cache_dir(folder: Path) -> Iterator[None]:
-    """Let inductor read and write its on-disk caches (compiled kernels, FX graphs, AOTAutograd entries) under
-    ``folder`` while a call runs (inductor reads ``TORCHINDUCTOR_CACHE_DIR`` whenever it needs the folder)."""
-    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
 
 
 def _mark_dynamic(ids: torch.Tensor, cache, kwargs: dict) -> None:

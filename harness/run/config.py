@@ -33,6 +33,7 @@ PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
 MAX_LABEL = 200  # characters of an entry's label
 INT64 = (-(2**63), 2**63 - 1)  # what the records' and tables' integer columns hold (parquet, numpy)
+COMPILE_WEIGHTS = ("frozen", "inputs")  # RunConfig.compile_weights
 INT_FIELDS = ("limit", "max_new_tokens", "top_k", "seeds", "repeats", "warmup", "threads", "context_buckets")
 
 
@@ -72,6 +73,9 @@ class RunConfig:
     profile: str = "auto"                 # synchronise the draft/verify/overhead split: auto (= on for CPU), on, off
     runtime: list[str] = field(default_factory=lambda: ["eager"])  # eager, compiled, or both (every entry runs once
     #                                       per runtime; non-eager labels get "@<runtime>", see RunConfig.entries)
+    compile_weights: str = "frozen"       # compiled runtime on CPU: frozen (weights packed into the graphs: fastest
+    #                                       forward, traced and lowered again every run) or inputs (graphs loaded
+    #                                       whole by the next run; harness/engine/runtime.py, docs/results.md)
     methods: list[MethodSpec] = field(default_factory=lambda: [MethodSpec("vanilla")])
     suites: list[str] = field(default_factory=lambda: ["mt_bench"])
     limit: int | None = None              # first N questions of each suite
@@ -141,6 +145,8 @@ class RunConfig:
         for i, r in enumerate(self.runtime):
             need(r in RUNTIMES, f"runtime[{i}]", f"unknown runtime {r!r}; use {' or '.join(RUNTIMES)}")
         need(len(set(self.runtime)) == len(self.runtime), "runtime", f"a runtime is listed twice: {self.runtime}")
+        need(self.compile_weights in COMPILE_WEIGHTS, "compile_weights",
+             f"unknown choice {self.compile_weights!r}; use {' or '.join(COMPILE_WEIGHTS)}")
         for i, m in enumerate(self.methods):
             need(m.runtime is None or m.runtime in RUNTIMES, f"methods[{i}].runtime",
                  f"unknown runtime {m.runtime!r}; use {' or '.join(RUNTIMES)}")
@@ -258,13 +264,15 @@ class RunConfig:
         and the digest hashes; a resumed run takes the password from ``$DRAFTBENCH_SERVER_PASSWORD``,
         :func:`harness.backends.exchange.unmasked`). Fields at the defaults that runs made before they existed had
         (``runtime`` eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``,
-        ``stratify`` false) are left out, so that the digest of an unchanged configuration stays the same and
-        comparisons with older runs do not report a difference that is none."""
+        ``stratify`` false, ``compile_weights`` frozen) are left out, so that the digest of an unchanged
+        configuration stays the same and comparisons with older runs do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
             d.pop("runtime")
         if d.get("engine") == "harness":
             d.pop("engine")
+        if d.get("compile_weights") == "frozen":
+            d.pop("compile_weights")
         if not d.get("engine_options"):
             d.pop("engine_options", None)
         if d.get("ablate") is None:

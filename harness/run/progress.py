@@ -33,20 +33,35 @@ HEARTBEAT_S = 20.0  # a line at least this often while an entry warms up or comp
 TIMINGS_FILE = "timings.json"
 
 
-def read_compile_timings(cache_dir: Path) -> dict[str, float]:
-    """``{label: compile seconds}`` of the last run that compiled in ``cache_dir``; {} when none (or unreadable)."""
+def read_compile_entries(cache_dir: Path) -> dict[str, dict[str, float]]:
+    """``{label: {"seconds": s, "graphs": n, "loaded": m}}`` of the last run that compiled each entry in
+    ``cache_dir`` (``loaded``: how many of its ``graphs`` came whole from the compile cache); {} when none or
+    unreadable. A record of an older draftbench (a bare number of seconds) reads as ``{"seconds": s}``."""
     try:
         entries = json.loads((Path(cache_dir) / TIMINGS_FILE).read_text()).get("entries", {})
     except (OSError, ValueError, AttributeError):
         return {}
-    return {str(k): float(v) for k, v in entries.items() if isinstance(v, (int, float))} \
-        if isinstance(entries, dict) else {}
+    if not isinstance(entries, dict):
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for label, v in entries.items():
+        if isinstance(v, (int, float)):
+            out[str(label)] = {"seconds": float(v)}
+        elif isinstance(v, dict) and isinstance(v.get("seconds"), (int, float)):
+            out[str(label)] = {k: float(x) for k, x in v.items() if isinstance(x, (int, float))}
+    return out
 
 
-def write_compile_timing(cache_dir: Path, label: str, seconds: float) -> None:
-    """Store ``label``'s compile seconds in ``cache_dir/timings.json`` (replaced whole; a failure to write is no
-    reason to stop a run, so it is ignored)."""
-    entries = read_compile_timings(cache_dir) | {label: round(seconds, 1)}
+def read_compile_timings(cache_dir: Path) -> dict[str, float]:
+    """``{label: compile seconds}`` of the last run that compiled in ``cache_dir``; {} when none (or unreadable)."""
+    return {label: e["seconds"] for label, e in read_compile_entries(cache_dir).items()}
+
+
+def write_compile_timing(cache_dir: Path, label: str, seconds: float, graphs: int = 0, loaded: int = 0) -> None:
+    """Store ``label``'s compile seconds, graphs and graphs loaded from the cache in ``cache_dir/timings.json``
+    (replaced whole; a failure to write is no reason to stop a run, so it is ignored)."""
+    entries = read_compile_entries(cache_dir) | {label: {"seconds": round(seconds, 1), "graphs": graphs,
+                                                         "loaded": loaded}}
     path = Path(cache_dir) / TIMINGS_FILE
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,14 +104,20 @@ class Progress:
     # ---- compilation ----------------------------------------------------------------------------------------------
     def on_compile(self, event: CompileEvent) -> None:
         """A compiled runner's :attr:`~harness.engine.runtime.CompiledRunner.on_compile`: a line when a graph starts
-        compiling (then heartbeat lines) and one when it is done."""
-        if event.phase == "start":
+        compiling (then heartbeat lines) and one when it is done, compiled or loaded from the compile cache; the one
+        line saying why an unusable cache folder was removed."""
+        if event.phase == "reset":
+            self.say(f"  {self.entry}: {event.note}")
+        elif event.phase == "start":
             self.say(f"  {self.entry}: compiling graph {event.graph + 1} of its runtime ...")
             self._begin(f"compiling graph {event.graph + 1}", self.clock() - event.seconds)
         else:
             self._end()
-            cache = f", inductor cache {event.cache}" if event.cache else ""
-            self.say(f"  {self.entry}: graph {event.graph} compiled in {event.seconds:.1f} s{cache}")
+            if event.loaded:
+                self.say(f"  {self.entry}: graph {event.graph} loaded from cache in {event.seconds:.1f} s")
+            else:
+                cache = f", inductor cache {event.cache}" if event.cache else ""
+                self.say(f"  {self.entry}: graph {event.graph} compiled in {event.seconds:.1f} s{cache}")
 
     def beat(self) -> None:
         """The heartbeat line (every ``heartbeat_s`` while an entry warms up or a graph compiles)."""
@@ -130,7 +151,7 @@ class Progress:
         cache_dir = getattr(runner, "cache_dir", None)
         last = read_compile_timings(cache_dir).get(label) if cache_dir is not None else None
         self.entry = f"{label} ({place})"
-        before = (runner.graphs, runner.compile_s)
+        before = (runner.graphs, runner.compile_s, getattr(runner, "loaded", 0))
         hint = f"; last time it compiled for {last:.0f} s" if last is not None else ""
         compiled = "compiling and " if runner.runtime == "compiled" else ""
         self.say(f"{self.entry}: {compiled}warm-up{hint} ...")
@@ -142,10 +163,14 @@ class Progress:
             while self._doing:  # a compile that raised never said "end"
                 self._end()
         graphs, seconds = runner.graphs - before[0], runner.compile_s - before[1]
-        what = f", {graphs} new graph(s) compiled in {seconds:.1f} s" if runner.runtime == "compiled" else ""
+        loaded = getattr(runner, "loaded", 0) - before[2]
+        what = ""
+        if runner.runtime == "compiled":
+            what = (f", {graphs} new graph(s) ({loaded} loaded from cache, {graphs - loaded} compiled) in "
+                    f"{seconds:.1f} s" if loaded else f", {graphs} new graph(s) compiled in {seconds:.1f} s")
         self.say(f"{self.entry}: warm-up done in {self.clock() - t0:.1f} s{what}")
         if cache_dir is not None and graphs:
-            write_compile_timing(cache_dir, label, seconds)
+            write_compile_timing(cache_dir, label, seconds, graphs, loaded)
 
 
 class QuestionLines:

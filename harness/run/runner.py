@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from harness.backends.contract import BackendError
+from harness.engine.runtime import CompiledRunner
 from harness.engine.sampling import SamplingParams
 from harness.measure import env
 from harness.measure.records import RecordStore, question_key
@@ -325,6 +326,10 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         positions = engine_positions(suites, config.max_new_tokens, getattr(target.config, "max_position_embeddings",
                                                                             None))
         tracker = Tracker(target.device, model_devices(target.model, target.device))
+        if any(plan.spec.runtime == "compiled" for plan in plans) and "compiled" not in target.runners:
+            # compile_weights inputs: graphs a next run loads whole (frozen: the runtime's default, see runtime.py)
+            target.runners["compiled"] = CompiledRunner(
+                target, freeze=False if config.compile_weights == "inputs" else None)
         entries = open_entries(plans, target, config.profile, positions, tracker, say.on_compile)
         if manifest is None and dist.rank == 0:
             engines = {label: e.backend.describe() for label, e in entries.items() if e.backend is not None}
