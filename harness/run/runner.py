@@ -10,6 +10,9 @@ Every timed turn is bracketed by device synchronisation (:class:`harness.measure
 (``draftbench run --resume RUN_DIR``) with no lost and no duplicated records: the resumed run re-runs every question
 that is not complete, after checking that the suites' files still have the checksums the manifest recorded.
 
+A run with ``precisions`` loads the target in float32 and measures each entry on a copy of it in the entry's
+precision (:func:`harness.models.with_precision`); every record of such a run names its ``precision``.
+
 A run with a ``load:`` block measures load levels instead (:mod:`harness.run.load`: many requests in flight on a
 served engine, one level per concurrency), after the same checks, loading and warm-up.
 
@@ -63,6 +66,7 @@ from harness.models import (
     load_target,
     materialize_embedded,
     target_window,
+    with_precision,
 )
 from harness.registry import get_method
 from harness.run.chat import apply_chat_template
@@ -148,6 +152,7 @@ def run_question(method: Method, target: Target, ctx: TurnContext, question, sam
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
             "runtime": method.runtime, **context_fields(question.context),
+            **({} if target.precision is None else {"precision": target.precision}),
             **({} if getattr(method, "deployable", True) else {"deployable": False}),
         }
         if failed:
@@ -362,6 +367,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
     started = manifest is not None  # the run has a manifest: it can be resumed
     methods: dict[str, Method] = {}
+    precisions = list(dict.fromkeys(spec.precision for spec in entries if spec.precision))
     try:
         if target is None:
             device = process_device(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
@@ -374,8 +380,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                 with say.phase(f"converting the embedded GGUF of {config.target} to safetensors (first run only)"):
                     materialize_embedded(config.target)
             with say.phase(f"loading the target {config.target}"):
-                target = load_target(config.target, config.dtype, device, config.device_map,
-                                     config.attn_implementation, max_memory)
+                target = load_target(config.target, "float32" if precisions else config.dtype, device,
+                                     config.device_map, config.attn_implementation, max_memory)
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
@@ -383,7 +389,9 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
         window = getattr(target.config, "max_position_embeddings", None)
         positions = max((engine_positions(s.context.buckets, s.max_new_tokens or config.max_new_tokens, window)
                          for s in suites if s.context is not None), default=None)
-        methods = {spec.label: classes[spec.label].create(target, spec.options) for spec in entries}
+        copies = {p: with_precision(target, p) for p in precisions}  # the target in each precision of the run
+        methods = {spec.label: classes[spec.label].create(copies.get(spec.precision, target), spec.options)
+                   for spec in entries}
         for spec in entries:
             methods[spec.label].profile = PROFILE[config.profile]
             methods[spec.label].runtime = spec.runtime
@@ -475,7 +483,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     def measure(spec, compiling, ctx, q, sampling, bar) -> None:
         say.entry = spec.label  # a question that still compiles a graph says whose
         recs = compiling.measure(functools.partial(
-            run_question, methods[spec.label], target, ctx, q, sampling,
+            run_question, methods[spec.label], methods[spec.label].target, ctx, q, sampling,
             ctx.suite.max_new_tokens or config.max_new_tokens, tracker, config.score))
         store.append(recs)
         done.add(_key(ctx, q))
@@ -491,7 +499,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
         compiling = _Compiling(runner)
         place = f"{entries.index(spec) + 1}/{len(entries)}"
         with compiling.warm_up(), say.warm_up(spec.label, place, runner):
-            _warm_up(methods[spec.label], target, config, suites, tracker)
+            _warm_up(methods[spec.label], methods[spec.label].target, config, suites, tracker)
         return compiling
 
     def cells():  # (temperature, sampling, seed, repeat, suite) in the run's order
