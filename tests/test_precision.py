@@ -57,6 +57,14 @@ def test_precisions_expand_every_entry_with_suffixed_labels():
     plain = config_from_dict({"methods": ["vanilla", "pld"]})
     assert [e.label for e in plain.entries()] == ["vanilla", "pld"]
     assert "precisions" not in plain.to_dict() and all("precision" not in m for m in plain.to_dict()["methods"])
+    served = config_from_dict({"precisions": ["float32", "int8"], "methods": [
+        "vanilla", {"name": "vanilla", "label": "llamacpp-q4_1", "engine": "openai",
+                    "engine_options": {"server_url": "http://127.0.0.1:8091"}}]})
+    assert [(e.label, e.precision) for e in served.entries()] == [
+        ("vanilla", "float32"), ("vanilla@int8", "int8"), ("llamacpp-q4_1", None)]  # the GGUF as llama.cpp runs it
+    with pytest.raises(ConfigError, match="run on another engine, which loads its own target"):
+        config_from_dict({"methods": [{"name": "vanilla", "engine": "openai", "precision": "int8",
+                                       "engine_options": {"server_url": "http://127.0.0.1:8091"}}]})
     assert precision_label("eagle2@compiled", "float16") == "eagle2@compiled@fp16"
     assert precision_label("x@int8", "int8") == "x@int8"
 
@@ -119,6 +127,7 @@ def test_precision_table_on_literal_rows():
         rec("eagle2[head_precision=int8]@int8", "eagle2", q8, "int8", margins=[1.0, 1.0, 0.25, 1.0],
             accepted=[1, 1], options={"head_precision": "int8"}),
         rec("eagle2", "eagle2", ref, "float32", accepted=[1, 1], options={"head_precision": None}),
+        {**rec("llamacpp-q4_1", "vanilla", q8, None), "engine": "openai"},  # the GGUF as llama.cpp serves it
     ]
     turns = turns_table(records)
     table = precision_table(summary_table(turns, "vanilla"), turns, "vanilla").set_index("label")
@@ -132,6 +141,8 @@ def test_precision_table_on_literal_rows():
     assert table.loc["eagle2[head_precision=int8]", "reference_share"] == 1.0
     assert pd.isna(table.loc["eagle2[head_precision=int8]", "first_position"])
     assert table.loc["vanilla@int8", "reference_share"] == 0.0
+    assert table.loc["llamacpp-q4_1", "target_precision"] == "as served (openai)"
+    assert table.loc["llamacpp-q4_1", "reference_share"] == 0.0
     assert list(table.index[:2]) == ["vanilla", "vanilla@int8"]  # method, then target precision in PRECISIONS order
     md = precision_markdown(table.reset_index(), "vanilla")
     assert "| eagle2[head_precision=int8]@int8 | int8 | int8 | 2.00 |" in md

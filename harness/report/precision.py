@@ -5,8 +5,10 @@ A run with ``precisions`` measures every entry with the target in each precision
 :func:`harness.models.with_precision`), and a head method's entries may set ``head_precision``
 (:func:`harness.models.set_head_precision`). :func:`precision_table` gives, per label (suite, temperature):
 
-- ``target_precision`` (the records' ``precision``) and ``head_precision`` (the entry's option; empty for a head
-  as loaded, in the target's dtype, and for a method without a head);
+- ``target_precision`` (the records' ``precision``; "as served (<engine>)" for an entry another engine ran on its
+  own target, such as llama.cpp's server on the GGUF as shipped, ``engine_options: {launch: llama.cpp}``) and
+  ``head_precision`` (the entry's option; empty for a head as loaded, in the target's dtype, and for a method
+  without a head);
 - τ, ``acc@i`` (acceptance per draft position), ``draft_acceptance_rate``, tokens/s and the speed-up, from the
   summary table (:func:`harness.report.tables.summary_table`), where speed-up and ``lossless_share`` are measured
   against the baseline at the same precision (``vanilla@int8`` for ``eagle2@int8``,
@@ -79,7 +81,7 @@ def precision_table(summary: pd.DataFrame, turns: pd.DataFrame, baseline_label: 
         found = M.divergences(mine.to_dict("records"), ref.to_dict("records")) if greedy else []
         first = min(found, key=lambda d: (d["position"], str(d["question_id"]), d["turn"])) if found else None
         rows.append({
-            **{k: s[k] for k in GROUP}, "target_precision": precisions.get(label) or REFERENCE_PRECISION,
+            **{k: s[k] for k in GROUP}, "target_precision": precisions.get(label) or _served(s),
             "head_precision": heads.get(label, ""), "n_turns": s.get("n_turns"), "tau": s.get("tau"),
             "draft_acceptance_rate": s.get("draft_acceptance_rate", math.nan),
             **{c: s[c] for c in acc_cols}, "tokens_per_s": s.get("tokens_per_s"), "speedup": s.get("speedup"),
@@ -95,6 +97,13 @@ def precision_table(summary: pd.DataFrame, turns: pd.DataFrame, baseline_label: 
     key = [(methods[m], h, order.get(p, len(order)), str(lb))
            for m, h, p, lb in zip(out["method"], out["head_precision"], out["target_precision"], out["label"])]
     return out.iloc[sorted(range(len(out)), key=key.__getitem__)].reset_index(drop=True)
+
+
+def _served(row: pd.Series) -> str:
+    """The target precision of a summary row whose records name none: the float32 reference on the harness engine,
+    else "as served (<engine>)" (another engine's own target, such as the GGUF's Q4_1 kernels in llama.cpp)."""
+    engine = row.get("engine")
+    return REFERENCE_PRECISION if engine in (None, "harness") or pd.isna(engine) else f"as served ({engine})"
 
 
 def _first(d: dict | None) -> dict:

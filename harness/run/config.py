@@ -227,8 +227,8 @@ class RunConfig:
 
     def check_precisions(self) -> None:
         """``precisions`` and every entry's ``precision``: names of :data:`PRECISIONS`, none twice; with them the
-        target is loaded in float32 and copied into each precision, so ``dtype`` stays auto (or float32), and the
-        entries run on the harness engine (another engine loads its own target)."""
+        target is loaded in float32 and copied into each precision, so ``dtype`` stays auto (or float32); an entry
+        on another engine runs once, on the target as that engine serves it, and takes no precision."""
         where = [("precisions", self.precisions or [])] + [
             (f"methods[{i}].precision", [m.precision]) for i, m in enumerate(self.methods) if m.precision is not None]
         for name, values in where:
@@ -246,10 +246,10 @@ class RunConfig:
             if self.dtype not in ("auto", "float32", "fp32"):
                 raise ConfigError(f"run.dtype: with precisions the target loads in float32 and each entry's copy is "
                                   f"in its precision; leave dtype at auto, got {self.dtype!r}")
-            other = [m.label for m in self.entries() if m.engine != "harness"]
+            other = [m.label for m in self.entries() if m.engine != "harness" and m.precision is not None]
             if other:
-                raise ConfigError(f"run.precisions: entries {other} run on another engine, which loads its own "
-                                  "target; precisions apply to the harness engine's entries")
+                raise ConfigError(f"run.methods: entries {other} run on another engine, which loads its own target "
+                                  "(as it serves it); leave their precision out")
 
     def load_spec(self) -> LoadSpec | None:
         """The ``load:`` block checked (:func:`load_spec`) and against the rest of the run: every entry served
@@ -285,7 +285,9 @@ class RunConfig:
         for spec in self.methods:
             engine = spec.engine or self.engine
             engine_options = dict(self.engine_options if spec.engine_options is None else spec.engine_options)
-            for precision in [spec.precision] if spec.precision else self.precisions or [None]:
+            # another engine loads its own target (the GGUF as llama.cpp runs it): once, as it serves it
+            precisions = (engine == "harness" and self.precisions) or [None]
+            for precision in [spec.precision] if spec.precision else precisions:
                 for runtime in [spec.runtime] if spec.runtime else self.runtime:
                     label = precision_label(runtime_label(spec.label, runtime), precision)
                     out.append(MethodSpec(spec.name, label, dict(spec.options), runtime, engine, engine_options,
