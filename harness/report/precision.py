@@ -64,9 +64,10 @@ def _head_precisions(turns: pd.DataFrame) -> dict[str, str]:
 
 def precision_table(summary: pd.DataFrame, turns: pd.DataFrame, baseline_label: str = "vanilla") -> pd.DataFrame:
     """One row per row of ``summary`` (label, method, suite, temperature) of a run with precisions (see the module
-    docstring for the columns), sorted by method, head precision and target precision (in :data:`PRECISIONS`'
-    order); empty (with :data:`COLUMNS` and the ``acc@i`` columns) for a run without them. ``turns``: the run's
-    turns table; the float32 reference is ``baseline_label``'s rows (NaN columns when the run has none)."""
+    docstring for the columns), sorted by method, head precision (none first) and target precision (both in
+    :data:`PRECISIONS`' order); empty (with :data:`COLUMNS` and the ``acc@i`` columns) for a run without them.
+    ``turns``: the run's turns table; the float32 reference is ``baseline_label``'s rows (NaN columns when the run
+    has none)."""
     acc_cols = [c for c in summary.columns if c.startswith("acc@")]
     if not has_precisions(turns) or summary.empty:
         return pd.DataFrame(columns=[*COLUMNS[:9], *acc_cols, *COLUMNS[9:]])
@@ -94,7 +95,7 @@ def precision_table(summary: pd.DataFrame, turns: pd.DataFrame, baseline_label: 
     order = {p: i for i, p in enumerate(PRECISIONS)}
     out = pd.DataFrame(rows, columns=[*COLUMNS[:9], *acc_cols, *COLUMNS[9:]])
     methods = {m: i for i, m in enumerate(dict.fromkeys(out["method"]))}
-    key = [(methods[m], h, order.get(p, len(order)), str(lb))
+    key = [(methods[m], order.get(h, -1 if h == "" else len(order)), order.get(p, len(order)), str(lb))
            for m, h, p, lb in zip(out["method"], out["head_precision"], out["target_precision"], out["label"])]
     return out.iloc[sorted(range(len(out)), key=key.__getitem__)].reset_index(drop=True)
 
