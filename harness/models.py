@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from harness.measure.records import PRECISIONS
+from harness.schema import InputError
 
 EMBEDDED_TARGETS = {
     # alias -> (python package holding the GGUF, what it is)
@@ -209,8 +210,9 @@ PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float
                     "int8": torch.float32}  # the dtype a precision computes in (int8: its activations')
 
 
-class PrecisionError(ValueError):
-    """A precision that cannot be applied here (an unknown name, or int8 without torchao); one line saying why."""
+class PrecisionError(InputError):
+    """A precision that cannot be applied here (an unknown name, or int8 without torchao); one line saying why
+    (an :class:`harness.schema.InputError`: the command line prints it as that line)."""
 
 
 def check_precision(precision: object, where: str) -> str:
