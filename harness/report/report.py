@@ -23,6 +23,9 @@
                                              differ between entries of a method (harness.report.ablation)
     tables/referee.csv, plots/referee.png    runs with entries on another engine only: each engine entry held
                                              against the harness's own (harness.report.referee)
+    tables/precision.csv, plots/precision.png   runs with ``precisions`` only: the precision matrix (target x head
+                                             precision: acceptance, speed-up, lossless share, first divergence from
+                                             the float32 reference; harness.report.precision)
     report.html                              all of it on one self-contained page (harness.report.html)
 
 A run of load levels (``load:``, harness.run.load) has ``load.jsonl`` instead of records: its report is
@@ -81,6 +84,7 @@ from harness.report.plots import (
     plot_time_breakdown,
     plot_tokens_per_s,
 )
+from harness.report.precision import write_precision
 from harness.report.referee import write_referee
 from harness.report.tables import (
     category_table,
@@ -193,6 +197,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
         divergence.to_csv(tmp, index=False)
     paths["divergence_csv"] = tables / "divergence.csv"
     referee = write_referee(turns, config, baseline, tables, plots)
+    precision = write_precision(summary, turns, baseline, tables, plots)  # a run with precisions only
     context = context_table(turns, baseline) if has_context(turns) else None  # only a run with buckets has these
     if context is not None:
         crossover = crossover_table(context)
@@ -221,6 +226,7 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
                       + (f"\n{category_markdown(categories, summary, baseline)}" if not categories.empty else "")
                       + (f"\n{context_markdown(context, crossover, baseline)}" if context is not None else "")
                       + (f"\n{referee.markdown}" if referee else "")
+                      + (f"\n{precision.markdown}" if precision else "")
                       + (f"\n{headroom_md}" if headroom_md else ""))
     paths["summary_md"] = md
     for name, written in (
@@ -240,9 +246,11 @@ def write_report(run_dir: str | Path, baseline_label: str | None = None,
             headroom_plots[f"{name}_plot"] = paths[f"{name}_plot"] = written
     if referee:
         paths |= referee.paths
+    if precision:
+        paths |= precision.paths
     paths |= write_ablation(run_dir, ablated, baseline)
     paths["report_html"] = write_html_report(run_dir, manifest, turns, measured_rows(turns), questions, summary,
                                              paper_table(summary, baseline), baseline, ablated,
                                              {k: v for k, v in paths.items() if k.startswith("plot_")}, referee,
-                                             (headroom_md, headroom, headroom_plots), validity_md)
+                                             (headroom_md, headroom, headroom_plots), validity_md, precision)
     return paths

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from harness.backends.exchange import masked
-from harness.measure.records import runtime_label
+from harness.measure.records import PRECISIONS, precision_label, runtime_label
 from harness.run.shipped import resolve_shipped, shipped_names
 from harness.schema import InputError, check, field_types, unknown_keys
 from harness.yamlsafe import safe_load
@@ -48,7 +48,9 @@ class MethodSpec:
     the run (:meth:`RunConfig.entries`). ``engine``: what runs the entry's turns (``harness``, or a backend of
     :mod:`harness.backends` such as ``vllm``) and ``engine_options`` what it passes to that engine; None = the
     run's. ``referee``: for an entry on another engine, the label of the harness entry its acceptance is held
-    against (:mod:`harness.report.referee`; needed only when the automatic pairing is ambiguous)."""
+    against (:mod:`harness.report.referee`; needed only when the automatic pairing is ambiguous). ``precision``:
+    the target's precision for this entry (a name of :data:`harness.measure.records.PRECISIONS`); None = every
+    precision of the run's ``precisions``."""
 
     name: str
     label: str | None = None
@@ -57,6 +59,7 @@ class MethodSpec:
     engine: str | None = None
     engine_options: dict[str, Any] | None = None
     referee: str | None = None
+    precision: str | None = None
 
     def __post_init__(self):
         if self.label is None:
@@ -108,6 +111,10 @@ class RunConfig:
     #                                       its own (harness.run.context), e.g. [512, 2048, 4096]
     ablate: list[str] | None = None       # method options that get ablation tables and plots besides the swept ones
     #                                       (harness.report.ablation.ablated_options); the report only, not measured
+    precisions: list[str] | None = None   # target precisions every entry runs under (float32, bfloat16, float16,
+    #                                       int8: harness.models.with_precision), each entry once per precision, the
+    #                                       labels of all but float32 ending in "@<bf16|fp16|int8>"; None: the
+    #                                       target in `dtype` alone
     load: dict[str, Any] | None = None    # load levels instead of one question at a time (harness.run.load):
     #                                       {concurrency: [1, 4, 16, 64], request_rate, burstiness, num_prompts}
 
@@ -162,6 +169,7 @@ class RunConfig:
             need(m.engine == "harness" or m.runtime == "eager", "runtime",
                  f"entry {m.label!r} runs on engine {m.engine}; runtime {m.runtime} is the harness engine's "
                  "(give the entry its own engine: harness, or leave runtime at eager)")
+        self.check_precisions()
         labels = [m.label for m in self.entries()]
         dup = sorted({x for x in labels if labels.count(x) > 1})
         need(not dup, "methods", f"duplicate labels {dup}; give each entry a distinct `label`")
@@ -223,6 +231,32 @@ class RunConfig:
         except ValueError as e:
             raise ConfigError(f"run.attn_implementation: {e}") from None
 
+    def check_precisions(self) -> None:
+        """``precisions`` and every entry's ``precision``: names of :data:`PRECISIONS`, none twice; with them the
+        target is loaded in float32 and copied into each precision, so ``dtype`` stays auto (or float32); an entry
+        on another engine runs once, on the target as that engine serves it, and takes no precision."""
+        where = [("precisions", self.precisions or [])] + [
+            (f"methods[{i}].precision", [m.precision]) for i, m in enumerate(self.methods) if m.precision is not None]
+        for name, values in where:
+            for j, p in enumerate(values):
+                if p not in PRECISIONS:
+                    at = f"{name}[{j}]" if name == "precisions" else name
+                    raise ConfigError(f"run.{at}: unknown precision {p!r}; use {', '.join(PRECISIONS)}")
+        if self.precisions is not None:
+            if not self.precisions:
+                raise ConfigError(f"run.precisions: at least one precision is required ({', '.join(PRECISIONS)}), "
+                                  "or leave it out (the target in `dtype` alone)")
+            if len(set(self.precisions)) != len(self.precisions):
+                raise ConfigError(f"run.precisions: a precision is listed twice: {self.precisions}")
+        if self.precisions is not None or any(m.precision is not None for m in self.methods):
+            if self.dtype not in ("auto", "float32", "fp32"):
+                raise ConfigError(f"run.dtype: with precisions the target loads in float32 and each entry's copy is "
+                                  f"in its precision; leave dtype at auto, got {self.dtype!r}")
+            other = [m.label for m in self.entries() if m.engine != "harness" and m.precision is not None]
+            if other:
+                raise ConfigError(f"run.methods: entries {other} run on another engine, which loads its own target "
+                                  "(as it serves it); leave their precision out")
+
     def load_spec(self) -> LoadSpec | None:
         """The ``load:`` block checked (:func:`load_spec`) and against the rest of the run: every entry served
         (``engine: openai``), one temperature, one seed, one repeat (a level is one measurement); None without one."""
@@ -247,24 +281,32 @@ class RunConfig:
     def entries(self) -> list[MethodSpec]:
         """The method entries as the run measures them, each with its runtime: an entry without its own ``runtime``
         once per run runtime, in the order given (method by method, so that the runtimes of one method run side by
-        side). The label of a non-eager entry ends in ``@<runtime>`` (:func:`harness.measure.records.runtime_label`):
-        a table never shows a compiled number under an eager label. Example: methods [vanilla, eagle2], runtime
-        [eager, compiled] -> vanilla, vanilla@compiled, eagle2, eagle2@compiled."""
+        side), and once per target precision of ``precisions`` (outermost; an entry's own ``precision``
+        instead). The label of a non-eager entry ends in ``@<runtime>`` (:func:`harness.measure.records.runtime_label`):
+        a table never shows a compiled number under an eager label; then that of a precision other than float32 in
+        ``@<short name>`` (:func:`harness.measure.records.precision_label`). Example: methods [vanilla, eagle2],
+        runtime [eager, compiled] -> vanilla, vanilla@compiled, eagle2, eagle2@compiled; precisions [float32, int8]
+        (eager) -> vanilla, vanilla@int8, eagle2, eagle2@int8."""
         out = []
         for spec in self.methods:
             engine = spec.engine or self.engine
             engine_options = dict(self.engine_options if spec.engine_options is None else spec.engine_options)
-            for runtime in [spec.runtime] if spec.runtime else self.runtime:
-                out.append(MethodSpec(spec.name, runtime_label(spec.label, runtime), dict(spec.options), runtime,
-                                      engine, engine_options, spec.referee))
+            # another engine loads its own target (the GGUF as llama.cpp runs it): once, as it serves it
+            precisions = (engine == "harness" and self.precisions) or [None]
+            for precision in [spec.precision] if spec.precision else precisions:
+                for runtime in [spec.runtime] if spec.runtime else self.runtime:
+                    label = precision_label(runtime_label(spec.label, runtime), precision)
+                    out.append(MethodSpec(spec.name, label, dict(spec.options), runtime, engine, engine_options,
+                                          spec.referee, precision))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data, a server URL's password masked (``server_url``: what the manifest keeps
         and the digest hashes; a resumed run takes the password from ``$DRAFTBENCH_SERVER_PASSWORD``,
         :func:`harness.backends.exchange.unmasked`). Fields at the defaults that runs made before they existed had
-        (``runtime`` eager, an entry's ``runtime`` None, no ``ablate``, no ``context_buckets``, no ``load``,
-        ``stratify`` false, ``compile_weights`` frozen) are left out, so that the digest of an unchanged
+        (``runtime`` eager, an entry's ``runtime`` or ``precision`` None, no ``ablate``, no ``context_buckets``, no
+        ``load``, no ``precisions``, ``stratify`` false, ``compile_weights`` frozen) are left out, so that the digest
+        of an unchanged
         configuration stays the same and comparisons with older runs do not report a difference that is none."""
         d = dataclasses.asdict(self)
         if d.get("runtime") == ["eager"]:
@@ -283,8 +325,10 @@ class RunConfig:
             d.pop("load")
         if not d.get("stratify"):
             d.pop("stratify")
+        if d.get("precisions") is None:
+            d.pop("precisions")
         for m in d["methods"]:
-            for key in ("runtime", "engine", "engine_options", "referee"):
+            for key in ("runtime", "engine", "engine_options", "referee", "precision"):
                 if m.get(key) is None:
                     m.pop(key, None)
         for options in [d.get("engine_options"), *(m.get("engine_options") for m in d["methods"])]:
@@ -404,10 +448,10 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
         return MethodSpec(raw)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a method name or a mapping with name/label/options, got {raw!r}")
-    unknown = set(raw) - {"name", "label", "options", "runtime", "engine", "engine_options", "referee"}
+    unknown = set(raw) - {"name", "label", "options", "runtime", "engine", "engine_options", "referee", "precision"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; a method entry has name, label, options, "
-                          "runtime, engine, engine_options, referee")
+                          "runtime, engine, engine_options, referee, precision")
     if "name" not in raw or not isinstance(raw["name"], str):
         raise ConfigError(f"{where}.name: a method name is required")
     opts = raw.get("options") or {}
@@ -422,8 +466,10 @@ def _method_spec(raw: Any, where: str) -> MethodSpec:
     referee = raw.get("referee")
     if referee is not None and not isinstance(referee, str):
         raise ConfigError(f"{where}.referee: expected the label of a harness entry, got {referee!r}")
+    precision = raw.get("precision")
+    check(precision, str | None, f"{where}.precision", ConfigError)
     return MethodSpec(raw["name"], raw.get("label"), dict(opts), runtime, engine, raw.get("engine_options"),
-                      referee)
+                      referee, precision)
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
@@ -475,7 +521,7 @@ def _expand_sweep(methods: list[MethodSpec], raw: Any, engine: str,
             for path, value in swept.items():
                 _set_path(entry_options, path, value, f"run.sweep.{base}.{S.ENGINE_OPTIONS}{path}")
         out.append(MethodSpec(name, label, {k: v for k, v in opts.items() if not k.startswith(S.ENGINE_OPTIONS)},
-                              spec.runtime, spec.engine, entry_options))
+                              spec.runtime, spec.engine, entry_options, precision=spec.precision))
     return out, grids
 
 

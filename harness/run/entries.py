@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,10 +249,12 @@ def plan_entries(config: RunConfig, processes: int = 1) -> list[EntryPlan]:
 
 
 def open_entries(plans: list[EntryPlan], target: Target, profile: str, positions: int | None, tracker: Tracker,
-                 on_compile: Callable | None = None) -> dict[str, Entry]:
+                 on_compile: Callable | None = None, copies: Mapping[str, Target] | None = None) -> dict[str, Entry]:
     """One entry per plan, by label, ready for its turns: the harness's methods built on ``target`` (``profile``:
     the run's, :data:`PROFILE`), the other engines started (``positions``: what a run of long prompts needs,
     :func:`engine_positions`). ``on_compile``: told when a compiled runtime compiles a graph (the progress lines).
+    ``copies``: the target in each precision of a run with ``precisions`` (:func:`harness.models.with_precision`),
+    by precision; a harness entry with a ``precision`` runs on its copy.
     When one entry fails to open, those already open are closed before the error goes on."""
     window = getattr(target.config, "max_position_embeddings", None)
     entries: dict[str, Entry] = {}
@@ -260,10 +262,11 @@ def open_entries(plans: list[EntryPlan], target: Target, profile: str, positions
         for plan in plans:
             spec = plan.spec
             if plan.engine.engine == "harness":
-                method = plan.method.create(target, spec.options)
+                on = (copies or {}).get(spec.precision, target)
+                method = plan.method.create(on, spec.options)
                 method.profile = PROFILE[profile]
                 method.runtime = spec.runtime
-                entries[spec.label] = HarnessEntry(spec.label, method, target, tracker)
+                entries[spec.label] = HarnessEntry(spec.label, method, on, tracker)
             else:
                 backend = create_backend(plan.engine, target.path, str(target.dtype).replace("torch.", ""),
                                          positions, window, target_vocab(target))

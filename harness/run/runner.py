@@ -13,6 +13,9 @@ Every timed turn is bracketed by device synchronisation (:class:`harness.measure
 (``draftbench run --resume RUN_DIR``) with no lost and no duplicated records: the resumed run re-runs every question
 that is not complete, after checking that the suites' files still have the checksums the manifest recorded.
 
+A run with ``precisions`` loads the target in float32 and measures each entry on a copy of it in the entry's
+precision (:func:`harness.models.with_precision`); every record of such a run names its ``precision``.
+
 A run with a ``load:`` block measures load levels instead (:mod:`harness.run.load`: many requests in flight on a
 served engine, one level per concurrency), after the same checks, loading and warm-up.
 
@@ -63,6 +66,7 @@ from harness.models import (
     load_target,
     materialize_embedded,
     target_window,
+    with_precision,
 )
 from harness.run.chat import apply_chat_template
 from harness.run.config import ConfigError, RunConfig
@@ -152,6 +156,7 @@ def run_question(entry: Entry, target: Target, ctx: TurnContext, question, sampl
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": ctx.seed, "repeat": ctx.repeat,
             "runtime": entry.runtime, **context_fields(question.context),
+            **({} if target.precision is None else {"precision": target.precision}),
             **({} if entry.deployable else {"deployable": False}),
         }
         if failed:
@@ -305,6 +310,7 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
     lock = _shared_lock(run_dir, dist)  # one writer per run directory (rank 0 holds it for a data-parallel run)
     started = manifest is not None  # the run has a manifest: it can be resumed
     entries: dict[str, Entry] = {}
+    precisions = list(dict.fromkeys(plan.spec.precision for plan in plans if plan.spec.precision))
     try:
         if target is None:
             device = process_device(dist.state.device) if dist.world > 1 and config.device == "auto" else config.device
@@ -317,8 +323,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
                 with say.phase(f"converting the embedded GGUF of {config.target} to safetensors (first run only)"):
                     materialize_embedded(config.target)
             with say.phase(f"loading the target {config.target}"):
-                target = load_target(config.target, config.dtype, device, config.device_map,
-                                     config.attn_implementation, max_memory)
+                target = load_target(config.target, "float32" if precisions else config.dtype, device,
+                                     config.device_map, config.attn_implementation, max_memory)
         apply_chat_template(target, config.chat_template)
         if config.system_prompt is not None:
             suites = [dataclasses.replace(s, system_prompt=config.system_prompt) for s in suites]
@@ -330,7 +336,8 @@ def run(config: RunConfig | None = None, resume: str | Path | None = None,
             # compile_weights inputs: graphs a next run loads whole (frozen: the runtime's default, see runtime.py)
             target.runners["compiled"] = CompiledRunner(
                 target, freeze=False if config.compile_weights == "inputs" else None)
-        entries = open_entries(plans, target, config.profile, positions, tracker, say.on_compile)
+        copies = {p: with_precision(target, p) for p in precisions}  # the target in each precision of the run
+        entries = open_entries(plans, target, config.profile, positions, tracker, say.on_compile, copies)
         if manifest is None and dist.rank == 0:
             engines = {label: e.backend.describe() for label, e in entries.items() if e.backend is not None}
             manifest = {**build_manifest(config, run_dir, target, suites, entries), "processes": dist.world,
@@ -410,7 +417,8 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
     def measure(spec, compiling, ctx, q, sampling, bar) -> None:
         say.entry = spec.label  # a question that still compiles a graph says whose
         recs = compiling.measure(functools.partial(
-            run_question, entries[spec.label], target, ctx, q, sampling, config.max_new_tokens, config.score))
+            run_question, entries[spec.label], entries[spec.label].target, ctx, q, sampling, config.max_new_tokens,
+            config.score))
         store.append(recs)
         done.add(_key(ctx, q))
         _show_speed(bar, recs)
@@ -425,7 +433,7 @@ def _run_all(config: RunConfig, run_dir: Path, dist: Distributed, target: Target
         compiling = _Compiling(runner)
         place = f"{specs.index(spec) + 1}/{len(specs)}"
         with compiling.warm_up(), say.warm_up(spec.label, place, runner):
-            _warm_up(entries[spec.label], target, config, suites)
+            _warm_up(entries[spec.label], entries[spec.label].target, config, suites)
         return compiling
 
     def cells():  # (temperature, sampling, seed, repeat, suite) in the run's order

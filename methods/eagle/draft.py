@@ -18,7 +18,7 @@ from harness.engine.draftvocab import draft_lm_head
 from harness.engine.method import build_options, seeded
 from harness.engine.speculative import SpeculativeMethod
 from harness.measure.metrics import draft_kv_bytes
-from harness.models import Target
+from harness.models import Target, set_head_precision
 from methods import SHIPPED_HEADS
 from methods.eagle.checkpoint import load_eagle_head
 from methods.eagle.head import EagleHead
@@ -37,7 +37,8 @@ class EagleMethodBase(SpeculativeMethod):
         if head is None:
             folder = resolve_head_folder(self.options.head, target, "eagle", SHIPPED_HEADS)
             head = load_eagle_head(folder, target)
-        self.head = head
+        # option head_precision (the dynamic-tree methods'): the head's own weights in that precision
+        self.head = set_head_precision(head, target, getattr(self.options, "head_precision", None))
         # the draft's view of the target's lm_head: all rows, or the draft_vocab most frequent tokens
         self.lm_head = draft_lm_head(target.model.get_output_embeddings(), self.draft_vocab(), folder, self.name)
         # the stable draft KV, kept in step with the committed sequence; option draft_window (every head method's):

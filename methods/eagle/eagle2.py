@@ -32,6 +32,7 @@ from harness.engine.sampling import SamplingParams
 from harness.engine.speculationstop import SpeculationStop
 from harness.engine.speculative import check_stop_option
 from harness.engine.tree import DraftTree, rank_candidates, select_dynamic_tree
+from harness.measure.records import PRECISIONS
 from harness.models import Target
 from harness.registry import register_method
 from methods.eagle.draft import EagleMethodBase
@@ -68,6 +69,10 @@ class DynamicTreeOptions:
     its measured costs and decayed means of what each emitted expect to be fastest, and drafts the head at least at
     every turn's first step and after k steps in a row without it (:class:`methods.eagle.treepolicies.Backoff`);
     not published.
+    ``head_precision``: None = the head's weights as loaded (in the target's dtype); float32, bfloat16, float16 or
+    int8 = its own weights in that precision (int8: torchao's int8 weight-only), its arithmetic in the target's
+    dtype (:func:`harness.models.set_head_precision`); the precision matrix's head axis
+    (``harness/run/presets/precision.yaml``).
     """
 
     head: str | None = None
@@ -82,6 +87,7 @@ class DynamicTreeOptions:
     max_spec_context: int = 0
     stop_unprofitable: int = 0
     backoff: int = 0
+    head_precision: str | None = None
 
     # The order of the options in manifests, turn records and tables (``opt.*`` columns, ablation knobs): a subclass
     # whose own fields stood among these before they were shared lists its fields in that order; fields it does not
@@ -113,6 +119,9 @@ class DynamicTreeOptions:
         if alone and not lookup:
             raise ValueError("lookup_alone needs a lookup chain: set lookup > 0 too")
         check_draft_window(self.draft_window)
+        if self.head_precision is not None and self.head_precision not in PRECISIONS:
+            raise ValueError(f"head_precision must be one of {', '.join(PRECISIONS)} (or null: as loaded), got "
+                             f"{self.head_precision!r}")
         for name in ("max_spec_context", "stop_unprofitable", "backoff"):
             check_stop_option(name, getattr(self, name))
         if self.stop_unprofitable and not self.adaptive:
