@@ -10,11 +10,17 @@ machine is a measurement, never a unit test's timed assertion.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from harness.gate.baseline import save_baseline
+from harness.gate.baseline import Side, save_baseline
+from harness.run.config import config_from_dict, load_preset_dict
 from tests.support import faults as F
+
+REPO = Path(__file__).resolve().parent.parent
+SENTINEL = REPO / "results" / "baselines" / "cpu" / "sentinel"
 
 SMALL = {"methods": ["vanilla", {"name": "eagle2", "options": {"total_tokens": 16, "depth": 3, "top_k": 4,
                                                                "draft_vocab": 4096}}],
@@ -22,6 +28,22 @@ SMALL = {"methods": ["vanilla", {"name": "eagle2", "options": {"total_tokens": 1
 # what one short question can show: not the speed fault (a measurement, .ci/faults), nor int4 round-to-nearest, which
 # leaves the greedy acceptance of 16 tokens unchanged (docs/ci.md, "Planted faults", has what the full preset shows)
 EXACT = [n for n in F.FAULTS if n not in ("slow-verify", "head-int4")]
+
+
+def test_the_sentinel_baseline_is_calibrated_and_belongs_to_the_preset():
+    """The nightly sentinel and .ci/faults compare with results/baselines/cpu/sentinel: if it stopped matching the
+    preset (changed without a refresh) or lost its repeats, every fitted band would fall back to the fixed defaults or
+    every run would fail; it must also be complete and lossless, or the gate would start from a broken state."""
+    side = Side.from_baseline(SENTINEL)
+    drop = ("output_dir", "data_dir", "repeats")
+    preset = config_from_dict(load_preset_dict("sentinel")).to_dict()
+    assert {k: v for k, v in side.provenance["config"].items() if k not in drop} == {
+        k: v for k, v in preset.items() if k not in drop}
+    assert side.n_repeats == 6, "calibrated from 6 repeats (the preset's comment)"
+    assert not side.provenance["git_dirty"], "saved from a clean tree"
+    assert side.cells["n_errors"].eq(0).all()
+    greedy = side.cells[side.cells["temperature"] == 0.0]
+    assert greedy["lossless_share"].tolist() == [1.0] * 3, "vanilla, pld and eagle2 are lossless at T = 0"
 
 
 def test_extra_node_takes_the_first_child_below_the_path():
