@@ -87,6 +87,28 @@ def test_changed_template_refuses_a_template_without_the_default_prompt():
         F.changed_template("{{ messages }}")
 
 
+def test_perturbed_checkpoint_changes_only_the_weight_matrices(tmp_path):
+    """The head fault reaches vLLM as a checkpoint copy: its 2-D float tensors perturbed, everything else (vectors,
+    integer maps such as EAGLE-3's d2t, config) as shipped, and a clean copy equal to the source; if this failed vLLM
+    would load a broken file, or the clean runs would not read the shipped weights."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "head"
+    src.mkdir()
+    state = {"fc.weight": torch.linspace(-1, 1, 32).reshape(4, 8), "norm.weight": torch.ones(8), "d2t": torch.arange(5)}
+    save_file(state, src / "model.safetensors")
+    torch.save(state, src / "pytorch_model.bin")
+    (src / "config.json").write_text("{}")
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        bad = F.perturbed_checkpoint(src, tmp_path / "bad", True) / name
+        got = load_file(bad) if name.endswith(".safetensors") else torch.load(bad, weights_only=True)
+        assert not torch.equal(got["fc.weight"], state["fc.weight"]), f"{name}: the matrix is perturbed"
+        assert torch.equal(got["norm.weight"], state["norm.weight"]) and torch.equal(got["d2t"], state["d2t"])
+    clean = F.perturbed_checkpoint(src, tmp_path / "bad", False)
+    assert torch.equal(load_file(clean / "model.safetensors")["fc.weight"], state["fc.weight"])
+    assert (clean / "config.json").read_text() == "{}"
+
+
 @pytest.fixture(scope="module")
 def small_baseline(tmp_path_factory, real_target):
     """One clean run of the cut-down sentinel and its baseline: (baseline folder, run config)."""
