@@ -19,7 +19,7 @@ from harness.measure.records import read_records
 from harness.registry import get_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig, config_from_dict
 from harness.run.runner import Distributed, run
-from tests.support.helpers import tiny_target
+from tests.support.helpers import jsonl_file, tiny_target
 
 FAKE = str(Path(__file__).resolve().parent / "support" / "fake_engine_worker.py")
 EAGLE3_HEAD = Path(__file__).resolve().parents[1] / "methods" / "heads" / "smollm2-135m" / "eagle3"
@@ -281,7 +281,7 @@ QUESTIONS = [{"question_id": i, "category": "c", "turns": [f"q{i}", "and then?"]
 
 def engine_run(tmp_path, resume=None):
     suite = tmp_path / "q.jsonl"
-    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    jsonl_file(suite, QUESTIONS)
     cfg = RunConfig(methods=[MethodSpec("vanilla"), MethodSpec("pld", "pld-vllm", engine="vllm")],
                     suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))
     return run(None if resume else cfg, resume=resume, target=tiny_target(eos=False), progress=False)
@@ -316,7 +316,7 @@ def test_an_engine_entry_is_refereed_against_the_harness_entry_its_referee_key_n
 
     fake_vllm("ok")
     suite = tmp_path / "q.jsonl"
-    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    jsonl_file(suite, QUESTIONS)
     cfg = RunConfig(methods=[MethodSpec("vanilla"), MethodSpec("pld"),
                              MethodSpec("pld", "pld-vllm", engine="vllm", referee="pld")],
                     suites=[str(suite)], max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"))

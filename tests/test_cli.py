@@ -17,7 +17,7 @@ from harness.cli import main
 from harness.engine.method import Generation, Method
 from harness.registry import METHODS, register_method
 from harness.run import runner
-from tests.support.helpers import tiny_target
+from tests.support.helpers import jsonl_file, tiny_target
 
 QUESTIONS = [{"question_id": 1, "turns": ["Say hi.", "Now say bye."]}, {"question_id": 2, "turns": ["stop here"]},
              {"question_id": 3, "turns": ["3+3?"]}]
@@ -53,9 +53,7 @@ if "always_fails_test" not in METHODS:
 
 @pytest.fixture()
 def suite_file(tmp_path):
-    p = tmp_path / "q.jsonl"
-    p.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return p
+    return jsonl_file(tmp_path / "q.jsonl", QUESTIONS)
 
 
 @pytest.fixture()

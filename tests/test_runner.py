@@ -11,7 +11,7 @@ from harness.measure.records import RecordStore, question_key, read_records
 from harness.registry import register_method
 from harness.run.config import ConfigError, MethodSpec, RunConfig
 from harness.run.runner import run
-from tests.support.helpers import tiny_target
+from tests.support.helpers import jsonl_file, tiny_target
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Say hi.", "Now say bye."]},
@@ -50,9 +50,7 @@ class Scripted(Method):
 
 @pytest.fixture()
 def suite_file(tmp_path):
-    p = tmp_path / "q.jsonl"
-    p.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return p
+    return jsonl_file(tmp_path / "q.jsonl", QUESTIONS)
 
 
 @pytest.fixture()

@@ -46,7 +46,7 @@ from harness.report.report import write_report
 from harness.run.config import MethodSpec, RunConfig
 from harness.run.runner import RunInterrupted, run
 from tests.support.fake_openai_server import Fake, serve
-from tests.support.helpers import tiny_target
+from tests.support.helpers import jsonl_file, tiny_target
 
 FAKE_SERVER = str(Path(__file__).resolve().parent / "support" / "fake_openai_server.py")
 
@@ -621,7 +621,7 @@ QUESTIONS = [{"question_id": i, "category": "c", "turns": [f"q{i}", "and then?"]
 
 def served_run(tmp_path, engine_options, resume=None, on_question=None):
     suite = tmp_path / "q.jsonl"
-    suite.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    jsonl_file(suite, QUESTIONS)
     cfg = RunConfig(methods=[MethodSpec("vanilla", engine="harness"), MethodSpec("pld", "pld-served")],
                     suites=[str(suite)],
                     max_new_tokens=4, warmup=0, output_dir=str(tmp_path / "results"), engine="openai",

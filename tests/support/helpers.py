@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -45,6 +46,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 CHAR_VOCAB = len(SPECIALS) + 96  # printable ASCII and newline
+
+
+def jsonl_file(path: Path, rows: list[dict]) -> Path:
+    """Write ``rows`` to ``path`` as JSON Lines (one object a line, a suite's questions file) and return the path."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
