@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,3 +220,18 @@ def field_types(cls: type) -> dict[str, Any]:
     except Exception:  # an annotation that does not resolve: leave the checks to the class
         hints = {}
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+def json_lines(text: str, path: object, error: type[InputError] = InputError) -> Iterator[tuple[str, Any]]:
+    """(``"path:line"``, value) for every non-blank line of JSON Lines ``text`` read from ``path``, in order; a line
+    that is not JSON raises ``error`` naming it. Example: ``'{"a": 1}\n\n[2]\n'`` from ``q.jsonl`` gives
+    ``("q.jsonl:1", {"a": 1})``, ``("q.jsonl:3", [2])``; ``'{"a":'`` raises ``q.jsonl:1: malformed JSON (Expecting
+    value at column 6)``."""
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+        yield f"{path}:{lineno}", value

@@ -36,13 +36,13 @@ either format back into records, so ``draftbench compare`` takes an export as BA
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.measure import acceptance as ACC
 from harness.measure.rundir import dumps_json, write_text_atomic
+from harness.schema import json_lines
 
 FORMATS = ("aiperf", "vllm")
 # the record fields an export's ``request`` carries, as the records name them
@@ -160,14 +160,8 @@ def read_export(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     """The records of an export file of either format and the provenance its first line carries."""
     path = Path(path)
     records, provenance = [], {}
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not JSON ({e})") from e
-        rec = record_from_export(obj, f"{path}:{i}")
+    for where, obj in json_lines(path.read_text(encoding="utf-8"), path):
+        rec = record_from_export(obj, where)
         provenance = provenance or dict(obj["request"].get("provenance") or {})
         records.append(rec)
     if not records:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import urllib.error
 import urllib.request
@@ -49,7 +48,7 @@ from harness.run.context import (
     recipe_digest,
     with_buckets,
 )
-from harness.schema import InputError, did_you_mean, type_error, unknown_keys
+from harness.schema import InputError, did_you_mean, json_lines, type_error, unknown_keys
 from harness.yamlsafe import safe_load
 
 DATA_ENV = "DRAFTBENCH_DATA"
@@ -360,16 +359,7 @@ def read_questions(path: str | Path) -> list[Question]:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 ({e})") from e
-    parsed = []
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-        parsed.append((f"{path}:{lineno}", parse_record(record, f"{path}:{lineno}")))
-    return _unique(parsed, path)
+    return _unique([(where, parse_record(record, where)) for where, record in json_lines(text, path, DataError)], path)
 
 
 def _unique(parsed: list[tuple[str, Question]], path: str | Path) -> list[Question]:
