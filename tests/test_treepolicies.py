@@ -147,11 +147,11 @@ def test_the_dynamic_tree_options_refuse_a_bad_value_alike(options, values, mess
 
 
 def test_the_options_share_the_base_fields_and_add_only_their_own():
-    """The base's twelve fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
+    """The base's thirteen fields are in all three, and each subclass declares only its own fields (and EAGLE-3 its
     depth default): a subclass re-declaring a shared field would be a copy that can drift again."""
     shared = [f.name for f in dataclasses.fields(DynamicTreeOptions)]
     assert shared == ["head", "total_tokens", "depth", "top_k", "adaptive", "lookup", "lookup_ngram", "lookup_alone",
-                      "draft_window", "max_spec_context", "stop_unprofitable", "backoff"]
+                      "draft_window", "max_spec_context", "stop_unprofitable", "backoff", "head_precision"]
     for cls in OPTIONS:
         assert set(shared) <= {f.name for f in dataclasses.fields(cls)}
     assert list(Eagle2Options.__annotations__) == ["draft_vocab"]
@@ -183,3 +183,6 @@ def test_the_options_keep_their_recorded_order():
         "jakiro": ["head", "mode", "contrastive", "alignment", "candidates", "total_tokens", "depth", "top_k",
                    "num_experts", "experts_per_tok", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
                    "lookup_alone", *later]}
+    # head_precision came last: recorded (last) only when set, so runs with a head as loaded record what they always did
+    with_head = get_method("eagle2").example(target, top_k=4, head_precision="bfloat16").describe()["options"]
+    assert list(with_head)[-1] == "head_precision" and with_head["head_precision"] == "bfloat16"

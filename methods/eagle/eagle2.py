@@ -136,7 +136,9 @@ class DynamicTreeOptions:
         """The options as a dict in :attr:`RECORDED_ORDER` (what the records show,
         :func:`harness.engine.method.recorded_options`)."""
         values = dataclasses.asdict(self)
-        return {name: values[name] for name in (*self.RECORDED_ORDER, *values)}
+        if values.get("head_precision") is None:  # added later: a head as loaded is recorded as runs always had it
+            values.pop("head_precision", None)
+        return {name: values[name] for name in (*self.RECORDED_ORDER, *values) if name in values}
 
 
 @dataclass
@@ -148,7 +150,8 @@ class Eagle2Options(DynamicTreeOptions):
     draft_vocab: int = 0
 
     RECORDED_ORDER = ("head", "total_tokens", "depth", "top_k", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable", "backoff")
+                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable", "backoff",
+                      "head_precision")
 
     def __post_init__(self):
         super().__post_init__()

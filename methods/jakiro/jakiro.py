@@ -78,7 +78,8 @@ class JakiroOptions(Eagle2Options):
 
     RECORDED_ORDER = ("head", "mode", "contrastive", "alignment", "candidates", "total_tokens", "depth", "top_k",
                       "num_experts", "experts_per_tok", "draft_vocab", "adaptive", "lookup", "lookup_ngram",
-                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable", "backoff")
+                      "lookup_alone", "draft_window", "max_spec_context", "stop_unprofitable", "backoff",
+                      "head_precision")
 
     def __post_init__(self):
         super().__post_init__()
