@@ -504,16 +504,21 @@ def tokens_per_user(per_token_latencies_s: Sequence[float]) -> float:
     return 1.0 / mean if mean > 0 else math.nan
 
 
+def level_window(sent_s: Sequence[Number], finished_s: Sequence[Number]) -> float:
+    """A load level's wall window in seconds: from its first request sent to its last one finished (``sent_s`` /
+    ``finished_s``: per request, seconds from the level's start); 0.0 without a request.
+    Example: sent [0.0, 0.5], finished [2.0, 3.0] -> 3.0."""
+    return float(max(finished_s) - min(sent_s)) if len(sent_s) else 0.0
+
+
 def level_throughput(new_tokens: Sequence[Number], sent_s: Sequence[Number], finished_s: Sequence[Number]) -> float:
-    """Output tokens/s of a load level: Σ new tokens of its requests ÷ the level's wall window, from the first
-    request sent to the last one finished (``sent_s`` / ``finished_s``: per request, seconds from the level's
-    start), as vLLM's benchmark_serving divides by its benchmark duration. NaN without a request or a window.
+    """Output tokens/s of a load level: Σ new tokens of its requests ÷ the level's wall window
+    (:func:`level_window`), as vLLM's benchmark_serving divides by its benchmark duration. NaN without a request
+    or a window.
     Example: tokens [10, 20], sent [0.0, 0.5], finished [2.0, 3.0] -> 30 / 3.0 = 10.0.
     """
-    if not len(new_tokens):
-        return math.nan
-    window = max(finished_s) - min(sent_s)
-    return float(sum(new_tokens)) / window if window > 0 else math.nan
+    window = level_window(sent_s, finished_s)
+    return float(sum(new_tokens)) / window if len(new_tokens) and window > 0 else math.nan
 
 
 def stops_paying(levels: Sequence[tuple[int, float, float, float]]) -> tuple[int, bool] | None:

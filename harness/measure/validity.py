@@ -47,6 +47,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.measure.metrics import level_throughput, level_window
+
 PASS, FAIL, NA = "pass", "fail", "n/a"
 
 # Thresholds. REPEAT_SPREAD is speculators' (repeats more than 5% apart); the others are draftbench's, each chosen
@@ -96,8 +98,8 @@ def _ok(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def _window(rows: Sequence[Mapping[str, Any]]) -> float:
-    """First request sent to last finished, in seconds (0 without rows)."""
-    return max(r["finished_s"] for r in rows) - min(r["sent_s"] for r in rows) if rows else 0.0
+    """The rows' level window (:func:`harness.measure.metrics.level_window`)."""
+    return level_window([r["sent_s"] for r in rows], [r["finished_s"] for r in rows])
 
 
 # ---- a load level -----------------------------------------------------------------------------------------------
@@ -334,7 +336,8 @@ def load_checks(rows: Sequence[Mapping[str, Any]], levels: Mapping[tuple[str, in
             if (r["label"], r["concurrency"]) == (label, c):
                 complete.setdefault(r["attempt"], []).append(r)
         attempts = [a for a in complete.values() if len(a) == len(level) and all(r["status"] == "ok" for r in a)]
-        tput = [sum(r["new_tokens"] for r in a) / _window(a) for a in attempts if _window(a) > 0]
+        tput = [level_throughput([r["new_tokens"] for r in a], [r["sent_s"] for r in a], [r["finished_s"] for r in a])
+                for a in attempts]  # a level without a window is NaN, which repeat_spread leaves out
         checks += [_scoped(check, scope) for check in (
             rate_reached(level, rate), concurrency_reached(level, c, rate), window_vs_warmup(level, c),
             repeat_spread(tput), arrival_waves(level, c), prefix_cache_hits(server), server_queue_time(server, level))]

@@ -66,6 +66,7 @@ from harness.backends.exchange import http_get
 from harness.backends.prometheus import TRTLLM, read_server_stats
 from harness.backends.replies import request_totals
 from harness.measure import env
+from harness.measure.metrics import level_window
 from harness.measure.records import RecordStore
 from harness.measure.rundir import LOAD_FILE
 from harness.measure.trackers import load_average
@@ -229,7 +230,7 @@ def run_level(backend, requests: list[TurnRequest], concurrency: int, offsets: l
         results = [f.result() for f in futures]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    window = max(r[1] for r in results) - min(r[0] for r in results)
+    window = level_window([r[0] for r in results], [r[1] for r in results])
     counters = None
     if before is not None:
         try:
