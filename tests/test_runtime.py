@@ -121,6 +121,11 @@ def test_compile_weights_chooses_frozen_or_reusable_graphs():
     target = tiny_target(eos=False)
     assert CompiledRunner(target).freezing and not CompiledRunner(target, freeze=False).freezing
     assert CompiledRunner(target, freeze=False).cache_dir != CompiledRunner(target).cache_dir
+    # each flavour has its own folder: sharing one, a run of one flavour would remove the other's graphs (its
+    # identity record names another flavour), so alternating flavours would never load anything
+    folders = {CompiledRunner(target, static=s, freeze=f).cache_dir for s, f in ((True, None), (False, False),
+                                                                                   (False, True))}
+    assert len(folders) == 3, folders
     with pytest.raises(ValueError, match="freeze=True needs the dynamic flavour on CPU"):
         CompiledRunner(target, static=True, freeze=True)
 

@@ -1,11 +1,12 @@
 """Where compiled graphs are kept across runs, and what a second run may load from there.
 
 One folder per target and compiled flavour, ``<cache_root>/compile/<key>`` (:func:`compile_cache_key`: the torch
-version, the model, its dtype, the device type and the linear-kernel choice), holds inductor's own on-disk caches:
-its FX-graph cache (the lowered graph with its generated code) and AOTAutograd's cache (the traced forward), with the
-compiled C++/Triton kernels. Those are torch's maintained caches (``TORCHINDUCTOR_CACHE_DIR``), keyed by torch on the
-graph, its input shapes and the inductor options, and they hold no weights (weights are graph inputs, bound at each
-call), so a second run of the same forward at the same shapes loads the compiled graph instead of lowering it again.
+version, the model, its dtype, the device type and the flavour with its linear-kernel choice), holds inductor's own
+on-disk caches: its FX-graph cache (the lowered graph with its generated code) and AOTAutograd's cache (the traced
+forward), with the compiled C++/Triton kernels. Those are torch's maintained caches (``TORCHINDUCTOR_CACHE_DIR``),
+keyed by torch on the graph, its input shapes and the inductor options, and they hold no weights (weights are graph
+inputs, bound at each call), so a second run of the same forward at the same shapes loads the compiled graph instead
+of lowering it again.
 
 What torch's keys do not see, this module checks before a runner uses the folder: ``identity.json`` names the torch
 build, the CPU's instruction set (``torch.backends.cpu.get_cpu_capability``), the model's architecture digest
@@ -44,12 +45,13 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "draftbench"
 
 
-def compile_cache_key(model: str, path: str, dtype: torch.dtype, device_type: str, linear: str) -> str:
+def compile_cache_key(model: str, path: str, dtype: torch.dtype, device_type: str, flavour: str) -> str:
     """The folder name of one target's compile cache: readable parts, then a digest of everything that shapes the
-    compiled code and is not already in inductor's own keys (the model's folder, the linear-kernel choice). Example:
-    ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "onednn64") -> "smollm2-135m-float32-cpu-torch<version>-"
-    followed by 12 hex digits."""
-    ident = "\n".join([model, path, str(dtype), device_type, linear, torch.__version__])
+    compiled code and is not already in inductor's own keys (the model's folder; ``flavour``: the runner's compiled
+    flavour with its linear-kernel choice, e.g. "dynamic+frozen/onednn64", so that two flavours never share, and
+    never reset, one folder). Example: ("smollm2-135m", "/m/smollm2", torch.float32, "cpu", "onednn64") ->
+    "smollm2-135m-float32-cpu-torch<version>-" followed by 12 hex digits."""
+    ident = "\n".join([model, path, str(dtype), device_type, flavour, torch.__version__])
     digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
     readable = re.sub(r"[^A-Za-z0-9._+-]+", "_", f"{model}-{str(dtype).removeprefix('torch.')}-{device_type}-"
                                                   f"torch{torch.__version__}")

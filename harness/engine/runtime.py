@@ -216,8 +216,10 @@ class CompiledRunner(TargetRunner):
         self.freezing = can_freeze and (FREEZE_CPU if freeze is None else bool(freeze))
         self.onednn = self.freezing and onednn_packing_available()
         linear = f"onednn{PACK_BATCH_HINT}" if self.onednn else "default"
+        # what identity.json records and the folder's key includes: "static", "dynamic" or "dynamic+frozen"
+        self.flavour = ("static" if self.static else "dynamic") + ("+frozen" if self.freezing else "")
         self.cache_dir = cache_root() / "compile" / compile_cache_key(target.name, target.path, target.dtype,
-                                                                      device.type, linear)
+                                                                      device.type, f"{self.flavour}/{linear}")
         if self.static:
             layout = attention_layout(DynamicCache(config=self.model.config))
             if layout.types != ("full_attention",):
@@ -291,9 +293,8 @@ class CompiledRunner(TargetRunner):
         """Before the first compilation: make sure :attr:`cache_dir` holds only artefacts made for this torch, CPU,
         model, dtype and flavour (:func:`harness.engine.compilecache.check_folder`); a folder that does not is
         removed, and :attr:`on_compile` is told why in one line (a "reset" event; :attr:`cache_note` keeps it)."""
-        flavour = ("static" if self.static else "dynamic") + ("+frozen" if self.freezing else "")
         self.cache_note = check_folder(self.cache_dir, identity(self.model, self.target.dtype,
-                                                                self.target.device.type, flavour))
+                                                                self.target.device.type, self.flavour))
         self._folder_checked = True
         if self.cache_note and self.on_compile is not None:
             self.on_compile(CompileEvent("reset", self.graphs, 0.0, note=self.cache_note))
